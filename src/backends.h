@@ -1,0 +1,31 @@
+// The table of backends compiled into this build, and the argument checks shared by all of them.
+// api.cpp is the only caller: it validates, picks one entry and runs it.
+#pragma once
+
+#include <vector>
+
+#include "fmha/fmha.h"
+
+namespace fmha::detail {
+
+struct BackendEntry {
+  Backend id;
+  DeviceType device;
+  // Whether this backend can run an already validated call; the message says why not.
+  Status (*supports)(const Params&, Direction);
+  Status (*run)(const Params&, Direction);
+  Status (*workspace_size)(const Params&, Direction, size_t*);
+};
+
+// CPU backends first, then GPU tiers from the most capable down (auto-selection takes the first
+// entry on the tensors' device that supports the call).
+std::vector<BackendEntry> registered_backends();
+
+// GPU tiers and devices; empty in a build without CUDA.
+std::vector<BackendEntry> cuda_backends();
+std::vector<DeviceInfo> cuda_devices();
+
+// Backend-independent checks: shapes, strides, dtypes, devices, pointers, options.
+Status validate(const Params& params, Direction direction);
+
+}  // namespace fmha::detail

@@ -1,0 +1,14 @@
+// The fast CPU backend (`cpu`): tiled online softmax, forward and backward, every option.
+#pragma once
+
+#include "fmha/fmha.h"
+
+namespace fmha::cpu {
+
+// Largest head_dim / head_dim_v the CPU backend's per-thread tiles are sized for.
+inline constexpr int64_t kMaxHeadDim = 1024;
+
+Status supports(const Params& params, Direction direction);
+Status run(const Params& params, Direction direction);
+
+}  // namespace fmha::cpu

@@ -1,0 +1,115 @@
+// The fast CPU path's building blocks, on GCC/Clang vector extensions (16 x fp32 = one AVX-512
+// register; the compiler splits them on narrower targets): a register-blocked panel matmul, a
+// vectorizable exp2, and 64-wide row operations. No intrinsics, so the code builds anywhere.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+
+namespace fmha::cpu {
+
+using v16f = float __attribute__((vector_size(64)));
+using v16i = int32_t __attribute__((vector_size(64)));
+
+inline constexpr int kLanes = 16;      // floats per vector
+inline constexpr int kRowBlock = 4;    // rows of C held in registers by the matmul kernel
+inline constexpr int kWideCols = 64;   // columns of C held in registers (4 vectors)
+inline constexpr size_t kAlign = 64;   // scratch alignment in bytes (one cache line, one vector)
+
+inline v16f load(const float* p) { return *reinterpret_cast<const v16f*>(p); }
+inline void store(float* p, v16f x) { *reinterpret_cast<v16f*>(p) = x; }
+inline v16f splat(float x) { return v16f{} + x; }
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// 2^x for x <= 127, flushing results below 2^-126 to 0 (so exp2(-inf) = 0). Relative error
+// ~1e-7: a degree-7 polynomial of 2^f on f in [-0.5, 0.5] times 2^round(x).
+inline v16f exp2(v16f x) {
+  const v16f lo = splat(-127.0f), hi = splat(127.0f);
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  const v16f magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const v16f whole = (x + magic) - magic;
+  const v16f f = x - whole;
+  // Taylor coefficients of 2^f = e^(f ln 2): (ln 2)^k / k!
+  v16f p = splat(1.525273380405984e-05f);
+  p = p * f + 1.5403530393381606e-04f;
+  p = p * f + 1.3333558146428443e-03f;
+  p = p * f + 9.618129107628477e-03f;
+  p = p * f + 5.550410866482158e-02f;
+  p = p * f + 2.402265069591007e-01f;
+  p = p * f + 6.931471805599453e-01f;
+  p = p * f + 1.0f;
+  const v16i exponent = (__builtin_convertvector(whole, v16i) + 127) << 23;  // 0 at x = -127
+  v16f scale;
+  std::memcpy(&scale, &exponent, sizeof scale);
+  return p * scale;
+}
+
+inline float horizontal_max(v16f x) {
+  float m = x[0];
+  for (int i = 1; i < kLanes; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+inline float horizontal_sum(v16f x) {
+  float s = 0.f;
+  for (int i = 0; i < kLanes; ++i) s += x[i];
+  return s;
+}
+
+// C[r][0:W] (+)= sum_k A[r][k] * B[k][0:W] for r in [0, kRowBlock). B and C rows are 64-byte
+// aligned; W is a multiple of 16. The 4 x W block of C stays in registers over the k loop.
+template <int W>
+inline void gemm_block(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb,
+                       float* c, int64_t ldc, bool accumulate) {
+  constexpr int kVecs = W / kLanes;
+  v16f acc[kRowBlock][kVecs];
+  for (int r = 0; r < kRowBlock; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = accumulate ? load(c + r * ldc + v * kLanes) : v16f{};
+  for (int64_t k = 0; k < depth; ++k) {
+    v16f brow[kVecs];
+    for (int v = 0; v < kVecs; ++v) brow[v] = load(b + k * ldb + v * kLanes);
+    for (int r = 0; r < kRowBlock; ++r) {
+      const float ark = a[r * lda + k];
+      for (int v = 0; v < kVecs; ++v) acc[r][v] += ark * brow[v];
+    }
+  }
+  for (int r = 0; r < kRowBlock; ++r)
+    for (int v = 0; v < kVecs; ++v) store(c + r * ldc + v * kLanes, acc[r][v]);
+}
+
+// C[rows][width] (+)= A[rows][depth] · B[depth][width]; rows a multiple of kRowBlock, width a
+// multiple of 16, ldb and ldc multiples of 16 floats, B and C 64-byte aligned.
+inline void gemm(int64_t rows, int64_t width, int64_t depth, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  for (int64_t r = 0; r < rows; r += kRowBlock) {
+    int64_t col = 0;
+    for (; col + kWideCols <= width; col += kWideCols)
+      gemm_block<kWideCols>(depth, a + r * lda, lda, b + col, ldb, c + r * ldc + col, ldc, accumulate);
+    for (; col < width; col += kLanes)
+      gemm_block<kLanes>(depth, a + r * lda, lda, b + col, ldb, c + r * ldc + col, ldc, accumulate);
+  }
+}
+
+// 64-byte aligned fp32 scratch, zero-initialised.
+struct Scratch {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data;
+  int64_t size = 0;
+
+  explicit Scratch(int64_t floats) : size(floats) {
+    const size_t bytes = size_t(round_up(floats > 0 ? floats : 1, kLanes)) * sizeof(float);
+    float* p = static_cast<float*>(std::aligned_alloc(kAlign, bytes));
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, bytes);
+    data.reset(p);
+  }
+  float* get() const { return data.get(); }
+};
+
+}  // namespace fmha::cpu
