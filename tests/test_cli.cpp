@@ -1,0 +1,120 @@
+// The CLI's contract: exit codes (0 ok, 1 check failed, 2 bad flags or invalid call), errors on
+// stderr, and the JSON keys that scripts rely on.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+};
+
+Result fmha(const std::string& args, bool capture_stderr = false) {
+  const std::string cmd = std::string(FMHA_CLI_PATH) + " " + args + (capture_stderr ? " 2>&1" : " 2>/dev/null");
+  Result r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(Cli, InfoListsBackendsAndDevices) {
+  const Result r = fmha("info --json");
+  ASSERT_EQ(r.exit_code, 0);
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j.contains("version"));
+  EXPECT_NE(std::find(j["backends"].begin(), j["backends"].end(), "cpu"), j["backends"].end());
+  EXPECT_EQ(j["devices"][0]["device"], "cpu");
+  EXPECT_EQ(fmha("info").exit_code, 0);
+}
+
+TEST(Cli, RunCheckJsonHasTheDocumentedKeys) {
+  for (const char* mode : {"fwd", "bwd"}) {
+    const Result r = fmha(std::string("run --backend cpu --batch 2 --heads 4 --kv-heads 2 --seqlen-q 70 --seqlen-k 90 "
+                                      "--head-dim 32 --head-dim-v 48 --dtype bf16 --causal bottom-right --window 20,0 "
+                                      "--q-offset 3 --iters 2 --seed 5 --check --json --mode ") + mode);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const auto j = nlohmann::json::parse(r.out);
+    for (const char* key : {"backend", "device", "dtype", "mode", "batch", "heads", "kv_heads", "seqlen_q", "seqlen_k",
+                            "head_dim", "head_dim_v", "causal", "ms", "tflops", "check", "max_abs_err", "rel_err"})
+      EXPECT_TRUE(j.contains(key)) << key;
+    EXPECT_EQ(j["check"], "pass");
+    EXPECT_EQ(j["mode"], mode);
+    EXPECT_EQ(j["dtype"], "bf16");
+    EXPECT_EQ(j["kv_heads"], 2);
+    EXPECT_EQ(j["head_dim_v"], 48);
+    EXPECT_EQ(j["causal"], "bottom-right");
+    EXPECT_GT(j["ms"].get<double>(), 0.0);
+    if (std::string(mode) == "bwd")
+      for (const char* key : {"rel_err_dq", "rel_err_dk", "rel_err_dv"}) EXPECT_TRUE(j.contains(key)) << key;
+  }
+}
+
+TEST(Cli, TflopsFollowsTheFlashAttentionConvention) {
+  const Result r = fmha("run --backend cpu --batch 1 --heads 2 --seqlen-q 256 --head-dim 64 --iters 1 --json --causal top-left");
+  ASSERT_EQ(r.exit_code, 0);
+  const auto j = nlohmann::json::parse(r.out);
+  const double flops = 4.0 * 1 * 2 * 256 * 256 * 64 / 2;  // halved when causal
+  EXPECT_NEAR(j["tflops"].get<double>(), flops / (j["ms"].get<double>() * 1e-3) / 1e12, 1e-9);
+}
+
+TEST(Cli, BadFlagsExitTwoWithAMessage) {
+  for (const char* args : {"run --dtype fp64", "run --causal sideways", "run --mode both", "run --window 3",
+                           "run --batch -1", "run --no-such-flag", "run --backend warp9", "bench --sweep nope"}) {
+    const Result r = fmha(args, true);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_FALSE(r.out.empty()) << args;
+  }
+}
+
+TEST(Cli, InvalidCallExitsTwoNamingTheArgument) {
+  Result r = fmha("run --backend cpu --heads 3 --kv-heads 2 --seqlen-q 8 --iters 0", true);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("kv_heads"), std::string::npos) << r.out;
+  r = fmha("run --backend cpu --causal top-left --window 4,2 --seqlen-q 8 --iters 0", true);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("window_right"), std::string::npos) << r.out;
+}
+
+TEST(Cli, NoFlagsRunsTheSeedShape) {
+  const Result r = fmha("run --json --iters 1 --warmup 0");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["batch"], 4);
+  EXPECT_EQ(j["heads"], 4);
+  EXPECT_EQ(j["seqlen_q"], 4096);
+  EXPECT_EQ(j["head_dim"], 64);
+  EXPECT_EQ(j["dtype"], "fp32");
+  EXPECT_EQ(j["causal"], "none");
+  EXPECT_EQ(j["mode"], "fwd");
+}
+
+TEST(Cli, BenchWritesCsvAndJson) {
+  const std::string csv = ::testing::TempDir() + "fmha_bench.csv";
+  const Result r = fmha("bench --backend cpu --batch 1 --heads 2 --seqlen-q 128 --iters 2 --no-progress --json-out - --csv " + csv);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto start = r.out.find('[');
+  ASSERT_NE(start, std::string::npos);
+  const auto j = nlohmann::json::parse(r.out.substr(start));
+  ASSERT_EQ(j.size(), 1u);
+  EXPECT_EQ(j[0]["status"], "ok");
+  EXPECT_GT(j[0]["tflops"].get<double>(), 0.0);
+  FILE* f = fopen(csv.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char header[256] = {};
+  ASSERT_NE(fgets(header, sizeof header, f), nullptr);
+  fclose(f);
+  EXPECT_EQ(std::string(header).rfind("backend,device,mode", 0), 0u);
+}
+
+}  // namespace

@@ -1,0 +1,220 @@
+// The fast CPU path against the fp64 oracle, forward and backward, over odd shapes and every
+// option, under the one tolerance rule (src/common/tolerance.h). Inputs are fresh random data on
+// every run (the seed is printed on failure); outputs are poisoned before each call.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+namespace fmha::tools {
+namespace {
+
+uint64_t fresh_seed() {
+  return uint64_t(std::chrono::high_resolution_clock::now().time_since_epoch().count()) & 0xffffffffull;
+}
+
+std::string describe(const CaseSpec& c) {
+  std::ostringstream out;
+  out << "fmha run --backend " << to_string(c.backend) << " --mode " << to_string(c.mode) << " --dtype "
+      << c.dtype_name() << " --batch " << c.batch << " --heads " << c.heads << " --kv-heads " << c.kv_heads
+      << " --seqlen-q " << c.seqlen_q << " --seqlen-k " << c.seqlen_k << " --head-dim " << c.head_dim
+      << " --head-dim-v " << c.head_dim_v << " --causal " << to_string(c.causal) << " --window " << c.window_left
+      << "," << c.window_right << " --q-offset " << c.q_offset << " --seed " << c.seed
+      << (c.deterministic ? " --deterministic" : "") << (c.with_lse ? "" : " --no-lse") << " --check";
+  return out.str();
+}
+
+CheckResult run_and_check(CaseSpec c) {
+  c.seed = fresh_seed();
+  Harness h(c, Device{});
+  const Status s = h.run_once();
+  EXPECT_TRUE(s.ok()) << s.message << "\n  " << describe(h.spec());
+  if (!s.ok()) return {};
+  const CheckResult r = h.check();
+  EXPECT_TRUE(r.pass) << r.failure << " (rel_err " << r.rel_err << ", tolerance " << r.tolerance << ")\n  "
+                      << describe(h.spec());
+  return r;
+}
+
+CaseSpec base_case() {
+  CaseSpec c;
+  c.backend = Backend::cpu;
+  c.batch = 1;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.head_dim = 64;
+  return c;
+}
+
+// ---- Every pair of odd sequence lengths, causal alignments in turn, forward and backward -------
+
+class SeqlenPairs : public ::testing::TestWithParam<std::tuple<int64_t, int64_t>> {};
+
+TEST_P(SeqlenPairs, ForwardAndBackwardMatchOracle) {
+  const auto [seqlen_q, seqlen_k] = GetParam();
+  const Causal alignments[] = {Causal::none, Causal::top_left, Causal::bottom_right};
+  const Causal causal = alignments[(seqlen_q * 7 + seqlen_k) % 3];
+  for (Direction mode : {Direction::forward, Direction::backward}) {
+    CaseSpec c = base_case();
+    c.seqlen_q = seqlen_q;
+    c.seqlen_k = seqlen_k;
+    c.causal = causal;
+    c.mode = mode;
+    run_and_check(c);
+  }
+}
+
+const int64_t kOddLengths[] = {1, 15, 63, 64, 65, 1013};
+INSTANTIATE_TEST_SUITE_P(Cpu, SeqlenPairs,
+                         ::testing::Combine(::testing::ValuesIn(kOddLengths), ::testing::ValuesIn(kOddLengths)),
+                         [](const auto& info) {
+                           return "q" + std::to_string(std::get<0>(info.param)) + "_k" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// ---- Both causal alignments at Sq != Sk, each direction ------------------------------------------
+
+TEST(CpuAttention, CausalAlignmentsWithUnequalLengths) {
+  for (Causal causal : {Causal::top_left, Causal::bottom_right})
+    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{100, 37}, {37, 100}, {129, 130}})
+      for (Direction mode : {Direction::forward, Direction::backward}) {
+        CaseSpec c = base_case();
+        c.seqlen_q = sq;
+        c.seqlen_k = sk;
+        c.causal = causal;
+        c.mode = mode;
+        run_and_check(c);
+      }
+}
+
+// ---- Head dims x storage dtypes ---------------------------------------------------------------------
+
+class HeadDimsAndDtypes : public ::testing::TestWithParam<std::tuple<int64_t, std::string>> {};
+
+TEST_P(HeadDimsAndDtypes, ForwardAndBackwardMatchOracle) {
+  const auto [head_dim, dtype] = GetParam();
+  for (Direction mode : {Direction::forward, Direction::backward}) {
+    CaseSpec c = base_case();
+    c.seqlen_q = 65;
+    c.seqlen_k = 127;
+    c.head_dim = head_dim;
+    c.causal = Causal::bottom_right;
+    parse(dtype == "tf32" ? "fp32" : dtype, &c.dtype);
+    c.precision = dtype == "tf32" ? Precision::tf32 : Precision::ieee;
+    c.mode = mode;
+    run_and_check(c);
+  }
+}
+
+const int64_t kHeadDims[] = {32, 64, 96, 128, 192, 256};
+INSTANTIATE_TEST_SUITE_P(Cpu, HeadDimsAndDtypes,
+                         ::testing::Combine(::testing::ValuesIn(kHeadDims),
+                                            ::testing::Values("fp32", "tf32", "fp16", "bf16")),
+                         [](const auto& info) {
+                           return "d" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+                         });
+
+// ---- Options ------------------------------------------------------------------------------------------
+
+struct OptionCase {
+  const char* name;
+  CaseSpec spec;
+};
+
+std::vector<OptionCase> option_cases() {
+  std::vector<OptionCase> cases;
+  auto add = [&](const char* name, auto&& edit) {
+    CaseSpec c = base_case();
+    c.seqlen_q = 150;
+    c.seqlen_k = 200;
+    edit(c);
+    cases.push_back({name, c});
+  };
+  add("window_both_sides", [](CaseSpec& c) { c.window_left = 17; c.window_right = 5; });
+  add("window_left_only", [](CaseSpec& c) { c.window_left = 40; });
+  add("window_right_only", [](CaseSpec& c) { c.window_right = 3; });
+  add("window_zero_zero", [](CaseSpec& c) { c.window_left = 0; c.window_right = 0; });
+  add("causal_with_window", [](CaseSpec& c) { c.causal = Causal::bottom_right; c.window_left = 30; });
+  add("causal_top_left_window", [](CaseSpec& c) { c.causal = Causal::top_left; c.window_left = 9; c.window_right = 0; });
+  add("q_offset_positive", [](CaseSpec& c) { c.causal = Causal::top_left; c.q_offset = 50; });
+  add("q_offset_negative", [](CaseSpec& c) { c.causal = Causal::top_left; c.q_offset = -20; });
+  add("q_offset_window", [](CaseSpec& c) { c.q_offset = 70; c.window_left = 25; c.window_right = 10; });
+  add("q_offset_beyond_keys", [](CaseSpec& c) { c.causal = Causal::bottom_right; c.q_offset = -260; });
+  add("gqa_8", [](CaseSpec& c) { c.heads = 8; c.kv_heads = 1; });
+  add("gqa_2", [](CaseSpec& c) { c.heads = 4; c.kv_heads = 2; c.batch = 2; });
+  add("mha", [](CaseSpec& c) { c.heads = 3; c.kv_heads = 3; });
+  add("head_dim_v_larger", [](CaseSpec& c) { c.head_dim = 64; c.head_dim_v = 128; });
+  add("head_dim_v_smaller", [](CaseSpec& c) { c.head_dim = 128; c.head_dim_v = 32; });
+  add("head_dim_odd", [](CaseSpec& c) { c.head_dim = 40; c.head_dim_v = 24; });
+  add("custom_scale", [](CaseSpec& c) { c.softmax_scale = 0.3f; });
+  add("no_lse", [](CaseSpec& c) { c.with_lse = false; });
+  add("single_thread", [](CaseSpec& c) { c.num_threads = 1; });
+  add("many_threads", [](CaseSpec& c) { c.num_threads = 7; });
+  add("deterministic", [](CaseSpec& c) { c.deterministic = true; });
+  add("bf16_gqa_window", [](CaseSpec& c) { c.dtype = DType::bf16; c.heads = 8; c.kv_heads = 2; c.window_left = 33; });
+  add("fp16_causal_offset", [](CaseSpec& c) { c.dtype = DType::fp16; c.causal = Causal::top_left; c.q_offset = 31; });
+  add("tf32_causal", [](CaseSpec& c) { c.precision = Precision::tf32; c.causal = Causal::bottom_right; });
+  return cases;
+}
+
+void PrintTo(const OptionCase& c, std::ostream* os) { *os << c.name; }
+
+class Options : public ::testing::TestWithParam<OptionCase> {};
+
+TEST_P(Options, ForwardAndBackwardMatchOracle) {
+  for (Direction mode : {Direction::forward, Direction::backward}) {
+    CaseSpec c = GetParam().spec;
+    c.mode = mode;
+    if (mode == Direction::backward) c.with_lse = true;
+    run_and_check(c);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, Options, ::testing::ValuesIn(option_cases()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---- The check itself can fail ----------------------------------------------------------------------
+
+TEST(CpuAttention, CheckRejectsAWrongResult) {
+  for (Direction mode : {Direction::forward, Direction::backward}) {
+    CaseSpec c = base_case();
+    c.seqlen_q = c.seqlen_k = 70;
+    c.mode = mode;
+    c.seed = fresh_seed();
+    Harness h(c, Device{});
+    ASSERT_TRUE(h.run_once().ok());
+    EXPECT_TRUE(h.check().pass);
+    h.perturb_result_for_testing(1.001f);
+    EXPECT_FALSE(h.check().pass) << "a 0.1% error passed the fp32 check";
+  }
+}
+
+// ---- Reference backend and determinism --------------------------------------------------------------
+
+TEST(CpuAttention, ReferenceBackendMatchesOracle) {
+  for (Direction mode : {Direction::forward, Direction::backward}) {
+    CaseSpec c = base_case();
+    c.backend = Backend::reference;
+    c.seqlen_q = 33;
+    c.seqlen_k = 47;
+    c.causal = Causal::bottom_right;
+    c.mode = mode;
+    run_and_check(c);
+  }
+}
+
+TEST(CpuAttention, AutoSelectsCpuBackendForHostTensors) {
+  CaseSpec c = base_case();
+  c.backend = Backend::auto_select;
+  c.seqlen_q = c.seqlen_k = 20;
+  Harness h(c, Device{});
+  ASSERT_TRUE(h.run_once().ok());
+  EXPECT_EQ(h.backend_used(), Backend::cpu);
+}
+
+}  // namespace
+}  // namespace fmha::tools

@@ -1,0 +1,561 @@
+// See harness.h. Inputs are drawn from N(0, 1) with a seeded generator, rounded to the storage
+// dtype on the host, and uploaded; outputs are poisoned with all-ones bytes (NaN in every dtype)
+// before each run so that an element the backend forgot to write cannot pass.
+#include "harness.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+#include "common/numeric.h"
+#include "common/problem.h"
+#include "common/tolerance.h"
+#include "cpu/reference.h"
+
+#ifdef FMHA_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace fmha::tools {
+
+// ------------------------------------------------------------------------------------------------
+// CaseSpec
+// ------------------------------------------------------------------------------------------------
+
+CaseSpec CaseSpec::resolved() const {
+  CaseSpec s = *this;
+  if (s.kv_heads == 0) s.kv_heads = s.heads;
+  if (s.seqlen_k == 0) s.seqlen_k = s.seqlen_q;
+  if (s.head_dim_v == 0) s.head_dim_v = s.head_dim;
+  return s;
+}
+
+std::string CaseSpec::dtype_name() const {
+  if (dtype == DType::fp32 && precision == Precision::tf32) return "tf32";
+  return to_string(dtype);
+}
+
+double CaseSpec::flops() const {
+  const CaseSpec s = resolved();
+  Problem p;
+  p.batch = s.batch;
+  p.heads = s.heads;
+  p.seqlen_q = s.seqlen_q;
+  p.seqlen_k = s.seqlen_k;
+  p.head_dim = s.head_dim;
+  p.head_dim_v = s.head_dim_v;
+  return Problem::flops(p, s.causal, s.mode);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Buffer
+// ------------------------------------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void cuda_fail(const char* what, int code) {
+  throw std::runtime_error(std::string(what) + " failed with CUDA error " + std::to_string(code));
+}
+
+#ifdef FMHA_WITH_CUDA
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+#endif
+
+}  // namespace
+
+Buffer::Buffer(Device device, size_t bytes) : device_(device), bytes_(bytes) {
+  const size_t alloc = std::max<size_t>(bytes, 64);
+  if (device.type == DeviceType::cpu) {
+    data_ = std::aligned_alloc(64, (alloc + 63) / 64 * 64);
+    if (!data_) throw std::bad_alloc();
+    return;
+  }
+#ifdef FMHA_WITH_CUDA
+  cuda_check(cudaSetDevice(device.index), "cudaSetDevice");
+  cuda_check(cudaMalloc(&data_, alloc), "cudaMalloc");
+#else
+  cuda_fail("device allocation (this build has no CUDA)", 0);
+#endif
+}
+
+Buffer::~Buffer() {
+  if (!data_) return;
+  if (device_.type == DeviceType::cpu) {
+    std::free(data_);
+    return;
+  }
+#ifdef FMHA_WITH_CUDA
+  cudaFree(data_);
+#endif
+}
+
+Buffer::Buffer(Buffer&& o) noexcept : device_(o.device_), data_(o.data_), bytes_(o.bytes_) {
+  o.data_ = nullptr;
+  o.bytes_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    this->~Buffer();
+    new (this) Buffer(std::move(o));
+  }
+  return *this;
+}
+
+void Buffer::upload(const void* host) {
+  if (bytes_ == 0) return;
+  if (device_.type == DeviceType::cpu) {
+    std::memcpy(data_, host, bytes_);
+    return;
+  }
+#ifdef FMHA_WITH_CUDA
+  cuda_check(cudaMemcpy(data_, host, bytes_, cudaMemcpyHostToDevice), "cudaMemcpy to device");
+#endif
+}
+
+void Buffer::download(void* host) const {
+  if (bytes_ == 0) return;
+  if (device_.type == DeviceType::cpu) {
+    std::memcpy(host, data_, bytes_);
+    return;
+  }
+#ifdef FMHA_WITH_CUDA
+  cuda_check(cudaMemcpy(host, data_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+#endif
+}
+
+void Buffer::fill_bytes(unsigned char value) {
+  if (bytes_ == 0) return;
+  if (device_.type == DeviceType::cpu) {
+    std::memset(data_, value, bytes_);
+    return;
+  }
+#ifdef FMHA_WITH_CUDA
+  cuda_check(cudaMemset(data_, value, bytes_), "cudaMemset");
+#endif
+}
+
+bool cuda_available() {
+#ifdef FMHA_WITH_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+#else
+  return false;
+#endif
+}
+
+std::string device_description(Device device) {
+  if (device.type == DeviceType::cuda) {
+    for (const DeviceInfo& d : devices())
+      if (d.device == device) return d.name;
+    return "cuda:" + std::to_string(device.index);
+  }
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      std::string name = colon == std::string::npos ? line : line.substr(colon + 2);
+      return name + " (" + std::to_string(devices().front().multiprocessors) + " threads)";
+    }
+  return "cpu";
+}
+
+// ------------------------------------------------------------------------------------------------
+// Harness
+// ------------------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr unsigned char kPoisonByte = 0xff;  // all-ones: NaN in fp32, fp16 and bf16
+
+// A tensor of `shape` (contiguous) in a buffer, with a host copy of its stored bytes.
+struct Slot {
+  Buffer device;
+  std::vector<unsigned char> host;
+  DType dtype = DType::fp32;
+  int rank = 0;
+  int64_t shape[kMaxRank] = {};
+
+  Slot() = default;
+  Slot(Device dev, DType dt, std::initializer_list<int64_t> dims) : dtype(dt), rank(int(dims.size())) {
+    std::copy(dims.begin(), dims.end(), shape);
+    device = Buffer(dev, size_t(numel()) * dtype_size(dt));
+    host.resize(device.bytes());
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int d = 0; d < rank; ++d) n *= shape[d];
+    return n;
+  }
+  Tensor view(const void* data, Device dev) const {
+    Tensor t;
+    t.data = const_cast<void*>(data);
+    t.dtype = dtype;
+    t.device = dev;
+    t.rank = rank;
+    int64_t stride = 1;
+    for (int d = rank - 1; d >= 0; --d) {
+      t.shape[d] = shape[d];
+      t.stride[d] = stride;
+      stride *= shape[d];
+    }
+    return t;
+  }
+  void fill_random(std::mt19937_64& rng) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t i = 0; i < numel(); ++i) store_element(host.data(), dtype, i, normal(rng));
+    device.upload(host.data());
+  }
+  float at(int64_t i) const { return load_element(host.data(), dtype, i); }
+};
+
+}  // namespace
+
+struct Harness::Set {
+  Slot q, k, v, o, lse, dout, dq, dk, dv;
+};
+
+Harness::Harness(const CaseSpec& spec, Device device, int input_sets) : spec_(spec.resolved()), device_(device) {
+  const CaseSpec& s = spec_;
+  std::mt19937_64 rng(s.seed);
+  const bool bwd = s.mode == Direction::backward;
+  for (int i = 0; i < std::max(input_sets, 1); ++i) {
+    auto set = std::make_unique<Set>();
+    set->q = Slot(device, s.dtype, {s.batch, s.seqlen_q, s.heads, s.head_dim});
+    set->k = Slot(device, s.dtype, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim});
+    set->v = Slot(device, s.dtype, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim_v});
+    set->o = Slot(device, s.dtype, {s.batch, s.seqlen_q, s.heads, s.head_dim_v});
+    set->lse = Slot(device, DType::fp32, {s.batch, s.heads, s.seqlen_q});
+    set->q.fill_random(rng);
+    set->k.fill_random(rng);
+    set->v.fill_random(rng);
+    if (bwd) {
+      set->dout = Slot(device, s.dtype, {s.batch, s.seqlen_q, s.heads, s.head_dim_v});
+      set->dq = Slot(device, s.dtype, {s.batch, s.seqlen_q, s.heads, s.head_dim});
+      set->dk = Slot(device, s.dtype, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim});
+      set->dv = Slot(device, s.dtype, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim_v});
+      set->dout.fill_random(rng);
+    }
+    sets_.push_back(std::move(set));
+  }
+#ifdef FMHA_WITH_CUDA
+  if (device.type == DeviceType::cuda) {
+    cudaStream_t stream = nullptr;
+    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    stream_ = stream;
+  }
+#endif
+}
+
+Harness::~Harness() {
+#ifdef FMHA_WITH_CUDA
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+#endif
+}
+
+Params Harness::params(int input_set) const {
+  const Set& set = *sets_[size_t(input_set)];
+  Params p;
+  p.q = set.q.view(set.q.device.data(), device_);
+  p.k = set.k.view(set.k.device.data(), device_);
+  p.v = set.v.view(set.v.device.data(), device_);
+  p.o = set.o.view(set.o.device.data(), device_);
+  if (spec_.with_lse || spec_.mode == Direction::backward) p.lse = set.lse.view(set.lse.device.data(), device_);
+  if (spec_.mode == Direction::backward) {
+    p.dout = set.dout.view(set.dout.device.data(), device_);
+    p.dq = set.dq.view(set.dq.device.data(), device_);
+    p.dk = set.dk.view(set.dk.device.data(), device_);
+    p.dv = set.dv.view(set.dv.device.data(), device_);
+  }
+  p.softmax_scale = spec_.softmax_scale;
+  p.causal = spec_.causal;
+  p.window_left = spec_.window_left;
+  p.window_right = spec_.window_right;
+  p.q_offset = spec_.q_offset;
+  p.precision = spec_.precision;
+  p.deterministic = spec_.deterministic;
+  p.backend = spec_.backend;
+  p.num_threads = spec_.num_threads;
+  p.stream = stream_;
+  p.workspace = workspace_.data();
+  p.workspace_bytes = workspace_.bytes();
+  return p;
+}
+
+Status Harness::run(int set, Direction direction) {
+  Params p = params(set);
+  if (direction == Direction::forward && spec_.mode == Direction::backward) {
+    // The forward that produces O and LSE for a backward case.
+    p.dout = p.dq = p.dk = p.dv = Tensor{};
+  }
+  size_t bytes = 0;
+  if (Status s = workspace_size(p, direction, &bytes); !s.ok()) return s;
+  if (bytes > workspace_.bytes()) {
+    workspace_ = Buffer(device_, bytes);
+    p.workspace = workspace_.data();
+    p.workspace_bytes = workspace_.bytes();
+  }
+  if (Status s = select_backend(p, direction, &backend_used_); !s.ok()) return s;
+  return direction == Direction::forward ? forward(p) : backward(p);
+}
+
+Status Harness::prepare_backward_inputs(int set) {
+  Set& st = *sets_[size_t(set)];
+  st.o.device.fill_bytes(kPoisonByte);
+  st.lse.device.fill_bytes(kPoisonByte);
+  return run(set, Direction::forward);
+}
+
+Status Harness::run_once() {
+  try {
+    Set& set = *sets_[0];
+    if (spec_.mode == Direction::forward) {
+      set.o.device.fill_bytes(kPoisonByte);
+      set.lse.device.fill_bytes(kPoisonByte);
+      Status s = run(0, Direction::forward);
+      if (s.ok()) {
+        set.o.device.download(set.o.host.data());
+        set.lse.device.download(set.lse.host.data());
+      }
+      return s;
+    }
+    if (Status s = prepare_backward_inputs(0); !s.ok()) return s;
+    backward_ready_ = true;
+    for (Slot* slot : {&set.dq, &set.dk, &set.dv}) slot->device.fill_bytes(kPoisonByte);
+    Status s = run(0, Direction::backward);
+    if (s.ok()) {
+      for (Slot* slot : {&set.o, &set.lse, &set.dq, &set.dk, &set.dv}) slot->device.download(slot->host.data());
+    }
+    return s;
+  } catch (const std::exception& e) {
+    return {Code::internal, e.what()};
+  }
+}
+
+Status Harness::time(int warmup, int iters, double* median_ms) {
+  try {
+    const Direction dir = spec_.mode;
+    if (dir == Direction::backward)
+      for (int i = 0; i < int(sets_.size()); ++i)
+        if (Status s = prepare_backward_inputs(i); !s.ok()) return s;
+    const int sets = int(sets_.size());
+    for (int i = 0; i < warmup; ++i)
+      if (Status s = run(i % sets, dir); !s.ok()) return s;
+    std::vector<double> ms;
+    ms.reserve(size_t(iters));
+#ifdef FMHA_WITH_CUDA
+    if (device_.type == DeviceType::cuda) {
+      cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+      cudaEvent_t start, stop;
+      cuda_check(cudaEventCreate(&start), "cudaEventCreate");
+      cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+      for (int i = 0; i < iters; ++i) {
+        cuda_check(cudaEventRecord(start, stream), "cudaEventRecord");
+        Status s = run(i % sets, dir);
+        cuda_check(cudaEventRecord(stop, stream), "cudaEventRecord");
+        if (!s.ok()) return s;
+        cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+        float elapsed = 0.f;
+        cuda_check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
+        ms.push_back(double(elapsed));
+      }
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+    }
+#endif
+    if (device_.type == DeviceType::cpu) {
+      for (int i = 0; i < iters; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        if (Status s = run(i % sets, dir); !s.ok()) return s;
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+    }
+    if (ms.empty()) return {Code::invalid_argument, "iters: expected at least 1"};
+    std::sort(ms.begin(), ms.end());
+    *median_ms = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+    return Status::success();
+  } catch (const std::exception& e) {
+    return {Code::internal, e.what()};
+  }
+}
+
+void Harness::perturb_result_for_testing(float factor) {
+  Slot& slot = spec_.mode == Direction::forward ? sets_[0]->o : sets_[0]->dq;
+  for (int64_t i = 0; i < slot.numel(); ++i) store_element(slot.host.data(), slot.dtype, i, slot.at(i) * factor);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Check against the oracle
+// ------------------------------------------------------------------------------------------------
+
+namespace {
+
+struct ErrorSum {
+  double diff2 = 0.0, ref2 = 0.0, max_abs = 0.0;
+  void add(double out, double ref) {
+    const double d = out - ref;
+    diff2 += d * d;
+    ref2 += ref * ref;
+    max_abs = std::max(max_abs, std::abs(d));
+  }
+  double rel() const { return ref2 > 0.0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2); }
+  // Relative to max(||ref||, floor): for a gradient that is (nearly) zero in exact arithmetic.
+  double rel(double floor_norm) const {
+    const double norm = std::max(std::sqrt(ref2), floor_norm);
+    return norm > 0.0 ? std::sqrt(diff2) / norm : std::sqrt(diff2);
+  }
+};
+
+// First NaN in a host slot, or -1.
+int64_t first_nan(const Slot& slot) {
+  for (int64_t i = 0; i < slot.numel(); ++i)
+    if (std::isnan(slot.at(i))) return i;
+  return -1;
+}
+
+}  // namespace
+
+CheckResult Harness::check(double budget_flops) const {
+  const CaseSpec& s = spec_;
+  const Set& set = *sets_[0];
+  CheckResult r;
+  r.tolerance = tolerance(s.dtype, s.precision, s.mode);
+
+  // An oracle view of the same stored inputs on the CPU.
+  Params host;
+  const Device cpu{};
+  host.q = set.q.view(set.q.host.data(), cpu);
+  host.k = set.k.view(set.k.host.data(), cpu);
+  host.v = set.v.view(set.v.host.data(), cpu);
+  host.o = set.o.view(set.o.host.data(), cpu);
+  if (s.mode == Direction::backward) host.dout = set.dout.view(set.dout.host.data(), cpu);
+  host.softmax_scale = s.softmax_scale;
+  host.causal = s.causal;
+  host.window_left = s.window_left;
+  host.window_right = s.window_right;
+  host.q_offset = s.q_offset;
+  const Problem pr = Problem::of(host);
+  std::mt19937_64 rng(s.seed ^ 0x9e3779b97f4a7c15ull);
+
+  auto fail = [&](const std::string& why) {
+    if (r.failure.empty()) r.failure = why;
+    r.pass = false;
+  };
+  r.pass = true;
+
+  if (s.mode == Direction::forward) {
+    if (int64_t i = first_nan(set.o); i >= 0) fail("o: element " + std::to_string(i) + " is NaN (unwritten?)");
+    if (s.with_lse)
+      if (int64_t i = first_nan(set.lse); i >= 0) fail("lse: element " + std::to_string(i) + " is NaN (unwritten?)");
+
+    // Rows to compare: all, or a sample that fits the budget (always including first and last rows).
+    const double row_cost = 2.0 * double(pr.seqlen_k) * double(pr.head_dim + pr.head_dim_v);
+    const int64_t total_rows = pr.batch * pr.heads * pr.seqlen_q;
+    std::vector<int64_t> rows;
+    if (budget_flops <= 0.0 || row_cost * double(total_rows) <= budget_flops) {
+      rows.resize(size_t(total_rows));
+      std::iota(rows.begin(), rows.end(), 0);
+    } else {
+      r.sampled = true;
+      const int64_t n = std::max<int64_t>(16, int64_t(budget_flops / row_cost));
+      std::uniform_int_distribution<int64_t> pick(0, total_rows - 1);
+      rows = {0, total_rows - 1};
+      for (int64_t i = 0; i < n; ++i) rows.push_back(pick(rng));
+    }
+    ErrorSum err;
+    double lse_err = 0.0;
+    std::vector<double> ref_row(size_t(pr.head_dim_v));
+    for (int64_t item : rows) {
+      const int64_t row = item % pr.seqlen_q, h = (item / pr.seqlen_q) % pr.heads, b = item / (pr.seqlen_q * pr.heads);
+      double ref_lse = 0.0;
+      reference::forward_row(host, pr, b, h, row, ref_row.data(), &ref_lse);
+      const int64_t o0 = ((b * pr.seqlen_q + row) * pr.heads + h) * pr.head_dim_v;
+      const float out_lse = s.with_lse ? set.lse.at((b * pr.heads + h) * pr.seqlen_q + row) : 0.f;
+      if (std::isinf(ref_lse)) {
+        for (int64_t d = 0; d < pr.head_dim_v; ++d)
+          if (set.o.at(o0 + d) != 0.0f) fail("o: a row that sees no key is not 0");
+        if (s.with_lse && !(std::isinf(out_lse) && out_lse < 0)) fail("lse: a row that sees no key is not -inf");
+        continue;
+      }
+      for (int64_t d = 0; d < pr.head_dim_v; ++d) err.add(set.o.at(o0 + d), ref_row[size_t(d)]);
+      if (s.with_lse) {
+        const double e = std::abs(double(out_lse) - ref_lse) / std::max(1.0, std::abs(ref_lse));
+        lse_err = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(lse_err, e);
+      }
+    }
+    r.rel_err_o = err.rel();
+    r.lse_err = lse_err;
+    r.rel_err = r.rel_err_o;
+    r.max_abs_err = err.max_abs;
+    if (!(r.rel_err_o <= r.tolerance)) fail("o: rel_err " + std::to_string(r.rel_err_o) + " > tolerance");
+    if (!(lse_err <= r.tolerance)) fail("lse: relative error " + std::to_string(lse_err) + " > tolerance");
+    return r;
+  }
+
+  // Backward.
+  for (const Slot* slot : {&set.dq, &set.dk, &set.dv})
+    if (int64_t i = first_nan(*slot); i >= 0) fail("a gradient element (" + std::to_string(i) + ") is NaN (unwritten?)");
+  const double group_cost = 2.0 * double(pr.group) * double(pr.seqlen_q) * double(pr.seqlen_k) *
+                            double(2 * pr.head_dim + 3 * pr.head_dim_v);
+  const int64_t total_groups = pr.batch * pr.kv_heads;
+  std::vector<int64_t> groups;
+  if (budget_flops <= 0.0 || group_cost * double(total_groups) <= budget_flops) {
+    groups.resize(size_t(total_groups));
+    std::iota(groups.begin(), groups.end(), 0);
+  } else {
+    r.sampled = true;
+    std::vector<int64_t> all(static_cast<size_t>(total_groups));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    const int64_t n = std::clamp<int64_t>(int64_t(budget_flops / group_cost), 1, total_groups);
+    groups.assign(all.begin(), all.begin() + n);
+  }
+  ErrorSum dq_err, dk_err, dv_err;
+  std::vector<double> dq(size_t(pr.group * pr.seqlen_q * pr.head_dim)), dk(size_t(pr.seqlen_k * pr.head_dim)),
+      dv(size_t(pr.seqlen_k * pr.head_dim_v));
+  for (int64_t item : groups) {
+    const int64_t b = item / pr.kv_heads, kv_head = item % pr.kv_heads;
+    reference::backward_group(host, pr, b, kv_head, dq.data(), dk.data(), dv.data());
+    for (int64_t g = 0; g < pr.group; ++g)
+      for (int64_t row = 0; row < pr.seqlen_q; ++row)
+        for (int64_t d = 0; d < pr.head_dim; ++d)
+          dq_err.add(set.dq.at(((b * pr.seqlen_q + row) * pr.heads + kv_head * pr.group + g) * pr.head_dim + d),
+                     dq[size_t((g * pr.seqlen_q + row) * pr.head_dim + d)]);
+    for (int64_t j = 0; j < pr.seqlen_k; ++j) {
+      for (int64_t d = 0; d < pr.head_dim; ++d)
+        dk_err.add(set.dk.at(((b * pr.seqlen_k + j) * pr.kv_heads + kv_head) * pr.head_dim + d),
+                   dk[size_t(j * pr.head_dim + d)]);
+      for (int64_t d = 0; d < pr.head_dim_v; ++d)
+        dv_err.add(set.dv.at(((b * pr.seqlen_k + j) * pr.kv_heads + kv_head) * pr.head_dim_v + d),
+                   dv[size_t(j * pr.head_dim_v + d)]);
+    }
+  }
+  // dQ and dK vanish in exact arithmetic where a row sees a single key (P = 1, dP = Δ), leaving
+  // only rounding; their error is measured against max(own norm, dV's rms scaled to their size).
+  const double dv_rms = std::sqrt(dv_err.ref2 / std::max<double>(1.0, double(groups.size()) * double(pr.seqlen_k * pr.head_dim_v)));
+  const double dq_count = double(groups.size()) * double(pr.group * pr.seqlen_q * pr.head_dim);
+  const double dk_count = double(groups.size()) * double(pr.seqlen_k * pr.head_dim);
+  r.rel_err_dq = dq_err.rel(dv_rms * std::sqrt(dq_count));
+  r.rel_err_dk = dk_err.rel(dv_rms * std::sqrt(dk_count));
+  r.rel_err_dv = dv_err.rel();
+  r.rel_err = std::max({r.rel_err_dq, r.rel_err_dk, r.rel_err_dv});
+  r.max_abs_err = std::max({dq_err.max_abs, dk_err.max_abs, dv_err.max_abs});
+  if (std::isnan(r.rel_err)) r.rel_err = std::numeric_limits<double>::infinity();
+  if (!(r.rel_err <= r.tolerance)) fail("gradients: rel_err " + std::to_string(r.rel_err) + " > tolerance");
+  return r;
+}
+
+}  // namespace fmha::tools

@@ -1,0 +1,204 @@
+// See bench.h.
+#include "bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "harness.h"
+
+namespace fmha::tools {
+namespace {
+
+constexpr int64_t kFaTokens = 16384;   // FlashAttention's sweep: batch = 16k tokens / seqlen
+constexpr int64_t kFaHidden = 2048;    // heads = hidden / head_dim
+constexpr size_t kRotateBytes = size_t(256) << 20;  // rotate inputs until they span 256 MiB (> L2)
+constexpr int kMaxInputSets = 8;
+
+std::vector<CaseSpec> fa_sweep(const CaseSpec& base) {
+  std::vector<CaseSpec> cases;
+  for (const char* dtype : {"bf16", "fp16"})
+    for (Direction mode : {Direction::forward, Direction::backward})
+      for (int64_t head_dim : {64, 128, 256})
+        for (Causal causal : {Causal::none, Causal::bottom_right})
+          for (int64_t seqlen : {512, 1024, 2048, 4096, 8192, 16384}) {
+            CaseSpec c = base;
+            parse(dtype, &c.dtype);
+            c.precision = Precision::ieee;
+            c.mode = mode;
+            c.batch = kFaTokens / seqlen;
+            c.heads = c.kv_heads = kFaHidden / head_dim;
+            c.seqlen_q = c.seqlen_k = seqlen;
+            c.head_dim = c.head_dim_v = head_dim;
+            c.causal = causal;
+            c.window_left = c.window_right = -1;
+            c.q_offset = 0;
+            cases.push_back(c);
+          }
+  return cases;
+}
+
+std::vector<CaseSpec> seed_sweep(const CaseSpec& base) {
+  std::vector<CaseSpec> cases;
+  for (const char* dtype : {"fp32", "tf32", "bf16"})
+    for (Direction mode : {Direction::forward, Direction::backward}) {
+      CaseSpec c = base;
+      c.batch = 4;
+      c.heads = c.kv_heads = 4;
+      c.seqlen_q = c.seqlen_k = 4096;
+      c.head_dim = c.head_dim_v = 64;
+      c.causal = Causal::none;
+      c.window_left = c.window_right = -1;
+      c.q_offset = 0;
+      c.dtype = DType::fp32;
+      c.precision = std::string(dtype) == "tf32" ? Precision::tf32 : Precision::ieee;
+      if (std::string(dtype) == "bf16") c.dtype = DType::bf16;
+      c.mode = mode;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
+size_t input_bytes(const CaseSpec& c) {
+  const CaseSpec s = c.resolved();
+  const size_t e = dtype_size(s.dtype);
+  size_t n = size_t(s.batch * s.seqlen_q * s.heads * (s.head_dim + s.head_dim_v)) +
+             size_t(s.batch * s.seqlen_k * s.kv_heads * (s.head_dim + s.head_dim_v));
+  if (s.mode == Direction::backward) n *= 2;
+  return n * e;
+}
+
+void progress(size_t done, size_t total, const std::string& label, bool enabled) {
+  if (!enabled) return;
+  constexpr int kWidth = 30;
+  const int filled = total ? int(kWidth * done / total) : kWidth;
+  std::fprintf(stderr, "\r[%s%s] %zu/%zu %-48s", std::string(size_t(filled), '#').c_str(),
+               std::string(size_t(kWidth - filled), '.').c_str(), done, total, label.c_str());
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+std::string label_of(const CaseSpec& c) {
+  const CaseSpec s = c.resolved();
+  return std::string(to_string(s.mode)) + " " + s.dtype_name() + " b" + std::to_string(s.batch) + " h" +
+         std::to_string(s.heads) + " s" + std::to_string(s.seqlen_q) + " d" + std::to_string(s.head_dim) +
+         (s.causal != Causal::none ? " causal" : "");
+}
+
+}  // namespace
+
+void add_bench_options(CLI::App* app, BenchOptions& o) {
+  app->add_option("--sweep", o.sweep, "Named sweep: fa (FlashAttention's) or seed (B4 H4 S4096 D64)");
+  app->add_option("--csv", o.csv, "Write results as CSV to this file");
+  app->add_option("--json-out", o.json_out, "Write results as JSON to this file ('-' for stdout)");
+  app->add_option("--rotate", o.rotate, "Input sets to rotate through (default: enough to exceed the L2 cache)");
+  app->add_flag("--no-progress", o.no_progress, "No progress bar");
+}
+
+int run_bench(const BenchOptions& opt) {
+  CaseSpec base;
+  std::string error;
+  if (!opt.run.to_case(&base, &error)) {
+    std::cerr << "fmha bench: " << error << "\n";
+    return 2;
+  }
+  std::vector<CaseSpec> cases;
+  if (opt.sweep.empty()) cases = {base};
+  else if (opt.sweep == "fa") cases = fa_sweep(base);
+  else if (opt.sweep == "seed") cases = seed_sweep(base);
+  else {
+    std::cerr << "fmha bench: --sweep: expected fa or seed, got '" << opt.sweep << "'\n";
+    return 2;
+  }
+  Device device;
+  if (!choose_device(base.backend, &device, &error)) {
+    std::cerr << "fmha bench: " << error << "\n";
+    return 2;
+  }
+  const bool gpu = device.type == DeviceType::cuda;
+  const int iters = opt.run.iters >= 0 ? std::max(opt.run.iters, 1) : (gpu ? 20 : 3);
+  const int warmup = opt.run.warmup >= 0 ? opt.run.warmup : (gpu ? 5 : 1);
+  const bool show_progress = !opt.no_progress && isatty(fileno(stderr));
+
+  nlohmann::json results = nlohmann::json::array();
+  std::ofstream csv;
+  if (!opt.csv.empty()) {
+    csv.open(opt.csv);
+    if (!csv) {
+      std::cerr << "fmha bench: --csv: cannot write '" << opt.csv << "'\n";
+      return 2;
+    }
+    csv << "backend,device,mode,dtype,batch,heads,kv_heads,seqlen_q,seqlen_k,head_dim,head_dim_v,causal,ms,tflops,status\n";
+  }
+  std::printf("%-6s %-5s %-5s %6s %6s %7s %5s %-12s %10s %9s\n", "mode", "dtype", "back", "batch", "heads", "seqlen",
+              "dim", "causal", "ms", "TFLOP/s");
+  int failures = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const CaseSpec c = cases[i].resolved();
+    progress(i, cases.size(), label_of(c), show_progress);
+    std::string status = "ok", backend = "-";
+    double ms = 0.0, tflops = 0.0;
+    try {
+      const int sets = opt.rotate > 0 ? opt.rotate
+                                      : int(std::clamp<size_t>(kRotateBytes / std::max<size_t>(input_bytes(c), 1), 1,
+                                                               kMaxInputSets));
+      Harness h(c, device, gpu ? sets : 1);
+      Status s = h.time(warmup, iters, &ms);
+      if (s.ok()) {
+        backend = to_string(h.backend_used());
+        tflops = c.flops() / (ms * 1e-3) / 1e12;
+      } else {
+        status = s.message;
+        ++failures;
+      }
+    } catch (const std::exception& e) {
+      status = e.what();
+      ++failures;
+    }
+    if (show_progress) std::fprintf(stderr, "\r%*s\r", 100, "");
+    if (status == "ok")
+      std::printf("%-6s %-5s %-5s %6lld %6lld %7lld %5lld %-12s %10.3f %9.2f\n", to_string(c.mode), c.dtype_name().c_str(),
+                  backend.c_str(), (long long)c.batch, (long long)c.heads, (long long)c.seqlen_q, (long long)c.head_dim,
+                  to_string(c.causal), ms, tflops);
+    else
+      std::printf("%-6s %-5s %-5s %6lld %6lld %7lld %5lld %-12s  n/a: %s\n", to_string(c.mode), c.dtype_name().c_str(),
+                  backend.c_str(), (long long)c.batch, (long long)c.heads, (long long)c.seqlen_q, (long long)c.head_dim,
+                  to_string(c.causal), status.c_str());
+    std::fflush(stdout);
+    nlohmann::json j = {{"backend", backend},      {"device", device_description(device)},
+                        {"mode", to_string(c.mode)}, {"dtype", c.dtype_name()},
+                        {"batch", c.batch},        {"heads", c.heads},
+                        {"kv_heads", c.kv_heads},  {"seqlen_q", c.seqlen_q},
+                        {"seqlen_k", c.seqlen_k},  {"head_dim", c.head_dim},
+                        {"head_dim_v", c.head_dim_v}, {"causal", to_string(c.causal)},
+                        {"ms", ms},                {"tflops", tflops},
+                        {"status", status}};
+    results.push_back(j);
+    if (csv) {
+      std::string quoted = status;
+      std::replace(quoted.begin(), quoted.end(), '"', '\'');
+      csv << backend << ",\"" << j["device"].get<std::string>() << "\"," << to_string(c.mode) << "," << c.dtype_name()
+          << "," << c.batch << "," << c.heads << "," << c.kv_heads << "," << c.seqlen_q << "," << c.seqlen_k << ","
+          << c.head_dim << "," << c.head_dim_v << "," << to_string(c.causal) << "," << ms << "," << tflops << ",\""
+          << quoted << "\"\n";
+    }
+  }
+  progress(cases.size(), cases.size(), "done", show_progress);
+  if (opt.json_out == "-") std::cout << results.dump(2) << "\n";
+  else if (!opt.json_out.empty()) {
+    std::ofstream out(opt.json_out);
+    if (!out) {
+      std::cerr << "fmha bench: --json-out: cannot write '" << opt.json_out << "'\n";
+      return 2;
+    }
+    out << results.dump(2) << "\n";
+  }
+  return failures == int(cases.size()) ? 1 : 0;
+}
+
+}  // namespace fmha::tools

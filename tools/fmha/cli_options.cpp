@@ -1,0 +1,106 @@
+// Flag parsing for one attention case.
+#include "cli_options.h"
+
+#include <random>
+#include <sstream>
+
+namespace fmha::tools {
+
+void add_case_options(CLI::App* app, RunOptions& o) {
+  std::string backends = "auto|reference";
+  for (Backend b : compiled_backends())
+    if (b != Backend::reference) backends += std::string("|") + to_string(b);
+  app->add_option("--backend", o.backend, backends)->capture_default_str();
+  app->add_option("--batch", o.batch, "Batch size")->capture_default_str();
+  app->add_option("--heads", o.heads, "Query heads")->capture_default_str();
+  app->add_option("--kv-heads", o.kv_heads, "Key/value heads (default: heads)");
+  app->add_option("--seqlen-q", o.seqlen_q, "Query sequence length")->capture_default_str();
+  app->add_option("--seqlen-k", o.seqlen_k, "Key sequence length (default: seqlen-q)");
+  app->add_option("--head-dim", o.head_dim, "Head dimension of q and k")->capture_default_str();
+  app->add_option("--head-dim-v", o.head_dim_v, "Head dimension of v (default: head-dim)");
+  app->add_option("--dtype", o.dtype, "fp32|tf32|fp16|bf16 (tf32: fp32 storage, tf32 tensor cores)")->capture_default_str();
+  app->add_option("--causal", o.causal, "none|top-left|bottom-right")->capture_default_str();
+  app->add_option("--window", o.window, "Sliding window L,R (-1 = unbounded)");
+  app->add_option("--q-offset", o.q_offset, "Absolute position of query 0")->capture_default_str();
+  app->add_option("--mode", o.mode, "fwd|bwd")->capture_default_str();
+  app->add_option("--iters", o.iters, "Timed iterations (default 20 on a GPU, 3 on the CPU; 0: no timing)");
+  app->add_option("--warmup", o.warmup, "Untimed iterations first (default 5 on a GPU, 1 on the CPU)");
+  app->add_option("--seed", o.seed, "Random seed of the inputs (default: fresh)");
+  app->add_option("--threads", o.threads, "CPU backends: threads (0 = all)")->capture_default_str();
+  app->add_option("--scale", o.scale, "Softmax scale (default 1/sqrt(head-dim))");
+  app->add_flag("--deterministic", o.deterministic, "Backward without atomics (bitwise reproducible)");
+  app->add_flag("--no-lse", o.no_lse, "Forward: do not write LSE");
+}
+
+bool RunOptions::to_case(CaseSpec* spec, std::string* error) const {
+  CaseSpec s;
+  if (!parse(backend, &s.backend)) return *error = "--backend: unknown backend '" + backend + "'", false;
+  if (dtype == "tf32") {
+    s.dtype = DType::fp32;
+    s.precision = Precision::tf32;
+  } else if (!parse(dtype, &s.dtype)) {
+    return *error = "--dtype: expected fp32, tf32, fp16 or bf16, got '" + dtype + "'", false;
+  }
+  if (!parse(causal, &s.causal))
+    return *error = "--causal: expected none, top-left or bottom-right, got '" + causal + "'", false;
+  if (mode == "fwd") s.mode = Direction::forward;
+  else if (mode == "bwd") s.mode = Direction::backward;
+  else return *error = "--mode: expected fwd or bwd, got '" + mode + "'", false;
+  if (!window.empty()) {
+    std::istringstream in(window);
+    char comma = 0;
+    if (!(in >> s.window_left >> comma >> s.window_right) || comma != ',' || !in.eof())
+      return *error = "--window: expected L,R (two integers, -1 = unbounded), got '" + window + "'", false;
+  }
+  struct Size {
+    const char* flag;
+    int64_t value;
+    bool zero_means_default;
+  };
+  for (const Size& z : {Size{"--batch", batch, false}, Size{"--heads", heads, false}, Size{"--kv-heads", kv_heads, true},
+                        Size{"--seqlen-q", seqlen_q, false}, Size{"--seqlen-k", seqlen_k, true},
+                        Size{"--head-dim", head_dim, false}, Size{"--head-dim-v", head_dim_v, true}})
+    if (z.value < 0)
+      return *error = std::string(z.flag) + ": expected a size >= 0, got " + std::to_string(z.value), false;
+  if (threads < 0) return *error = "--threads: expected >= 0", false;
+  s.batch = batch;
+  s.heads = heads;
+  s.kv_heads = kv_heads;
+  s.seqlen_q = seqlen_q;
+  s.seqlen_k = seqlen_k;
+  s.head_dim = head_dim;
+  s.head_dim_v = head_dim_v;
+  // Zero means "same as" for these three; a zero key length must be asked for explicitly.
+  if (seqlen_k == 0 && seqlen_q == 0) s.seqlen_k = 0;
+  s.q_offset = q_offset;
+  s.softmax_scale = scale;
+  s.deterministic = deterministic;
+  s.with_lse = !no_lse;
+  s.num_threads = threads;
+  s.seed = seed >= 0 ? uint64_t(seed) : uint64_t(std::random_device{}()) & 0x7fffffffull;
+  *spec = s;
+  return true;
+}
+
+bool choose_device(Backend backend, Device* device, std::string* error) {
+  const bool gpu_tier = backend == Backend::cuda_simt || backend == Backend::cuda_sm80 || backend == Backend::cuda_sm90;
+  if (backend == Backend::cpu || backend == Backend::reference) {
+    *device = Device{};
+    return true;
+  }
+  if (cuda_available()) {
+    *device = Device{DeviceType::cuda, 0};
+    return true;
+  }
+  if (gpu_tier) {
+    bool compiled = false;
+    for (Backend b : compiled_backends()) compiled = compiled || b == backend;
+    *error = std::string("--backend: ") + to_string(backend) +
+             (compiled ? " needs a CUDA device, and none was found" : " is not compiled into this build");
+    return false;
+  }
+  *device = Device{};
+  return true;
+}
+
+}  // namespace fmha::tools
