@@ -1,12 +1,14 @@
 // The fast CPU path: FlashAttention-2 style tiled online softmax, forward and backward, fp32
-// accumulation for fp32/fp16/bf16 storage, multi-threaded over (batch, head, tile).
+// accumulation for fp32/fp16/bf16 storage, multi-threaded over (batch, KV head, chunk of tiles).
+// K/V (and Q/dO in the backward) are converted to fp32 once per chunk into panels that many tiles
+// read, so conversion and transposition stay off the critical path.
 //
-// Forward, per (batch, head, query tile): for each key tile the mask lets it see,
+// Forward, per query tile: for each key tile the mask lets it see,
 //   load K tile, S = Q·K^T, mask, row max, exp2, row sum, rescale, load V, O += P·V.
 // Backward runs two passes so that every output has one writer (deterministic, no atomics):
-//   dK/dV pass, per (batch, KV head, key tile): over the group's query heads and query tiles,
+//   dK/dV pass, per key tile: over the group's query heads and query tiles,
 //     P = exp2(S - LSE), dV += P^T·dO, dP = dO·V^T, dS = P∘(dP - Δ), dK += dS^T·Q
-//   dQ pass, per (batch, head, query tile): over key tiles, dQ += dS·K
+//   dQ pass, per query tile: over key tiles, dQ += dS·K
 // with Δ = rowsum(dO∘O) computed first (the preprocess step).
 #include "cpu/fast_attention.h"
 
@@ -63,30 +65,53 @@ void write_row(const Tensor& t, int64_t offset, int64_t n, const float* src) {
   }
 }
 
-// A row tile of a [B, S, H, dim] tensor: dst[r][0:dim] for r < count, zero rows up to `rows`.
-// Columns past `dim` are left as they are (zero since allocation).
-void load_tile(const Tensor& t, int64_t b, int64_t first, int64_t count, int64_t h, int64_t dim,
-               int64_t rows, float* dst, int64_t ld, bool tf32) {
-  for (int64_t r = 0; r < count; ++r) read_row(t, offset4(t, b, first + r, h, 0), dim, dst + r * ld, tf32);
-  for (int64_t r = count; r < rows; ++r) std::fill_n(dst + r * ld, dim, 0.0f);
-}
-
-// The transpose of a row tile: dst[d][r] for d < dim, r < count; zero for r in [count, kTileN).
-void load_tile_transposed(const Tensor& t, int64_t b, int64_t first, int64_t count, int64_t h,
-                          int64_t dim, float* dst, float* row_buffer, bool tf32) {
-  for (int64_t r = 0; r < count; ++r) {
-    read_row(t, offset4(t, b, first + r, h, 0), dim, row_buffer, tf32);
-    for (int64_t d = 0; d < dim; ++d) dst[d * kTileN + r] = row_buffer[d];
-  }
-  for (int64_t d = 0; d < dim; ++d) std::fill(dst + d * kTileN + count, dst + (d + 1) * kTileN, 0.0f);
-}
-
 void round_tile_to_tf32(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = round_to_tf32(x[i]);
 }
 
-// Scales one 64-wide score row into the exp2 domain and applies the mask: keys outside
-// [visible.begin, visible.end) (absolute indices; the tile starts at key `col0`) get -inf.
+int64_t tiles(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
+int64_t align_down(int64_t x, int64_t m) { return x / m * m; }
+Range intersect(Range a, Range b) {
+  Range r{std::max(a.begin, b.begin), std::min(a.end, b.end)};
+  return r.empty() ? Range{r.begin, r.begin} : r;
+}
+
+// Rows [rows.begin, rows.end) of one head of a [B, S, H, dim] tensor converted to fp32, once, for
+// many tiles to read. The panel starts at a multiple of the tile size (so every tile that starts
+// at a multiple of 64 sits at a 64-byte aligned offset) and is zero outside `rows` and `dim`.
+//   row-major:  element (r, d) at data[(r - first) * ld + d], ld = dim rounded up to 16
+//   transposed: element (r, d) at data[d * ld + (r - first)], ld = row span rounded up to 64
+struct Panel {
+  Scratch buffer;
+  int64_t first = 0, ld = 0;
+  bool transposed = false;
+
+  void load(const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, bool transpose, bool tf32,
+            float* row_buffer) {
+    transposed = transpose;
+    first = align_down(rows.begin, kTileN);
+    const int64_t span = round_up(std::max<int64_t>(rows.end - first, 1), kTileN);
+    const int64_t dim_padded = round_up(dim, kLanes);
+    ld = transposed ? span : dim_padded;
+    float* data = buffer.reserve(span * dim_padded);
+    std::fill_n(data, span * dim_padded, 0.0f);
+    for (int64_t r = rows.begin; r < rows.end; ++r) {
+      if (!transposed) {
+        read_row(t, offset4(t, b, r, h, 0), dim, data + (r - first) * ld, tf32);
+        continue;
+      }
+      read_row(t, offset4(t, b, r, h, 0), dim, row_buffer, tf32);
+      for (int64_t d = 0; d < dim; ++d) data[d * ld + (r - first)] = row_buffer[d];
+    }
+  }
+  // The tile whose first row is `row` (a multiple of 64 at or after `first`).
+  const float* tile(int64_t row) const {
+    return transposed ? buffer.get() + (row - first) : buffer.get() + (row - first) * ld;
+  }
+};
+
+// Scales a 64-wide score row into the exp2 domain and masks it: keys outside `visible`
+// (absolute indices; the row starts at key `col0`) get -inf.
 void scale_and_mask_row(float* s, float scale_log2, int64_t col0, Range visible, bool full) {
   if (full) {
     for (int v = 0; v < kVecsN; ++v) store(s + v * kLanes, load(s + v * kLanes) * scale_log2);
@@ -98,113 +123,127 @@ void scale_and_mask_row(float* s, float scale_log2, int64_t col0, Range visible,
   }
 }
 
-struct Work {
-  int64_t b, h, tile;
-};
+// How the work of one head is cut: chunks of `chunk_tiles` tiles, enough chunks overall to keep
+// every thread busy, at most kMaxChunkTiles tiles each (bounding per-chunk state).
+constexpr int64_t kMaxChunkTiles = 8;
+constexpr int64_t kKeyBlock = 2048;     // keys converted at once (a multiple of kTileN)
+constexpr int64_t kQueryBlock = 2048;   // queries converted at once in the dK/dV pass
+constexpr int64_t kItemsPerThread = 4;  // dynamic scheduling slack
+static_assert(kKeyBlock % kTileN == 0 && kQueryBlock % kTileM == 0);
+
+int64_t chunk_tiles(int64_t tiles_per_head, int64_t heads_total, int threads) {
+  const int64_t wanted = kItemsPerThread * threads;
+  const int64_t chunks_per_head = std::max<int64_t>(1, (wanted + heads_total - 1) / std::max<int64_t>(heads_total, 1));
+  return std::clamp<int64_t>((tiles_per_head + chunks_per_head - 1) / chunks_per_head, 1, kMaxChunkTiles);
+}
 
 // ------------------------------------------------------------------------------------------------
-// Forward
+// Forward: one item = (batch, KV head, chunk of query tiles), for every query head of the group.
 // ------------------------------------------------------------------------------------------------
 
 struct ForwardScratch {
-  int64_t dp, dvp;   // head dims padded to a multiple of 16
-  Scratch q;         // [kTileM, dp]        queries, fp32
-  Scratch kt;        // [dp, kTileN]        keys, transposed
-  Scratch v;         // [kTileN, dvp]       values
-  Scratch s;         // [kTileM, kTileN]    scores, then probabilities (exp2 domain)
-  Scratch acc;       // [kTileM, dvp]       unnormalised output
-  Scratch row;       // [max(dp, dvp)]      one converted row
-  ForwardScratch(int64_t d, int64_t dv)
-      : dp(round_up(d, kLanes)), dvp(round_up(dv, kLanes)), q(kTileM * dp), kt(dp * kTileN),
-        v(kTileN * dvp), s(kTileM * kTileN), acc(kTileM * dvp), row(std::max(dp, dvp)) {}
+  Panel q;                 // [group heads x chunk rows, dp] queries (one panel per head, reloaded)
+  Panel kt, v;             // [dp, key block], [key block, dvp]
+  Scratch q_all;           // [group][chunk rows][dp]
+  Scratch s;               // [kTileM, kTileN] scores, then probabilities (exp2 domain)
+  Scratch acc;             // [group][chunk rows][dvp] unnormalised output
+  Scratch row_max, row_sum;  // [group][chunk rows]
+  Scratch row;             // one converted row
 };
 
-void forward_tile(const Params& p, const Problem& s, const Work& w, ForwardScratch& t) {
-  const int64_t kv_head = w.h / s.group;
-  const Range rows{w.tile * kTileM, std::min(w.tile * kTileM + kTileM, s.seqlen_q)};
-  const int64_t count = rows.size();
-  const int64_t active = round_up(count, kRowBlock);
+void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head, Range rows, ForwardScratch& t) {
+  const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
+  const int64_t n = round_up(rows.size(), kTileM);  // chunk rows, padded
+  float* acc = t.acc.reserve(s.group * n * dvp);
+  float* row_max = t.row_max.reserve(s.group * n);
+  float* row_sum = t.row_sum.reserve(s.group * n);
+  float* q_all = t.q_all.reserve(s.group * n * dp);
+  float* scores = t.s.reserve(kTileM * kTileN);
+  float* row_buffer = t.row.reserve(std::max(dp, dvp));
+  std::fill_n(acc, s.group * n * dvp, 0.0f);
+  std::fill_n(row_max, s.group * n, kNegInf);
+  std::fill_n(row_sum, s.group * n, 0.0f);
   const Range keys = s.mask.keys(rows);
 
-  float row_max[kTileM], row_sum[kTileM];
-  std::fill_n(row_max, kTileM, kNegInf);
-  std::fill_n(row_sum, kTileM, 0.0f);
-  std::fill_n(t.acc.get(), kTileM * t.dvp, 0.0f);
-
-  if (!keys.empty()) load_tile(p.q, w.b, rows.begin, count, w.h, s.head_dim, active, t.q.get(), t.dp, s.tf32);
-  for (int64_t col0 = keys.begin; col0 < keys.end; col0 += kTileN) {
-    const Range cols{col0, std::min(col0 + kTileN, keys.end)};
-    // Load K tile (transposed, [dp, kTileN]); S = Q·K^T  [kTileM, kTileN]
-    load_tile_transposed(p.k, w.b, cols.begin, cols.size(), kv_head, s.head_dim, t.kt.get(), t.row.get(), s.tf32);
-    gemm(active, kTileN, t.dp, t.q.get(), t.dp, t.kt.get(), kTileN, t.s.get(), kTileN, false);
-    const bool full = cols.size() == kTileN && s.mask.tile_is_full(rows, cols);
-    for (int64_t r = 0; r < active; ++r) {
-      float* srow = t.s.get() + r * kTileN;
-      // Mask, row max, exp2, row sum, rescale.
-      scale_and_mask_row(srow, s.scale_log2, col0, r < count ? s.mask.keys(rows.begin + r) : Range{}, full);
-      v16f m = load(srow);
-      for (int v = 1; v < kVecsN; ++v) {
-        const v16f x = load(srow + v * kLanes);
-        m = x > m ? x : m;
-      }
-      const float tile_max = horizontal_max(m);
-      const float new_max = std::max(row_max[r], tile_max);
-      const float base = new_max == kNegInf ? 0.0f : new_max;  // a row with nothing visible yet
-      v16f sum{};
-      for (int v = 0; v < kVecsN; ++v) {
-        const v16f prob = exp2(load(srow + v * kLanes) - base);
-        store(srow + v * kLanes, prob);
-        sum += prob;
-      }
-      const float rescale = exp2(splat(row_max[r] - base))[0];
-      row_sum[r] = row_sum[r] * rescale + horizontal_sum(sum);
-      row_max[r] = new_max;
-      if (rescale != 1.0f) {
-        float* acc = t.acc.get() + r * t.dvp;
-        for (int64_t d = 0; d < t.dvp; d += kLanes) store(acc + d, load(acc + d) * rescale);
-      }
+  if (!keys.empty())
+    for (int64_t g = 0; g < s.group; ++g) {
+      t.q.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, false, s.tf32, row_buffer);
+      float* dst = q_all + g * n * dp;
+      std::fill_n(dst, n * dp, 0.0f);
+      for (int64_t r = 0; r < rows.size(); ++r) std::copy_n(t.q.tile(rows.begin + r), dp, dst + r * dp);
     }
-    if (s.tf32) round_tile_to_tf32(t.s.get(), active * kTileN);
-    // Load V tile [kTileN, dvp]; O += P·V
-    load_tile(p.v, w.b, cols.begin, cols.size(), kv_head, s.head_dim_v, kTileN, t.v.get(), t.dvp, s.tf32);
-    gemm(active, t.dvp, kTileN, t.s.get(), kTileN, t.v.get(), t.dvp, t.acc.get(), t.dvp, true);
+
+  for (int64_t block0 = align_down(keys.begin, kKeyBlock); block0 < keys.end; block0 += kKeyBlock) {
+    const Range block = intersect(keys, Range{block0, block0 + kKeyBlock});
+    t.kt.load(p.k, b, kv_head, block, s.head_dim, true, s.tf32, row_buffer);
+    t.v.load(p.v, b, kv_head, block, s.head_dim_v, false, s.tf32, row_buffer);
+    for (int64_t g = 0; g < s.group; ++g)
+      for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
+        const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
+        const int64_t r_off = row0 - rows.begin;  // tile's first row within the chunk
+        const int64_t active = round_up(tile_rows.size(), kRowBlock);
+        const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
+        const float* q_tile = q_all + (g * n + r_off) * dp;
+        float* acc_tile = acc + (g * n + r_off) * dvp;
+        float* max_tile = row_max + g * n + r_off;
+        float* sum_tile = row_sum + g * n + r_off;
+        for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
+          const Range cols{col0, col0 + kTileN};
+          // Load K tile (from the panel); S = Q·K^T  [kTileM, kTileN]
+          gemm(active, kTileN, dp, q_tile, dp, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
+          const bool full = tile_rows.size() == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
+                            s.mask.tile_is_full(tile_rows, cols);
+          for (int64_t r = 0; r < active; ++r) {
+            float* srow = scores + r * kTileN;
+            // Mask, row max, exp2, row sum, rescale.
+            const Range visible = r < tile_rows.size() ? intersect(s.mask.keys(row0 + r), block) : Range{};
+            scale_and_mask_row(srow, s.scale_log2, col0, visible, full);
+            v16f m = load(srow);
+            for (int v = 1; v < kVecsN; ++v) {
+              const v16f x = load(srow + v * kLanes);
+              m = x > m ? x : m;
+            }
+            const float new_max = std::max(max_tile[r], horizontal_max(m));
+            const float base = new_max == kNegInf ? 0.0f : new_max;  // nothing visible yet
+            v16f sum{};
+            for (int v = 0; v < kVecsN; ++v) {
+              const v16f prob = exp2(load(srow + v * kLanes) - base);
+              store(srow + v * kLanes, prob);
+              sum += prob;
+            }
+            const float rescale = exp2(splat(max_tile[r] - base))[0];
+            sum_tile[r] = sum_tile[r] * rescale + horizontal_sum(sum);
+            max_tile[r] = new_max;
+            if (rescale != 1.0f) {
+              float* a = acc_tile + r * dvp;
+              for (int64_t d = 0; d < dvp; d += kLanes) store(a + d, load(a + d) * rescale);
+            }
+          }
+          if (s.tf32) round_tile_to_tf32(scores, active * kTileN);
+          // Load V tile (from the panel); O += P·V
+          gemm(active, dvp, kTileN, scores, kTileN, t.v.tile(col0), dvp, acc_tile, dvp, true);
+        }
+      }
   }
 
   // Epilogue: O = acc / row_sum, LSE = ln(row_sum) + max; rows that saw nothing get 0 and -inf.
-  for (int64_t r = 0; r < count; ++r) {
-    float* acc = t.acc.get() + r * t.dvp;
-    const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
-    for (int64_t d = 0; d < s.head_dim_v; ++d) acc[d] *= inv;
-    write_row(p.o, offset4(p.o, w.b, rows.begin + r, w.h, 0), s.head_dim_v, acc);
-    if (p.lse.defined()) {
-      const float lse = row_sum[r] > 0.0f ? (row_max[r] + std::log2(row_sum[r])) * kLn2 : kNegInf;
-      static_cast<float*>(p.lse.data)[offset3(p.lse, w.b, w.h, rows.begin + r)] = lse;
+  for (int64_t g = 0; g < s.group; ++g)
+    for (int64_t r = 0; r < rows.size(); ++r) {
+      const int64_t h = kv_head * s.group + g, i = g * n + r;
+      float* a = acc + i * dvp;
+      const float inv = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
+      for (int64_t d = 0; d < s.head_dim_v; ++d) a[d] *= inv;
+      write_row(p.o, offset4(p.o, b, rows.begin + r, h, 0), s.head_dim_v, a);
+      if (p.lse.defined()) {
+        const float lse = row_sum[i] > 0.0f ? (row_max[i] + std::log2(row_sum[i])) * kLn2 : kNegInf;
+        static_cast<float*>(p.lse.data)[offset3(p.lse, b, h, rows.begin + r)] = lse;
+      }
     }
-  }
 }
 
 // ------------------------------------------------------------------------------------------------
 // Backward
 // ------------------------------------------------------------------------------------------------
-
-struct BackwardScratch {
-  int64_t dp, dvp;
-  Scratch q, qt;     // [kTileM, dp], [dp, kTileM]       queries and their transpose
-  Scratch k, kt;     // [kTileN, dp], [dp, kTileN]       keys and their transpose
-  Scratch v, vt;     // [kTileN, dvp], [dvp, kTileN]     values and their transpose
-  Scratch dout, doutt; // [kTileM, dvp], [dvp, kTileM]   output gradient and its transpose
-  Scratch s, dprob;    // [64, 64]                         probabilities, then dS; dP
-  Scratch dk, dv;    // [kTileN, dp], [kTileN, dvp]      fp32 accumulators (dK/dV pass)
-  Scratch dq;        // [kTileM, dp]                     fp32 accumulator (dQ pass)
-  Scratch row;
-  BackwardScratch(int64_t d, int64_t dv_)
-      : dp(round_up(d, kLanes)), dvp(round_up(dv_, kLanes)), q(kTileM * dp), qt(dp * kTileM),
-        k(kTileN * dp), kt(dp * kTileN), v(kTileN * dvp), vt(dvp * kTileN), dout(kTileM * dvp),
-        doutt(dvp * kTileM), s(kTileM * kTileN), dprob(kTileM * kTileN), dk(kTileN * dp), dv(kTileN * dvp),
-        dq(kTileM * dp), row(std::max(dp, dvp)) {}
-};
-
-static_assert(kTileM == kTileN, "the backward transposes score tiles in place of each other");
 
 struct RowStats {
   std::vector<float> lse_log2;  // [B, H, Sq]: LSE in the exp2 domain; +inf for rows that see nothing
@@ -233,136 +272,175 @@ RowStats preprocess(const Params& p, const Problem& s, int threads) {
   return st;
 }
 
-// P = exp2(S·scale_log2 - lse) masked, for a [rows, cols] score tile stored row-major with rows
-// indexed by query. `transposed`: the tile is [key][query] instead.
-void probabilities(float* s, const Problem& pr, Range rows, Range cols, const float* lse_log2,
-                   bool transposed) {
+// P = exp2(S·scale_log2 - lse) on a 64 x 64 score tile, masked. Not transposed: rows are queries
+// row0.., columns keys col0..; transposed: rows are keys, columns queries. Only queries in
+// `queries` and keys in `keys` count (the panels loaded); lse_log2 is indexed by query - row0.
+void probabilities(float* s, const Problem& pr, int64_t row0, int64_t col0, Range queries, Range keys,
+                   const float* lse_log2, bool transposed) {
+  const Range rows = intersect(queries, Range{row0, row0 + kTileM});
+  const Range cols = intersect(keys, Range{col0, col0 + kTileN});
   const bool full = rows.size() == kTileM && cols.size() == kTileN && pr.mask.tile_is_full(rows, cols);
   if (!transposed) {
     for (int64_t r = 0; r < kTileM; ++r) {
       float* srow = s + r * kTileN;
-      if (r >= rows.size()) {
-        std::fill_n(srow, kTileN, 0.0f);
-        continue;
-      }
-      scale_and_mask_row(srow, pr.scale_log2, cols.begin, pr.mask.keys(rows.begin + r), full);
+      const Range visible = row0 + r < rows.end ? intersect(pr.mask.keys(row0 + r), cols) : Range{};
+      scale_and_mask_row(srow, pr.scale_log2, col0, visible, full);
       const float lse = lse_log2[r];
       for (int v = 0; v < kVecsN; ++v) store(srow + v * kLanes, exp2(load(srow + v * kLanes) - lse));
     }
     return;
   }
-  // [key c][query r]: the mask is per query, i.e. per column here.
   for (int64_t c = 0; c < kTileN; ++c) {
     float* srow = s + c * kTileM;
-    if (c >= cols.size()) {
-      std::fill_n(srow, kTileM, 0.0f);
-      continue;
-    }
-    const Range visible_rows = full ? Range{rows.begin, rows.begin + kTileM} : pr.mask.queries(cols.begin + c);
+    const Range visible = col0 + c < cols.end ? intersect(pr.mask.queries(col0 + c), rows) : Range{};
     for (int64_t r = 0; r < kTileM; ++r) {
-      const int64_t row = rows.begin + r;
-      const bool on = r < rows.size() && row >= visible_rows.begin && row < visible_rows.end;
+      const int64_t row = row0 + r;
+      const bool on = full || (row >= visible.begin && row < visible.end);
       srow[r] = on ? srow[r] * pr.scale_log2 - lse_log2[r] : kNegInf;
     }
     for (int v = 0; v < kVecsN; ++v) store(srow + v * kLanes, exp2(load(srow + v * kLanes)));
   }
 }
 
-// dS = P ∘ (dP - Δ); `transposed` as above (Δ is per query: per row, or per column when transposed).
-void score_gradient(float* ds_inout_p, const float* dprob, const float* delta, bool transposed) {
+// dS = P ∘ (dP - Δ), in place over P; Δ is per query: per row, or per column when transposed.
+void score_gradient(float* p_to_ds, const float* dprob, const float* delta, bool transposed) {
   for (int64_t a = 0; a < kTileM; ++a)
-    for (int64_t c = 0; c < kTileN; ++c) {
-      const float d = transposed ? delta[c] : delta[a];
-      ds_inout_p[a * kTileN + c] *= dprob[a * kTileN + c] - d;
-    }
+    for (int64_t c = 0; c < kTileN; ++c) p_to_ds[a * kTileN + c] *= dprob[a * kTileN + c] - (transposed ? delta[c] : delta[a]);
 }
 
-void backward_kv_tile(const Params& p, const Problem& s, const RowStats& st, int64_t b, int64_t kv_head,
-                      int64_t tile, BackwardScratch& t) {
-  const Range cols{tile * kTileN, std::min(tile * kTileN + kTileN, s.seqlen_k)};
-  std::fill_n(t.dk.get(), kTileN * t.dp, 0.0f);
-  std::fill_n(t.dv.get(), kTileN * t.dvp, 0.0f);
-  const Range rows_all = s.mask.queries(Range{0, s.seqlen_q}, cols);
-  if (!rows_all.empty()) {
-    load_tile(p.k, b, cols.begin, cols.size(), kv_head, s.head_dim, kTileN, t.k.get(), t.dp, s.tf32);
-    load_tile(p.v, b, cols.begin, cols.size(), kv_head, s.head_dim_v, kTileN, t.v.get(), t.dvp, s.tf32);
+static_assert(kTileM == kTileN, "the backward swaps the roles of score rows and columns");
+
+struct BackwardScratch {
+  Panel k, v;              // [key chunk, dp], [key chunk, dvp]                  (dK/dV pass)
+  Panel q, qt, dout, doutt;  // [query block, dp], [dp, ...], [.., dvp], [dvp, ..]   (dK/dV pass)
+  Panel kt, vt, krow;      // [dp, key block], [dvp, key block], [key block, dp]  (dQ pass)
+  Panel qc, doc;           // [chunk rows, dp], [chunk rows, dvp] one head        (dQ pass)
+  Scratch s, dprob;        // [64, 64] probabilities then dS; dP
+  Scratch dk, dv, dq;      // fp32 accumulators
+  Scratch lse, delta;      // per-query statistics of the current block, padded
+  Scratch row;
+};
+
+// dK/dV pass: one item = (batch, KV head, chunk of key tiles), over every query head of the group.
+void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, int64_t b, int64_t kv_head, Range keys,
+                       BackwardScratch& t) {
+  const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
+  const int64_t n = round_up(keys.size(), kTileN);
+  float* dk = t.dk.reserve(n * dp);
+  float* dv = t.dv.reserve(n * dvp);
+  float* scores = t.s.reserve(kTileM * kTileN);
+  float* dprob = t.dprob.reserve(kTileM * kTileN);
+  float* row_buffer = t.row.reserve(std::max(dp, dvp));
+  float* lse = t.lse.reserve(kQueryBlock + kTileM);
+  float* delta = t.delta.reserve(kQueryBlock + kTileM);
+  std::fill_n(dk, n * dp, 0.0f);
+  std::fill_n(dv, n * dvp, 0.0f);
+  const Range queries = s.mask.queries(Range{0, s.seqlen_q}, keys);
+  if (!queries.empty()) {
+    t.k.load(p.k, b, kv_head, keys, s.head_dim, false, s.tf32, row_buffer);
+    t.v.load(p.v, b, kv_head, keys, s.head_dim_v, false, s.tf32, row_buffer);
   }
-  float lse_tile[kTileM], delta_tile[kTileM];
   for (int64_t g = 0; g < s.group; ++g) {
     const int64_t h = kv_head * s.group + g;
-    for (int64_t row0 = rows_all.begin; row0 < rows_all.end; row0 += kTileM) {
-      const Range rows{row0, std::min(row0 + kTileM, rows_all.end)};
-      const int64_t count = rows.size();
-      const size_t stat0 = size_t((b * s.heads + h) * s.seqlen_q + row0);
-      for (int64_t r = 0; r < kTileM; ++r) {
-        lse_tile[r] = r < count ? st.lse_log2[stat0 + size_t(r)] : INFINITY;
-        delta_tile[r] = r < count ? st.delta[stat0 + size_t(r)] : 0.0f;
+    for (int64_t qb0 = align_down(queries.begin, kQueryBlock); qb0 < queries.end; qb0 += kQueryBlock) {
+      const Range block = intersect(queries, Range{qb0, qb0 + kQueryBlock});
+      t.q.load(p.q, b, h, block, s.head_dim, false, s.tf32, row_buffer);
+      t.qt.load(p.q, b, h, block, s.head_dim, true, s.tf32, row_buffer);
+      t.dout.load(p.dout, b, h, block, s.head_dim_v, false, s.tf32, row_buffer);
+      t.doutt.load(p.dout, b, h, block, s.head_dim_v, true, s.tf32, row_buffer);
+      // Statistics indexed from the panel's first row; rows outside the block see nothing.
+      const size_t stat0 = size_t((b * s.heads + h) * s.seqlen_q);
+      for (int64_t r = t.q.first; r < t.q.first + round_up(block.end - t.q.first, kTileM); ++r) {
+        const bool in = r >= block.begin && r < block.end;
+        lse[r - t.q.first] = in ? st.lse_log2[stat0 + size_t(r)] : INFINITY;
+        delta[r - t.q.first] = in ? st.delta[stat0 + size_t(r)] : 0.0f;
       }
-      load_tile(p.q, b, rows.begin, count, h, s.head_dim, kTileM, t.q.get(), t.dp, s.tf32);
-      load_tile_transposed(p.q, b, rows.begin, count, h, s.head_dim, t.qt.get(), t.row.get(), s.tf32);
-      load_tile(p.dout, b, rows.begin, count, h, s.head_dim_v, kTileM, t.dout.get(), t.dvp, s.tf32);
-      load_tile_transposed(p.dout, b, rows.begin, count, h, s.head_dim_v, t.doutt.get(), t.row.get(), s.tf32);
-      // S^T = K·Q^T  [kTileN keys, kTileM queries]; P^T
-      gemm(kTileN, kTileM, t.dp, t.k.get(), t.dp, t.qt.get(), kTileM, t.s.get(), kTileM, false);
-      probabilities(t.s.get(), s, rows, cols, lse_tile, true);
-      if (s.tf32) round_tile_to_tf32(t.s.get(), kTileN * kTileM);
-      // dV += P^T·dO
-      gemm(kTileN, t.dvp, kTileM, t.s.get(), kTileM, t.dout.get(), t.dvp, t.dv.get(), t.dvp, true);
-      // dP^T = V·dO^T; dS^T = P^T ∘ (dP^T - Δ)
-      gemm(kTileN, kTileM, t.dvp, t.v.get(), t.dvp, t.doutt.get(), kTileM, t.dprob.get(), kTileM, false);
-      score_gradient(t.s.get(), t.dprob.get(), delta_tile, true);
-      if (s.tf32) round_tile_to_tf32(t.s.get(), kTileN * kTileM);
-      // dK += dS^T·Q
-      gemm(kTileN, t.dp, kTileM, t.s.get(), kTileM, t.q.get(), t.dp, t.dk.get(), t.dp, true);
+      for (int64_t col0 = keys.begin; col0 < keys.end; col0 += kTileN) {
+        const Range tile_keys{col0, std::min(col0 + kTileN, keys.end)};
+        const Range tile_queries = s.mask.queries(block, tile_keys);
+        float* dk_tile = dk + (col0 - keys.begin) * dp;
+        float* dv_tile = dv + (col0 - keys.begin) * dvp;
+        for (int64_t row0 = align_down(tile_queries.begin, kTileM); row0 < tile_queries.end; row0 += kTileM) {
+          const float* lse_tile = lse + (row0 - t.q.first);
+          const float* delta_tile = delta + (row0 - t.q.first);
+          // S^T = K·Q^T  [kTileN keys, kTileM queries]; P^T
+          gemm(kTileN, kTileM, dp, t.k.tile(col0), dp, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
+          probabilities(scores, s, row0, col0, block, tile_keys, lse_tile, true);
+          if (s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
+          // dV += P^T·dO
+          gemm(kTileN, dvp, kTileM, scores, kTileM, t.dout.tile(row0), dvp, dv_tile, dvp, true);
+          // dP^T = V·dO^T; dS^T = P^T ∘ (dP^T - Δ)
+          gemm(kTileN, kTileM, dvp, t.v.tile(col0), dvp, t.doutt.tile(row0), t.doutt.ld, dprob, kTileM, false);
+          score_gradient(scores, dprob, delta_tile, true);
+          if (s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
+          // dK += dS^T·Q
+          gemm(kTileN, dp, kTileM, scores, kTileM, t.q.tile(row0), dp, dk_tile, dp, true);
+        }
+      }
     }
   }
-  for (int64_t c = 0; c < cols.size(); ++c) {
-    float* dk_row = t.dk.get() + c * t.dp;
+  for (int64_t c = 0; c < keys.size(); ++c) {
+    float* dk_row = dk + c * dp;
     for (int64_t d = 0; d < s.head_dim; ++d) dk_row[d] *= s.scale;
-    write_row(p.dk, offset4(p.dk, b, cols.begin + c, kv_head, 0), s.head_dim, dk_row);
-    write_row(p.dv, offset4(p.dv, b, cols.begin + c, kv_head, 0), s.head_dim_v, t.dv.get() + c * t.dvp);
+    write_row(p.dk, offset4(p.dk, b, keys.begin + c, kv_head, 0), s.head_dim, dk_row);
+    write_row(p.dv, offset4(p.dv, b, keys.begin + c, kv_head, 0), s.head_dim_v, dv + c * dvp);
   }
 }
 
-void backward_q_tile(const Params& p, const Problem& s, const RowStats& st, const Work& w, BackwardScratch& t) {
-  const int64_t kv_head = w.h / s.group;
-  const Range rows{w.tile * kTileM, std::min(w.tile * kTileM + kTileM, s.seqlen_q)};
-  const int64_t count = rows.size();
+// dQ pass: one item = (batch, KV head, chunk of query tiles), over every query head of the group.
+void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int64_t b, int64_t kv_head, Range rows,
+                      BackwardScratch& t) {
+  const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
+  const int64_t n = round_up(rows.size(), kTileM);
+  float* dq = t.dq.reserve(s.group * n * dp);
+  float* scores = t.s.reserve(kTileM * kTileN);
+  float* dprob = t.dprob.reserve(kTileM * kTileN);
+  float* row_buffer = t.row.reserve(std::max(dp, dvp));
+  float* lse = t.lse.reserve(s.group * n);
+  float* delta = t.delta.reserve(s.group * n);
+  std::fill_n(dq, s.group * n * dp, 0.0f);
+  for (int64_t g = 0; g < s.group; ++g)
+    for (int64_t r = 0; r < n; ++r) {
+      const size_t idx = size_t((b * s.heads + kv_head * s.group + g) * s.seqlen_q + rows.begin + r);
+      lse[g * n + r] = r < rows.size() ? st.lse_log2[idx] : INFINITY;
+      delta[g * n + r] = r < rows.size() ? st.delta[idx] : 0.0f;
+    }
   const Range keys = s.mask.keys(rows);
-  std::fill_n(t.dq.get(), kTileM * t.dp, 0.0f);
-  float lse_tile[kTileM], delta_tile[kTileM];
-  const size_t stat0 = size_t((w.b * s.heads + w.h) * s.seqlen_q + rows.begin);
-  for (int64_t r = 0; r < kTileM; ++r) {
-    lse_tile[r] = r < count ? st.lse_log2[stat0 + size_t(r)] : INFINITY;
-    delta_tile[r] = r < count ? st.delta[stat0 + size_t(r)] : 0.0f;
+  for (int64_t block0 = align_down(keys.begin, kKeyBlock); block0 < keys.end; block0 += kKeyBlock) {
+    const Range block = intersect(keys, Range{block0, block0 + kKeyBlock});
+    t.kt.load(p.k, b, kv_head, block, s.head_dim, true, s.tf32, row_buffer);
+    t.krow.load(p.k, b, kv_head, block, s.head_dim, false, s.tf32, row_buffer);
+    t.vt.load(p.v, b, kv_head, block, s.head_dim_v, true, s.tf32, row_buffer);
+    for (int64_t g = 0; g < s.group; ++g) {
+      const int64_t h = kv_head * s.group + g;
+      t.qc.load(p.q, b, h, rows, s.head_dim, false, s.tf32, row_buffer);
+      t.doc.load(p.dout, b, h, rows, s.head_dim_v, false, s.tf32, row_buffer);
+      for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
+        const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
+        const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
+        const int64_t r_off = row0 - rows.begin;
+        float* dq_tile = dq + (g * n + r_off) * dp;
+        for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
+          // S = Q·K^T; P
+          gemm(kTileM, kTileN, dp, t.qc.tile(row0), dp, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
+          probabilities(scores, s, row0, col0, tile_rows, block, lse + g * n + r_off, false);
+          // dP = dO·V^T; dS = P ∘ (dP - Δ)
+          gemm(kTileM, kTileN, dvp, t.doc.tile(row0), dvp, t.vt.tile(col0), t.vt.ld, dprob, kTileN, false);
+          score_gradient(scores, dprob, delta + g * n + r_off, false);
+          if (s.tf32) round_tile_to_tf32(scores, kTileM * kTileN);
+          // dQ += dS·K
+          gemm(kTileM, dp, kTileN, scores, kTileN, t.krow.tile(col0), dp, dq_tile, dp, true);
+        }
+      }
+    }
   }
-  if (!keys.empty()) {
-    load_tile(p.q, w.b, rows.begin, count, w.h, s.head_dim, kTileM, t.q.get(), t.dp, s.tf32);
-    load_tile(p.dout, w.b, rows.begin, count, w.h, s.head_dim_v, kTileM, t.dout.get(), t.dvp, s.tf32);
-  }
-  for (int64_t col0 = keys.begin; col0 < keys.end; col0 += kTileN) {
-    const Range cols{col0, std::min(col0 + kTileN, keys.end)};
-    load_tile_transposed(p.k, w.b, cols.begin, cols.size(), kv_head, s.head_dim, t.kt.get(), t.row.get(), s.tf32);
-    load_tile(p.k, w.b, cols.begin, cols.size(), kv_head, s.head_dim, kTileN, t.k.get(), t.dp, s.tf32);
-    load_tile_transposed(p.v, w.b, cols.begin, cols.size(), kv_head, s.head_dim_v, t.vt.get(), t.row.get(), s.tf32);
-    // S = Q·K^T; P
-    gemm(kTileM, kTileN, t.dp, t.q.get(), t.dp, t.kt.get(), kTileN, t.s.get(), kTileN, false);
-    probabilities(t.s.get(), s, rows, cols, lse_tile, false);
-    // dP = dO·V^T; dS = P ∘ (dP - Δ)
-    gemm(kTileM, kTileN, t.dvp, t.dout.get(), t.dvp, t.vt.get(), kTileN, t.dprob.get(), kTileN, false);
-    score_gradient(t.s.get(), t.dprob.get(), delta_tile, false);
-    if (s.tf32) round_tile_to_tf32(t.s.get(), kTileM * kTileN);
-    // dQ += dS·K
-    gemm(kTileM, t.dp, kTileN, t.s.get(), kTileN, t.k.get(), t.dp, t.dq.get(), t.dp, true);
-  }
-  for (int64_t r = 0; r < count; ++r) {
-    float* dq_row = t.dq.get() + r * t.dp;
-    for (int64_t d = 0; d < s.head_dim; ++d) dq_row[d] *= s.scale;
-    write_row(p.dq, offset4(p.dq, w.b, rows.begin + r, w.h, 0), s.head_dim, dq_row);
-  }
+  for (int64_t g = 0; g < s.group; ++g)
+    for (int64_t r = 0; r < rows.size(); ++r) {
+      float* dq_row = dq + (g * n + r) * dp;
+      for (int64_t d = 0; d < s.head_dim; ++d) dq_row[d] *= s.scale;
+      write_row(p.dq, offset4(p.dq, b, rows.begin + r, kv_head * s.group + g, 0), s.head_dim, dq_row);
+    }
 }
-
-int64_t tiles(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
 
 }  // namespace
 
@@ -379,35 +457,31 @@ Status supports(const Params& p, Direction) {
 Status run(const Params& p, Direction direction) {
   const Problem s = Problem::of(p);
   const int threads = resolve_threads(p.num_threads);
-  const int64_t q_tiles = tiles(s.seqlen_q, kTileM);
+  const int64_t heads_total = s.batch * s.kv_heads;
+  // Items are (batch, KV head, chunk); chunks of one head run next to each other.
+  auto for_chunks = [&](int64_t length, int64_t tile, auto&& body) {
+    const int64_t per_chunk = chunk_tiles(tiles(length, tile), heads_total, threads) * tile;
+    const int64_t chunks = tiles(length, per_chunk);
+    parallel_for(heads_total * chunks, threads, [&](int worker, int64_t item) {
+      const int64_t head = item / chunks, chunk = item % chunks;
+      body(worker, head / s.kv_heads, head % s.kv_heads,
+           Range{chunk * per_chunk, std::min(chunk * per_chunk + per_chunk, length)});
+    });
+  };
   if (direction == Direction::forward) {
-    const int64_t n = s.batch * s.heads * q_tiles;
-    std::vector<std::unique_ptr<ForwardScratch>> scratch(size_t(std::max(threads, 1)));
-    parallel_for(n, threads, [&](int worker, int64_t item) {
-      auto& t = scratch[size_t(worker)];
-      if (!t) t = std::make_unique<ForwardScratch>(s.head_dim, s.head_dim_v);
-      // Tiles of one head run next to each other; causal rows with more keys come first.
-      const Work w{item / (s.heads * q_tiles), (item / q_tiles) % s.heads, q_tiles - 1 - item % q_tiles};
-      forward_tile(p, s, w, *t);
+    std::vector<ForwardScratch> scratch(static_cast<size_t>(threads));
+    for_chunks(s.seqlen_q, kTileM, [&](int worker, int64_t b, int64_t kv_head, Range rows) {
+      forward_chunk(p, s, b, kv_head, rows, scratch[size_t(worker)]);
     });
     return Status::success();
   }
-
   const RowStats stats = preprocess(p, s, threads);
-  std::vector<std::unique_ptr<BackwardScratch>> scratch(size_t(std::max(threads, 1)));
-  auto scratch_for = [&](int worker) -> BackwardScratch& {
-    auto& t = scratch[size_t(worker)];
-    if (!t) t = std::make_unique<BackwardScratch>(s.head_dim, s.head_dim_v);
-    return *t;
-  };
-  const int64_t k_tiles = tiles(s.seqlen_k, kTileN);
-  parallel_for(s.batch * s.kv_heads * k_tiles, threads, [&](int worker, int64_t item) {
-    backward_kv_tile(p, s, stats, item / (s.kv_heads * k_tiles), (item / k_tiles) % s.kv_heads, item % k_tiles,
-                     scratch_for(worker));
+  std::vector<BackwardScratch> scratch(static_cast<size_t>(threads));
+  for_chunks(s.seqlen_k, kTileN, [&](int worker, int64_t b, int64_t kv_head, Range keys) {
+    backward_kv_chunk(p, s, stats, b, kv_head, keys, scratch[size_t(worker)]);
   });
-  parallel_for(s.batch * s.heads * q_tiles, threads, [&](int worker, int64_t item) {
-    const Work w{item / (s.heads * q_tiles), (item / q_tiles) % s.heads, q_tiles - 1 - item % q_tiles};
-    backward_q_tile(p, s, stats, w, scratch_for(worker));
+  for_chunks(s.seqlen_q, kTileM, [&](int worker, int64_t b, int64_t kv_head, Range rows) {
+    backward_q_chunk(p, s, stats, b, kv_head, rows, scratch[size_t(worker)]);
   });
   return Status::success();
 }

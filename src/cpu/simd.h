@@ -15,8 +15,9 @@ using v16f = float __attribute__((vector_size(64)));
 using v16i = int32_t __attribute__((vector_size(64)));
 
 inline constexpr int kLanes = 16;      // floats per vector
-inline constexpr int kRowBlock = 4;    // rows of C held in registers by the matmul kernel
-inline constexpr int kWideCols = 64;   // columns of C held in registers (4 vectors)
+inline constexpr int kRowBlock = 8;    // rows of C held in registers by the matmul kernel
+inline constexpr int kBlockCols = 32;  // columns of C held in registers (2 vectors)
+inline constexpr int kWideCols = 64;   // the softmax's row width: 4 vectors
 inline constexpr size_t kAlign = 64;   // scratch alignment in bytes (one cache line, one vector)
 
 inline v16f load(const float* p) { return *reinterpret_cast<const v16f*>(p); }
@@ -61,14 +62,16 @@ inline float horizontal_sum(v16f x) {
 }
 
 // C[r][0:W] (+)= sum_k A[r][k] * B[k][0:W] for r in [0, kRowBlock). B and C rows are 64-byte
-// aligned; W is a multiple of 16. The 4 x W block of C stays in registers over the k loop.
-template <int W>
-inline void gemm_block(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb,
-                       float* c, int64_t ldc, bool accumulate) {
+// aligned; W is a multiple of 16. The kRowBlock x W block of C stays in registers over the k
+// loop: 8 x 32 uses 16 accumulators and needs 2 vector loads + 8 broadcasts per 16 FMAs, which
+// keeps both FMA ports busy without saturating the load ports.
+template <int W, bool kAccumulate>
+inline void gemm_block(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                       int64_t ldc) {
   constexpr int kVecs = W / kLanes;
   v16f acc[kRowBlock][kVecs];
   for (int r = 0; r < kRowBlock; ++r)
-    for (int v = 0; v < kVecs; ++v) acc[r][v] = accumulate ? load(c + r * ldc + v * kLanes) : v16f{};
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = kAccumulate ? load(c + r * ldc + v * kLanes) : v16f{};
   for (int64_t k = 0; k < depth; ++k) {
     v16f brow[kVecs];
     for (int v = 0; v < kVecs; ++v) brow[v] = load(b + k * ldb + v * kLanes);
@@ -81,35 +84,50 @@ inline void gemm_block(int64_t depth, const float* a, int64_t lda, const float* 
     for (int v = 0; v < kVecs; ++v) store(c + r * ldc + v * kLanes, acc[r][v]);
 }
 
-// C[rows][width] (+)= A[rows][depth] · B[depth][width]; rows a multiple of kRowBlock, width a
-// multiple of 16, ldb and ldc multiples of 16 floats, B and C 64-byte aligned.
-inline void gemm(int64_t rows, int64_t width, int64_t depth, const float* a, int64_t lda,
-                 const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+template <bool kAccumulate>
+inline void gemm_rows(int64_t rows, int64_t width, int64_t depth, const float* a, int64_t lda, const float* b,
+                      int64_t ldb, float* c, int64_t ldc) {
   for (int64_t r = 0; r < rows; r += kRowBlock) {
     int64_t col = 0;
-    for (; col + kWideCols <= width; col += kWideCols)
-      gemm_block<kWideCols>(depth, a + r * lda, lda, b + col, ldb, c + r * ldc + col, ldc, accumulate);
+    for (; col + kBlockCols <= width; col += kBlockCols)
+      gemm_block<kBlockCols, kAccumulate>(depth, a + r * lda, lda, b + col, ldb, c + r * ldc + col, ldc);
     for (; col < width; col += kLanes)
-      gemm_block<kLanes>(depth, a + r * lda, lda, b + col, ldb, c + r * ldc + col, ldc, accumulate);
+      gemm_block<kLanes, kAccumulate>(depth, a + r * lda, lda, b + col, ldb, c + r * ldc + col, ldc);
   }
 }
 
-// 64-byte aligned fp32 scratch, zero-initialised.
-struct Scratch {
+// C[rows][width] (+)= A[rows][depth] · B[depth][width]; rows a multiple of kRowBlock, width a
+// multiple of 16, ldb and ldc multiples of 16 floats, B and C 64-byte aligned.
+inline void gemm(int64_t rows, int64_t width, int64_t depth, const float* a, int64_t lda, const float* b,
+                 int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  if (accumulate) gemm_rows<true>(rows, width, depth, a, lda, b, ldb, c, ldc);
+  else gemm_rows<false>(rows, width, depth, a, lda, b, ldb, c, ldc);
+}
+
+// 64-byte aligned fp32 scratch that grows on demand (contents are not kept when it grows).
+class Scratch {
+ public:
+  Scratch() = default;
+  explicit Scratch(int64_t floats) { reserve(floats); }
+
+  float* reserve(int64_t floats) {
+    if (floats > capacity_) {
+      const size_t bytes = size_t(round_up(floats > 0 ? floats : 1, kLanes)) * sizeof(float);
+      float* p = static_cast<float*>(std::aligned_alloc(kAlign, bytes));
+      if (!p) throw std::bad_alloc();
+      data_.reset(p);
+      capacity_ = floats;
+    }
+    return data_.get();
+  }
+  float* get() const { return data_.get(); }
+
+ private:
   struct Free {
     void operator()(float* p) const { std::free(p); }
   };
-  std::unique_ptr<float, Free> data;
-  int64_t size = 0;
-
-  explicit Scratch(int64_t floats) : size(floats) {
-    const size_t bytes = size_t(round_up(floats > 0 ? floats : 1, kLanes)) * sizeof(float);
-    float* p = static_cast<float*>(std::aligned_alloc(kAlign, bytes));
-    if (!p) throw std::bad_alloc();
-    std::memset(p, 0, bytes);
-    data.reset(p);
-  }
-  float* get() const { return data.get(); }
+  std::unique_ptr<float, Free> data_;
+  int64_t capacity_ = 0;
 };
 
 }  // namespace fmha::cpu
