@@ -91,6 +91,29 @@ TEST(CpuAttention, CausalAlignmentsWithUnequalLengths) {
       }
 }
 
+// ---- Sequences longer than the CPU path's conversion blocks (2048 keys / queries) -----------------
+
+TEST(CpuAttention, LongSequencesCrossConversionBlocks) {
+  struct Long {
+    int64_t sq, sk;
+    Causal causal;
+    int64_t left;
+  };
+  for (Long l : {Long{2100, 4200, Causal::none, -1}, Long{4100, 2090, Causal::bottom_right, -1},
+                 Long{2300, 2300, Causal::top_left, 700}})
+    for (Direction mode : {Direction::forward, Direction::backward}) {
+      CaseSpec c = base_case();
+      c.heads = c.kv_heads = 1;
+      c.head_dim = 32;
+      c.seqlen_q = l.sq;
+      c.seqlen_k = l.sk;
+      c.causal = l.causal;
+      c.window_left = l.left;
+      c.mode = mode;
+      run_and_check(c);
+    }
+}
+
 // ---- Head dims x storage dtypes ---------------------------------------------------------------------
 
 class HeadDimsAndDtypes : public ::testing::TestWithParam<std::tuple<int64_t, std::string>> {};
