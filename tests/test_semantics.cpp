@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 
 #include "common/numeric.h"
+#include "common/problem.h"
 #include "cpu/reference.h"
 #include "fmha/mask.h"
 #include "test_util.h"
@@ -177,6 +178,34 @@ TEST(Semantics, OffsetsBeyondTwoToTheThirtyOneElements) {
   ASSERT_TRUE(forward(s).ok());
   for (int64_t i = 0; i < dense.o.numel(); ++i) ASSERT_EQ(dense.o.at(i), expected[size_t(i)]) << i;
   munmap(mem, bytes);
+}
+
+TEST(Semantics, OutputTensorOfMoreThanTwoToTheThirtyOneElements) {
+  // O is [1, 2^26 + 64, 1, 32] bf16: 2^31 + 2048 elements (4 GiB). Q repeats one row (seqlen
+  // stride 0), so the input is tiny and every output row must equal the oracle's row.
+  const int64_t seqlen_q = (int64_t(1) << 26) + 64, seqlen_k = 3, head_dim = 32;
+  ASSERT_GT(seqlen_q * head_dim, int64_t(1) << 31);
+  const size_t o_bytes = size_t(seqlen_q * head_dim) * sizeof(uint16_t);
+  void* o_mem = mmap(nullptr, o_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(o_mem, MAP_FAILED);
+  Problem small(1, 1, 1, 1, seqlen_k, head_dim, head_dim, DType::bf16, 17);
+  Params p = small.params();
+  p.q = make_tensor(small.q.view.data, DType::bf16, {1, seqlen_q, 1, head_dim}, {0, 0, head_dim, 1});
+  p.o = make_tensor(o_mem, DType::bf16, {1, seqlen_q, 1, head_dim});
+  p.lse = Tensor{};
+  ASSERT_TRUE(forward(p).ok());
+
+  Params one = small.params();
+  const fmha::Problem shape = fmha::Problem::of(one);
+  std::vector<double> ref(static_cast<size_t>(head_dim));
+  double lse = 0.0;
+  reference::forward_row(one, shape, 0, 0, 0, ref.data(), &lse);
+  const auto* o = static_cast<const uint16_t*>(o_mem);
+  for (int64_t row : {int64_t(0), int64_t(1) << 20, (int64_t(1) << 26) - 1, seqlen_q - 65, seqlen_q - 1})
+    for (int64_t d = 0; d < head_dim; ++d)
+      ASSERT_NEAR(bf16_to_float(o[row * head_dim + d]), ref[size_t(d)], 1e-2 * (1.0 + std::abs(ref[size_t(d)])))
+          << "row " << row;
+  munmap(o_mem, o_bytes);
 }
 
 // ---- Determinism ------------------------------------------------------------------------------------
