@@ -1,4 +1,4 @@
-// The simt backward kernels (fp32, exact).
+// The simt backward kernels: exact fp32 arithmetic from fp32, fp16 or bf16 storage (T).
 //   bwd_kernel:    one block per (key tile, KV head, batch). Loops over the group's query heads and
 //                  the query tiles that see the key tile, accumulating dK and dV in registers (no
 //                  atomics, GQA sums included); adds dS·K into the fp32 dQ accumulator with
@@ -11,7 +11,7 @@
 
 namespace fmha::cuda::simt {
 
-template <int HD, int BM, int BN, int MIN_BLOCKS>
+template <class T, int HD, int BM, int BN, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const AttentionArgs args) {
   using Tiles = BwdTiles<HD, BM, BN>;
   extern __shared__ float4 shared_raw[];
@@ -28,12 +28,12 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const Attenti
   dv.fill(0.f);
 
   if (!rows_all.empty()) {
-    load_key_side<Tiles>(args, shared, b, kv_head, cols);
+    load_key_side<T, Tiles>(args, shared, b, kv_head, cols);
     for (int member = 0; member < args.group; ++member) {
       const int h = kv_head * args.group + member;
       for (int64_t row0 = rows_all.begin; row0 < rows_all.end; row0 += BM) {
         const Range rows{row0, row0 + BM < rows_all.end ? row0 + BM : rows_all.end};
-        load_query_side<Tiles, BM>(args, shared, b, h, rows);
+        load_query_side<T, Tiles, BM>(args, shared, b, h, rows);
         tile::block::wait<0>();
         __syncthreads();
 
@@ -67,17 +67,17 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const Attenti
   for (int i = 0; i < BN / 16; ++i) {
     const int64_t key = cols.begin + g.row(i);
     if (key >= cols.end) continue;
-    float* dk_row = args.dk.at<float>(b, key, kv_head);
-    float* dv_row = args.dv.at<float>(b, key, kv_head);
+    T* dk_row = args.dk.at<T>(b, key, kv_head);
+    T* dv_row = args.dv.at<T>(b, key, kv_head);
 #pragma unroll
     for (int j = 0; j < HD / 16; ++j) {
-      if (g.col(j) < args.head_dim) dk_row[g.col(j)] = dk(i, j) * args.scale;
-      if (g.col(j) < args.head_dim_v) dv_row[g.col(j)] = dv(i, j);
+      if (g.col(j) < args.head_dim) dk_row[g.col(j)] = tile::from_float<T>(dk(i, j) * args.scale);
+      if (g.col(j) < args.head_dim_v) dv_row[g.col(j)] = tile::from_float<T>(dv(i, j));
     }
   }
 }
 
-template <int HD, int BM, int BN, int MIN_BLOCKS>
+template <class T, int HD, int BM, int BN, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const AttentionArgs args) {
   using Tiles = BwdTiles<HD, BM, BN>;
   extern __shared__ float4 shared_raw[];
@@ -93,10 +93,10 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const Atte
   typename Tiles::QueryAcc dq;  // [BM, HD] fp32, unscaled
   dq.fill(0.f);
   if (!keys.empty()) {
-    load_query_side<Tiles, BM>(args, shared, b, h, rows);
+    load_query_side<T, Tiles, BM>(args, shared, b, h, rows);
     for (int64_t col0 = keys.begin; col0 < keys.end; col0 += BN) {
       const Range cols{col0, col0 + BN < keys.end ? col0 + BN : keys.end};
-      load_key_side<Tiles>(args, shared, b, kv_head, cols);
+      load_key_side<T, Tiles>(args, shared, b, kv_head, cols);
       tile::block::wait<0>();
       __syncthreads();
       typename Tiles::Scores p, ds;  // [BM, BN] P and dS
@@ -111,10 +111,10 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const Atte
   for (int i = 0; i < BM / 16; ++i) {
     const int64_t row = rows.begin + g.row(i);
     if (row >= rows.end) continue;
-    float* dq_row = args.dq.at<float>(b, row, h);
+    T* dq_row = args.dq.at<T>(b, row, h);
 #pragma unroll
     for (int j = 0; j < HD / 16; ++j)
-      if (g.col(j) < args.head_dim) dq_row[g.col(j)] = dq(i, j) * args.scale;
+      if (g.col(j) < args.head_dim) dq_row[g.col(j)] = tile::from_float<T>(dq(i, j) * args.scale);
   }
 }
 

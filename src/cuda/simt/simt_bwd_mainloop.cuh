@@ -1,3 +1,4 @@
+// Storage may be fp32, fp16 or bf16 (T); tiles are fp32 in shared memory either way.
 // The simt backward's shared step: for one (query tile, key tile) pair in shared memory,
 // P = 2^(S·scale_log2 - LSE) masked and dS = P ∘ (dP - Δ) with dP = dO·V^T, in the Grid16 layout
 // (rows = queries, columns = keys). The main kernel (dK, dV, atomic dQ) and the deterministic dQ
@@ -30,15 +31,23 @@ struct BwdTiles {
   using QueryAcc = tile::RegTile<float, BM / 16, HD / 16>; // [BM, HD] dQ, Grid16
 };
 
+// A [rows, HD] fp32 tile from storage type T: cp.async for fp32, converting loads for 16-bit.
+template <class T, class Tile>
+__device__ __forceinline__ void load_fp32_tile(Tile dst, const T* src, int64_t row_stride, int rows, int cols) {
+  if constexpr (sizeof(T) == sizeof(float))
+    tile::block::load_async<1, kThreads>(dst, src, row_stride, rows, cols);
+  else
+    tile::block::load_convert<kThreads>(dst, src, row_stride, rows, cols);
+}
+
 // Loads the query-side tiles (Q, dO, LSE, Δ) of `rows` of head h; one cp.async group.
-template <class Tiles, int BM>
+template <class T, class Tiles, int BM>
 __device__ __forceinline__ void load_query_side(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
                                                 int64_t b, int64_t h, Range rows) {
   const int valid = int(rows.size());
-  tile::block::load_async<1, kThreads>(shared.q.tile(), args.q.at<const float>(b, rows.begin, h), args.q.seq_stride,
-                                       valid, args.head_dim);
-  tile::block::load_async<1, kThreads>(shared.dout.tile(), args.dout.at<const float>(b, rows.begin, h),
-                                       args.dout.seq_stride, valid, args.head_dim_v);
+  load_fp32_tile(shared.q.tile(), args.q.at<const T>(b, rows.begin, h), args.q.seq_stride, valid, args.head_dim);
+  load_fp32_tile(shared.dout.tile(), args.dout.at<const T>(b, rows.begin, h), args.dout.seq_stride, valid,
+                 args.head_dim_v);
   tile::block::commit();
   const int64_t stat0 = args.row_index(b, h, rows.begin);
   tile::block::load_vector<BM, kThreads>(shared.lse_log2, args.lse_log2 + stat0, valid, __int_as_float(0x7f800000));
@@ -46,14 +55,14 @@ __device__ __forceinline__ void load_query_side(const AttentionArgs& args, typen
 }
 
 // Loads the key-side tiles (K, V) of `cols`; one cp.async group.
-template <class Tiles>
+template <class T, class Tiles>
 __device__ __forceinline__ void load_key_side(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
                                               int64_t b, int64_t kv_head, Range cols) {
   const int valid = int(cols.size());
-  tile::block::load_async<1, kThreads>(shared.k.tile(), args.k.at<const float>(b, cols.begin, kv_head),
-                                       args.k.seq_stride, valid, args.head_dim);
-  tile::block::load_async<1, kThreads>(shared.v.tile(), args.v.at<const float>(b, cols.begin, kv_head),
-                                       args.v.seq_stride, valid, args.head_dim_v);
+  load_fp32_tile(shared.k.tile(), args.k.at<const T>(b, cols.begin, kv_head), args.k.seq_stride, valid,
+                 args.head_dim);
+  load_fp32_tile(shared.v.tile(), args.v.at<const T>(b, cols.begin, kv_head), args.v.seq_stride, valid,
+                 args.head_dim_v);
   tile::block::commit();
 }
 

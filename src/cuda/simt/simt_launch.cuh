@@ -35,20 +35,21 @@ Status forward(const AttentionArgs& args, cudaStream_t stream) {
   return check_launch("simt forward kernel launch");
 }
 
-template <int HD>
-Status backward(const AttentionArgs& args, cudaStream_t stream) {
+// The backward for storage type T; the sm80 tier reuses it for 16-bit and tf32 storage.
+template <class T, int HD>
+Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
   constexpr TileConfig c = tile_config(Direction::backward, HD);
   const int64_t rows = int64_t(args.batch) * args.heads * args.seqlen_q;
   if (rows > 0) {
     const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
-    bwd_preprocess_kernel<float><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(args);
+    bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(args);
     if (Status s = check_launch("simt backward preprocess launch"); !s.ok()) return s;
   }
 
   const size_t shared = backward_shared_bytes<HD>();
   const dim3 kv_grid(unsigned(ceil_div(args.seqlen_k, c.tile_n)), unsigned(args.kv_heads), unsigned(args.batch));
   if (kv_grid.x > 0 && kv_grid.y > 0 && kv_grid.z > 0) {
-    auto kernel = bwd_kernel<HD, c.tile_m, c.tile_n, c.min_blocks>;
+    auto kernel = bwd_kernel<T, HD, c.tile_m, c.tile_n, c.min_blocks>;
     if (Status s = prepare_kernel(kernel, shared, "simt backward"); !s.ok()) return s;
     kernel<<<kv_grid, kThreads, shared, stream>>>(args);
     if (Status s = check_launch("simt backward kernel launch"); !s.ok()) return s;
@@ -57,15 +58,20 @@ Status backward(const AttentionArgs& args, cudaStream_t stream) {
 
   if (args.dq_accum != nullptr) {
     const int64_t elements = rows * args.head_dim;
-    bwd_convert_dq_kernel<float><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(
+    bwd_convert_dq_kernel<T><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(
         args);
     return check_launch("simt backward dQ convert launch");
   }
   const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, c.tile_m)), unsigned(args.heads), unsigned(args.batch));
-  auto kernel = bwd_dq_kernel<HD, c.tile_m, c.tile_n, c.min_blocks>;
+  auto kernel = bwd_dq_kernel<T, HD, c.tile_m, c.tile_n, c.min_blocks>;
   if (Status s = prepare_kernel(kernel, shared, "simt backward dQ"); !s.ok()) return s;
   kernel<<<q_grid, kThreads, shared, stream>>>(args);
   return check_launch("simt backward dQ kernel launch");
+}
+
+template <int HD>
+Status backward(const AttentionArgs& args, cudaStream_t stream) {
+  return backward_for<float, HD>(args, stream);
 }
 
 }  // namespace fmha::cuda::simt

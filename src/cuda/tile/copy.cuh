@@ -36,6 +36,19 @@ __device__ __forceinline__ void load_async(Tile dst, const typename Tile::Elemen
   }
 }
 
+// The same tile through registers, converting T to the tile's element type (fp16/bf16 → fp32)
+// on the way; synchronous (plain loads), for kernels that compute in fp32 from 16-bit storage.
+template <int THREADS, class Tile, class T>
+__device__ __forceinline__ void load_convert(Tile dst, const T* src, int64_t row_stride, int rows_valid,
+                                             int cols_valid) {
+  constexpr int kElements = Tile::kRows * Tile::kCols;
+  for (int e = threadIdx.x; e < kElements; e += THREADS) {
+    const int r = e / Tile::kCols, c = e % Tile::kCols;
+    dst(r, c) = r < rows_valid && c < cols_valid ? typename Tile::Element(to_float(src[r * row_stride + c]))
+                                                 : typename Tile::Element(0);
+  }
+}
+
 __device__ __forceinline__ void commit() { __pipeline_commit(); }
 
 // Waits until at most N committed groups of this thread are still in flight. The caller follows
