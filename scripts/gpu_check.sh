@@ -27,7 +27,7 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS="$A
 
 step "build (-j$JOBS)"
 start=$(date +%s)
-if ! ninja -C "$BUILD" -j"$JOBS" fmha fmha_gpu_tests >> "$OUT/build.log" 2>&1; then
+if ! ninja -C "$BUILD" -j"$JOBS" fmha fmha_gpu_tests fmha_tile_tests >> "$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -40
   exit 1
 fi
@@ -38,7 +38,8 @@ echo "   built in $(( $(date +%s) - start )) s"
 TESTS="$BUILD/tests/gpu/fmha_gpu_tests"
 
 step "GPU tests -> $OUT/gpu_tests.log"
-"$TESTS" --gtest_color=no > "$OUT/gpu_tests.log" 2>&1 || status=1
+"$BUILD/tests/gpu/fmha_tile_tests" --gtest_color=no > "$OUT/gpu_tests.log" 2>&1 || status=1
+"$TESTS" --gtest_color=no >> "$OUT/gpu_tests.log" 2>&1 || status=1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests ran" "$OUT/gpu_tests.log" | head -60
 
 step "compute-sanitizer -> $OUT/sanitize.log"

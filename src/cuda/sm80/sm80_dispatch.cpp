@@ -1,10 +1,12 @@
 // The sm80 tier's entry points: tensor-core (mma.sync) forward for fp16, bf16 and fp32 storage
-// with Precision::tf32, on sm_80 and newer. Its backward computes in fp32 from the same storage.
+// with Precision::tf32, on sm_80 and newer. Its backward computes in fp32 arithmetic from the same
+// storage (for fp32 storage it is the simt backward itself).
 // fp32 with Precision::ieee is refused: exact fp32 is the simt tier's job.
 #include "cuda/sm80/sm80_dispatch.h"
 
 #include "cuda/common/dispatch_util.h"
 #include "cuda/sm80/sm80_launch.h"
+#include "cuda/simt/simt_launch.h"
 
 namespace fmha::cuda::sm80 {
 namespace {
@@ -66,8 +68,13 @@ Status supports(const Params& p, Direction direction) {
     constexpr int HD = decltype(hd)::value;
     return with_dtype(p.q.dtype, [&](auto type) {
       using T = decltype(type);
-      const size_t need =
-          direction == Direction::forward ? forward_shared_bytes<T, HD>() : backward_shared_bytes<T, HD>();
+      size_t need = 0;
+      if (direction == Direction::forward)
+        need = forward_shared_bytes<T, HD>();
+      else if constexpr (sizeof(T) == sizeof(float))
+        need = simt::backward_shared_bytes<HD>();  // fp32 storage: the simt backward
+      else
+        need = backward_shared_bytes<T, HD>();
       return check_shared_memory("sm80", direction, HD, need, props);
     });
   });
@@ -90,7 +97,11 @@ Status run(const Params& p, Direction direction) {
     constexpr int HD = decltype(hd)::value;
     return with_dtype(p.q.dtype, [&](auto type) {
       using T = decltype(type);
-      return direction == Direction::forward ? forward<T, HD>(args, stream) : backward<T, HD>(args, stream);
+      if (direction == Direction::forward) return forward<T, HD>(args, stream);
+      if constexpr (sizeof(T) == sizeof(float))
+        return simt::backward<HD>(args, stream);
+      else
+        return backward<T, HD>(args, stream);
     });
   });
 }
