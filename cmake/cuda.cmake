@@ -1,11 +1,110 @@
 # The CUDA backends. Included from the top-level CMakeLists when a CUDA compiler is found and
-# FMHA_CUDA is ON.
+# FMHA_CUDA is ON. Every kernel instantiation (tier × direction × dtype × head dim) is its own
+# generated .cu file, compiled only for the architectures its tier needs.
 find_package(CUDAToolkit REQUIRED)
 
-# Architectures to build real machine code for (PTX is embedded for the highest one).
-set(FMHA_CUDA_ARCHS "80;90" CACHE STRING "CUDA architectures to compile kernels for (e.g. 75;80;90)")
+set(FMHA_CUDA_ARCHS "80;90" CACHE STRING
+    "CUDA architectures to compile kernels for (e.g. 75;80;90; CUDA 13 supports sm_75 and up). The simt tier is built for all of them, sm80 for those >= 80")
+set(FMHA_HEAD_DIMS "32;64;96;128;192;256" CACHE STRING
+    "Head-dim buckets to compile GPU kernels for (subset of 32;64;96;128;192;256)")
+option(FMHA_PTXAS_VERBOSE "Print registers and spills of every kernel (-Xptxas -v)" OFF)
 
-target_sources(fmha PRIVATE src/cuda/registry.cu)
+set(_fmha_all_head_dims 32 64 96 128 192 256)
+foreach(hd IN LISTS FMHA_HEAD_DIMS)
+  if(NOT hd IN_LIST _fmha_all_head_dims)
+    message(FATAL_ERROR "FMHA_HEAD_DIMS: ${hd} is not one of ${_fmha_all_head_dims}")
+  endif()
+endforeach()
+
+set(_fmha_simt_archs "")
+set(_fmha_sm80_archs "")
+foreach(arch IN LISTS FMHA_CUDA_ARCHS)
+  string(REGEX REPLACE "[^0-9]" "" arch_number "${arch}")
+  if(arch_number LESS 75)
+    message(FATAL_ERROR "FMHA_CUDA_ARCHS: ${arch} is below sm_75, the oldest architecture CUDA 13 supports")
+  endif()
+  list(APPEND _fmha_simt_archs ${arch})
+  if(arch_number GREATER_EQUAL 80)
+    list(APPEND _fmha_sm80_archs ${arch})
+  endif()
+endforeach()
+
+function(_fmha_min_arch out archs)
+  set(min 0)
+  foreach(arch IN LISTS archs)
+    string(REGEX REPLACE "[^0-9]" "" n "${arch}")
+    if(min EQUAL 0 OR n LESS min)
+      set(min ${n})
+    endif()
+  endforeach()
+  set(${out} ${min} PARENT_SCOPE)
+endfunction()
+_fmha_min_arch(FMHA_SIMT_MIN_ARCH "${_fmha_simt_archs}")
+_fmha_min_arch(FMHA_SM80_MIN_ARCH "${_fmha_sm80_archs}")
+
+set(FMHA_HEAD_DIMS_X "")
+foreach(hd IN LISTS FMHA_HEAD_DIMS)
+  string(APPEND FMHA_HEAD_DIMS_X "X(${hd}) ")
+endforeach()
+string(REPLACE ";" "," FMHA_HEAD_DIMS_TEXT "${FMHA_HEAD_DIMS}")
+string(REPLACE ";" "," FMHA_CUDA_ARCHS_TEXT "${FMHA_CUDA_ARCHS}")
+set(_fmha_gen "${CMAKE_CURRENT_BINARY_DIR}/fmha_generated")
+configure_file(src/cuda/instances.h.in "${_fmha_gen}/cuda/instances.h" @ONLY)
+
+# Writes one instantiation file and appends it to the list `out`.
+function(_fmha_instance out name header body)
+  set(FMHA_INSTANCE_HEADER "${header}")
+  set(FMHA_INSTANCE_BODY "${body}")
+  configure_file("${PROJECT_SOURCE_DIR}/src/cuda/instance.cu.in" "${_fmha_gen}/${name}.cu" @ONLY)
+  set(${out} ${${out}} "${_fmha_gen}/${name}.cu" PARENT_SCOPE)
+endfunction()
+
+set(_fmha_simt_sources "")
+set(_fmha_sm80_sources "")
+foreach(hd IN LISTS FMHA_HEAD_DIMS)
+  set(args "const fmha::cuda::AttentionArgs&, cudaStream_t")
+  _fmha_instance(_fmha_simt_sources "simt_fwd_fp32_hd${hd}" "cuda/simt/simt_launch.cuh"
+    "template fmha::Status fmha::cuda::simt::forward<${hd}>(${args});\ntemplate size_t fmha::cuda::simt::forward_shared_bytes<${hd}>();")
+  _fmha_instance(_fmha_simt_sources "simt_bwd_fp32_hd${hd}" "cuda/simt/simt_launch.cuh"
+    "template fmha::Status fmha::cuda::simt::backward<${hd}>(${args});\ntemplate size_t fmha::cuda::simt::backward_shared_bytes<${hd}>();")
+  if(_fmha_sm80_archs)
+    # The tf32 backward is the simt backward (exact fp32 from fp32 storage): no instance of its own.
+    foreach(dtype fp16 bf16 tf32)
+      foreach(dir fwd bwd)
+        if(dir STREQUAL "fwd")
+          set(fn forward)
+        elseif(dtype STREQUAL "tf32")
+          continue()
+        else()
+          set(fn backward)
+        endif()
+        _fmha_instance(_fmha_sm80_sources "sm80_${dir}_${dtype}_hd${hd}" "cuda/sm80/sm80_launch.cuh"
+          "template fmha::Status fmha::cuda::sm80::${fn}<fmha::cuda::sm80::${dtype}_t, ${hd}>(${args});\ntemplate size_t fmha::cuda::sm80::${fn}_shared_bytes<fmha::cuda::sm80::${dtype}_t, ${hd}>();")
+      endforeach()
+    endforeach()
+  endif()
+endforeach()
+
+# Kernels of one tier: an object library with that tier's architectures, linked into fmha.
+function(_fmha_tier name archs sources)
+  add_library(${name} OBJECT ${sources})
+  set_target_properties(${name} PROPERTIES CUDA_ARCHITECTURES "${archs}" POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(${name} PRIVATE "${PROJECT_SOURCE_DIR}/include" "${PROJECT_SOURCE_DIR}/src" "${_fmha_gen}")
+  target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-fno-strict-aliasing>)
+  if(FMHA_PTXAS_VERBOSE)
+    target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
+  endif()
+  target_sources(fmha PRIVATE $<TARGET_OBJECTS:${name}>)
+endfunction()
+
+_fmha_tier(fmha_cuda_simt "${_fmha_simt_archs}" "${_fmha_simt_sources}")
+if(_fmha_sm80_archs)
+  _fmha_tier(fmha_cuda_sm80 "${_fmha_sm80_archs}" "${_fmha_sm80_sources}")
+  target_sources(fmha PRIVATE src/cuda/sm80/sm80_dispatch.cpp)
+endif()
+
+target_sources(fmha PRIVATE src/cuda/registry.cu src/cuda/common/host.cpp src/cuda/simt/simt_dispatch.cpp)
+target_include_directories(fmha PRIVATE "${_fmha_gen}")
 set_target_properties(fmha PROPERTIES CUDA_ARCHITECTURES "${FMHA_CUDA_ARCHS}")
 target_compile_definitions(fmha PUBLIC FMHA_WITH_CUDA=1)
 target_link_libraries(fmha PUBLIC CUDA::cudart)

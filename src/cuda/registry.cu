@@ -1,11 +1,27 @@
 // The GPU tiers compiled into this build and the CUDA devices this process can see.
+// Order matters: auto-selection takes the first tier that supports a call, so sm80 (tensor
+// cores) comes before simt (exact fp32, any GPU).
 #include <cuda_runtime.h>
 
 #include "backends.h"
+#include "cuda/instances.h"
+#include "cuda/simt/simt_dispatch.h"
+#if FMHA_CUDA_SM80_MIN_ARCH
+#include "cuda/sm80/sm80_dispatch.h"
+#endif
 
 namespace fmha::detail {
 
-std::vector<BackendEntry> cuda_backends() { return {}; }
+std::vector<BackendEntry> cuda_backends() {
+  std::vector<BackendEntry> out;
+#if FMHA_CUDA_SM80_MIN_ARCH
+  out.push_back({Backend::cuda_sm80, DeviceType::cuda, cuda::sm80::supports, cuda::sm80::run,
+                 cuda::sm80::workspace_size});
+#endif
+  out.push_back({Backend::cuda_simt, DeviceType::cuda, cuda::simt::supports, cuda::simt::run,
+                 cuda::simt::workspace_size});
+  return out;
+}
 
 std::vector<DeviceInfo> cuda_devices() {
   std::vector<DeviceInfo> out;

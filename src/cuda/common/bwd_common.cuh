@@ -1,0 +1,63 @@
+// The two backward kernels every tier shares, before and after its main kernel:
+//   preprocess: Δ = rowsum(dO ∘ O), LSE into the exp2 domain (+inf for rows that see no key, so
+//               that P = 2^(S - LSE) is 0 there), and the fp32 dQ accumulator zeroed;
+//   convert:    dQ = scale · accumulator, stored in the tensors' dtype.
+// Both are memory-bound and use one warp per row / a grid-stride loop.
+#pragma once
+
+#include "cuda/common/args.h"
+#include "cuda/tile/convert.cuh"
+#include "cuda/tile/reduce.cuh"
+
+namespace fmha::cuda {
+
+inline constexpr int kRowKernelThreads = 256;
+inline constexpr int kWarpSize = 32;
+inline constexpr float kLog2eF = 1.4426950408889634f;
+
+template <class T>
+__global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const AttentionArgs args) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t total = int64_t(args.batch) * args.heads * args.seqlen_q;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
+  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize; w < total; w += warps) {
+    const int64_t s = w % args.seqlen_q;
+    const int64_t h = (w / args.seqlen_q) % args.heads;
+    const int64_t b = w / (args.seqlen_q * args.heads);
+    const T* o = args.o.at<const T>(b, s, h);
+    const T* dout = args.dout.at<const T>(b, s, h);
+    float dot = 0.f;
+    for (int d = lane; d < args.head_dim_v; d += kWarpSize) dot += tile::to_float(o[d]) * tile::to_float(dout[d]);
+    dot = tile::warp::row_sum<kWarpSize>(dot);
+    if (lane == 0) {
+      args.delta[w] = dot;
+      const float lse = args.lse[b * args.lse_batch_stride + h * args.lse_head_stride + s * args.lse_seq_stride];
+      args.lse_log2[w] = lse == tile::kNegInf ? __int_as_float(0x7f800000) : lse * kLog2eF;
+    }
+    if (args.dq_accum != nullptr)
+      for (int d = lane; d < args.head_dim; d += kWarpSize) args.dq_accum[w * args.head_dim + d] = 0.f;
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kRowKernelThreads) bwd_convert_dq_kernel(const AttentionArgs args) {
+  const int64_t total = int64_t(args.batch) * args.heads * args.seqlen_q * args.head_dim;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    const int d = int(i % args.head_dim);
+    const int64_t w = i / args.head_dim;
+    const int64_t s = w % args.seqlen_q;
+    const int64_t h = (w / args.seqlen_q) % args.heads;
+    const int64_t b = w / (args.seqlen_q * args.heads);
+    args.dq.at<T>(b, s, h)[d] = tile::from_float<T>(args.dq_accum[i] * args.scale);
+  }
+}
+
+// Blocks for a grid-stride kernel over `items` (capped: each block loops).
+inline unsigned grid_stride_blocks(int64_t items, int items_per_block) {
+  constexpr int64_t kMaxBlocks = 65536;
+  const int64_t blocks = (items + items_per_block - 1) / items_per_block;
+  return unsigned(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
+}  // namespace fmha::cuda

@@ -1,0 +1,142 @@
+// Host-side pieces shared by the GPU tiers (see host.h).
+#include "cuda/common/host.h"
+
+#include <algorithm>
+
+namespace fmha::cuda {
+namespace {
+
+View4 view(const Tensor& t) {
+  View4 v;
+  v.data = t.data;
+  if (t.rank == 4) {
+    v.batch_stride = t.stride[0];
+    v.seq_stride = t.stride[1];
+    v.head_stride = t.stride[2];
+  }
+  return v;
+}
+
+constexpr size_t kWorkspaceAlign = 256;  // bytes: every part starts on a fresh cache sector group
+
+size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+}  // namespace
+
+Status unsupported(const std::string& message) { return {Code::unsupported, message}; }
+
+int head_dim_bucket(int64_t head_dim, int64_t head_dim_v) {
+  const int64_t need = std::max(head_dim, head_dim_v);
+  for (int bucket : kHeadDimBuckets)
+    if (need <= bucket) return bucket;
+  return 0;
+}
+
+AttentionArgs make_args(const Params& p, const Problem& s) {
+  AttentionArgs a;
+  a.q = view(p.q);
+  a.k = view(p.k);
+  a.v = view(p.v);
+  a.o = view(p.o);
+  a.dout = view(p.dout);
+  a.dq = view(p.dq);
+  a.dk = view(p.dk);
+  a.dv = view(p.dv);
+  if (p.lse.defined()) {
+    a.lse = static_cast<float*>(p.lse.data);
+    a.lse_batch_stride = p.lse.stride[0];
+    a.lse_head_stride = p.lse.stride[1];
+    a.lse_seq_stride = p.lse.stride[2];
+  }
+  a.batch = int(s.batch);
+  a.heads = int(s.heads);
+  a.kv_heads = int(s.kv_heads);
+  a.group = int(s.group);
+  a.head_dim = int(s.head_dim);
+  a.head_dim_v = int(s.head_dim_v);
+  a.seqlen_q = s.seqlen_q;
+  a.seqlen_k = s.seqlen_k;
+  a.scale = s.scale;
+  a.scale_log2 = s.scale_log2;
+  a.mask = s.mask;
+  return a;
+}
+
+WorkspaceLayout workspace_layout(const Problem& s, bool deterministic) {
+  WorkspaceLayout w;
+  const size_t rows = size_t(s.batch) * size_t(s.heads) * size_t(s.seqlen_q);
+  size_t at = 0;
+  w.has_dq_accum = !deterministic;
+  if (w.has_dq_accum) {
+    w.dq_accum = at;
+    at = align_up(at + rows * size_t(s.head_dim) * sizeof(float));
+  }
+  w.lse_log2 = at;
+  at = align_up(at + rows * sizeof(float));
+  w.delta = at;
+  at = align_up(at + rows * sizeof(float));
+  w.total = rows == 0 ? 0 : at;
+  return w;
+}
+
+Status bind_workspace(const Params& p, const WorkspaceLayout& w, AttentionArgs* a) {
+  if (w.total == 0) return Status::success();
+  if (p.workspace == nullptr)
+    return {Code::invalid_argument, "workspace: the backward needs " + std::to_string(w.total) +
+                                        " bytes of device workspace (see workspace_size), got none"};
+  if (p.workspace_bytes < w.total)
+    return {Code::invalid_argument, "workspace: " + std::to_string(p.workspace_bytes) + " bytes given, " +
+                                        std::to_string(w.total) + " needed (see workspace_size)"};
+  if (reinterpret_cast<uintptr_t>(p.workspace) % kWorkspaceAlign != 0)
+    return {Code::invalid_argument, "workspace: pointer must be aligned to " + std::to_string(kWorkspaceAlign) +
+                                        " bytes (cudaMalloc's alignment)"};
+  char* base = static_cast<char*>(p.workspace);
+  a->dq_accum = w.has_dq_accum ? reinterpret_cast<float*>(base + w.dq_accum) : nullptr;
+  a->lse_log2 = reinterpret_cast<float*>(base + w.lse_log2);
+  a->delta = reinterpret_cast<float*>(base + w.delta);
+  return Status::success();
+}
+
+Status current_device(const Params& p, Direction direction, DeviceProps* props) {
+  int ordinal = 0;
+  if (cudaGetDevice(&ordinal) != cudaSuccess) {
+    cudaGetLastError();
+    return {Code::no_device, "q: no usable CUDA device"};
+  }
+  const struct {
+    const char* name;
+    const Tensor* t;
+  } tensors[] = {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"o", &p.o}, {"lse", &p.lse},
+                 {"dout", &p.dout}, {"dq", &p.dq}, {"dk", &p.dk}, {"dv", &p.dv}};
+  for (const auto& named : tensors) {
+    if (!named.t->defined()) continue;
+    const bool forward_only = named.t == &p.o || named.t == &p.lse || named.t == &p.q || named.t == &p.k ||
+                              named.t == &p.v;
+    if (direction == Direction::forward && !forward_only) continue;
+    if (named.t->device.index != ordinal)
+      return unsupported(std::string(named.name) + ": is on cuda:" + std::to_string(named.t->device.index) +
+                         " but the current device is cuda:" + std::to_string(ordinal) +
+                         "; make that device current (cudaSetDevice) before the call");
+  }
+  int major = 0, minor = 0, shared = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal) != cudaSuccess ||
+      cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal) != cudaSuccess) {
+    const cudaError_t err = cudaGetLastError();
+    return {Code::cuda_error, std::string("device attributes of cuda:") + std::to_string(ordinal) + ": " +
+                                  cudaGetErrorString(err)};
+  }
+  props->ordinal = ordinal;
+  props->arch = major * 10 + minor;
+  props->max_shared_per_block = size_t(shared);
+  return Status::success();
+}
+
+Status check_grid_limits(const Problem& s) {
+  constexpr int64_t kMaxGridYZ = 65535;
+  if (s.heads > kMaxGridYZ) return unsupported("q: heads " + std::to_string(s.heads) + " is above 65535");
+  if (s.batch > kMaxGridYZ) return unsupported("q: batch " + std::to_string(s.batch) + " is above 65535");
+  return Status::success();
+}
+
+}  // namespace fmha::cuda

@@ -1,0 +1,53 @@
+// Host-side pieces every GPU tier shares: the kernels' argument block built from a validated
+// Params, the head-dim buckets kernels are compiled for, the backward workspace layout, and the
+// device checks (current device, architecture, shared memory).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/problem.h"
+#include "cuda/common/args.h"
+#include "fmha/fmha.h"
+
+namespace fmha::cuda {
+
+// Kernels are compiled for these head dims; a call runs on the smallest one that holds both
+// head_dim and head_dim_v (columns past them are zero-filled and never stored).
+inline constexpr int kHeadDimBuckets[] = {32, 64, 96, 128, 192, 256};
+
+// The bucket for max(head_dim, head_dim_v), or 0 when it is above the largest.
+int head_dim_bucket(int64_t head_dim, int64_t head_dim_v);
+
+AttentionArgs make_args(const Params& params, const Problem& problem);
+
+// Byte offsets of the backward workspace's parts; total is what workspace_size reports.
+struct WorkspaceLayout {
+  size_t dq_accum = 0;  // [B, H, Sq, head_dim] fp32; absent (size 0) when deterministic
+  size_t lse_log2 = 0;  // [B, H, Sq] fp32
+  size_t delta = 0;     // [B, H, Sq] fp32
+  size_t total = 0;
+  bool has_dq_accum = false;
+};
+WorkspaceLayout workspace_layout(const Problem& problem, bool deterministic);
+
+// Fills the workspace pointers of `args`, or says why the caller's workspace does not do.
+Status bind_workspace(const Params& params, const WorkspaceLayout& layout, AttentionArgs* args);
+
+struct DeviceProps {
+  int ordinal = 0;
+  int arch = 0;                   // 80 for sm_80
+  size_t max_shared_per_block = 0;  // opt-in limit for dynamic shared memory
+};
+// The current device's properties; an error if any tensor of the call is on another device.
+Status current_device(const Params& params, Direction direction, DeviceProps* props);
+
+// Grid limits: heads and batch ride on gridDim.y / gridDim.z.
+Status check_grid_limits(const Problem& problem);
+
+Status unsupported(const std::string& message);
+
+}  // namespace fmha::cuda

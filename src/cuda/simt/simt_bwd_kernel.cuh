@@ -1,0 +1,121 @@
+// The simt backward kernels: exact fp32 arithmetic from fp32, fp16 or bf16 storage (T).
+//   bwd_kernel:    one block per (key tile, KV head, batch). Loops over the group's query heads and
+//                  the query tiles that see the key tile, accumulating dK and dV in registers (no
+//                  atomics, GQA sums included); adds dS·K into the fp32 dQ accumulator with
+//                  atomics unless dq_accum is null (deterministic mode).
+//   bwd_dq_kernel: deterministic mode's dQ: one block per (query tile, head, batch), looping over
+//                  the key tiles it sees, like the forward; one writer per dQ element.
+#pragma once
+
+#include "cuda/simt/simt_bwd_mainloop.cuh"
+
+namespace fmha::cuda::simt {
+
+template <class T, int HD, int BM, int BN, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const AttentionArgs args) {
+  using Tiles = BwdTiles<HD, BM, BN>;
+  extern __shared__ float4 shared_raw[];
+  auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
+  const tile::Grid16 g = tile::Grid16::of_thread();
+  const int64_t b = blockIdx.z;
+  const int kv_head = blockIdx.y;
+  const int64_t col0 = int64_t(blockIdx.x) * BN;
+  const Range cols{col0, col0 + BN < args.seqlen_k ? col0 + BN : args.seqlen_k};
+  const Range rows_all = args.mask.queries(Range{0, args.seqlen_q}, cols);
+
+  typename Tiles::KeyAcc dk, dv;  // [BN, HD] fp32 each
+  dk.fill(0.f);
+  dv.fill(0.f);
+
+  if (!rows_all.empty()) {
+    load_key_side<T, Tiles>(args, shared, b, kv_head, cols);
+    for (int member = 0; member < args.group; ++member) {
+      const int h = kv_head * args.group + member;
+      for (int64_t row0 = rows_all.begin; row0 < rows_all.end; row0 += BM) {
+        const Range rows{row0, row0 + BM < rows_all.end ? row0 + BM : rows_all.end};
+        load_query_side<T, Tiles, BM>(args, shared, b, h, rows);
+        tile::block::wait<0>();
+        __syncthreads();
+
+        typename Tiles::Scores p, ds;  // [BM, BN] P and dS
+        score_gradients<Tiles, HD, BM, BN>(args, shared, rows, cols, g, p, ds);
+        tile::thread::store(shared.p.tile(), p, g);
+        tile::thread::store(shared.ds.tile(), ds, g);
+        __syncthreads();
+
+        tile::thread::mma_tn<BM>(dv, shared.p.tile(), shared.dout.tile(), g);  // dV += P^T·dO
+        tile::thread::mma_tn<BM>(dk, shared.ds.tile(), shared.q.tile(), g);    // dK += dS^T·Q
+        if (args.dq_accum != nullptr) {
+          typename Tiles::QueryAcc dq;  // [BM, HD] this key tile's share of dQ (unscaled)
+          dq.fill(0.f);
+          tile::thread::mma_nn<BN>(dq, shared.ds.tile(), shared.k.tile(), g);
+#pragma unroll
+          for (int i = 0; i < BM / 16; ++i) {
+            if (g.row(i) >= rows.size()) continue;
+            float* accum = args.dq_accum + args.row_index(b, h, rows.begin + g.row(i)) * args.head_dim;
+#pragma unroll
+            for (int j = 0; j < HD / 16; ++j)
+              if (g.col(j) < args.head_dim) atomicAdd(accum + g.col(j), dq(i, j));
+          }
+        }
+        __syncthreads();  // Q, dO, P, dS are overwritten by the next query tile
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < BN / 16; ++i) {
+    const int64_t key = cols.begin + g.row(i);
+    if (key >= cols.end) continue;
+    T* dk_row = args.dk.at<T>(b, key, kv_head);
+    T* dv_row = args.dv.at<T>(b, key, kv_head);
+#pragma unroll
+    for (int j = 0; j < HD / 16; ++j) {
+      if (g.col(j) < args.head_dim) dk_row[g.col(j)] = tile::from_float<T>(dk(i, j) * args.scale);
+      if (g.col(j) < args.head_dim_v) dv_row[g.col(j)] = tile::from_float<T>(dv(i, j));
+    }
+  }
+}
+
+template <class T, int HD, int BM, int BN, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const AttentionArgs args) {
+  using Tiles = BwdTiles<HD, BM, BN>;
+  extern __shared__ float4 shared_raw[];
+  auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
+  const tile::Grid16 g = tile::Grid16::of_thread();
+  const int64_t b = blockIdx.z;
+  const int h = blockIdx.y;
+  const int kv_head = h / args.group;
+  const int64_t row0 = int64_t(blockIdx.x) * BM;
+  const Range rows{row0, row0 + BM < args.seqlen_q ? row0 + BM : args.seqlen_q};
+  const Range keys = args.mask.keys(rows);
+
+  typename Tiles::QueryAcc dq;  // [BM, HD] fp32, unscaled
+  dq.fill(0.f);
+  if (!keys.empty()) {
+    load_query_side<T, Tiles, BM>(args, shared, b, h, rows);
+    for (int64_t col0 = keys.begin; col0 < keys.end; col0 += BN) {
+      const Range cols{col0, col0 + BN < keys.end ? col0 + BN : keys.end};
+      load_key_side<T, Tiles>(args, shared, b, kv_head, cols);
+      tile::block::wait<0>();
+      __syncthreads();
+      typename Tiles::Scores p, ds;  // [BM, BN] P and dS
+      score_gradients<Tiles, HD, BM, BN>(args, shared, rows, cols, g, p, ds);
+      tile::thread::store(shared.ds.tile(), ds, g);
+      __syncthreads();
+      tile::thread::mma_nn<BN>(dq, shared.ds.tile(), shared.k.tile(), g);  // dQ += dS·K
+      __syncthreads();  // K, V, dS are overwritten by the next key tile
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < BM / 16; ++i) {
+    const int64_t row = rows.begin + g.row(i);
+    if (row >= rows.end) continue;
+    T* dq_row = args.dq.at<T>(b, row, h);
+#pragma unroll
+    for (int j = 0; j < HD / 16; ++j)
+      if (g.col(j) < args.head_dim) dq_row[g.col(j)] = tile::from_float<T>(dq(i, j) * args.scale);
+  }
+}
+
+}  // namespace fmha::cuda::simt

@@ -1,0 +1,77 @@
+// Definitions of the simt launchers (declared in simt_launch.h), included by the generated
+// instantiation files only.
+#pragma once
+
+#include "cuda/common/bwd_common.cuh"
+#include "cuda/common/launch.h"
+#include "cuda/simt/simt_bwd_kernel.cuh"
+#include "cuda/simt/simt_config.h"
+#include "cuda/simt/simt_fwd_kernel.cuh"
+#include "cuda/simt/simt_launch.h"
+
+namespace fmha::cuda::simt {
+
+template <int HD>
+size_t forward_shared_bytes() {
+  constexpr TileConfig c = tile_config(Direction::forward, HD);
+  return sizeof(typename FwdTiles<HD, c.tile_m, c.tile_n, c.stages>::SharedStorage);
+}
+
+template <int HD>
+size_t backward_shared_bytes() {
+  constexpr TileConfig c = tile_config(Direction::backward, HD);
+  return sizeof(typename BwdTiles<HD, c.tile_m, c.tile_n>::SharedStorage);
+}
+
+template <int HD>
+Status forward(const AttentionArgs& args, cudaStream_t stream) {
+  constexpr TileConfig c = tile_config(Direction::forward, HD);
+  const dim3 grid(unsigned(ceil_div(args.seqlen_q, c.tile_m)), unsigned(args.heads), unsigned(args.batch));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::success();
+  auto kernel = fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks>;
+  const size_t shared = forward_shared_bytes<HD>();
+  if (Status s = prepare_kernel(kernel, shared, "simt forward"); !s.ok()) return s;
+  kernel<<<grid, kThreads, shared, stream>>>(args);
+  return check_launch("simt forward kernel launch");
+}
+
+// The backward for storage type T; the sm80 tier reuses it for 16-bit and tf32 storage.
+template <class T, int HD>
+Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
+  constexpr TileConfig c = tile_config(Direction::backward, HD);
+  const int64_t rows = int64_t(args.batch) * args.heads * args.seqlen_q;
+  if (rows > 0) {
+    const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
+    bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(args);
+    if (Status s = check_launch("simt backward preprocess launch"); !s.ok()) return s;
+  }
+
+  const size_t shared = backward_shared_bytes<HD>();
+  const dim3 kv_grid(unsigned(ceil_div(args.seqlen_k, c.tile_n)), unsigned(args.kv_heads), unsigned(args.batch));
+  if (kv_grid.x > 0 && kv_grid.y > 0 && kv_grid.z > 0) {
+    auto kernel = bwd_kernel<T, HD, c.tile_m, c.tile_n, c.min_blocks>;
+    if (Status s = prepare_kernel(kernel, shared, "simt backward"); !s.ok()) return s;
+    kernel<<<kv_grid, kThreads, shared, stream>>>(args);
+    if (Status s = check_launch("simt backward kernel launch"); !s.ok()) return s;
+  }
+  if (rows == 0) return Status::success();
+
+  if (args.dq_accum != nullptr) {
+    const int64_t elements = rows * args.head_dim;
+    bwd_convert_dq_kernel<T><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(
+        args);
+    return check_launch("simt backward dQ convert launch");
+  }
+  const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, c.tile_m)), unsigned(args.heads), unsigned(args.batch));
+  auto kernel = bwd_dq_kernel<T, HD, c.tile_m, c.tile_n, c.min_blocks>;
+  if (Status s = prepare_kernel(kernel, shared, "simt backward dQ"); !s.ok()) return s;
+  kernel<<<q_grid, kThreads, shared, stream>>>(args);
+  return check_launch("simt backward dQ kernel launch");
+}
+
+template <int HD>
+Status backward(const AttentionArgs& args, cudaStream_t stream) {
+  return backward_for<float, HD>(args, stream);
+}
+
+}  // namespace fmha::cuda::simt

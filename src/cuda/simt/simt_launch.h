@@ -1,0 +1,27 @@
+// The simt tier's launchers, one explicit instantiation per head-dim bucket (generated .cu files,
+// see cmake/cuda.cmake). Host code includes this header only; kernels stay in their own files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "cuda/common/args.h"
+#include "fmha/fmha.h"
+
+namespace fmha::cuda::simt {
+
+// Runs the forward on `stream`; errors of the launches come back as Code::cuda_error.
+template <int HD>
+Status forward(const AttentionArgs& args, cudaStream_t stream);
+template <int HD>
+size_t forward_shared_bytes();
+
+// Preprocess, main kernel, then convert (atomic dQ, args.dq_accum set) or the dQ kernel
+// (deterministic, args.dq_accum null).
+template <int HD>
+Status backward(const AttentionArgs& args, cudaStream_t stream);
+template <int HD>
+size_t backward_shared_bytes();
+
+}  // namespace fmha::cuda::simt

@@ -1,0 +1,109 @@
+// The sm80 tier's entry points: tensor-core (mma.sync) forward for fp16, bf16 and fp32 storage
+// with Precision::tf32, on sm_80 and newer. Its backward computes in fp32 arithmetic from the same
+// storage (for fp32 storage it is the simt backward itself).
+// fp32 with Precision::ieee is refused: exact fp32 is the simt tier's job.
+#include "cuda/sm80/sm80_dispatch.h"
+
+#include "cuda/common/dispatch_util.h"
+#include "cuda/sm80/sm80_launch.h"
+#include "cuda/simt/simt_launch.h"
+
+namespace fmha::cuda::sm80 {
+namespace {
+
+constexpr int kVectorBytes = 16;  // the forward's cp.async width
+
+// The forward's 16-byte loads need aligned bases, strides and head dims.
+Status check_vector_loads(const Params& p) {
+  const int64_t vec = kVectorBytes / int64_t(dtype_size(p.q.dtype));
+  const struct {
+    const char* name;
+    const Tensor* t;
+  } inputs[] = {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}};
+  for (const auto& in : inputs) {
+    if (in.t->numel() == 0) continue;
+    if (reinterpret_cast<uintptr_t>(in.t->data) % kVectorBytes != 0)
+      return unsupported(std::string(in.name) + ": the sm80 tier loads 16-byte vectors; the data pointer must be "
+                                                "16-byte aligned");
+    for (int d = 0; d < 3; ++d)
+      if (in.t->stride[d] % vec != 0)
+        return unsupported(std::string(in.name) + ": stride " + std::to_string(in.t->stride[d]) + " of dimension " +
+                           std::to_string(d) + " must be a multiple of " + std::to_string(vec) +
+                           " elements (16 bytes) for the sm80 tier");
+    if (in.t->shape[3] % vec != 0)
+      return unsupported(std::string(in.name) + ": head dim " + std::to_string(in.t->shape[3]) +
+                         " must be a multiple of " + std::to_string(vec) + " elements (16 bytes) for the sm80 tier");
+  }
+  return Status::success();
+}
+
+template <class F>
+Status with_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::fp16: return f(fp16_t{});
+    case DType::bf16: return f(bf16_t{});
+    default: return f(tf32_t{});
+  }
+}
+
+}  // namespace
+
+Status supports(const Params& p, Direction direction) {
+  const Problem s = Problem::of(p);
+  if (p.q.dtype == DType::fp32 && p.precision != Precision::tf32)
+    return unsupported("precision: fp32 with ieee precision is exact fp32, which the simt tier computes; "
+                       "the sm80 tier takes fp16, bf16, or fp32 with precision tf32");
+  int bucket = 0;
+  if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
+  if (Status st = check_grid_limits(s); !st.ok()) return st;
+  if (direction == Direction::forward) {
+    if (Status st = check_vector_loads(p); !st.ok()) return st;
+  }
+  DeviceProps props;
+  if (Status st = current_device(p, direction, &props); !st.ok()) return st;
+  if (props.arch < 80 || props.arch < FMHA_CUDA_SM80_MIN_ARCH)
+    return unsupported("q: cuda:" + std::to_string(props.ordinal) + " is sm_" + std::to_string(props.arch) +
+                       "; the sm80 tier needs sm_80 or newer (this build: FMHA_CUDA_ARCHS = " FMHA_CUDA_ARCHS_TEXT ")");
+  return with_head_dim(bucket, [&](auto hd) {
+    constexpr int HD = decltype(hd)::value;
+    return with_dtype(p.q.dtype, [&](auto type) {
+      using T = decltype(type);
+      size_t need = 0;
+      if (direction == Direction::forward)
+        need = forward_shared_bytes<T, HD>();
+      else if constexpr (sizeof(T) == sizeof(float))
+        need = simt::backward_shared_bytes<HD>();  // fp32 storage: the simt backward
+      else
+        need = backward_shared_bytes<T, HD>();
+      return check_shared_memory("sm80", direction, HD, need, props);
+    });
+  });
+}
+
+Status workspace_size(const Params& p, Direction direction, size_t* bytes) {
+  *bytes = direction == Direction::backward ? workspace_layout(Problem::of(p), p.deterministic).total : 0;
+  return Status::success();
+}
+
+Status run(const Params& p, Direction direction) {
+  if (Status st = sm80::supports(p, direction); !st.ok()) return st;
+  const Problem s = Problem::of(p);
+  AttentionArgs args = make_args(p, s);
+  if (direction == Direction::backward) {
+    if (Status st = bind_workspace(p, workspace_layout(s, p.deterministic), &args); !st.ok()) return st;
+  }
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
+    constexpr int HD = decltype(hd)::value;
+    return with_dtype(p.q.dtype, [&](auto type) {
+      using T = decltype(type);
+      if (direction == Direction::forward) return forward<T, HD>(args, stream);
+      if constexpr (sizeof(T) == sizeof(float))
+        return simt::backward<HD>(args, stream);
+      else
+        return backward<T, HD>(args, stream);
+    });
+  });
+}
+
+}  // namespace fmha::cuda::sm80

@@ -1,0 +1,53 @@
+// The sm80 forward kernel: one block of 4 warps per (query tile, head, batch). Loads the query
+// tile, runs the mainloop over the key tiles the mask lets it see, and writes O = acc / rowsum
+// and LSE = ln(rowsum) + max (O = 0, LSE = -inf for a row that sees no key).
+#pragma once
+
+#include "cuda/sm80/sm80_fwd_mainloop.cuh"
+
+namespace fmha::cuda::sm80 {
+
+template <class T, int HD, int BM, int BN, int STAGES, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) fwd_kernel(const AttentionArgs args) {
+  using Tiles = FwdTiles<T, HD, BM, BN, STAGES>;
+  extern __shared__ float4 shared_raw[];
+  auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
+  const int64_t b = blockIdx.z;
+  const int h = blockIdx.y;
+  const int kv_head = h / args.group;
+  const int64_t row0 = int64_t(blockIdx.x) * BM;
+  const Range rows{row0, row0 + BM < args.seqlen_q ? row0 + BM : args.seqlen_q};
+  const Range keys = args.mask.keys(rows);
+
+  typename Tiles::Output acc;  // [16, HD] fp32 per warp
+  acc.fill(0.f);
+  typename Tiles::Softmax softmax;
+  softmax.init();
+  if (!keys.empty()) {
+    tile::block::load_async<Tiles::kVec, kThreads>(shared.q.tile(), args.q.at<const T>(b, row0, h),
+                                                   args.q.seq_stride, int(rows.size()), args.head_dim);
+    tile::block::commit();
+    fwd_mainloop<T, Tiles, HD, BM, BN, STAGES>(args, shared, b, kv_head, rows, keys, acc, softmax);
+  }
+
+  // Epilogue: each lane stores column pairs of rows g and g + 8 of its warp.
+  softmax.finish();
+  const int warp = int(threadIdx.x) / 32;
+  const int g = lane_id() / 4, t = lane_id() % 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t row = rows.begin + warp * kRowsPerWarp + g + 8 * i;
+    if (row >= rows.end) continue;
+    const float inv = softmax.inv_sum(i);
+    T* o = args.o.at<T>(b, row, h);
+#pragma unroll
+    for (int j = 0; j < Tiles::Output::kCols; ++j) {
+      const int d = Tiles::Output::col(j, t);
+      if (d < args.head_dim_v) o[d] = tile::from_float<T>(acc(i, j) * inv);
+    }
+    if (args.lse != nullptr && t == 0)
+      args.lse[b * args.lse_batch_stride + h * args.lse_head_stride + row * args.lse_seq_stride] = softmax.lse(i);
+  }
+}
+
+}  // namespace fmha::cuda::sm80

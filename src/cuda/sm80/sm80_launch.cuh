@@ -1,0 +1,41 @@
+// Definitions of the sm80 launchers (declared in sm80_launch.h), included by the generated
+// instantiation files only. The backward runs the three-kernel fp32 SIMT backward on the tier's
+// storage types (simt_launch.cuh); the forward is the mma.sync kernel.
+#pragma once
+
+#include "cuda/common/launch.h"
+#include "cuda/sm80/sm80_fwd_kernel.cuh"
+#include "cuda/sm80/sm80_launch.h"
+#include "cuda/simt/simt_launch.cuh"
+
+namespace fmha::cuda::sm80 {
+
+template <class T, int HD>
+size_t forward_shared_bytes() {
+  constexpr TileConfig c = tile_config(Direction::forward, int(sizeof(T)), HD);
+  return sizeof(typename FwdTiles<T, HD, c.tile_m, c.tile_n, c.stages>::SharedStorage);
+}
+
+template <class T, int HD>
+Status forward(const AttentionArgs& args, cudaStream_t stream) {
+  constexpr TileConfig c = tile_config(Direction::forward, int(sizeof(T)), HD);
+  const dim3 grid(unsigned(ceil_div(args.seqlen_q, c.tile_m)), unsigned(args.heads), unsigned(args.batch));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::success();
+  auto kernel = fwd_kernel<T, HD, c.tile_m, c.tile_n, c.stages, c.min_blocks>;
+  const size_t shared = forward_shared_bytes<T, HD>();
+  if (Status s = prepare_kernel(kernel, shared, "sm80 forward"); !s.ok()) return s;
+  kernel<<<grid, kThreads, shared, stream>>>(args);
+  return check_launch("sm80 forward kernel launch");
+}
+
+template <class T, int HD>
+size_t backward_shared_bytes() {
+  return simt::backward_shared_bytes<HD>();
+}
+
+template <class T, int HD>
+Status backward(const AttentionArgs& args, cudaStream_t stream) {
+  return simt::backward_for<T, HD>(args, stream);
+}
+
+}  // namespace fmha::cuda::sm80

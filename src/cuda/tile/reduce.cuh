@@ -1,0 +1,143 @@
+// Row reductions across the lanes that share a row, exp2 in both precisions, and the masking of
+// a score tile through the shared Mask object.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/tile/tile.cuh"
+#include "fmha/mask.h"
+
+namespace fmha::cuda::tile {
+
+inline constexpr float kNegInf = -__builtin_huge_valf();
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+namespace warp {
+
+// x reduced (max or sum) over the LANES consecutive lanes (LANES a power of two, aligned) that
+// hold one row; every one of them gets the result.
+template <int LANES>
+__device__ __forceinline__ float row_max(float x) {
+#pragma unroll
+  for (int offset = LANES / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+template <int LANES>
+__device__ __forceinline__ float row_sum(float x) {
+#pragma unroll
+  for (int offset = LANES / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// Per-row max / sum of a register tile whose row i is spread over LANES lanes: out[i].
+template <int LANES, class Reg>
+__device__ __forceinline__ void row_max(float (&out)[Reg::kRows], const Reg& s) {
+#pragma unroll
+  for (int i = 0; i < Reg::kRows; ++i) {
+    float m = s(i, 0);
+#pragma unroll
+    for (int j = 1; j < Reg::kCols; ++j) m = fmaxf(m, s(i, j));
+    out[i] = row_max<LANES>(m);
+  }
+}
+template <int LANES, class Reg>
+__device__ __forceinline__ void row_sum(float (&out)[Reg::kRows], const Reg& s) {
+#pragma unroll
+  for (int i = 0; i < Reg::kRows; ++i) {
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < Reg::kCols; ++j) m += s(i, j);
+    out[i] = row_sum<LANES>(m);
+  }
+}
+
+}  // namespace warp
+
+// 2^x. `exp2_exact` is libdevice's exp2f (within 2 ulp: the simt tier's ieee promise);
+// `exp2_fast` is the single ex2.approx.ftz instruction (2 ulp over the range that matters, flushes
+// denormals), used where inputs are already rounded to 16 bits or tf32. Both give +0 for -inf.
+__device__ __forceinline__ float exp2_exact(float x) { return exp2f(x); }
+__device__ __forceinline__ float exp2_fast(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+namespace thread {
+
+// s(i, j) = -inf where row_of(i) does not see key col_of(j) (absolute indices).
+template <class Reg, class RowOf, class ColOf>
+__device__ __forceinline__ void mask_scores(Reg& s, const Mask& mask, RowOf row_of, ColOf col_of) {
+#pragma unroll
+  for (int i = 0; i < Reg::kRows; ++i) {
+    const Range keys = mask.keys(row_of(i));
+#pragma unroll
+    for (int j = 0; j < Reg::kCols; ++j) {
+      const int64_t key = col_of(j);
+      if (key < keys.begin || key >= keys.end) s(i, j) = kNegInf;
+    }
+  }
+}
+
+template <class Reg>
+__device__ __forceinline__ void scale(Reg& s, float factor) {
+#pragma unroll
+  for (int i = 0; i < Reg::kRows; ++i)
+#pragma unroll
+    for (int j = 0; j < Reg::kCols; ++j) s(i, j) *= factor;
+}
+
+}  // namespace thread
+
+// The online softmax state of a thread's ROWS rows, each spread over LANES lanes: running max
+// (exp2 domain, reduced over the lanes) and this thread's share of the running sum (reduced once,
+// in finish()).
+template <int ROWS, int LANES>
+struct OnlineSoftmax {
+  float max[ROWS];
+  float sum[ROWS];
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) max[i] = kNegInf, sum[i] = 0.f;
+  }
+
+  // s (scaled, masked scores) becomes P = 2^(s - max); rescale[i] is what the output rows
+  // accumulated so far must be multiplied by.
+  template <bool FAST, class Reg>
+  __device__ __forceinline__ void update(Reg& s, float (&rescale)[ROWS]) {
+    static_assert(Reg::kRows == ROWS, "one softmax row per tile row");
+    float tile_max[ROWS];
+    warp::row_max<LANES>(tile_max, s);
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      const float new_max = fmaxf(max[i], tile_max[i]);
+      // A row that has seen only masked keys keeps max = -inf; subtracting 0 keeps P = 0, not NaN.
+      const float base = new_max == kNegInf ? 0.f : new_max;
+      rescale[i] = FAST ? exp2_fast(max[i] - base) : exp2_exact(max[i] - base);
+      float local = 0.f;
+#pragma unroll
+      for (int j = 0; j < Reg::kCols; ++j) {
+        const float p = FAST ? exp2_fast(s(i, j) - base) : exp2_exact(s(i, j) - base);
+        s(i, j) = p;
+        local += p;
+      }
+      sum[i] = sum[i] * rescale[i] + local;
+      max[i] = new_max;
+    }
+  }
+
+  // Row sums reduced over the lanes; afterwards inv_sum / lse are per row.
+  __device__ __forceinline__ void finish() {
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) sum[i] = warp::row_sum<LANES>(sum[i]);
+  }
+  // 1/sum, or 0 for a row that saw no key (its output is 0).
+  __device__ __forceinline__ float inv_sum(int i) const { return sum[i] > 0.f ? 1.f / sum[i] : 0.f; }
+  // Natural-log LSE of the scaled scores, -inf for a row that saw no key.
+  __device__ __forceinline__ float lse(int i) const {
+    return sum[i] > 0.f ? (max[i] + log2f(sum[i])) * kLn2 : kNegInf;
+  }
+};
+
+}  // namespace fmha::cuda::tile

@@ -1,0 +1,471 @@
+// Device buffers, random inputs, the naive same-precision attention and the accuracy checks of
+// the GPU kernel tests (the rule is stated in gpu_test_util.h).
+#include "gpu_test_util.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include "common/numeric.h"
+#include "common/problem.h"
+#include "common/tensor_access.h"
+#include "cpu/reference.h"
+
+namespace fmha::test {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kAbsoluteSlack = 1e-6;
+
+void cuda_ok(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+double unit_roundoff(DType d) {
+  switch (d) {
+    case DType::fp16: return std::ldexp(1.0, -11);
+    case DType::bf16: return std::ldexp(1.0, -8);
+    default: return std::ldexp(1.0, -24);
+  }
+}
+
+// The rounding the tier applies to matmul operands (P, dS; and inputs for tf32).
+float round_matmul(const Case& c, float x) {
+  if (c.precision == Precision::tf32) return round_to_tf32(x);
+  return round_to(c.dtype, x);
+}
+
+struct Layout {
+  int64_t shape[4];
+  int64_t stride[4];
+};
+
+// [B, S, H, D] sizes; stored as BSHD, or BHSD when `bhsd`.
+Layout layout4(int64_t b, int64_t s, int64_t h, int64_t d, bool bhsd) {
+  Layout l{{b, s, h, d}, {s * h * d, h * d, d, 1}};
+  if (bhsd) {
+    l.stride[0] = h * s * d;
+    l.stride[1] = d;
+    l.stride[2] = s * d;
+  }
+  return l;
+}
+
+Tensor view(void* data, DType dtype, const Layout& l, Device device) {
+  return make_tensor(data, dtype, {l.shape[0], l.shape[1], l.shape[2], l.shape[3]},
+                     {l.stride[0], l.stride[1], l.stride[2], l.stride[3]}, device);
+}
+
+struct Layouts {
+  Layout q, k, v, o;
+};
+Layouts layouts(const Case& c) {
+  return {layout4(c.batch, c.seqlen_q, c.heads, c.head_dim, c.bhsd_layout),
+          layout4(c.batch, c.seqlen_k, c.kv_heads, c.head_dim, false),
+          layout4(c.batch, c.seqlen_k, c.kv_heads, c.head_dim_v, false),
+          layout4(c.batch, c.seqlen_q, c.heads, c.head_dim_v, c.bhsd_layout)};
+}
+
+size_t bytes_of(const Layout& l, DType d) {
+  return size_t(l.shape[0] * l.shape[1] * l.shape[2] * l.shape[3]) * dtype_size(d);
+}
+
+std::vector<uint8_t> random_tensor(const Layout& l, DType d, std::mt19937_64& rng) {
+  std::vector<uint8_t> out(bytes_of(l, d));
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  const int64_t n = l.shape[0] * l.shape[1] * l.shape[2] * l.shape[3];
+  for (int64_t i = 0; i < n; ++i) store_element(out.data(), d, i, dist(rng));
+  return out;
+}
+
+// Element (b, s, h, d) of a stored tensor as float.
+float at(const std::vector<uint8_t>& data, DType dtype, const Layout& l, int64_t b, int64_t s, int64_t h, int64_t d) {
+  return load_element(data.data(), dtype, b * l.stride[0] + s * l.stride[1] + h * l.stride[2] + d);
+}
+
+struct NaiveForward {
+  std::vector<float> o, lse;  // [B, Sq, H, Dv] rounded to dtype; [B, H, Sq]
+};
+
+NaiveForward naive_forward(const HostProblem& hp) {
+  const Case& c = hp.c;
+  const Layouts L = layouts(c);
+  const Problem s = Problem::of(hp.params());
+  NaiveForward r;
+  r.o.assign(size_t(c.batch * c.seqlen_q * c.heads * c.head_dim_v), 0.f);
+  r.lse.assign(size_t(c.batch * c.heads * c.seqlen_q), -std::numeric_limits<float>::infinity());
+  const bool tf32 = c.precision == Precision::tf32;
+  auto in = [&](float x) { return tf32 ? round_to_tf32(x) : x; };
+  std::vector<float> scores, acc(size_t(c.head_dim_v));
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.heads; ++h)
+      for (int64_t i = 0; i < c.seqlen_q; ++i) {
+        const Range keys = s.mask.keys(i);
+        if (keys.empty()) continue;
+        const int64_t kvh = h / s.group;
+        scores.assign(size_t(keys.size()), 0.f);
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t j = keys.begin; j < keys.end; ++j) {
+          float dot = 0.f;
+          for (int64_t d = 0; d < c.head_dim; ++d)
+            dot = std::fma(in(at(hp.q, c.dtype, L.q, b, i, h, d)), in(at(hp.k, c.dtype, L.k, b, j, kvh, d)), dot);
+          scores[size_t(j - keys.begin)] = dot * s.scale;
+          m = std::max(m, dot * s.scale);
+        }
+        float l = 0.f;
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t j = keys.begin; j < keys.end; ++j) {
+          const float p = std::exp(scores[size_t(j - keys.begin)] - m);
+          l += p;
+          const float pr = round_matmul(c, p);
+          for (int64_t d = 0; d < c.head_dim_v; ++d) acc[size_t(d)] = std::fma(pr, in(at(hp.v, c.dtype, L.v, b, j, kvh, d)), acc[size_t(d)]);
+        }
+        for (int64_t d = 0; d < c.head_dim_v; ++d)
+          r.o[size_t(((b * c.seqlen_q + i) * c.heads + h) * c.head_dim_v + d)] = round_to(c.dtype, acc[size_t(d)] / l);
+        r.lse[size_t((b * c.heads + h) * c.seqlen_q + i)] = m + std::log(l);
+      }
+  return r;
+}
+
+struct NaiveBackward {
+  std::vector<float> dq, dk, dv;  // contiguous [B, S, H, D], rounded to dtype
+};
+
+NaiveBackward naive_backward(const HostProblem& hp) {
+  const Case& c = hp.c;
+  const Layouts L = layouts(c);
+  const Problem s = Problem::of(hp.params());
+  const bool tf32 = c.precision == Precision::tf32;
+  auto in = [&](float x) { return tf32 ? round_to_tf32(x) : x; };
+  std::vector<float> dq(size_t(c.batch * c.seqlen_q * c.heads * c.head_dim), 0.f);
+  std::vector<float> dk(size_t(c.batch * c.seqlen_k * c.kv_heads * c.head_dim), 0.f);
+  std::vector<float> dv(size_t(c.batch * c.seqlen_k * c.kv_heads * c.head_dim_v), 0.f);
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.heads; ++h)
+      for (int64_t i = 0; i < c.seqlen_q; ++i) {
+        const Range keys = s.mask.keys(i);
+        const int64_t kvh = h / s.group;
+        float delta = 0.f;
+        for (int64_t d = 0; d < c.head_dim_v; ++d)
+          delta += at(hp.o, c.dtype, L.o, b, i, h, d) * at(hp.dout, c.dtype, L.o, b, i, h, d);
+        const float lse = reinterpret_cast<const float*>(hp.lse.data())[(b * c.heads + h) * c.seqlen_q + i];
+        for (int64_t j = keys.begin; j < keys.end; ++j) {
+          float dot = 0.f, dp = 0.f;
+          for (int64_t d = 0; d < c.head_dim; ++d)
+            dot = std::fma(in(at(hp.q, c.dtype, L.q, b, i, h, d)), in(at(hp.k, c.dtype, L.k, b, j, kvh, d)), dot);
+          for (int64_t d = 0; d < c.head_dim_v; ++d)
+            dp = std::fma(in(at(hp.dout, c.dtype, L.o, b, i, h, d)), in(at(hp.v, c.dtype, L.v, b, j, kvh, d)), dp);
+          const float p = std::exp(dot * s.scale - lse);
+          const float ds = round_matmul(c, p * (dp - delta));
+          const float pr = round_matmul(c, p);
+          for (int64_t d = 0; d < c.head_dim_v; ++d)
+            dv[size_t(((b * c.seqlen_k + j) * c.kv_heads + kvh) * c.head_dim_v + d)] +=
+                pr * in(at(hp.dout, c.dtype, L.o, b, i, h, d));
+          for (int64_t d = 0; d < c.head_dim; ++d) {
+            dk[size_t(((b * c.seqlen_k + j) * c.kv_heads + kvh) * c.head_dim + d)] +=
+                ds * in(at(hp.q, c.dtype, L.q, b, i, h, d)) * s.scale;
+            dq[size_t(((b * c.seqlen_q + i) * c.heads + h) * c.head_dim + d)] +=
+                ds * in(at(hp.k, c.dtype, L.k, b, j, kvh, d)) * s.scale;
+          }
+        }
+      }
+  for (std::vector<float>* x : {&dq, &dk, &dv})
+    for (float& e : *x) e = round_to(c.dtype, e);
+  return {dq, dk, dv};
+}
+
+// Compares a downloaded GPU tensor (layout l) against the oracle and the naive result, both
+// contiguous [B, S, H, D]. `exact_zero(b, s)` says which rows must be exactly 0.
+template <class ExactZero>
+Errors compare4(const std::vector<uint8_t>& gpu, DType dtype, const Layout& l, const std::vector<double>& ref,
+                const std::vector<float>& naive, ExactZero exact_zero, const char* name) {
+  Errors e;
+  for (int64_t b = 0; b < l.shape[0]; ++b)
+    for (int64_t s = 0; s < l.shape[1]; ++s)
+      for (int64_t h = 0; h < l.shape[2]; ++h)
+        for (int64_t d = 0; d < l.shape[3]; ++d) {
+          const size_t idx = size_t(((b * l.shape[1] + s) * l.shape[2] + h) * l.shape[3] + d);
+          const double x = at(gpu, dtype, l, b, s, h, d);
+          const double r = ref[idx];
+          std::ostringstream where;
+          where << name << "[" << b << "," << s << "," << h << "," << d << "] = " << x << " (fp64 " << r << ")";
+          if (std::isnan(x)) {
+            if (e.nan++ == 0 && e.first_bad.empty()) e.first_bad = "NaN or unwritten at " + where.str();
+            continue;
+          }
+          if (exact_zero(b, s, h) && x != 0.0) {
+            if (e.not_exact++ == 0 && e.first_bad.empty()) e.first_bad = "expected exactly 0 at " + where.str();
+          }
+          const double err = std::abs(x - r);
+          if (err > e.kernel) {
+            e.kernel = err;
+            if (e.first_bad.empty() || e.first_bad.rfind("worst", 0) == 0) e.first_bad = "worst " + where.str();
+          }
+          e.naive = std::max(e.naive, std::abs(double(naive[idx]) - r));
+          e.ref_max = std::max(e.ref_max, std::abs(r));
+        }
+  return e;
+}
+
+std::string verdict(const Errors& e, DType dtype, const char* name) {
+  std::ostringstream out;
+  const double bound = 2 * e.naive + 2 * unit_roundoff(dtype) * e.ref_max + kAbsoluteSlack;
+  if (e.nan > 0 || e.not_exact > 0 || !(e.kernel <= bound)) {
+    out << name << ": error " << e.kernel << " vs bound " << bound << " (naive " << e.naive << ", max|ref| " << e.ref_max
+        << "), " << e.nan << " NaN/unwritten, " << e.not_exact << " not exactly zero; " << e.first_bad << "\n";
+  }
+  return out.str();
+}
+
+Device current_cuda_device() {
+  int ordinal = 0;
+  cuda_ok(cudaGetDevice(&ordinal), "cudaGetDevice");
+  return Device{DeviceType::cuda, ordinal};
+}
+
+// Device copies of a problem and the views a GPU call needs.
+struct DeviceProblem {
+  DeviceBuffer q, k, v, o, lse, dout, dq, dk, dv, workspace;
+  Params params;
+};
+
+DeviceProblem upload(const HostProblem& hp, bool backward) {
+  const Case& c = hp.c;
+  const Layouts L = layouts(c);
+  const Device dev = current_cuda_device();
+  DeviceProblem d;
+  d.q = DeviceBuffer(hp.q.size());
+  d.q.upload(hp.q);
+  d.k = DeviceBuffer(hp.k.size());
+  d.k.upload(hp.k);
+  d.v = DeviceBuffer(hp.v.size());
+  d.v.upload(hp.v);
+  d.o = DeviceBuffer(hp.o.size());
+  d.lse = DeviceBuffer(hp.lse.size());
+  Params& p = d.params;
+  p.q = view(d.q.ptr, c.dtype, L.q, dev);
+  p.k = view(d.k.ptr, c.dtype, L.k, dev);
+  p.v = view(d.v.ptr, c.dtype, L.v, dev);
+  p.o = view(d.o.ptr, c.dtype, L.o, dev);
+  if (c.with_lse || backward) p.lse = make_tensor(d.lse.ptr, DType::fp32, {c.batch, c.heads, c.seqlen_q}, dev);
+  p.causal = c.causal;
+  p.window_left = c.window_left;
+  p.window_right = c.window_right;
+  p.q_offset = c.q_offset;
+  p.precision = c.precision;
+  p.deterministic = c.deterministic;
+  p.backend = c.backend;
+  if (backward) {
+    d.o.upload(hp.o);
+    d.lse.upload(hp.lse);
+    d.dout = DeviceBuffer(hp.dout.size());
+    d.dout.upload(hp.dout);
+    d.dq = DeviceBuffer(hp.q.size());
+    d.dk = DeviceBuffer(hp.k.size());
+    d.dv = DeviceBuffer(hp.v.size());
+    p.dout = view(d.dout.ptr, c.dtype, L.o, dev);
+    p.dq = view(d.dq.ptr, c.dtype, L.q, dev);
+    p.dk = view(d.dk.ptr, c.dtype, L.k, dev);
+    p.dv = view(d.dv.ptr, c.dtype, L.v, dev);
+    size_t bytes = 0;
+    throw_if_error(workspace_size(p, Direction::backward, &bytes));
+    d.workspace = DeviceBuffer(bytes);
+    p.workspace = d.workspace.ptr;
+    p.workspace_bytes = bytes;
+  }
+  return d;
+}
+
+std::string run_and_sync(const Params& p, Direction dir) {
+  const Status s = dir == Direction::forward ? forward(p) : backward(p);
+  if (!s.ok()) return std::string("call failed: ") + to_string(s.code) + ": " + s.message + "\n";
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) return std::string("kernel failed: ") + cudaGetErrorString(err) + "\n";
+  return "";
+}
+
+}  // namespace
+
+bool have_cuda_device() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    if (const char* env = std::getenv("FMHA_TEST_SEED")) return uint64_t(std::strtoull(env, nullptr, 10));
+    return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  }();
+  return seed;
+}
+
+DeviceBuffer::DeviceBuffer(size_t n) : bytes(n) {
+  if (n > 0) cuda_ok(cudaMalloc(&ptr, n), "cudaMalloc");
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  std::swap(ptr, o.ptr);
+  std::swap(bytes, o.bytes);
+  return *this;
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr) cudaFree(ptr);
+}
+void DeviceBuffer::upload(const std::vector<uint8_t>& host) {
+  if (bytes) cuda_ok(cudaMemcpy(ptr, host.data(), std::min(bytes, host.size()), cudaMemcpyHostToDevice), "upload");
+}
+std::vector<uint8_t> DeviceBuffer::download() const {
+  std::vector<uint8_t> out(bytes);
+  if (bytes) cuda_ok(cudaMemcpy(out.data(), ptr, bytes, cudaMemcpyDeviceToHost), "download");
+  return out;
+}
+void DeviceBuffer::poison() {
+  if (bytes) cuda_ok(cudaMemset(ptr, 0xFF, bytes), "poison");
+}
+
+std::string Case::name() const {
+  std::ostringstream out;
+  out << to_string(backend) << "_" << (precision == Precision::tf32 ? "tf32" : to_string(dtype)) << "_b" << batch
+      << "_q" << seqlen_q << "_k" << seqlen_k << "_h" << heads << "x" << kv_heads << "_d" << head_dim;
+  if (head_dim_v != head_dim) out << "v" << head_dim_v;
+  if (causal == Causal::top_left) out << "_causalTL";
+  if (causal == Causal::bottom_right) out << "_causalBR";
+  if (window_left >= 0 || window_right >= 0) out << "_win" << (window_left < 0 ? "inf" : std::to_string(window_left)) << "_"
+        << (window_right < 0 ? "inf" : std::to_string(window_right));
+  if (q_offset != 0) out << "_off" << (q_offset < 0 ? "m" : "") << std::abs(q_offset);
+  if (!with_lse) out << "_nolse";
+  if (deterministic) out << "_det";
+  if (bhsd_layout) out << "_bhsd";
+  return out.str();
+}
+
+Params HostProblem::params() const {
+  const Layouts L = layouts(c);
+  Params p;
+  p.q = view(const_cast<uint8_t*>(q.data()), c.dtype, L.q, {});
+  p.k = view(const_cast<uint8_t*>(k.data()), c.dtype, L.k, {});
+  p.v = view(const_cast<uint8_t*>(v.data()), c.dtype, L.v, {});
+  p.o = view(const_cast<uint8_t*>(o.data()), c.dtype, L.o, {});
+  p.lse = make_tensor(const_cast<uint8_t*>(lse.data()), DType::fp32, {c.batch, c.heads, c.seqlen_q});
+  p.dout = view(const_cast<uint8_t*>(dout.data()), c.dtype, L.o, {});
+  p.causal = c.causal;
+  p.window_left = c.window_left;
+  p.window_right = c.window_right;
+  p.q_offset = c.q_offset;
+  p.precision = c.precision;
+  return p;
+}
+
+HostProblem make_problem(const Case& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const Layouts L = layouts(c);
+  HostProblem hp;
+  hp.c = c;
+  hp.q = random_tensor(L.q, c.dtype, rng);
+  hp.k = random_tensor(L.k, c.dtype, rng);
+  hp.v = random_tensor(L.v, c.dtype, rng);
+  hp.dout = random_tensor(L.o, c.dtype, rng);
+  hp.o.assign(bytes_of(L.o, c.dtype), 0);
+  hp.lse.assign(size_t(c.batch * c.heads * c.seqlen_q) * sizeof(float), 0);
+  // O and LSE as a forward would have stored them: the oracle's, rounded to the storage formats.
+  const reference::ForwardResult ref = reference::forward(hp.params());
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t s = 0; s < c.seqlen_q; ++s)
+      for (int64_t h = 0; h < c.heads; ++h)
+        for (int64_t d = 0; d < c.head_dim_v; ++d)
+          store_element(hp.o.data(), c.dtype, b * L.o.stride[0] + s * L.o.stride[1] + h * L.o.stride[2] + d,
+                        float(ref.o[size_t(((b * c.seqlen_q + s) * c.heads + h) * c.head_dim_v + d)]));
+  for (size_t i = 0; i < ref.lse.size(); ++i) reinterpret_cast<float*>(hp.lse.data())[i] = float(ref.lse[i]);
+  return hp;
+}
+
+std::string check_forward(const Case& c, uint64_t seed) {
+  const HostProblem hp = make_problem(c, seed);
+  const Layouts L = layouts(c);
+  DeviceProblem d = upload(hp, false);
+  d.o.poison();
+  d.lse.poison();
+  if (std::string err = run_and_sync(d.params, Direction::forward); !err.empty()) return err;
+
+  const reference::ForwardResult ref = reference::forward(hp.params());
+  const NaiveForward naive = naive_forward(hp);
+  const Problem s = Problem::of(hp.params());
+  auto masked_row = [&](int64_t, int64_t row, int64_t) { return s.mask.keys(row).empty(); };
+  std::string msg = verdict(compare4(d.o.download(), c.dtype, L.o, ref.o, naive.o, masked_row, "o"), c.dtype, "o");
+  if (c.with_lse) {
+    const std::vector<uint8_t> lse = d.lse.download();
+    const float* g = reinterpret_cast<const float*>(lse.data());
+    Errors e;
+    for (size_t i = 0; i < ref.lse.size(); ++i) {
+      if (std::isinf(ref.lse[i])) {
+        if (!(std::isinf(g[i]) && g[i] < 0) && e.not_exact++ == 0)
+          e.first_bad = "lse[" + std::to_string(i) + "] = " + std::to_string(g[i]) + ", expected -inf";
+        continue;
+      }
+      if (std::isnan(g[i])) {
+        if (e.nan++ == 0) e.first_bad = "lse[" + std::to_string(i) + "] is NaN or unwritten";
+        continue;
+      }
+      e.kernel = std::max(e.kernel, std::abs(double(g[i]) - ref.lse[i]));
+      e.naive = std::max(e.naive, std::abs(double(naive.lse[i]) - ref.lse[i]));
+      e.ref_max = std::max(e.ref_max, std::abs(ref.lse[i]));
+    }
+    msg += verdict(e, DType::fp32, "lse");
+  }
+  return msg;
+}
+
+std::string check_backward(const Case& c, uint64_t seed) {
+  const HostProblem hp = make_problem(c, seed);
+  const Layouts L = layouts(c);
+  DeviceProblem d = upload(hp, true);
+  d.dq.poison();
+  d.dk.poison();
+  d.dv.poison();
+  d.workspace.poison();
+  if (std::string err = run_and_sync(d.params, Direction::backward); !err.empty()) return err;
+
+  const reference::BackwardResult ref = reference::backward(hp.params());
+  const NaiveBackward naive = naive_backward(hp);
+  const Problem s = Problem::of(hp.params());
+  auto masked_row = [&](int64_t, int64_t row, int64_t) { return s.mask.keys(row).empty(); };
+  auto unseen_key = [&](int64_t, int64_t key, int64_t) { return s.mask.queries(key).empty(); };
+  std::string msg;
+  msg += verdict(compare4(d.dq.download(), c.dtype, L.q, ref.dq, naive.dq, masked_row, "dq"), c.dtype, "dq");
+  msg += verdict(compare4(d.dk.download(), c.dtype, L.k, ref.dk, naive.dk, unseen_key, "dk"), c.dtype, "dk");
+  msg += verdict(compare4(d.dv.download(), c.dtype, L.v, ref.dv, naive.dv, unseen_key, "dv"), c.dtype, "dv");
+  return msg;
+}
+
+std::string check_deterministic(const Case& c, uint64_t seed) {
+  Case det = c;
+  det.deterministic = true;
+  const HostProblem hp = make_problem(det, seed);
+  DeviceProblem d = upload(hp, true);
+  std::vector<uint8_t> first[3];
+  for (int run = 0; run < 2; ++run) {
+    d.dq.poison();
+    d.dk.poison();
+    d.dv.poison();
+    if (std::string err = run_and_sync(d.params, Direction::backward); !err.empty()) return err;
+    const std::vector<uint8_t> now[3] = {d.dq.download(), d.dk.download(), d.dv.download()};
+    if (run == 0) {
+      for (int i = 0; i < 3; ++i) first[i] = now[i];
+    } else {
+      const char* names[3] = {"dq", "dk", "dv"};
+      for (int i = 0; i < 3; ++i)
+        if (now[i] != first[i]) return std::string(names[i]) + " differs bitwise between two deterministic runs\n";
+    }
+  }
+  return "";
+}
+
+}  // namespace fmha::test

@@ -1,0 +1,79 @@
+// Shared pieces of the GPU kernel tests: device buffers, random inputs, the naive
+// same-precision attention, and the accuracy rule every kernel test applies.
+//
+// THE RULE (after FlashAttention-3's tests). For each output tensor X of a call,
+//     max|X_kernel - X_fp64|  <=  2 · max|X_naive - X_fp64|  +  2 · u(dtype) · max|X_fp64|  +  1e-6
+// where X_fp64 is the oracle (src/cpu/reference), X_naive is a plain CPU computation in the
+// tier's precision (fp32 arithmetic, inputs as stored, P and dS rounded to the tier's matmul
+// format before their products, output rounded to the storage dtype), and u is the unit
+// roundoff of the storage dtype (2^-24 fp32, 2^-11 fp16, 2^-8 bf16): the kernel may be at most
+// twice as wrong as the naive method plus the rounding of storing the result. Rows that see no
+// key must be exact: O = 0, LSE = -inf, dQ = 0; keys no query sees get dK = dV = 0 exactly.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fmha/fmha.h"
+
+namespace fmha::test {
+
+bool have_cuda_device();
+// The seed of this process's random inputs (from the clock unless FMHA_TEST_SEED is set).
+uint64_t test_seed();
+
+// A device allocation that frees itself.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n);
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr; o.bytes = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  ~DeviceBuffer();
+  void upload(const std::vector<uint8_t>& host);
+  std::vector<uint8_t> download() const;
+  void poison();  // every byte 0xFF: NaN in fp32, fp16 and bf16
+};
+
+struct Case {
+  Backend backend = Backend::cuda_simt;
+  DType dtype = DType::fp32;
+  Precision precision = Precision::ieee;
+  int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads = 1, kv_heads = 1, head_dim = 64, head_dim_v = 64;
+  Causal causal = Causal::none;
+  int64_t window_left = -1, window_right = -1, q_offset = 0;
+  bool with_lse = true;
+  bool deterministic = false;
+  bool bhsd_layout = false;  // q/o/dout/dq stored [B, H, S, D] (a strided view)
+  std::string name() const;
+};
+
+// Host copies of one call's tensors (storage bytes) and views of them.
+struct HostProblem {
+  Case c;
+  std::vector<uint8_t> q, k, v, o, lse, dout;
+  Params params() const;  // CPU views (for the oracle)
+};
+
+HostProblem make_problem(const Case& c, uint64_t seed);
+
+struct Errors {
+  double kernel = 0, naive = 0, ref_max = 0;
+  int64_t nan = 0, not_exact = 0;  // NaN/unwritten elements; masked elements that are not exact
+  std::string first_bad;
+};
+
+// Runs the case's forward on the GPU and checks O and (if requested) LSE; returns a message
+// (empty on success).
+std::string check_forward(const Case& c, uint64_t seed);
+std::string check_backward(const Case& c, uint64_t seed);
+// Two deterministic backward runs; empty when dq, dk, dv are bitwise identical.
+std::string check_deterministic(const Case& c, uint64_t seed);
+
+}  // namespace fmha::test

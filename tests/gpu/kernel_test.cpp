@@ -1,0 +1,288 @@
+// Every GPU tier against the fp64 oracle on odd shapes and every option, forward and backward,
+// under the accuracy rule of gpu_test_util.h; plus the tiers' refusals and the bitwise
+// reproducibility of the deterministic backward. Tests whose name contains "Small" are the
+// quick subset the sanitizer runs (scripts/gpu_check.sh).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+
+namespace fmha::test {
+namespace {
+
+std::vector<int> compiled_head_dims() {
+  std::vector<int> out;
+  std::stringstream in(FMHA_TEST_HEAD_DIMS);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(std::stoi(item));
+  return out;
+}
+
+int device_arch() {
+  int ordinal = 0, major = 0, minor = 0;
+  cudaGetDevice(&ordinal);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal);
+  return major * 10 + minor;
+}
+
+bool tier_available(Backend b) {
+  const auto compiled = compiled_backends();
+  if (std::find(compiled.begin(), compiled.end(), b) == compiled.end()) return false;
+  return b != Backend::cuda_sm80 || device_arch() >= 80;
+}
+
+// The (backend, dtype, precision) combinations of each tier.
+struct Flavor {
+  Backend backend;
+  DType dtype;
+  Precision precision;
+};
+const Flavor kFlavors[] = {{Backend::cuda_simt, DType::fp32, Precision::ieee},
+                           {Backend::cuda_sm80, DType::fp16, Precision::ieee},
+                           {Backend::cuda_sm80, DType::bf16, Precision::ieee},
+                           {Backend::cuda_sm80, DType::fp32, Precision::tf32}};
+
+Case base(const Flavor& f, int head_dim) {
+  Case c;
+  c.backend = f.backend;
+  c.dtype = f.dtype;
+  c.precision = f.precision;
+  c.head_dim = c.head_dim_v = head_dim;
+  return c;
+}
+
+// The sweep. "small" cases are short enough for the sanitizer.
+struct Named {
+  Case c;
+  bool small;
+};
+
+std::vector<Named> all_cases() {
+  std::vector<Named> out;
+  const std::vector<int> dims = compiled_head_dims();
+  const int main_dim = std::find(dims.begin(), dims.end(), 64) != dims.end() ? 64 : dims.front();
+  for (const Flavor& f : kFlavors) {
+    // Every compiled head dim on a ragged GQA shape, causal and not.
+    for (int hd : dims) {
+      Case c = base(f, hd);
+      c.batch = 2, c.seqlen_q = 65, c.seqlen_k = 63, c.heads = 4, c.kv_heads = 2;
+      out.push_back({c, true});
+      c.causal = Causal::bottom_right;
+      c.deterministic = true;
+      out.push_back({c, false});
+    }
+    // Sequence lengths, Sq != Sk, both causal alignments.
+    const int64_t lens[][2] = {{1, 1}, {1, 1013}, {15, 63}, {63, 15}, {64, 64}, {65, 1013}, {1013, 65}, {1013, 1013}};
+    for (const auto& len : lens)
+      for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
+        Case c = base(f, main_dim);
+        c.seqlen_q = len[0], c.seqlen_k = len[1], c.heads = 2, c.kv_heads = 1;
+        c.causal = causal;
+        const bool small = len[0] * len[1] <= 64 * 64;
+        out.push_back({c, small});
+      }
+    // Sliding windows, q_offset (negative too: leading rows see nothing), GQA/MQA, Dv != D,
+    // no LSE, the [B, H, S, D] layout, deterministic backward.
+    {
+      Case c = base(f, main_dim);
+      c.seqlen_q = 130, c.seqlen_k = 200, c.heads = 8, c.kv_heads = 8;
+      c.window_left = 17, c.window_right = 5;
+      out.push_back({c, true});
+      c.kv_heads = 1, c.causal = Causal::top_left, c.window_right = 0, c.q_offset = -40;
+      out.push_back({c, true});
+      c.kv_heads = 2, c.q_offset = 70, c.window_left = 0, c.deterministic = true;
+      out.push_back({c, true});
+      c = base(f, main_dim);
+      c.seqlen_q = 100, c.seqlen_k = 33, c.heads = 8, c.kv_heads = 1, c.causal = Causal::bottom_right;
+      c.with_lse = false, c.bhsd_layout = true;
+      out.push_back({c, true});
+      c.causal = Causal::top_left, c.q_offset = -50, c.heads = 2, c.kv_heads = 2, c.window_left = 3;
+      out.push_back({c, true});
+    }
+    for (int hd : dims) {
+      if (hd < 64) continue;
+      Case c = base(f, hd);
+      c.head_dim_v = hd / 2;
+      c.seqlen_q = 77, c.seqlen_k = 90, c.heads = 2, c.kv_heads = 1;
+      out.push_back({c, true});
+      c.head_dim = hd / 2, c.head_dim_v = hd, c.causal = Causal::top_left;
+      out.push_back({c, true});
+    }
+  }
+  return out;
+}
+
+class Kernel : public ::testing::TestWithParam<Named> {
+ protected:
+  void SetUp() override {
+    if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+    if (!tier_available(GetParam().c.backend)) GTEST_SKIP() << "tier not compiled or not runnable on this GPU";
+  }
+};
+
+TEST_P(Kernel, Forward) {
+  const uint64_t seed = test_seed();
+  const std::string msg = check_forward(GetParam().c, seed);
+  EXPECT_TRUE(msg.empty()) << GetParam().c.name() << " (seed " << seed << ", FMHA_TEST_SEED to repeat)\n" << msg;
+}
+
+TEST_P(Kernel, Backward) {
+  const uint64_t seed = test_seed() + 1;
+  const std::string msg = check_backward(GetParam().c, seed);
+  EXPECT_TRUE(msg.empty()) << GetParam().c.name() << " (seed " << seed << ", FMHA_TEST_SEED to repeat)\n" << msg;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Named>& info) {
+  return std::string(info.param.small ? "Small_" : "Large_") + info.param.c.name() + "_" + std::to_string(info.index);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, Kernel, ::testing::ValuesIn(all_cases()), case_name);
+
+// ---- Deterministic backward: bitwise identical across runs --------------------------------------
+
+class Deterministic : public ::testing::TestWithParam<Flavor> {};
+
+TEST_P(Deterministic, SmallBitwiseIdentical) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  if (!tier_available(GetParam().backend)) GTEST_SKIP() << "tier not available";
+  Case c = base(GetParam(), compiled_head_dims().front());
+  c.batch = 2, c.seqlen_q = 150, c.seqlen_k = 129, c.heads = 4, c.kv_heads = 1, c.causal = Causal::bottom_right;
+  const std::string msg = check_deterministic(c, test_seed());
+  EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, Deterministic, ::testing::ValuesIn(kFlavors),
+                         [](const ::testing::TestParamInfo<Flavor>& info) {
+                           return std::string(to_string(info.param.backend)) + "_" +
+                                  (info.param.precision == Precision::tf32 ? "tf32" : to_string(info.param.dtype));
+                         });
+
+// ---- Empty problems: nothing to compute, but backward with Sq = 0 still zeroes dK/dV -------------
+
+TEST(Edge, SmallEmptySequences) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  for (const Flavor& f : kFlavors) {
+    if (!tier_available(f.backend)) continue;
+    for (int which = 0; which < 3; ++which) {
+      Case c = base(f, compiled_head_dims().front());
+      c.batch = which == 2 ? 0 : 2;
+      c.seqlen_q = which == 0 ? 0 : 17;
+      c.seqlen_k = which == 1 ? 0 : 17;
+      c.heads = 2, c.kv_heads = 1;
+      const std::string fwd = check_forward(c, test_seed());
+      EXPECT_TRUE(fwd.empty()) << c.name() << "\n" << fwd;
+      const std::string bwd = check_backward(c, test_seed());
+      EXPECT_TRUE(bwd.empty()) << c.name() << "\n" << bwd;
+    }
+  }
+}
+
+// ---- Refusals: tier-specific limits come back as Status, naming the argument --------------------
+
+struct Refusal {
+  Params params;
+  DeviceBuffer buffer;
+};
+
+// A tiny valid call on the current device; tests then break one thing.
+Refusal tiny_call(Backend backend, DType dtype, int64_t head_dim) {
+  Refusal r;
+  int ordinal = 0;
+  cudaGetDevice(&ordinal);
+  const Device dev{DeviceType::cuda, ordinal};
+  const int64_t n = 2 * 8 * 2 * head_dim;
+  r.buffer = DeviceBuffer(size_t(n) * 4 * 8 + 1024);
+  char* base = static_cast<char*>(r.buffer.ptr);
+  const size_t stride = size_t(n) * 4;
+  Params& p = r.params;
+  p.q = make_tensor(base, dtype, {2, 8, 2, head_dim}, dev);
+  p.k = make_tensor(base + stride, dtype, {2, 8, 2, head_dim}, dev);
+  p.v = make_tensor(base + 2 * stride, dtype, {2, 8, 2, head_dim}, dev);
+  p.o = make_tensor(base + 3 * stride, dtype, {2, 8, 2, head_dim}, dev);
+  p.backend = backend;
+  return r;
+}
+
+bool mentions(const Status& s, const std::string& word) { return s.message.find(word) != std::string::npos; }
+
+TEST(Refuse, SmallTierLimits) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  const int hd = compiled_head_dims().front();
+  {
+    Refusal r = tiny_call(Backend::cuda_simt, DType::fp16, hd);
+    const Status s = supports(r.params, Direction::forward);
+    EXPECT_EQ(s.code, Code::unsupported) << s.message;
+    EXPECT_TRUE(mentions(s, "q:")) << s.message;
+  }
+  {
+    Refusal r = tiny_call(Backend::cuda_simt, DType::fp32, 300);
+    const Status s = supports(r.params, Direction::forward);
+    EXPECT_EQ(s.code, Code::unsupported) << s.message;
+    EXPECT_TRUE(mentions(s, "head_dim")) << s.message;
+  }
+  // A head dim whose bucket is pruned from this build.
+  for (int bucket : {32, 64, 96, 128, 192, 256}) {
+    const auto dims = compiled_head_dims();
+    if (std::find(dims.begin(), dims.end(), bucket) != dims.end()) continue;
+    Refusal r = tiny_call(Backend::cuda_simt, DType::fp32, bucket);
+    const Status s = supports(r.params, Direction::forward);
+    EXPECT_EQ(s.code, Code::unsupported) << s.message;
+    EXPECT_TRUE(mentions(s, "not compiled into this build (FMHA_HEAD_DIMS")) << s.message;
+    break;
+  }
+  // Backward without workspace.
+  {
+    Refusal r = tiny_call(Backend::cuda_simt, DType::fp32, hd);
+    DeviceBuffer more(size_t(2 * 8 * 2 * hd) * 4 * 4 + 4096);
+    char* base = static_cast<char*>(more.ptr);
+    const size_t stride = size_t(2 * 8 * 2 * hd) * 4;
+    Params& p = r.params;
+    p.dout = make_tensor(base, DType::fp32, {2, 8, 2, hd}, p.q.device);
+    p.dq = make_tensor(base + stride, DType::fp32, {2, 8, 2, hd}, p.q.device);
+    p.dk = make_tensor(base + 2 * stride, DType::fp32, {2, 8, 2, hd}, p.q.device);
+    p.dv = make_tensor(base + 3 * stride, DType::fp32, {2, 8, 2, hd}, p.q.device);
+    p.lse = make_tensor(base + 4 * stride, DType::fp32, {2, 2, 8}, p.q.device);
+    const Status s = backward(p);
+    EXPECT_EQ(s.code, Code::invalid_argument) << s.message;
+    EXPECT_TRUE(mentions(s, "workspace")) << s.message;
+  }
+  if (tier_available(Backend::cuda_sm80)) {
+    {
+      Refusal r = tiny_call(Backend::cuda_sm80, DType::fp32, hd);  // fp32 with ieee: simt's job
+      const Status s = supports(r.params, Direction::forward);
+      EXPECT_EQ(s.code, Code::unsupported) << s.message;
+      EXPECT_TRUE(mentions(s, "precision")) << s.message;
+    }
+    {
+      Refusal r = tiny_call(Backend::cuda_sm80, DType::bf16, hd);
+      r.params.q.data = static_cast<char*>(r.params.q.data) + 2;  // 2-byte aligned only
+      const Status s = supports(r.params, Direction::forward);
+      EXPECT_EQ(s.code, Code::unsupported) << s.message;
+      EXPECT_TRUE(mentions(s, "q:")) << s.message;
+    }
+    {
+      Refusal r = tiny_call(Backend::cuda_sm80, DType::fp16, hd);
+      r.params.k.stride[1] = 2 * hd + 1;  // row stride not a multiple of the 16-byte vector
+      r.params.k.stride[0] = 8 * (2 * hd + 1);
+      const Status s = supports(r.params, Direction::forward);
+      EXPECT_EQ(s.code, Code::unsupported) << s.message;
+      EXPECT_TRUE(mentions(s, "k:")) << s.message;
+    }
+    {
+      Refusal r = tiny_call(Backend::auto_select, DType::fp32, hd);
+      Backend chosen{};
+      ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
+      EXPECT_EQ(chosen, Backend::cuda_simt);
+      r.params.precision = Precision::tf32;
+      ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
+      EXPECT_EQ(chosen, Backend::cuda_sm80);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fmha::test

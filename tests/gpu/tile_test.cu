@@ -1,0 +1,251 @@
+// Tile-op tests: each op of src/cuda/tile (and the sm80 fragment loads built on it) run by a
+// tiny kernel and compared with a host computation, over a few tile sizes. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda/sm80/sm80_fragments.cuh"
+#include "cuda/tile/copy.cuh"
+#include "cuda/tile/reduce.cuh"
+#include "cuda/tile/simt.cuh"
+
+namespace fmha::cuda::test {
+namespace {
+
+bool have_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+int arch() {
+  int d = 0, major = 0, minor = 0;
+  cudaGetDevice(&d);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d);
+  return major * 10 + minor;
+}
+
+template <class T>
+T* to_device(const std::vector<T>& h) {
+  T* d = nullptr;
+  cudaMalloc(&d, h.size() * sizeof(T));
+  cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return d;
+}
+template <class T>
+std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> h(n);
+  cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return h;
+}
+
+std::vector<float> random(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> out(n);
+  for (auto& x : out) x = u(rng);
+  return out;
+}
+
+// ---- load_async with ragged bounds: [R, C] tile from a [rows_valid, cols_valid] corner ----------
+template <int R, int C>
+__global__ void load_kernel(const float* src, int64_t stride, int rows, int cols, float* out) {
+  __shared__ float buf[R * (C + 1)];
+  tile::SmemTile<float, R, C, 1> t{buf};
+  tile::block::load_async<1, 256>(t, src, stride, rows, cols);
+  tile::block::commit();
+  tile::block::wait<0>();
+  __syncthreads();
+  for (int e = threadIdx.x; e < R * C; e += 256) out[e] = t(e / C, e % C);
+}
+
+template <int R, int C>
+void check_load(int rows, int cols) {
+  const int64_t stride = C + 7;
+  const auto host = random(size_t(R * stride), 1);
+  float* src = to_device(host);
+  float* out = nullptr;
+  cudaMalloc(&out, R * C * sizeof(float));
+  load_kernel<R, C><<<1, 256>>>(src, stride, rows, cols, out);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = to_host(out, R * C);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      ASSERT_EQ(got[r * C + c], r < rows && c < cols ? host[r * stride + c] : 0.f) << r << "," << c;
+  cudaFree(src);
+  cudaFree(out);
+}
+
+TEST(TileOps, LoadRagged) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  check_load<16, 32>(16, 32);
+  check_load<16, 32>(5, 17);
+  check_load<64, 64>(63, 1);
+  check_load<32, 128>(0, 0);
+}
+
+// ---- SIMT mma_nt, row max / row sum, exp2 on the Grid16 layout -----------------------------------
+template <int M, int N, int K>
+__global__ void simt_kernel(const float* a, const float* b, float* c, float* row_max, float* row_sum, float* ex) {
+  __shared__ float sa[M * K], sb[N * K];
+  for (int e = threadIdx.x; e < M * K; e += 256) sa[e] = a[e];
+  for (int e = threadIdx.x; e < N * K; e += 256) sb[e] = b[e];
+  __syncthreads();
+  const tile::Grid16 g = tile::Grid16::of_thread();
+  tile::RegTile<float, M / 16, N / 16> acc;  // [M, N] Grid16
+  acc.fill(0.f);
+  tile::thread::mma_nt<K>(acc, tile::SmemTile<float, M, K>{sa}, tile::SmemTile<float, N, K>{sb}, g);
+  float mx[M / 16], sm[M / 16];
+  tile::warp::row_max<16>(mx, acc);
+  tile::warp::row_sum<16>(sm, acc);
+  for (int i = 0; i < M / 16; ++i) {
+    for (int j = 0; j < N / 16; ++j) {
+      c[g.row(i) * N + g.col(j)] = acc(i, j);
+      ex[g.row(i) * N + g.col(j)] = tile::exp2_exact(acc(i, j));
+    }
+    if (g.tx == 0) row_max[g.row(i)] = mx[i], row_sum[g.row(i)] = sm[i];
+  }
+}
+
+template <int M, int N, int K>
+void check_simt() {
+  const auto a = random(M * K, 2), b = random(N * K, 3);
+  float *da = to_device(a), *db = to_device(b), *dc, *dmax, *dsum, *dex;
+  cudaMalloc(&dc, M * N * 4);
+  cudaMalloc(&dex, M * N * 4);
+  cudaMalloc(&dmax, M * 4);
+  cudaMalloc(&dsum, M * 4);
+  simt_kernel<M, N, K><<<1, 256>>>(da, db, dc, dmax, dsum, dex);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto c = to_host(dc, M * N), mx = to_host(dmax, M), sm = to_host(dsum, M), ex = to_host(dex, M * N);
+  for (int i = 0; i < M; ++i) {
+    double row_max = -1e30, row_sum = 0;
+    for (int j = 0; j < N; ++j) {
+      double dot = 0;
+      for (int k = 0; k < K; ++k) dot += double(a[i * K + k]) * b[j * K + k];
+      ASSERT_NEAR(c[i * N + j], dot, 1e-5 * K) << i << "," << j;
+      ASSERT_NEAR(ex[i * N + j], std::exp2(double(c[i * N + j])), 1e-6 * std::exp2(std::abs(dot)) * 4);
+      row_max = std::max(row_max, double(c[i * N + j]));
+      row_sum += c[i * N + j];
+    }
+    ASSERT_EQ(mx[i], float(row_max)) << i;
+    ASSERT_NEAR(sm[i], row_sum, 1e-5 * N * K) << i;
+  }
+  for (float* p : {da, db, dc, dmax, dsum, dex}) cudaFree(p);
+}
+
+TEST(TileOps, SimtMmaReduceExp2) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  check_simt<16, 16, 8>();
+  check_simt<32, 64, 64>();
+  check_simt<64, 32, 96>();
+}
+
+// ---- mma.sync through the sm80 fragment loads: C[16, N] = A[16, K]·B[N, K]^T, then D = P·V ------
+// with P = C from registers (a_from_acc) and V = B read as [K=N keys][K dims] via load_b_kn.
+template <class T, int N, int K>
+__global__ void mma_kernel(const T* a, const T* b, float* c, float* d) {
+#if __CUDA_ARCH__ >= 800
+  constexpr int kPad = 16 / int(sizeof(T));
+  __shared__ __align__(16) T sa[16 * (K + kPad)];
+  __shared__ __align__(16) T sb[N * (K + kPad)];
+  tile::SmemTile<T, 16, K, kPad> ta{sa};
+  tile::SmemTile<T, N, K, kPad> tb{sb};
+  for (int e = threadIdx.x; e < 16 * K; e += 32) ta(e / K, e % K) = a[e];
+  for (int e = threadIdx.x; e < N * K; e += 32) tb(e / K, e % K) = b[e];
+  __syncwarp();
+  constexpr int kK = tile::warp::MmaOp<T>::kK;
+  sm80::Acc16<N> acc;  // [16, N]
+  acc.fill(0.f);
+  for (int k0 = 0; k0 < K; k0 += kK) {
+    uint32_t fa[4];
+    sm80::load_a<T>(fa, ta, 0, k0);
+    for (int n0 = 0; n0 < N; n0 += 16) {
+      uint32_t fb[2][2];
+      sm80::load_b_nk<T>(fb, tb, n0, k0);
+      tile::warp::mma<T>(acc.c[n0 / 8], fa, fb[0]);
+      tile::warp::mma<T>(acc.c[n0 / 8 + 1], fa, fb[1]);
+    }
+  }
+  const int g = threadIdx.x / 4, t = threadIdx.x % 4;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < acc.kCols; ++j) c[(g + 8 * i) * N + sm80::Acc16<N>::col(j, t)] = acc(i, j);
+  // D[16, K] = C·B  (B as [N][K] row-major: the k = N dimension is its rows)
+  sm80::Acc16<K> out;
+  out.fill(0.f);
+  for (int kb = 0; kb < N / kK; ++kb) {
+    uint32_t fa[4];
+    sm80::a_from_acc<T>(fa, acc, kb);
+    for (int n0 = 0; n0 < K; n0 += 16) {
+      uint32_t fb[2][2];
+      sm80::load_b_kn<T>(fb, tb, kb * kK, n0);
+      tile::warp::mma<T>(out.c[n0 / 8], fa, fb[0]);
+      tile::warp::mma<T>(out.c[n0 / 8 + 1], fa, fb[1]);
+    }
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < out.kCols; ++j) d[(g + 8 * i) * K + sm80::Acc16<K>::col(j, t)] = out(i, j);
+#endif
+}
+
+float host_round(float x, int kind) {  // 0 fp16, 1 bf16, 2 tf32
+  if (kind == 0) return __half2float(__float2half_rn(x));
+  if (kind == 1) return __bfloat162float(__float2bfloat16_rn(x));
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x1000u) & 0xffffe000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+template <class T, int N, int K>
+void check_mma(int kind) {
+  const auto af = random(16 * K, 4), bf = random(N * K, 5);
+  std::vector<T> a(af.size()), b(bf.size());
+  for (size_t i = 0; i < a.size(); ++i) a[i] = T(af[i]);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = T(bf[i]);
+  T *da = to_device(a), *db = to_device(b);
+  float *dc, *dd;
+  cudaMalloc(&dc, 16 * N * 4);
+  cudaMalloc(&dd, 16 * K * 4);
+  mma_kernel<T, N, K><<<1, 32>>>(da, db, dc, dd);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto c = to_host(dc, 16 * N), d = to_host(dd, 16 * K);
+  auto val = [&](const std::vector<T>& v, size_t i) { return host_round(float(v[i]), kind); };
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < N; ++j) {
+      double dot = 0;
+      for (int k = 0; k < K; ++k) dot += double(val(a, i * K + k)) * val(b, j * K + k);
+      ASSERT_NEAR(c[i * N + j], dot, 1e-4 * K) << "C " << i << "," << j;
+    }
+    for (int k = 0; k < K; ++k) {
+      double dot = 0;
+      for (int j = 0; j < N; ++j) dot += double(host_round(c[i * N + j], kind)) * val(b, j * K + k);
+      ASSERT_NEAR(d[i * K + k], dot, 1e-3 * N) << "D " << i << "," << k;
+    }
+  }
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+  cudaFree(dd);
+}
+
+TEST(TileOps, MmaSyncLdmatrix) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  if (arch() < 80) GTEST_SKIP() << "mma.sync needs sm_80";
+  check_mma<__half, 16, 16>(0);
+  check_mma<__half, 32, 64>(0);
+  check_mma<__nv_bfloat16, 16, 32>(1);
+  check_mma<__nv_bfloat16, 64, 64>(1);
+  check_mma<float, 16, 16>(2);
+  check_mma<float, 32, 64>(2);
+}
+
+}  // namespace
+}  // namespace fmha::cuda::test
