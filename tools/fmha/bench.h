@@ -16,6 +16,8 @@ struct BenchOptions {
   std::string json_out;    // JSON output file ("-": stdout)
   int rotate = 0;          // input sets to rotate through (0: enough to exceed the L2 cache)
   bool no_progress = false;
+  bool dtype_given = false;  // --dtype / --mode given explicitly: restrict a sweep to it
+  bool mode_given = false;
 };
 
 void add_bench_options(CLI::App* app, BenchOptions& opt);

@@ -189,6 +189,10 @@ int main(int argc, char** argv) {
   }
   if (info->parsed()) return cmd_info(info_json);
   if (run->parsed()) return cmd_run(run_opt);
-  if (bench->parsed()) return run_bench(bench_opt);
+  if (bench->parsed()) {
+    bench_opt.dtype_given = bench->count("--dtype") > 0;
+    bench_opt.mode_given = bench->count("--mode") > 0;
+    return run_bench(bench_opt);
+  }
   return 2;
 }
