@@ -275,7 +275,9 @@ Harness::Harness(const CaseSpec& spec, Device device, int input_sets) : spec_(sp
 #ifdef FMHA_WITH_CUDA
   if (device.type == DeviceType::cuda) {
     cudaStream_t stream = nullptr;
-    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    // A blocking stream: the synchronous copies and memsets on the legacy default stream that
+    // poison and read back the buffers are ordered with the calls made on it.
+    cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
     stream_ = stream;
   }
 #endif
@@ -342,11 +344,17 @@ Status Harness::prepare_backward_inputs(int set) {
 
 Status Harness::run_once() {
   try {
+    auto finish = [this](Status s) {
+#ifdef FMHA_WITH_CUDA
+      if (s.ok() && stream_) cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
+#endif
+      return s;
+    };
     Set& set = *sets_[0];
     if (spec_.mode == Direction::forward) {
       set.o.device.fill_bytes(kPoisonByte);
       set.lse.device.fill_bytes(kPoisonByte);
-      Status s = run(0, Direction::forward);
+      Status s = finish(run(0, Direction::forward));
       if (s.ok()) {
         set.o.device.download(set.o.host.data());
         set.lse.device.download(set.lse.host.data());
@@ -356,7 +364,7 @@ Status Harness::run_once() {
     if (Status s = prepare_backward_inputs(0); !s.ok()) return s;
     backward_ready_ = true;
     for (Slot* slot : {&set.dq, &set.dk, &set.dv}) slot->device.fill_bytes(kPoisonByte);
-    Status s = run(0, Direction::backward);
+    Status s = finish(run(0, Direction::backward));
     if (s.ok()) {
       for (Slot* slot : {&set.o, &set.lse, &set.dq, &set.dk, &set.dv}) slot->device.download(slot->host.data());
     }
