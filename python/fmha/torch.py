@@ -1,0 +1,216 @@
+"""PyTorch integration: fmha.torch.attention with autograd, as torch.library custom ops.
+
+    fmha::attention_fwd(q, k, v, ...) -> (out, lse)
+    fmha::attention_bwd(dout, q, k, v, out, lse, ...) -> (dq, dk, dv)
+
+Both have fake (meta) implementations, the forward has an autograd formula that runs
+fmha::attention_bwd, so torch.compile(fullgraph=True) captures them without a graph break. Every
+buffer (outputs, workspace) comes from torch.empty on the inputs' device, i.e. from PyTorch's
+caching allocator, and the kernels run on torch's current stream with no synchronization, so the
+ops can be captured in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import _C
+from ._api import options_from_parsed, parse_options
+from ._frameworks import current_torch_stream
+
+__all__ = ["attention", "attention_backward"]
+
+_to_dlpack = torch._C._to_dlpack
+_Tensor = torch.Tensor
+
+# Options objects by (op arguments, stream): a model reuses a handful of them.
+_options_cache: dict = {}
+
+
+def _options(scale, causal, window_left, window_right, q_offset, precision, deterministic, backend, stream):
+    key = (scale, causal, window_left, window_right, q_offset, precision, deterministic, backend, stream)
+    options = _options_cache.get(key)
+    if options is None:
+        if len(_options_cache) >= 256:
+            _options_cache.clear()
+        parsed = (causal, window_left, window_right, scale, q_offset, precision, backend, deterministic)
+        options = _options_cache[key] = options_from_parsed(parsed, stream)
+    return options
+
+
+def _stream_of(tensor):
+    if tensor.device.type != "cuda":
+        return 0
+    return current_torch_stream(torch, tensor.device.index)
+
+
+class _DeviceGuard:
+    """Makes the tensors' CUDA device current for the call when it is not already."""
+
+    __slots__ = ("index", "previous")
+
+    def __init__(self, tensor):
+        self.index = tensor.device.index if tensor.device.type == "cuda" else None
+        self.previous = None
+
+    def __enter__(self):
+        if self.index is not None:
+            current = torch.cuda.current_device()
+            if current != self.index:
+                self.previous = current
+                torch.cuda.set_device(self.index)
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            torch.cuda.set_device(self.previous)
+
+
+@torch.library.custom_op("fmha::attention_fwd", mutates_args=())
+def attention_fwd(
+    q: _Tensor,
+    k: _Tensor,
+    v: _Tensor,
+    scale: float,
+    causal: int,
+    window_left: int,
+    window_right: int,
+    q_offset: int,
+    precision: int,
+    deterministic: bool,
+    backend: str,
+) -> Tuple[_Tensor, _Tensor]:
+    batch, seqlen_q, heads, _ = q.shape
+    out = torch.empty((batch, seqlen_q, heads, v.shape[3]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+    options = _options(scale, causal, window_left, window_right, q_offset, precision, deterministic, backend,
+                       _stream_of(q))
+    with _DeviceGuard(q):
+        needed = _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse), None,
+                            options)
+        if needed:
+            workspace = torch.empty((needed,), dtype=torch.uint8, device=q.device)
+            _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse),
+                       _to_dlpack(workspace), options)
+    return out, lse
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, scale, causal, window_left, window_right, q_offset, precision, deterministic,
+                        backend):
+    batch, seqlen_q, heads, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, heads, v.shape[3]))
+    lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("fmha::attention_bwd", mutates_args=())
+def attention_bwd(
+    dout: _Tensor,
+    q: _Tensor,
+    k: _Tensor,
+    v: _Tensor,
+    out: _Tensor,
+    lse: _Tensor,
+    scale: float,
+    causal: int,
+    window_left: int,
+    window_right: int,
+    q_offset: int,
+    precision: int,
+    deterministic: bool,
+    backend: str,
+) -> Tuple[_Tensor, _Tensor, _Tensor]:
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    options = _options(scale, causal, window_left, window_right, q_offset, precision, deterministic, backend,
+                       _stream_of(q))
+    with _DeviceGuard(q):
+        args = (q, k, v, out, dout, lse, dq, dk, dv)
+        needed = _C.backward(*[_to_dlpack(t) for t in args], None, options)
+        if needed:
+            workspace = torch.empty((needed,), dtype=torch.uint8, device=q.device)
+            _C.backward(*[_to_dlpack(t) for t in args], _to_dlpack(workspace), options)
+    return dq, dk, dv
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout, q, k, v, out, lse, scale, causal, window_left, window_right, q_offset, precision,
+                        deterministic, backend):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.options = inputs[3:]
+
+
+def _backward(ctx, grad_out, grad_lse):
+    # lse is handed out detached (see attention()), so grad_lse carries nothing.
+    q, k, v, out, lse = ctx.saved_tensors
+    if grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()
+    dq, dk, dv = attention_bwd(grad_out, q, k, v, out, lse, *ctx.options)
+    return (dq, dk, dv) + (None,) * len(ctx.options)
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _last_dim_contiguous(t):
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: Optional[str] = None,
+    window=None,
+    scale: Optional[float] = None,
+    q_offset: int = 0,
+    precision: Optional[str] = None,
+    backend: str = "auto",
+    deterministic: bool = False,
+    return_lse: bool = False,
+):
+    """fmha.attention for PyTorch tensors, differentiable (the backward runs fmha's backward).
+
+    Same arguments as fmha.attention; runs on torch's current stream. Inputs whose last dimension
+    is not contiguous are copied. With return_lse, lse is returned detached (no gradient flows
+    through it). `deterministic` applies to the backward.
+    """
+    causal_code, window_left, window_right, scale_value, q_offset, precision_code, backend, deterministic = (
+        parse_options(causal, window, scale, q_offset, precision, backend, deterministic)
+    )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("%s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
+        if t.dim() != 4:
+            raise ValueError("%s: expected a 4-d tensor [batch, seqlen, heads, head_dim], got %d-d" % (name, t.dim()))
+    out, lse = attention_fwd(
+        _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v), scale_value, causal_code,
+        window_left, window_right, q_offset, precision_code, deterministic, backend,
+    )
+    if return_lse:
+        return out, lse.detach()
+    return out
+
+
+def attention_backward(
+    q, k, v, out, dout, lse, *, causal=None, window=None, scale=None, q_offset=0, precision=None, backend="auto",
+    deterministic=False,
+):
+    """(dq, dk, dv) through the fmha::attention_bwd op (traceable by torch.compile)."""
+    causal_code, window_left, window_right, scale_value, q_offset, precision_code, backend, deterministic = (
+        parse_options(causal, window, scale, q_offset, precision, backend, deterministic)
+    )
+    return attention_bwd(
+        _last_dim_contiguous(dout), q, k, v, out, lse, scale_value, causal_code, window_left, window_right,
+        q_offset, precision_code, deterministic, backend,
+    )
