@@ -43,6 +43,8 @@ class NumpyAdapter:
         return self.np.empty((nbytes,), dtype=self.np.uint8)
 
     def stream(self, like, stream):
+        if stream is not None:
+            _stream_handle(stream)  # checked, then unused: CPU calls run on the calling thread
         return 0
 
     def finish(self, stream):
@@ -248,6 +250,8 @@ class DLPackAdapter:
         return self.np.empty((nbytes,), dtype=self.np.uint8)
 
     def stream(self, like, stream):
+        if stream is not None:
+            _stream_handle(stream)  # checked, then unused: CPU calls run on the calling thread
         return 0
 
     def finish(self, stream):

@@ -39,11 +39,13 @@ using DLCode = nb::dlpack::dtype_code;
 [[noreturn]] void raise_value(const std::string& message) { throw nb::value_error(message.c_str()); }
 
 void check(const fmha::Status& status) {
+  if (status.ok()) return;
+  // The C++ API calls the output `o`; Python calls it `out`.
+  const std::string message = status.message.rfind("o: ", 0) == 0 ? "out" + status.message.substr(1) : status.message;
   switch (status.code) {
-    case fmha::Code::ok: return;
     case fmha::Code::invalid_argument:
-    case fmha::Code::unsupported: raise_value(status.message);
-    default: throw std::runtime_error(status.message);
+    case fmha::Code::unsupported: raise_value(message);
+    default: throw std::runtime_error(message);
   }
 }
 
@@ -103,9 +105,18 @@ fmha::Tensor to_tensor(const Array& a, const std::string& name, int rank, bool r
   if (ndim > fmha::kMaxRank)
     raise_value(name + ": expected a " + std::to_string(rank) + "-d array, got " + std::to_string(ndim) + "-d");
   t.rank = ndim;
+  bool empty = false;
   for (int i = 0; i < ndim; ++i) {
     t.shape[i] = int64_t(a.shape(i));
     t.stride[i] = a.stride(i);
+    empty = empty || t.shape[i] == 0;
+  }
+  if (empty) {  // strides of an empty array mean nothing (exporters report 0 or anything)
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+      t.stride[i] = stride;
+      stride *= t.shape[i] > 0 ? t.shape[i] : 1;
+    }
   }
   t.data = const_cast<void*>(static_cast<const void*>(a.data()));
   return t;
