@@ -383,6 +383,9 @@ void synchronize(uintptr_t stream) {
 
 NB_MODULE(_C, m) {
   m.doc() = "fmha's compiled core: fused multi-head attention over DLPack arrays";
+  // The Python layer caches Options objects in module globals, which may outlive this module at
+  // interpreter exit; that is not a leak worth reporting.
+  nb::set_leak_warnings(false);
 
   nb::class_<Options>(m, "Options")
       .def(nb::init<>())
