@@ -107,15 +107,15 @@ def options_from_parsed(parsed, stream=0, num_threads=0):
 
 
 def _require_rank(array, name, dims):
-    shape = getattr(array, "shape", None)
-    if shape is None:
-        raise TypeError("%s: expected an array, got %s" % (name, type(array).__name__))
+    try:
+        shape = tuple(array.shape)
+    except AttributeError:
+        raise TypeError("%s: expected an array, got %s" % (name, type(array).__name__)) from None
     if len(shape) != len(dims):
         raise ValueError(
-            "%s: expected a %d-d array [%s], got %d-d with shape %s"
-            % (name, len(dims), ", ".join(dims), len(shape), tuple(shape))
+            "%s: expected a %d-d array [%s], got %d-d with shape %s" % (name, len(dims), ", ".join(dims), len(shape), shape)
         )
-    return tuple(int(n) for n in shape)
+    return shape
 
 
 _Q_DIMS = ("batch", "seqlen_q", "heads", "head_dim")

@@ -28,7 +28,8 @@ class NumpyAdapter:
         self.raw_bf16 = False
 
     def export(self, array):
-        if isinstance(array, self.np.ndarray) and array.dtype.name == "bfloat16":
+        # ml_dtypes' bfloat16 is a NumPy 'V' (void-kind) dtype; float16/float32 are 'f'.
+        if type(array) is self.np.ndarray and array.dtype.kind == "V" and array.dtype.name == "bfloat16":
             self.raw_bf16 = True
             return array.view(self.np.uint16)
         return array
@@ -179,7 +180,7 @@ class JaxAdapter:
                 return array.__dlpack__()
             # A host view of the CPU buffer, no copy.
             array = self.np.asarray(array)
-        if isinstance(array, self.np.ndarray) and array.dtype.name == "bfloat16":
+        if isinstance(array, self.np.ndarray) and array.dtype.kind == "V" and array.dtype.name == "bfloat16":
             self.raw_bf16 = True
             return array.view(self.np.uint16)
         return array

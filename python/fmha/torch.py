@@ -29,21 +29,24 @@ _Tensor = torch.Tensor
 _options_cache: dict = {}
 
 
-def _options(scale, causal, window_left, window_right, q_offset, precision, deterministic, backend, stream):
-    key = (scale, causal, window_left, window_right, q_offset, precision, deterministic, backend, stream)
+def _options(scale, causal, window_left, window_right, q_offset, precision, deterministic, backend, device):
+    stream, threads = _stream_and_threads(device)
+    key = (scale, causal, window_left, window_right, q_offset, precision, deterministic, backend, stream, threads)
     options = _options_cache.get(key)
     if options is None:
         if len(_options_cache) >= 256:
             _options_cache.clear()
         parsed = (causal, window_left, window_right, scale, q_offset, precision, backend, deterministic)
-        options = _options_cache[key] = options_from_parsed(parsed, stream)
+        options = _options_cache[key] = options_from_parsed(parsed, stream, threads)
     return options
 
 
-def _stream_of(tensor):
-    if tensor.device.type != "cuda":
-        return 0
-    return current_torch_stream(torch, tensor.device.index)
+def _stream_and_threads(device):
+    """(cudaStream_t of torch's current stream, 0) for CUDA tensors; (0, torch's intra-op thread
+    count) for CPU tensors."""
+    if device.type == "cuda":
+        return current_torch_stream(torch, device.index), 0
+    return 0, torch.get_num_threads()
 
 
 class _DeviceGuard:
@@ -51,8 +54,8 @@ class _DeviceGuard:
 
     __slots__ = ("index", "previous")
 
-    def __init__(self, tensor):
-        self.index = tensor.device.index if tensor.device.type == "cuda" else None
+    def __init__(self, device):
+        self.index = device.index if device.type == "cuda" else None
         self.previous = None
 
     def __enter__(self):
@@ -65,6 +68,41 @@ class _DeviceGuard:
     def __exit__(self, *exc):
         if self.previous is not None:
             torch.cuda.set_device(self.previous)
+
+
+def _forward(q, k, v, scale, causal, window_left, window_right, q_offset, precision, deterministic, backend):
+    batch, seqlen_q, heads, _ = q.shape
+    device = q.device
+    out = torch.empty((batch, seqlen_q, heads, v.shape[3]), dtype=q.dtype, device=device)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=device)
+    options = _options(scale, causal, window_left, window_right, q_offset, precision, deterministic, backend, device)
+    if device.type != "cuda":
+        _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse), None, options)
+        return out, lse
+    with _DeviceGuard(device):
+        needed = _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse), None,
+                            options)
+        if needed:
+            workspace = torch.empty((needed,), dtype=torch.uint8, device=device)
+            _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse),
+                       _to_dlpack(workspace), options)
+    return out, lse
+
+
+def _backward_impl(dout, q, k, v, out, lse, scale, causal, window_left, window_right, q_offset, precision,
+                   deterministic, backend):
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    device = q.device
+    options = _options(scale, causal, window_left, window_right, q_offset, precision, deterministic, backend, device)
+    args = (q, k, v, out, dout, lse, dq, dk, dv)
+    with _DeviceGuard(device):
+        needed = _C.backward(*[_to_dlpack(t) for t in args], None, options)
+        if needed:
+            workspace = torch.empty((needed,), dtype=torch.uint8, device=device)
+            _C.backward(*[_to_dlpack(t) for t in args], _to_dlpack(workspace), options)
+    return dq, dk, dv
 
 
 @torch.library.custom_op("fmha::attention_fwd", mutates_args=())
@@ -81,19 +119,7 @@ def attention_fwd(
     deterministic: bool,
     backend: str,
 ) -> Tuple[_Tensor, _Tensor]:
-    batch, seqlen_q, heads, _ = q.shape
-    out = torch.empty((batch, seqlen_q, heads, v.shape[3]), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
-    options = _options(scale, causal, window_left, window_right, q_offset, precision, deterministic, backend,
-                       _stream_of(q))
-    with _DeviceGuard(q):
-        needed = _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse), None,
-                            options)
-        if needed:
-            workspace = torch.empty((needed,), dtype=torch.uint8, device=q.device)
-            _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse),
-                       _to_dlpack(workspace), options)
-    return out, lse
+    return _forward(q, k, v, scale, causal, window_left, window_right, q_offset, precision, deterministic, backend)
 
 
 @attention_fwd.register_fake
@@ -122,18 +148,8 @@ def attention_bwd(
     deterministic: bool,
     backend: str,
 ) -> Tuple[_Tensor, _Tensor, _Tensor]:
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    options = _options(scale, causal, window_left, window_right, q_offset, precision, deterministic, backend,
-                       _stream_of(q))
-    with _DeviceGuard(q):
-        args = (q, k, v, out, dout, lse, dq, dk, dv)
-        needed = _C.backward(*[_to_dlpack(t) for t in args], None, options)
-        if needed:
-            workspace = torch.empty((needed,), dtype=torch.uint8, device=q.device)
-            _C.backward(*[_to_dlpack(t) for t in args], _to_dlpack(workspace), options)
-    return dq, dk, dv
+    return _backward_impl(dout, q, k, v, out, lse, scale, causal, window_left, window_right, q_offset, precision,
+                          deterministic, backend)
 
 
 @attention_bwd.register_fake
@@ -161,6 +177,46 @@ def _backward(ctx, grad_out, grad_lse):
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerAttention(torch.autograd.Function):
+    """The same forward and backward as the ops, for eager calls that record gradients: skips the
+    dispatcher round trips of a Python custom op (see attention())."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, *options):
+        out, lse = _forward(q, k, v, *options)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = options
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if grad_out.stride(-1) != 1:
+            grad_out = grad_out.contiguous()
+        dq, dk, dv = _backward_impl(grad_out, q, k, v, out, lse, *ctx.options)
+        return (dq, dk, dv) + (None,) * len(ctx.options)
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+
+
+def _eager_fast_path(q, k, v):
+    """True for plain tensors outside torch.compile and outside any dispatch or function mode: then
+    calling the implementation directly is indistinguishable from calling the op."""
+    return (
+        not _is_compiling()
+        and type(q) in _PLAIN_TENSORS
+        and type(k) in _PLAIN_TENSORS
+        and type(v) in _PLAIN_TENSORS
+        and not _dispatch_modes()
+        and not _function_modes()
+    )
+
+
 def _last_dim_contiguous(t):
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
@@ -181,9 +237,15 @@ def attention(
 ):
     """fmha.attention for PyTorch tensors, differentiable (the backward runs fmha's backward).
 
-    Same arguments as fmha.attention; runs on torch's current stream. Inputs whose last dimension
-    is not contiguous are copied. With return_lse, lse is returned detached (no gradient flows
-    through it). `deterministic` applies to the backward.
+    Same arguments as fmha.attention; runs on torch's current stream (CUDA) or with
+    torch.get_num_threads() threads (CPU). Inputs whose last dimension is not contiguous are
+    copied. With return_lse, lse is returned detached (no gradient flows through it).
+    `deterministic` applies to the backward.
+
+    Under torch.compile, tensor subclasses or dispatch/function modes this calls the custom op
+    torch.ops.fmha.attention_fwd; plain eager calls run the same implementation directly (and an
+    equivalent autograd.Function when gradients are recorded), which saves the dispatcher's
+    round trips into Python.
     """
     causal_code, window_left, window_right, scale_value, q_offset, precision_code, backend, deterministic = (
         parse_options(causal, window, scale, q_offset, precision, backend, deterministic)
@@ -193,10 +255,14 @@ def attention(
             raise TypeError("%s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
         if t.dim() != 4:
             raise ValueError("%s: expected a 4-d tensor [batch, seqlen, heads, head_dim], got %d-d" % (name, t.dim()))
-    out, lse = attention_fwd(
-        _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v), scale_value, causal_code,
-        window_left, window_right, q_offset, precision_code, deterministic, backend,
-    )
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    options = (scale_value, causal_code, window_left, window_right, q_offset, precision_code, deterministic, backend)
+    if not _eager_fast_path(q, k, v):
+        out, lse = attention_fwd(q, k, v, *options)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _EagerAttention.apply(q, k, v, *options)
+    else:
+        out, lse = _forward(q, k, v, *options)
     if return_lse:
         return out, lse.detach()
     return out

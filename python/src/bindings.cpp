@@ -12,6 +12,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -259,6 +260,36 @@ int64_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::han
   return 0;
 }
 
+// Times fmha::forward alone (no Python, no argument conversion) on the given arrays: the
+// seconds of each of `iterations` calls. For measuring the binding's overhead.
+std::vector<double> time_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
+                                 const Options& options, int iterations) {
+  InputArray qa, ka, va;
+  OutputArray oa, la;
+  fmha::Params p;
+  p.q = import_input(q, "q", 4, false, qa);
+  p.k = import_input(k, "k", 4, false, ka);
+  p.v = import_input(v, "v", 4, false, va);
+  p.o = import_output(o, "out", 4, false, oa);
+  if (!lse.is_none()) p.lse = import_output(lse, "lse", 3, false, la);
+  apply(options, p);
+  if (p.q.device.type != fmha::DeviceType::cpu) raise_value("q: time_forward times CPU calls only");
+  std::vector<double> seconds;
+  seconds.reserve(size_t(iterations > 0 ? iterations : 0));
+  nb::gil_scoped_release released;
+  for (int i = 0; i < iterations; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const fmha::Status status = fmha::forward(p);
+    const auto stop = std::chrono::steady_clock::now();
+    if (!status.ok()) {
+      nb::gil_scoped_acquire acquired;
+      check(status);
+    }
+    seconds.push_back(std::chrono::duration<double>(stop - start).count());
+  }
+  return seconds;
+}
+
 // A contiguous view of `shape` like `like` at an address that is never dereferenced: queries
 // (supports, select_backend, workspace_size) look at shapes, dtypes and devices only.
 fmha::Tensor shape_only(const fmha::Tensor& like, std::initializer_list<int64_t> shape, fmha::DType dtype) {
@@ -411,6 +442,8 @@ NB_MODULE(_C, m) {
         "The backend a call on these arrays would run: (name, '') or (None, reason).");
   m.def("workspace_size", &workspace_size, "direction"_a, "q"_a, "k"_a, "v"_a, "options"_a, "raw_bf16"_a = false,
         "Bytes of device workspace a call on these arrays needs.");
+  m.def("time_forward", &time_forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "options"_a, "iterations"_a,
+        "Seconds taken by each of `iterations` fmha::forward calls on these CPU arrays (C++ only).");
   m.def("info", &info, "Version, compiled backends and visible devices.");
 #if FMHA_PYTHON_CUDA
   m.def("cuda_empty", &cuda_empty, "shape"_a, "dtype"_a, "device"_a,
