@@ -171,7 +171,7 @@ def attention(
 
             return fmha_torch.attention(
                 q, k, v, causal=causal, window=window, scale=scale, q_offset=q_offset, precision=precision,
-                backend=backend, return_lse=return_lse,
+                backend=backend, deterministic=deterministic, return_lse=return_lse,
             )
         if _torch_grad_wanted((q, k, v)):
             raise ValueError(

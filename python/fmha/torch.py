@@ -10,8 +10,6 @@ caching allocator, and the kernels run on torch's current stream with no synchro
 ops can be captured in CUDA graphs.
 """
 
-from __future__ import annotations
-
 from typing import Optional, Tuple
 
 import torch
