@@ -215,6 +215,14 @@ def _eager_fast_path(q, k, v):
     )
 
 
+def _check_tensors(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("%s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
+        if t.dim() != 4:
+            raise ValueError("%s: expected a 4-d tensor [batch, seqlen, heads, head_dim], got %d-d" % (name, t.dim()))
+
+
 def _last_dim_contiguous(t):
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
@@ -248,12 +256,14 @@ def attention(
     causal_code, window_left, window_right, scale_value, q_offset, precision_code, backend, deterministic = (
         parse_options(causal, window, scale, q_offset, precision, backend, deterministic)
     )
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError("%s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
-        if t.dim() != 4:
-            raise ValueError("%s: expected a 4-d tensor [batch, seqlen, heads, head_dim], got %d-d" % (name, t.dim()))
-    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    try:
+        well_formed = q.dim() == 4 and k.dim() == 4 and v.dim() == 4
+    except AttributeError:
+        well_formed = False
+    if not well_formed:
+        _check_tensors(q, k, v)
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     options = (scale_value, causal_code, window_left, window_right, q_offset, precision_code, deterministic, backend)
     if not _eager_fast_path(q, k, v):
         out, lse = attention_fwd(q, k, v, *options)
