@@ -68,27 +68,39 @@ class TorchAdapter:
         self.on_cuda = array.device.type == "cuda"
         self.raw_bf16 = False
         self._to_dlpack = torch._C._to_dlpack
+        self._explicit_stream = None  # a torch stream for stream=, so allocations follow it
 
     def export(self, array):
         if array.requires_grad:
             array = array.detach()
         return self._to_dlpack(array)
 
+    def _empty(self, shape, dtype, device):
+        if self._explicit_stream is None:
+            return self.torch.empty(shape, dtype=dtype, device=device)
+        # Allocate on the stream that writes the result, as the caching allocator expects.
+        with self.torch.cuda.stream(self._explicit_stream):
+            return self.torch.empty(shape, dtype=dtype, device=device)
+
     def empty(self, like, shape):
-        return self.torch.empty(shape, dtype=like.dtype, device=like.device)
+        return self._empty(shape, like.dtype, like.device)
 
     def empty_f32(self, like, shape):
-        return self.torch.empty(shape, dtype=self.torch.float32, device=like.device)
+        return self._empty(shape, self.torch.float32, like.device)
 
     def workspace(self, like, nbytes):
-        return self.torch.empty((nbytes,), dtype=self.torch.uint8, device=like.device)
+        return self._empty((nbytes,), self.torch.uint8, like.device)
 
     def stream(self, like, stream):
-        if stream is not None:
-            return _stream_handle(stream)
-        if not self.on_cuda:
-            return 0
-        return current_torch_stream(self.torch, like.device.index)
+        if stream is None:
+            return current_torch_stream(self.torch, like.device.index) if self.on_cuda else 0
+        handle = _stream_handle(stream)
+        if self.on_cuda:
+            cuda = self.torch.cuda
+            self._explicit_stream = stream if isinstance(stream, cuda.Stream) else cuda.ExternalStream(
+                handle, device=like.device)
+            return handle
+        return 0
 
     def finish(self, stream):
         pass
@@ -118,26 +130,34 @@ class CupyAdapter:
         self.cupy = cupy
         self.raw_bf16 = False
         self._stream = None
+        self._explicit_stream = None  # a CuPy stream for stream=, so allocations follow it
 
     def export(self, array):
         stream = self._stream if self._stream else _DLPACK_LEGACY_STREAM
         return array.__dlpack__(stream=stream)
 
-    def empty(self, like, shape):
+    def _empty(self, like, shape, dtype):
         with like.device:
-            return self.cupy.empty(shape, dtype=like.dtype)
+            if self._explicit_stream is None:
+                return self.cupy.empty(shape, dtype=dtype)
+            # Allocate on the stream that writes the result (CuPy's pool is stream-ordered).
+            with self._explicit_stream:
+                return self.cupy.empty(shape, dtype=dtype)
+
+    def empty(self, like, shape):
+        return self._empty(like, shape, like.dtype)
 
     def empty_f32(self, like, shape):
-        with like.device:
-            return self.cupy.empty(shape, dtype=self.cupy.float32)
+        return self._empty(like, shape, self.cupy.float32)
 
     def workspace(self, like, nbytes):
-        with like.device:
-            return self.cupy.empty((nbytes,), dtype=self.cupy.uint8)
+        return self._empty(like, (nbytes,), self.cupy.uint8)
 
     def stream(self, like, stream):
         if stream is not None:
             self._stream = _stream_handle(stream)
+            cuda = self.cupy.cuda
+            self._explicit_stream = stream if isinstance(stream, cuda.Stream) else cuda.ExternalStream(self._stream)
         else:
             with like.device:
                 self._stream = self.cupy.cuda.get_current_stream().ptr

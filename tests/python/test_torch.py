@@ -233,7 +233,7 @@ def test_runs_on_the_current_stream():
     to see them; a call on any other stream would read the stale values."""
     q, k, v = qkv(1, 256, 256, 4, 4, 64, 64, device="cuda")
     require_backend(q, k, v)
-    expected = sdpa_float64(q, k, v) * 0 + sdpa_float64(q * 2, k, v)
+    expected = sdpa_float64(q * 2, k, v)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
