@@ -106,13 +106,10 @@ class Timer:
 
 
 def make_inputs(count, batch, heads, seqlen, head_dim, dtype, device, seed):
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    sets = []
-    for _ in range(count):
-        q, k, v, dout = (torch.randn((batch, seqlen, heads, head_dim), generator=generator).to(device, dtype)
-                         for _ in range(4))
-        sets.append({"q": q, "k": k, "v": v, "dout": dout})
-    return sets
+    generator = torch.Generator(device=device).manual_seed(seed)
+    shape = (batch, seqlen, heads, head_dim)
+    return [{name: torch.randn(shape, generator=generator, device=device, dtype=dtype)
+             for name in ("q", "k", "v", "dout")} for _ in range(count)]
 
 
 def rel_err(a, b):
@@ -125,6 +122,36 @@ def run_torch(provider, inputs, causal, tf32):
     q, k, v = (inputs[n].transpose(1, 2) for n in ("q", "k", "v"))
     with sdpa_kernel(TORCH_PROVIDERS[provider]):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal).transpose(1, 2)
+
+
+def provider_calls(provider, fmha_options, causal, tf32):
+    """(forward(inputs) -> out, backward(inputs) -> (dq, dk, dv)) for one provider; backward reads
+    what prepare_backward left in inputs["saved"]."""
+    if provider == "fmha":
+        def forward(inputs):
+            return ft.attention(inputs["q"], inputs["k"], inputs["v"], **fmha_options)
+
+        def backward(inputs):
+            out, lse = inputs["saved"]
+            return ft.attention_backward(inputs["q"], inputs["k"], inputs["v"], out, inputs["dout"], lse,
+                                         **fmha_options)
+    else:
+        def forward(inputs):
+            with torch.no_grad():
+                return run_torch(provider, inputs, causal, tf32)
+
+        def backward(inputs):
+            out, leaves = inputs["saved"]
+            return torch.autograd.grad(out, leaves, inputs["dout"], retain_graph=True)
+    return forward, backward
+
+
+def prepare_backward(provider, inputs, fmha_options, causal, tf32):
+    if provider == "fmha":
+        return ft.attention(inputs["q"], inputs["k"], inputs["v"], return_lse=True, **fmha_options)
+    leaves = tuple(inputs[n].detach().requires_grad_() for n in ("q", "k", "v"))
+    out = run_torch(provider, dict(zip(("q", "k", "v"), leaves)), causal, tf32)
+    return out, leaves
 
 
 def bench_point(point, args, device, timer):
@@ -142,62 +169,41 @@ def bench_point(point, args, device, timer):
     providers = ["fmha"] + [p for p in args.providers if p != "fmha"]
     for provider in providers:
         entry = {}
+        results[provider] = entry
+        if provider == "math":
+            score_bytes = batch * heads * seqlen * seqlen * 4 * 3
+            if score_bytes > args.math_limit_gb * 2**30:
+                entry["error"] = "math: [B, H, S, S] scores need %.0f GiB" % (score_bytes / 2**30)
+                continue
+        forward, backward = provider_calls(provider, fmha_options, causal, tf32)
+        # Forward: results for the agreement check, then the timing.
         try:
             if provider == "fmha":
-                first = sets[0]
-                fmha.select_backend(first["q"], first["k"], first["v"], **fmha_options)
-                entry["backend"] = fmha.select_backend(first["q"], first["k"], first["v"], direction="backward",
-                                                       **fmha_options)
-
-                def forward(inputs):
-                    return ft.attention(inputs["q"], inputs["k"], inputs["v"], return_lse=True, **fmha_options)
-
-                saved = [forward(s) for s in sets]
-                for s, (out, lse) in zip(sets, saved):
-                    s["fmha_out"], s["fmha_lse"] = out, lse
-
-                def backward(inputs):
-                    return ft.attention_backward(inputs["q"], inputs["k"], inputs["v"], inputs["fmha_out"],
-                                                 inputs["dout"], inputs["fmha_lse"], **fmha_options)
-
-                entry["out"] = saved[0][0]
-                entry["grads"] = backward(sets[0])
-            else:
-                if provider == "math":
-                    score_bytes = batch * heads * seqlen * seqlen * 4 * 3
-                    if score_bytes > args.math_limit_gb * 2**30:
-                        raise RuntimeError("math: [B, H, S, S] scores need %.1f GB" % (score_bytes / 2**30))
-
-                def forward(inputs, provider=provider):
-                    with torch.no_grad():
-                        return run_torch(provider, inputs, causal, tf32)
-
-                graphs = []
-                for s in sets:
-                    q, k, v = (s[n].detach().requires_grad_() for n in ("q", "k", "v"))
-                    out = run_torch(provider, {"q": q, "k": k, "v": v}, causal, tf32)
-                    graphs.append((out, (q, k, v)))
-                for s, graph in zip(sets, graphs):
-                    s[provider + "_graph"] = graph
-
-                def backward(inputs, provider=provider):
-                    out, leaves = inputs[provider + "_graph"]
-                    return torch.autograd.grad(out, leaves, inputs["dout"], retain_graph=True)
-
-                entry["out"] = graphs[0][0].detach()
-                entry["grads"] = backward(sets[0])
+                entry["backend"] = fmha.select_backend(sets[0]["q"], sets[0]["k"], sets[0]["v"], **fmha_options)
+            entry["out"] = forward(sets[0])
             entry["fwd"] = timer.time(forward, sets, args.warmup, args.repeats)
+        except (RuntimeError, ValueError, TypeError) as error:
+            entry["error"] = "fwd: " + str(error).splitlines()[0][:110]
+            continue
+        # Backward: each input set keeps what its backward needs (fmha: out and lse; torch: the
+        # autograd graph), so only the backward itself is timed.
+        try:
+            if provider == "fmha":
+                fmha.select_backend(sets[0]["q"], sets[0]["k"], sets[0]["v"], direction="backward",
+                                    **fmha_options)
+            for inputs in sets:
+                inputs["saved"] = prepare_backward(provider, inputs, fmha_options, causal, tf32)
+            entry["grads"] = backward(sets[0])
             entry["bwd"] = timer.time(backward, sets, args.warmup, args.repeats)
         except (RuntimeError, ValueError, TypeError) as error:
-            entry = {"error": str(error).splitlines()[0][:120]}
-        results[provider] = entry
-        for s in sets:  # free the saved graphs before the next provider
-            for key in [k for k in s if k.endswith("_graph")]:
-                del s[key]
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+            entry["error"] = "bwd: " + str(error).splitlines()[0][:110]
+        finally:
+            for inputs in sets:
+                inputs.pop("saved", None)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
 
-    reference = next((p for p in REFERENCE_ORDER if p in results and "out" in results[p]), None)
+    reference = next((p for p in REFERENCE_ORDER if "out" in results.get(p, {})), None)
     rows = []
     for direction in ("fwd", "bwd"):
         work = flops(batch, heads, seqlen, seqlen, head_dim, causal, direction)
@@ -209,7 +215,7 @@ def bench_point(point, args, device, timer):
                 ref = results[reference]
                 if direction == "fwd":
                     agreement = "%.2e" % rel_err(entry["out"], ref["out"])
-                else:
+                elif "grads" in entry and "grads" in ref:
                     agreement = "%.2e" % max(rel_err(a, b) for a, b in zip(entry["grads"], ref["grads"]))
             ratio = ""
             if provider != "fmha" and seconds and fmha_entry.get(direction):
