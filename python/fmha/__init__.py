@@ -1,0 +1,21 @@
+"""fmha: fused multi-head attention, forward and backward, for NumPy, PyTorch, CuPy and JAX arrays.
+
+    out = fmha.attention(q, k, v, causal="bottom-right")
+    dq, dk, dv = fmha.attention_backward(q, k, v, out, dout, lse)
+
+fmha.torch.attention is the differentiable PyTorch op (autograd, torch.compile, CUDA graphs).
+"""
+
+from ._api import attention, attention_backward, info, select_backend
+
+__version__ = info()["version"]
+__all__ = ["attention", "attention_backward", "info", "select_backend", "__version__"]
+
+
+def __getattr__(name):
+    # fmha.torch imports PyTorch; load it only when asked for.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError("module 'fmha' has no attribute %r" % name)

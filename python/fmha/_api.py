@@ -1,0 +1,283 @@
+"""fmha.attention and fmha.attention_backward for any framework's arrays."""
+
+from __future__ import annotations
+
+from . import _C
+from ._frameworks import adapter_for
+
+_CAUSAL = {None: 0, False: 0, "none": 0, "top-left": 1, "top_left": 1, "bottom-right": 2, "bottom_right": 2}
+_PRECISION = {None: 0, "ieee": 0, "tf32": 1}
+
+# Options objects by their Python arguments; an attention loop reuses a handful of them.
+_options_cache: dict = {}
+_OPTIONS_CACHE_LIMIT = 256
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _window_side(value, side):
+    if value is None:
+        return -1
+    if not _is_int(value):
+        raise TypeError("window: the %s bound must be an int or None, got %s" % (side, type(value).__name__))
+    if value < -1:
+        raise ValueError("window: the %s bound is %d, expected >= 0, or -1/None for unbounded" % (side, value))
+    return value
+
+
+def parse_options(causal, window, scale, q_offset, precision, backend, deterministic):
+    """Checks the keyword options and turns them into the compiled core's encoding.
+    Returns (causal, window_left, window_right, scale, q_offset, precision, backend, deterministic)."""
+    if causal is True:
+        raise ValueError(
+            "causal: True is ambiguous; pass 'top-left' (the first query sees the first key, as PyTorch's "
+            "is_causal) or 'bottom-right' (the last query sees the last key, as with a KV cache)"
+        )
+    try:
+        causal_code = _CAUSAL[causal]
+    except (KeyError, TypeError):
+        raise ValueError("causal: expected None, 'top-left' or 'bottom-right', got %r" % (causal,)) from None
+    if window is None:
+        window_left = window_right = -1
+    else:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise ValueError("window: expected a pair (left, right) of ints (-1 or None: unbounded), got %r" % (window,))
+        window_left = _window_side(window[0], "left")
+        window_right = _window_side(window[1], "right")
+    if scale is None:
+        scale_value = 0.0
+    else:
+        if isinstance(scale, bool):
+            raise TypeError("scale: expected a float, got bool")
+        try:
+            scale_value = float(scale)
+        except (TypeError, ValueError):
+            raise TypeError("scale: expected a float or None, got %s" % type(scale).__name__) from None
+        if scale_value == 0.0 or scale_value != scale_value or abs(scale_value) == float("inf"):
+            raise ValueError("scale: is %r, expected a finite non-zero float (None: 1/sqrt(head_dim))" % (scale,))
+    if not _is_int(q_offset):
+        raise TypeError("q_offset: expected an int, got %s" % type(q_offset).__name__)
+    try:
+        precision_code = _PRECISION[precision]
+    except (KeyError, TypeError):
+        raise ValueError("precision: expected None, 'ieee' or 'tf32', got %r" % (precision,)) from None
+    if not isinstance(backend, str):
+        raise TypeError("backend: expected a backend name (str), got %s" % type(backend).__name__)
+    if not isinstance(deterministic, bool):
+        raise TypeError("deterministic: expected a bool, got %s" % type(deterministic).__name__)
+    return (causal_code, window_left, window_right, scale_value, q_offset, precision_code, backend, deterministic)
+
+
+def make_options(causal, window, scale, q_offset, precision, backend, deterministic, stream=0, num_threads=0):
+    """The compiled core's Options for these keyword arguments (cached)."""
+    try:
+        key = (causal, window, scale, q_offset, precision, backend, deterministic, stream, num_threads)
+        return _options_cache[key]
+    except (KeyError, TypeError):
+        pass
+    parsed = parse_options(causal, window, scale, q_offset, precision, backend, deterministic)
+    if not _is_int(num_threads) or num_threads < 0:
+        raise ValueError("num_threads: expected an int >= 0 (0: all hardware threads), got %r" % (num_threads,))
+    options = options_from_parsed(parsed, stream, num_threads)
+    try:
+        if len(_options_cache) >= _OPTIONS_CACHE_LIMIT:
+            _options_cache.clear()
+        _options_cache[key] = options
+    except TypeError:  # an unhashable argument (a window given as a list)
+        pass
+    return options
+
+
+def options_from_parsed(parsed, stream=0, num_threads=0):
+    causal, window_left, window_right, scale, q_offset, precision, backend, deterministic = parsed
+    options = _C.Options()
+    options.causal = causal
+    options.window_left = window_left
+    options.window_right = window_right
+    options.scale = scale
+    options.q_offset = q_offset
+    options.precision = precision
+    options.backend = backend
+    options.deterministic = deterministic
+    options.stream = stream
+    options.num_threads = num_threads
+    return options
+
+
+def _require_rank(array, name, dims):
+    try:
+        shape = tuple(array.shape)
+    except AttributeError:
+        raise TypeError("%s: expected an array, got %s" % (name, type(array).__name__)) from None
+    if len(shape) != len(dims):
+        raise ValueError(
+            "%s: expected a %d-d array [%s], got %d-d with shape %s" % (name, len(dims), ", ".join(dims), len(shape), shape)
+        )
+    return shape
+
+
+_Q_DIMS = ("batch", "seqlen_q", "heads", "head_dim")
+_K_DIMS = ("batch", "seqlen_k", "kv_heads", "head_dim")
+_V_DIMS = ("batch", "seqlen_k", "kv_heads", "head_dim_v")
+
+
+def _torch_grad_wanted(tensors):
+    import torch
+
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal=None,
+    window=None,
+    scale=None,
+    q_offset=0,
+    precision=None,
+    backend="auto",
+    deterministic=False,
+    return_lse=False,
+    out=None,
+    stream=None,
+    num_threads=0,
+):
+    """Fused multi-head attention: softmax(scale * q k^T + mask) v, per batch and head.
+
+    q: [batch, seqlen_q, heads, head_dim]; k: [batch, seqlen_k, kv_heads, head_dim];
+    v: [batch, seqlen_k, kv_heads, head_dim_v] — NumPy, PyTorch, CuPy or JAX arrays (or any
+    DLPack array on the CPU) of float32, float16 or bfloat16; other layouts through strides, with
+    the last dimension contiguous. heads must be a multiple of kv_heads (GQA/MQA).
+
+    causal: None, 'top-left' or 'bottom-right'. window: (left, right) keys around each query's
+    position, -1 or None for unbounded. scale: default 1/sqrt(head_dim). q_offset: position of
+    query row 0. precision: None/'ieee' or 'tf32' (float32 only). backend: 'auto' or a name from
+    fmha.info()['backends']. return_lse: also return the float32 log-sum-exp [batch, heads,
+    seqlen_q]. out: write the result there. stream: CUDA stream to run on (int or stream object;
+    default: the framework's current stream). num_threads: CPU backends, 0 = all.
+
+    Returns out, or (out, lse) with return_lse. Rows that see no key get 0 and lse = -inf.
+    PyTorch tensors go through fmha.torch.attention (autograd, torch.compile) unless out= or
+    stream= is given.
+    """
+    adapter = adapter_for(q)
+    if adapter.name == "torch":
+        if out is None and stream is None and num_threads == 0:
+            from . import torch as fmha_torch
+
+            return fmha_torch.attention(
+                q, k, v, causal=causal, window=window, scale=scale, q_offset=q_offset, precision=precision,
+                backend=backend, deterministic=deterministic, return_lse=return_lse,
+            )
+        if _torch_grad_wanted((q, k, v)):
+            raise ValueError(
+                "out: calls with out=, stream= or num_threads= do not record gradients; detach the inputs, or "
+                "drop those arguments to get autograd through fmha.torch.attention"
+            )
+    if adapter.name == "jax" and out is not None:
+        raise TypeError("out: JAX arrays are immutable; call without out= and use the returned array")
+
+    batch, seqlen_q, heads, _ = _require_rank(q, "q", _Q_DIMS)
+    _require_rank(k, "k", _K_DIMS)
+    head_dim_v = _require_rank(v, "v", _V_DIMS)[3]
+    stream_handle = adapter.stream(q, stream)
+    options = make_options(causal, window, scale, q_offset, precision, backend, deterministic, stream_handle,
+                           num_threads)
+    if out is None:
+        out = adapter.empty(q, (batch, seqlen_q, heads, head_dim_v))
+    lse = adapter.empty_f32(q, (batch, heads, seqlen_q)) if return_lse else None
+
+    export = adapter.export
+
+    def run(workspace):
+        args = (export(q), export(k), export(v), export(out), None if lse is None else export(lse),
+                None if workspace is None else export(workspace))
+        return _C.forward(*args, options, adapter.raw_bf16)
+
+    needed = run(None)
+    if needed:
+        run(adapter.workspace(q, needed))
+    adapter.finish(stream_handle)
+    if return_lse:
+        return adapter.wrap(out), adapter.wrap(lse)
+    return adapter.wrap(out)
+
+
+def attention_backward(
+    q,
+    k,
+    v,
+    out,
+    dout,
+    lse,
+    *,
+    causal=None,
+    window=None,
+    scale=None,
+    q_offset=0,
+    precision=None,
+    backend="auto",
+    deterministic=False,
+    dq=None,
+    dk=None,
+    dv=None,
+    stream=None,
+    num_threads=0,
+):
+    """Gradients of fmha.attention: returns (dq, dk, dv) for the upstream gradient dout.
+
+    out and lse are the forward's results (attention(..., return_lse=True)); the options must be
+    the forward's. dk/dv are summed over the query heads that share a KV head. dq, dk, dv: write
+    the gradients there (not for JAX). deterministic: bitwise reproducible (no atomics).
+    """
+    adapter = adapter_for(q)
+    if adapter.name == "jax" and any(x is not None for x in (dq, dk, dv)):
+        raise TypeError("dq: JAX arrays are immutable; call without dq=/dk=/dv= and use the returned arrays")
+    q_shape = _require_rank(q, "q", _Q_DIMS)
+    k_shape = _require_rank(k, "k", _K_DIMS)
+    v_shape = _require_rank(v, "v", _V_DIMS)
+    stream_handle = adapter.stream(q, stream)
+    options = make_options(causal, window, scale, q_offset, precision, backend, deterministic, stream_handle,
+                           num_threads)
+    if dq is None:
+        dq = adapter.empty(q, q_shape)
+    if dk is None:
+        dk = adapter.empty(q, k_shape)
+    if dv is None:
+        dv = adapter.empty(q, v_shape)
+
+    export = adapter.export
+
+    def run(workspace):
+        args = (export(q), export(k), export(v), export(out), export(dout), export(lse), export(dq), export(dk),
+                export(dv), None if workspace is None else export(workspace))
+        return _C.backward(*args, options, adapter.raw_bf16)
+
+    needed = run(None)
+    if needed:
+        run(adapter.workspace(q, needed))
+    adapter.finish(stream_handle)
+    return adapter.wrap(dq), adapter.wrap(dk), adapter.wrap(dv)
+
+
+def select_backend(q, k, v, *, direction="forward", causal=None, window=None, scale=None, q_offset=0,
+                   precision=None, backend="auto", deterministic=False):
+    """The backend that fmha.attention (direction='forward') or fmha.attention_backward
+    ('backward') would run for these arrays and options. Raises ValueError, with the reason, when
+    none supports the call. Runs nothing."""
+    adapter = adapter_for(q)
+    options = make_options(causal, window, scale, q_offset, precision, backend, deterministic)
+    name, reason = _C.select_backend(direction, adapter.export(q), adapter.export(k), adapter.export(v), options,
+                                     adapter.raw_bf16)
+    if name is None:
+        raise ValueError(reason)
+    return name
+
+
+def info():
+    """{'version', 'backends': compiled backends, 'devices': [...], 'cuda': built with CUDA}."""
+    return _C.info()
