@@ -81,6 +81,12 @@ std::string device_name(const Device& d) {
   return d.type == DeviceType::cpu ? "cpu" : "cuda:" + std::to_string(d.index);
 }
 
+// CUDA devices visible to this process, counted once.
+size_t cuda_device_count() {
+  static const size_t count = detail::cuda_devices().size();
+  return count;
+}
+
 // Validates the call and picks the backend entry that will run it.
 Status choose(const Params& p, Direction direction, detail::BackendEntry* chosen) {
   if (Status s = detail::validate(p, direction); !s.ok()) return s;
@@ -97,6 +103,8 @@ Status choose(const Params& p, Direction direction, detail::BackendEntry* chosen
       return {Code::no_device, std::string("backend: ") + to_string(p.backend) +
                                    " is not available in this build (no CUDA backend was compiled in)"};
     }
+    if (it->device == DeviceType::cuda && cuda_device_count() == 0)
+      return {Code::no_device, std::string("backend: ") + to_string(p.backend) + " needs a CUDA device, and none was found"};
     if (it->device != device)
       return {Code::invalid_argument, std::string("backend: ") + to_string(p.backend) + " runs on " +
                                           (it->device == DeviceType::cpu ? "CPU" : "CUDA") + " tensors, but q is on " +

@@ -111,15 +111,15 @@ int run_bench(const BenchOptions& opt) {
   if (opt.sweep.empty()) cases = {base};
   else if (opt.sweep == "fa") cases = fa_sweep(base);
   else if (opt.sweep == "seed") cases = seed_sweep(base);
+  else {
+    std::cerr << "fmha bench: --sweep: expected fa or seed, got '" << opt.sweep << "'\n";
+    return 2;
+  }
   if (!opt.sweep.empty()) {
     // An explicit --dtype / --mode picks that part of the sweep.
     std::erase_if(cases, [&](const CaseSpec& c) {
       return (opt.dtype_given && c.dtype_name() != opt.run.dtype) || (opt.mode_given && c.mode != base.mode);
     });
-  }
-  else if (!opt.sweep.empty()) {
-    std::cerr << "fmha bench: --sweep: expected fa or seed, got '" << opt.sweep << "'\n";
-    return 2;
   }
   Device device;
   if (!choose_device(base.backend, &device, &error)) {

@@ -98,10 +98,10 @@ Status bind_workspace(const Params& p, const WorkspaceLayout& w, AttentionArgs* 
 }
 
 Status current_device(const Params& p, Direction direction, DeviceProps* props) {
-  int ordinal = 0;
-  if (cudaGetDevice(&ordinal) != cudaSuccess) {
+  int ordinal = 0, count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0 || cudaGetDevice(&ordinal) != cudaSuccess) {
     cudaGetLastError();
-    return {Code::no_device, "q: no usable CUDA device"};
+    return {Code::no_device, "q: no usable CUDA device (none found, or no driver)"};
   }
   const struct {
     const char* name;
