@@ -19,9 +19,16 @@ CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install -v --no-build-isolati
   -C cmake.define.FMHA_CUDA_ARCHS="$ARCHS" > "$OUT/python_build.log" 2>&1 || { tail -30 "$OUT/python_build.log"; exit 1; }
 python3 -c 'import fmha; print(fmha.info())'
 
-step "pytest tests/python -> $OUT/python_tests.log"
-timeout 300 python3 -m pytest tests/python -q -rs > "$OUT/python_tests.log" 2>&1 || status=1
-tail -25 "$OUT/python_tests.log"
+step "pytest tests/python (one process per file) -> $OUT/python_tests.log"
+: > "$OUT/python_tests.log"
+for file in tests/python/test_*.py; do
+  timeout 200 python3 -X faulthandler -m pytest "$file" -v -rs -p no:cacheprovider >> "$OUT/python_tests.log" 2>&1 ||
+    { status=1; echo "   $file: FAILED (exit $?)"; }
+done
+grep -E "FAILED|ERROR|Fatal|passed|failed" "$OUT/python_tests.log" | tail -30
+
+step "bench/python_overhead.py"
+timeout 60 python3 bench/python_overhead.py --iterations 20000 2>&1 | tee "$OUT/python_overhead.txt" || status=1
 
 step "examples/seed_benchmark.py"
 timeout 120 python3 examples/seed_benchmark.py --device cuda 2>&1 | tee "$OUT/seed_benchmark.txt" || status=1
