@@ -7,6 +7,8 @@ set(FMHA_CUDA_ARCHS "80;90" CACHE STRING
     "CUDA architectures to compile kernels for (e.g. 75;80;90; CUDA 13 supports sm_75 and up). The simt tier is built for all of them, sm80 for those >= 80")
 set(FMHA_HEAD_DIMS "32;64;96;128;192;256" CACHE STRING
     "Head-dim buckets to compile GPU kernels for (subset of 32;64;96;128;192;256)")
+set(FMHA_TUNED_HEAD_DIMS "64;128" CACHE STRING
+    "Head-dim buckets compiled in every forward variant (FMHA_SIMT_CONFIG, FMHA_SM80_FWD_CONFIG); the others get each tier's default only")
 option(FMHA_PTXAS_VERBOSE "Print registers and spills of every kernel (-Xptxas -v)" OFF)
 
 set(_fmha_all_head_dims 32 64 96 128 192 256)
@@ -42,6 +44,17 @@ endfunction()
 _fmha_min_arch(FMHA_SIMT_MIN_ARCH "${_fmha_simt_archs}")
 _fmha_min_arch(FMHA_SM80_MIN_ARCH "${_fmha_sm80_archs}")
 
+# Forward variants per tier: must match kFwdVariants in simt_config.h / sm80_config.h (the
+# dispatchers static_assert it).
+set(FMHA_SIMT_FWD_VARIANTS 4)
+set(FMHA_SM80_FWD_VARIANTS 4)
+set(FMHA_TUNED_HEAD_DIMS_X "")
+foreach(hd IN LISTS FMHA_TUNED_HEAD_DIMS)
+  if(hd IN_LIST FMHA_HEAD_DIMS)
+    string(APPEND FMHA_TUNED_HEAD_DIMS_X "X(${hd}) ")
+  endif()
+endforeach()
+
 set(FMHA_HEAD_DIMS_X "")
 foreach(hd IN LISTS FMHA_HEAD_DIMS)
   string(APPEND FMHA_HEAD_DIMS_X "X(${hd}) ")
@@ -63,24 +76,47 @@ set(_fmha_simt_sources "")
 set(_fmha_sm80_sources "")
 foreach(hd IN LISTS FMHA_HEAD_DIMS)
   set(args "const fmha::cuda::AttentionArgs&, cudaStream_t")
-  _fmha_instance(_fmha_simt_sources "simt_fwd_fp32_hd${hd}" "cuda/simt/simt_launch.cuh"
-    "template fmha::Status fmha::cuda::simt::forward<${hd}>(${args});\ntemplate size_t fmha::cuda::simt::forward_shared_bytes<${hd}>();")
+  # Forward instances: every variant at the tuned head dims, the default one elsewhere.
+  if(hd IN_LIST FMHA_TUNED_HEAD_DIMS)
+    math(EXPR last "${FMHA_SIMT_FWD_VARIANTS} - 1")
+    set(simt_variants "")
+    foreach(v RANGE ${last})
+      list(APPEND simt_variants "v${v}:${v}")
+    endforeach()
+    math(EXPR last "${FMHA_SM80_FWD_VARIANTS} - 1")
+    set(sm80_variants "")
+    foreach(v RANGE ${last})
+      list(APPEND sm80_variants "v${v}:${v}")
+    endforeach()
+  else()
+    set(simt_variants "default:fmha::cuda::simt::default_fwd_variant(${hd})")
+    set(sm80_variants "default:DEFAULT")
+  endif()
+  foreach(entry IN LISTS simt_variants)
+    string(REGEX REPLACE ":.*" "" tag "${entry}")
+    string(REGEX REPLACE "^[^:]*:" "" v "${entry}")
+    _fmha_instance(_fmha_simt_sources "simt_fwd_fp32_hd${hd}_${tag}" "cuda/simt/simt_launch.cuh"
+      "template fmha::Status fmha::cuda::simt::forward<${hd}, ${v}>(${args});\ntemplate size_t fmha::cuda::simt::forward_shared_bytes<${hd}, ${v}>();")
+  endforeach()
   _fmha_instance(_fmha_simt_sources "simt_bwd_fp32_hd${hd}" "cuda/simt/simt_launch.cuh"
     "template fmha::Status fmha::cuda::simt::backward<${hd}>(${args});\ntemplate size_t fmha::cuda::simt::backward_shared_bytes<${hd}>();")
   if(_fmha_sm80_archs)
-    # The tf32 backward is the simt backward (exact fp32 from fp32 storage): no instance of its own.
     foreach(dtype fp16 bf16 tf32)
-      foreach(dir fwd bwd)
-        if(dir STREQUAL "fwd")
-          set(fn forward)
-        elseif(dtype STREQUAL "tf32")
-          continue()
-        else()
-          set(fn backward)
+      set(t "fmha::cuda::sm80::${dtype}_t")
+      foreach(entry IN LISTS sm80_variants)
+        string(REGEX REPLACE ":.*" "" tag "${entry}")
+        string(REGEX REPLACE "^[^:]*:" "" v "${entry}")
+        if(v STREQUAL "DEFAULT")
+          set(v "fmha::cuda::sm80::default_fwd_variant(sizeof(${t}), ${hd})")
         endif()
-        _fmha_instance(_fmha_sm80_sources "sm80_${dir}_${dtype}_hd${hd}" "cuda/sm80/sm80_launch.cuh"
-          "template fmha::Status fmha::cuda::sm80::${fn}<fmha::cuda::sm80::${dtype}_t, ${hd}>(${args});\ntemplate size_t fmha::cuda::sm80::${fn}_shared_bytes<fmha::cuda::sm80::${dtype}_t, ${hd}>();")
+        _fmha_instance(_fmha_sm80_sources "sm80_fwd_${dtype}_hd${hd}_${tag}" "cuda/sm80/sm80_launch.cuh"
+          "template fmha::Status fmha::cuda::sm80::forward<${t}, ${hd}, ${v}>(${args});\ntemplate size_t fmha::cuda::sm80::forward_shared_bytes<${t}, ${hd}, ${v}>();")
       endforeach()
+      # The tf32 backward is the simt backward (exact fp32 from fp32 storage): no instance of its own.
+      if(NOT dtype STREQUAL "tf32")
+        _fmha_instance(_fmha_sm80_sources "sm80_bwd_${dtype}_hd${hd}" "cuda/sm80/sm80_launch.cuh"
+          "template fmha::Status fmha::cuda::sm80::backward<${t}, ${hd}>(${args});\ntemplate size_t fmha::cuda::sm80::backward_shared_bytes<${t}, ${hd}>();")
+      endif()
     endforeach()
   endif()
 endforeach()
