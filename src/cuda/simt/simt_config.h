@@ -1,7 +1,16 @@
 // The simt tier's tile configurations: the one place where tile sizes, pipeline depth, thread
-// count and occupancy are chosen, from (direction, head dim). The simt tier stores fp32 only and
-// uses the same shapes on every architecture; what changes with the GPU is only whether the
-// shared memory fits (simt_dispatch.cu checks that against the device).
+// count and occupancy are chosen, from (direction, head dim, forward variant). The simt tier
+// stores fp32 only and uses the same shapes on every architecture; what changes with the GPU is
+// only whether the shared memory fits (simt_dispatch.cpp checks that against the device).
+//
+// Forward variants. Head dims 64 and 128 are compiled in every variant below, the others in their
+// default only; FMHA_SIMT_CONFIG=<name> picks one at run time (read once, see simt_dispatch.cpp):
+//   grid16    the Grid16 kernel: 16 × 16 threads, each an interleaved [BM/16, BN/16] block of S,
+//             scalar shared loads (two loads per two FMAs at 4 × 4).
+//   m128n64   the micro-tile kernel: 128 query rows, 64 keys; a thread owns an [8, 4] block of S
+//             and an [8, 4 · HD/64] block of O, float4 shared loads, Q transposed and pre-scaled.
+//   m128n32   the same with 32-key tiles (fewer registers and less shared memory at head dim 128).
+//   m64n64    64 query rows ([4, 4] blocks of S): half the registers, two blocks per SM.
 #pragma once
 
 #include "fmha/fmha.h"
@@ -11,22 +20,45 @@ namespace fmha::cuda::simt {
 inline constexpr int kThreads = 256;  // a 16 × 16 thread grid (tile::Grid16)
 inline constexpr int kRowPad = 1;     // fp32 words of padding per shared row: odd strides avoid bank conflicts
 
+enum class FwdKernel { grid16, micro };
+
 struct TileConfig {
   int tile_m;      // query rows per block
   int tile_n;      // keys per tile
   int stages;      // K/V tiles in flight (forward)
   int min_blocks;  // blocks per SM the register allocation must allow
+  FwdKernel kernel = FwdKernel::grid16;
 };
+
+inline constexpr int kFwdVariants = 4;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"grid16", "m128n64", "m128n32", "m64n64"};
+
+// The forward variant used when FMHA_SIMT_CONFIG is unset; the micro-tile kernel needs head dims
+// that are multiples of 64 (its threads own float4 column groups of 64-wide O panels).
+constexpr int default_fwd_variant(int head_dim) {
+  if (head_dim == 64) return 1;   // m128n64
+  if (head_dim == 128) return 2;  // m128n32
+  return 0;
+}
+
+// Forward configuration of `variant` at the compiled head-dim bucket.
+constexpr TileConfig fwd_config(int head_dim, int variant) {
+  switch (variant) {
+    case 1: return {128, 64, head_dim <= 64 ? 2 : 1, 1, FwdKernel::micro};
+    case 2: return {128, 32, 2, 1, FwdKernel::micro};
+    case 3: return {64, 64, 2, head_dim <= 64 ? 2 : 1, FwdKernel::micro};
+    default: break;
+  }
+  if (head_dim <= 64) return {64, 64, 2, 2};
+  if (head_dim <= 96) return {64, 64, 2, 1};
+  if (head_dim <= 128) return {64, 32, 2, 1};
+  if (head_dim <= 192) return {32, 32, 2, 1};
+  return {32, 32, 1, 1};
+}
 
 // head_dim is the compiled head-dim bucket (32, 64, 96, 128, 192, 256).
 constexpr TileConfig tile_config(Direction direction, int head_dim) {
-  if (direction == Direction::forward) {
-    if (head_dim <= 64) return {64, 64, 2, 2};
-    if (head_dim <= 96) return {64, 64, 2, 1};
-    if (head_dim <= 128) return {64, 32, 2, 1};
-    if (head_dim <= 192) return {32, 32, 2, 1};
-    return {32, 32, 1, 1};
-  }
+  if (direction == Direction::forward) return fwd_config(head_dim, default_fwd_variant(head_dim));
   if (head_dim <= 96) return {64, 64, 1, 1};
   if (head_dim <= 128) return {32, 64, 1, 1};
   return {32, 32, 1, 1};

@@ -1,12 +1,43 @@
 // The simt tier's entry points for the backend table: supports, run, workspace_size. Exact fp32
 // (FMA, libdevice exp2f) on any GPU this build has machine code for (sm_75 and up with CUDA 13,
 // which dropped the older architectures), fp32 storage and Precision::ieee only.
+//
+// FMHA_SIMT_CONFIG=<name> picks the forward configuration (names and what they change:
+// simt_config.h) at the head dims compiled in every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by
+// default); other head dims keep their default. The variable is read once, at the first call.
 #include "cuda/simt/simt_dispatch.h"
 
+#include <cstdlib>
+
 #include "cuda/common/dispatch_util.h"
+#include "cuda/common/variant.h"
+#include "cuda/simt/simt_config.h"
 #include "cuda/simt/simt_launch.h"
 
 namespace fmha::cuda::simt {
+namespace {
+
+static_assert(kFwdVariants == FMHA_CUDA_SIMT_FWD_VARIANTS, "cmake/cuda.cmake instantiates every forward variant");
+
+constexpr const char* kConfigVariable = "FMHA_SIMT_CONFIG";
+
+int requested_fwd_variant() {
+  static const int variant = variant_index(std::getenv(kConfigVariable), kFwdVariantNames, kFwdVariants);
+  return variant;
+}
+
+// f(std::integral_constant<int, V>{}) for the forward variant this call runs at head dim HD.
+template <int HD, class F>
+Status with_fwd_variant(F&& f) {
+  const int requested = requested_fwd_variant();
+  if (requested == kUnknownVariant) return unknown_variant(kConfigVariable, kFwdVariantNames, kFwdVariants);
+  if constexpr (is_tuned_head_dim(HD)) {
+    if (requested != kDefaultVariant) return with_variant<kFwdVariants>(requested, f);
+  }
+  return f(std::integral_constant<int, default_fwd_variant(HD)>{});
+}
+
+}  // namespace
 
 Status supports(const Params& p, Direction direction) {
   const Problem s = Problem::of(p);
@@ -26,8 +57,11 @@ Status supports(const Params& p, Direction direction) {
                        "; this build has simt machine code for FMHA_CUDA_ARCHS = " FMHA_CUDA_ARCHS_TEXT);
   return with_head_dim(bucket, [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
-    const size_t need = direction == Direction::forward ? forward_shared_bytes<HD>() : backward_shared_bytes<HD>();
-    return check_shared_memory("simt", direction, HD, need, props);
+    if (direction == Direction::backward)
+      return check_shared_memory("simt", direction, HD, backward_shared_bytes<HD>(), props);
+    return with_fwd_variant<HD>([&](auto variant) {
+      return check_shared_memory("simt", direction, HD, forward_shared_bytes<HD, decltype(variant)::value>(), props);
+    });
   });
 }
 
@@ -46,7 +80,8 @@ Status run(const Params& p, Direction direction) {
   const auto stream = static_cast<cudaStream_t>(p.stream);
   return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
-    return direction == Direction::forward ? forward<HD>(args, stream) : backward<HD>(args, stream);
+    if (direction == Direction::backward) return backward<HD>(args, stream);
+    return with_fwd_variant<HD>([&](auto variant) { return forward<HD, decltype(variant)::value>(args, stream); });
   });
 }
 

@@ -11,10 +11,13 @@
 
 namespace fmha::cuda::simt {
 
-template <int HD>
+template <int HD, int VARIANT>
 size_t forward_shared_bytes() {
-  constexpr TileConfig c = tile_config(Direction::forward, HD);
-  return sizeof(typename FwdTiles<HD, c.tile_m, c.tile_n, c.stages>::SharedStorage);
+  constexpr TileConfig c = fwd_config(HD, VARIANT);
+  if constexpr (c.kernel == FwdKernel::micro)
+    return sizeof(typename MicroFwdTiles<HD, c.tile_m, c.tile_n, c.stages>::SharedStorage);
+  else
+    return sizeof(typename FwdTiles<HD, c.tile_m, c.tile_n, c.stages>::SharedStorage);
 }
 
 template <int HD>
@@ -23,16 +26,21 @@ size_t backward_shared_bytes() {
   return sizeof(typename BwdTiles<HD, c.tile_m, c.tile_n>::SharedStorage);
 }
 
-template <int HD>
+template <int HD, int VARIANT>
 Status forward(const AttentionArgs& args, cudaStream_t stream) {
-  constexpr TileConfig c = tile_config(Direction::forward, HD);
+  constexpr TileConfig c = fwd_config(HD, VARIANT);
   const dim3 grid(unsigned(ceil_div(args.seqlen_q, c.tile_m)), unsigned(args.heads), unsigned(args.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::success();
-  auto kernel = fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks>;
-  const size_t shared = forward_shared_bytes<HD>();
-  if (Status s = prepare_kernel(kernel, shared, "simt forward"); !s.ok()) return s;
-  kernel<<<grid, kThreads, shared, stream>>>(args);
-  return check_launch("simt forward kernel launch");
+  const size_t shared = forward_shared_bytes<HD, VARIANT>();
+  auto launch = [&](auto kernel) {
+    if (Status s = prepare_kernel(kernel, shared, "simt forward"); !s.ok()) return s;
+    kernel<<<grid, kThreads, shared, stream>>>(args);
+    return check_launch("simt forward kernel launch");
+  };
+  if constexpr (c.kernel == FwdKernel::micro)
+    return launch(micro_fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks>);
+  else
+    return launch(fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks>);
 }
 
 // The backward for storage type T; the sm80 tier reuses it for 16-bit and tf32 storage.

@@ -11,10 +11,12 @@
 
 namespace fmha::cuda::simt {
 
-// Runs the forward on `stream`; errors of the launches come back as Code::cuda_error.
-template <int HD>
+// Runs the forward in configuration VARIANT (simt_config.h) on `stream`; errors of the launches
+// come back as Code::cuda_error. Compiled for every variant at the tuned head dims
+// (FMHA_CUDA_TUNED_HEAD_DIMS), for default_fwd_variant(HD) only at the others.
+template <int HD, int VARIANT>
 Status forward(const AttentionArgs& args, cudaStream_t stream);
-template <int HD>
+template <int HD, int VARIANT>
 size_t forward_shared_bytes();
 
 // Preprocess, main kernel, then convert (atomic dQ, args.dq_accum set) or the dQ kernel

@@ -39,4 +39,48 @@ constexpr TileConfig tile_config(Direction, int element_bytes, int head_dim) {
   return {m, 32, 1, 1};
 }
 
+// The forward's configurations. Each warp owns warp_rows query rows (one or two m16 row blocks:
+// two halve the shared-memory traffic of K and V per mma); a block is warps × warp_rows rows.
+// Head dims 64 and 128 are compiled in every variant, the others in their default only;
+// FMHA_SM80_FWD_CONFIG=<name> picks one at run time (read once, see sm80_dispatch.cpp):
+//   w4r16     4 warps × 16 rows (64-row tiles), keys per tile from tile_config above
+//   w4r32     4 warps × 32 rows (128-row tiles), 64 keys (32 for tf32 above head dim 64)
+//   w8r16     8 warps × 16 rows (128-row tiles), keys as w4r32
+//   w4r32n32  4 warps × 32 rows, 32 keys
+// With 16-bit types above head dim 64, 32 rows per warp spill registers (a 32 × 128 fp32
+// accumulator is 128 of them), so w4r32 and w4r32n32 run 8 warps × 16 rows there.
+struct FwdConfig {
+  int warps;       // warps per block
+  int warp_rows;   // query rows per warp: 16 or 32 (m16 row blocks of the mma)
+  int tile_n;      // keys per tile
+  int stages;      // K/V tiles in flight
+  int min_blocks;  // blocks per SM the register allocation must allow
+  constexpr int tile_m() const { return warps * warp_rows; }
+  constexpr int threads() const { return warps * 32; }
+};
+
+inline constexpr int kFwdVariants = 4;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"w4r16", "w4r32", "w8r16", "w4r32n32"};
+
+// The forward variant used when FMHA_SM80_FWD_CONFIG is unset: 32 rows per warp where the
+// accumulators fit (head dim 64 for 16-bit types, up to 128 for tf32), else 8 warps × 16 rows;
+// tf32 above 128 keeps 64-row tiles to fit sm_80's 163 KiB of shared memory.
+constexpr int default_fwd_variant(int element_bytes, int head_dim) {
+  if (element_bytes == 2) return head_dim <= 64 ? 1 : 2;
+  return head_dim <= 128 ? 1 : 0;
+}
+
+constexpr FwdConfig fwd_config(int element_bytes, int head_dim, int variant) {
+  const int wide_n = element_bytes == 2 ? (head_dim <= 192 ? 64 : 32) : (head_dim <= 64 ? 64 : 32);
+  const bool wide_rows_fit = element_bytes == 4 || head_dim <= 64;
+  switch (variant) {
+    case 1: return wide_rows_fit ? FwdConfig{4, 32, wide_n, 2, 1} : FwdConfig{8, 16, wide_n, 2, 1};
+    case 2: return {8, 16, wide_n, 2, 1};
+    case 3: return wide_rows_fit ? FwdConfig{4, 32, 32, 2, 1} : FwdConfig{8, 16, 32, 2, 1};
+    default: break;
+  }
+  const TileConfig legacy = tile_config(Direction::forward, element_bytes, head_dim);
+  return {kWarps, kRowsPerWarp, legacy.tile_n, legacy.stages, legacy.min_blocks};
+}
+
 }  // namespace fmha::cuda::sm80

@@ -2,14 +2,42 @@
 // with Precision::tf32, on sm_80 and newer. Its backward computes in fp32 arithmetic from the same
 // storage (for fp32 storage it is the simt backward itself).
 // fp32 with Precision::ieee is refused: exact fp32 is the simt tier's job.
+//
+// FMHA_SM80_FWD_CONFIG=<name> picks the forward configuration (names and what they change:
+// sm80_config.h) at the head dims compiled in every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by
+// default); other head dims keep their default. The variable is read once, at the first call.
 #include "cuda/sm80/sm80_dispatch.h"
 
+#include <cstdlib>
+
 #include "cuda/common/dispatch_util.h"
+#include "cuda/common/variant.h"
 #include "cuda/sm80/sm80_launch.h"
 #include "cuda/simt/simt_launch.h"
 
 namespace fmha::cuda::sm80 {
 namespace {
+
+static_assert(kFwdVariants == FMHA_CUDA_SM80_FWD_VARIANTS, "cmake/cuda.cmake instantiates every forward variant");
+
+constexpr const char* kConfigVariable = "FMHA_SM80_FWD_CONFIG";
+
+int requested_fwd_variant() {
+  static const int variant = variant_index(std::getenv(kConfigVariable), kFwdVariantNames, kFwdVariants);
+  return variant;
+}
+
+// f(std::integral_constant<int, V>{}) for the forward variant this call runs for storage T at
+// head dim HD.
+template <class T, int HD, class F>
+Status with_fwd_variant(F&& f) {
+  const int requested = requested_fwd_variant();
+  if (requested == kUnknownVariant) return unknown_variant(kConfigVariable, kFwdVariantNames, kFwdVariants);
+  if constexpr (is_tuned_head_dim(HD)) {
+    if (requested != kDefaultVariant) return with_variant<kFwdVariants>(requested, f);
+  }
+  return f(std::integral_constant<int, default_fwd_variant(int(sizeof(T)), HD)>{});
+}
 
 constexpr int kVectorBytes = 16;  // the forward's cp.async width
 
@@ -70,8 +98,11 @@ Status supports(const Params& p, Direction direction) {
       using T = decltype(type);
       size_t need = 0;
       if (direction == Direction::forward)
-        need = forward_shared_bytes<T, HD>();
-      else if constexpr (sizeof(T) == sizeof(float))
+        return with_fwd_variant<T, HD>([&](auto variant) {
+          return check_shared_memory("sm80", direction, HD, forward_shared_bytes<T, HD, decltype(variant)::value>(),
+                                     props);
+        });
+      if constexpr (sizeof(T) == sizeof(float))
         need = simt::backward_shared_bytes<HD>();  // fp32 storage: the simt backward
       else
         need = backward_shared_bytes<T, HD>();
@@ -97,7 +128,9 @@ Status run(const Params& p, Direction direction) {
     constexpr int HD = decltype(hd)::value;
     return with_dtype(p.q.dtype, [&](auto type) {
       using T = decltype(type);
-      if (direction == Direction::forward) return forward<T, HD>(args, stream);
+      if (direction == Direction::forward)
+        return with_fwd_variant<T, HD>(
+            [&](auto variant) { return forward<T, HD, decltype(variant)::value>(args, stream); });
       if constexpr (sizeof(T) == sizeof(float))
         return simt::backward<HD>(args, stream);
       else

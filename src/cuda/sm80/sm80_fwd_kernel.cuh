@@ -1,15 +1,18 @@
-// The sm80 forward kernel: one block of 4 warps per (query tile, head, batch). Loads the query
-// tile, runs the mainloop over the key tiles the mask lets it see, and writes O = acc / rowsum
-// and LSE = ln(rowsum) + max (O = 0, LSE = -inf for a row that sees no key).
+// The sm80 forward kernel: one block of WARPS warps per (query tile, head, batch), each warp
+// owning 16 · WARP_BLOCKS query rows. Loads the query tile, runs the mainloop over the key tiles
+// the mask lets it see, and writes O = acc / rowsum and LSE = ln(rowsum) + max (O = 0,
+// LSE = -inf for a row that sees no key).
 #pragma once
 
 #include "cuda/sm80/sm80_fwd_mainloop.cuh"
 
 namespace fmha::cuda::sm80 {
 
-template <class T, int HD, int BM, int BN, int STAGES, int MIN_BLOCKS>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) fwd_kernel(const AttentionArgs args) {
-  using Tiles = FwdTiles<T, HD, BM, BN, STAGES>;
+template <class T, int HD, int WARPS, int WARP_BLOCKS, int BN, int STAGES, int MIN_BLOCKS>
+__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fwd_kernel(const AttentionArgs args) {
+  constexpr int kBlockThreads = WARPS * 32;
+  constexpr int BM = WARPS * kMmaRows * WARP_BLOCKS;
+  using Tiles = FwdTiles<T, HD, BM, BN, STAGES, WARP_BLOCKS>;
   extern __shared__ float4 shared_raw[];
   auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
   const int64_t b = blockIdx.z;
@@ -19,24 +22,24 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) fwd_kernel(const Attenti
   const Range rows{row0, row0 + BM < args.seqlen_q ? row0 + BM : args.seqlen_q};
   const Range keys = args.mask.keys(rows);
 
-  typename Tiles::Output acc;  // [16, HD] fp32 per warp
+  typename Tiles::Output acc;  // [16·WARP_BLOCKS, HD] fp32 per warp
   acc.fill(0.f);
   typename Tiles::Softmax softmax;
   softmax.init();
   if (!keys.empty()) {
-    tile::block::load_async<Tiles::kVec, kThreads>(shared.q.tile(), args.q.at<const T>(b, row0, h),
-                                                   args.q.seq_stride, int(rows.size()), args.head_dim);
+    tile::block::load_async<Tiles::kVec, kBlockThreads>(shared.q.tile(), args.q.at<const T>(b, row0, h),
+                                                        args.q.seq_stride, int(rows.size()), args.head_dim);
     tile::block::commit();
-    fwd_mainloop<T, Tiles, HD, BM, BN, STAGES>(args, shared, b, kv_head, rows, keys, acc, softmax);
+    fwd_mainloop<T, Tiles, HD, BM, BN, STAGES, kBlockThreads>(args, shared, b, kv_head, rows, keys, acc, softmax);
   }
 
-  // Epilogue: each lane stores column pairs of rows g and g + 8 of its warp.
+  // Epilogue: each lane stores column pairs of rows g and g + 8 of each of its warp's row blocks.
   softmax.finish();
   const int warp = int(threadIdx.x) / 32;
   const int g = lane_id() / 4, t = lane_id() % 4;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t row = rows.begin + warp * kRowsPerWarp + g + 8 * i;
+  for (int i = 0; i < Tiles::Output::kRows; ++i) {
+    const int64_t row = rows.begin + warp * Tiles::kWarpRows + Tiles::Output::row(i, g);
     if (row >= rows.end) continue;
     const float inv = softmax.inv_sum(i);
     T* o = args.o.at<T>(b, row, h);

@@ -10,21 +10,21 @@
 
 namespace fmha::cuda::sm80 {
 
-template <class T, int HD>
+template <class T, int HD, int VARIANT>
 size_t forward_shared_bytes() {
-  constexpr TileConfig c = tile_config(Direction::forward, int(sizeof(T)), HD);
-  return sizeof(typename FwdTiles<T, HD, c.tile_m, c.tile_n, c.stages>::SharedStorage);
+  constexpr FwdConfig c = fwd_config(int(sizeof(T)), HD, VARIANT);
+  return sizeof(typename FwdTiles<T, HD, c.tile_m(), c.tile_n, c.stages, c.warp_rows / kMmaRows>::SharedStorage);
 }
 
-template <class T, int HD>
+template <class T, int HD, int VARIANT>
 Status forward(const AttentionArgs& args, cudaStream_t stream) {
-  constexpr TileConfig c = tile_config(Direction::forward, int(sizeof(T)), HD);
-  const dim3 grid(unsigned(ceil_div(args.seqlen_q, c.tile_m)), unsigned(args.heads), unsigned(args.batch));
+  constexpr FwdConfig c = fwd_config(int(sizeof(T)), HD, VARIANT);
+  const dim3 grid(unsigned(ceil_div(args.seqlen_q, c.tile_m())), unsigned(args.heads), unsigned(args.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::success();
-  auto kernel = fwd_kernel<T, HD, c.tile_m, c.tile_n, c.stages, c.min_blocks>;
-  const size_t shared = forward_shared_bytes<T, HD>();
+  auto kernel = fwd_kernel<T, HD, c.warps, c.warp_rows / kMmaRows, c.tile_n, c.stages, c.min_blocks>;
+  const size_t shared = forward_shared_bytes<T, HD, VARIANT>();
   if (Status s = prepare_kernel(kernel, shared, "sm80 forward"); !s.ok()) return s;
-  kernel<<<grid, kThreads, shared, stream>>>(args);
+  kernel<<<grid, c.threads(), shared, stream>>>(args);
   return check_launch("sm80 forward kernel launch");
 }
 

@@ -12,9 +12,11 @@
 
 namespace fmha::cuda::sm80 {
 
-template <class T, int HD>
+// The forward in configuration VARIANT (sm80_config.h fwd_config): every variant at the tuned
+// head dims (FMHA_CUDA_TUNED_HEAD_DIMS), default_fwd_variant only at the others.
+template <class T, int HD, int VARIANT>
 Status forward(const AttentionArgs& args, cudaStream_t stream);
-template <class T, int HD>
+template <class T, int HD, int VARIANT>
 size_t forward_shared_bytes();
 
 template <class T, int HD>

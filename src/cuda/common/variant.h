@@ -1,0 +1,57 @@
+// Named kernel configurations ("variants") of a tier, and the environment override that picks one
+// for benchmarking: FMHA_SIMT_CONFIG / FMHA_SM80_FWD_CONFIG = <name>. The variable is read once,
+// the first time a tier dispatches; unset means the tier's default, and an unknown name makes the
+// tier refuse the call (with the list of names) rather than silently measure something else.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "cuda/common/host.h"
+#include "cuda/instances.h"
+
+namespace fmha::cuda {
+
+inline constexpr int kUnknownVariant = -1;
+inline constexpr int kDefaultVariant = -2;  // the variable is unset or empty
+
+// Index of `value` in names[0, count), kDefaultVariant when value is null or empty,
+// kUnknownVariant when it names none of them.
+inline int variant_index(const char* value, const char* const* names, int count) {
+  if (value == nullptr || *value == '\0') return kDefaultVariant;
+  for (int i = 0; i < count; ++i)
+    if (std::strcmp(value, names[i]) == 0) return i;
+  return kUnknownVariant;
+}
+
+inline Status unknown_variant(const char* variable, const char* const* names, int count) {
+  std::string list;
+  for (int i = 0; i < count; ++i) list += std::string(i ? ", " : "") + names[i];
+  const char* value = std::getenv(variable);
+  return unsupported(std::string(variable) + "=" + (value ? value : "") + " names no configuration; choose one of " +
+                     list);
+}
+
+// True for the head-dim buckets compiled in every variant (FMHA_CUDA_TUNED_HEAD_DIMS).
+constexpr bool is_tuned_head_dim(int head_dim) {
+  bool tuned = false;
+#define FMHA_CUDA_TUNED_HEAD_DIM_FOUND(hd) tuned = tuned || head_dim == hd;
+  FMHA_CUDA_TUNED_HEAD_DIMS(FMHA_CUDA_TUNED_HEAD_DIM_FOUND)
+#undef FMHA_CUDA_TUNED_HEAD_DIM_FOUND
+  return tuned;
+}
+
+// f(std::integral_constant<int, V>{}) for the runtime index `variant` in [0, COUNT).
+template <int COUNT, class F>
+Status with_variant(int variant, F&& f) {
+  return [&]<int... I>(std::integer_sequence<int, I...>) {
+    Status status = unsupported("variant " + std::to_string(variant) + " is out of range");
+    (void)((variant == I ? (status = f(std::integral_constant<int, I>{}), true) : false) || ...);
+    return status;
+  }(std::make_integer_sequence<int, COUNT>{});
+}
+
+}  // namespace fmha::cuda
