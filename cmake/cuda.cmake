@@ -68,13 +68,10 @@ foreach(hd IN LISTS FMHA_HEAD_DIMS)
   _fmha_instance(_fmha_simt_sources "simt_bwd_fp32_hd${hd}" "cuda/simt/simt_launch.cuh"
     "template fmha::Status fmha::cuda::simt::backward<${hd}>(${args});\ntemplate size_t fmha::cuda::simt::backward_shared_bytes<${hd}>();")
   if(_fmha_sm80_archs)
-    # The tf32 backward is the simt backward (exact fp32 from fp32 storage): no instance of its own.
     foreach(dtype fp16 bf16 tf32)
       foreach(dir fwd bwd)
         if(dir STREQUAL "fwd")
           set(fn forward)
-        elseif(dtype STREQUAL "tf32")
-          continue()
         else()
           set(fn backward)
         endif()
