@@ -129,7 +129,8 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
     typename Tiles::Scores s, dp;
     s.fill(0.f);
     dp.fill(0.f);
-#pragma unroll
+    // Not unrolled in full: with dK/dV resident, loads hoisted from later k-steps would spill.
+#pragma unroll 2
     for (int k0 = 0; k0 < HD; k0 += kK) {
       uint32_t ak[4], av[4];
       load_a<T>(ak, k, key_row0, k0);
@@ -202,7 +203,7 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
 #pragma unroll
       for (int kb = 0; kb < BN / kK; ++kb) load_a<T>(a[kb], ds_tile, dq_row0, kb * kK);
       const int h = head_of(step);
-#pragma unroll
+#pragma unroll 1
       for (int n0 = 0; n0 < Tiles::kDqCols; n0 += 16) {
         float acc[2][4] = {};  // two m16n8 C fragments: columns dq_col0 + n0 + 8x
 #pragma unroll

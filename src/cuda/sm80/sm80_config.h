@@ -34,10 +34,16 @@ struct TileConfig {
 // The deterministic dQ kernel reuses tile_n and stages with kWarps · 16 query rows.
 constexpr TileConfig tile_config(Direction direction, int element_bytes, int head_dim) {
   if (direction == Direction::backward) {
-    if (head_dim <= 64) return {64, 64, 2, 2};
-    if (head_dim <= 128) return {32, 64, 2, 2};
-    if (element_bytes == 2) return {32, 32, 2, 1, 2};
-    return {32, 32, 1, 1, 2};  // tf32 above 128: one Q/dO buffer keeps within sm_80's 163 KiB
+    if (element_bytes == 2) {
+      if (head_dim <= 64) return {64, 64, 2, 2};
+      if (head_dim <= 128) return {32, 64, 2, 2};
+      return {32, 32, 2, 1, 2};
+    }
+    // tf32 fragments take more registers (fp32 shared loads, conversions): shorter query steps;
+    // above 128 one Q/dO buffer keeps the block within sm_80's 163 KiB.
+    if (head_dim <= 96) return {32, 64, 2, 2};
+    if (head_dim <= 128) return {16, 64, 2, 2};
+    return {16, 32, 1, 1, 2};
   }
   const int m = kWarps * kRowsPerWarp;
   if (element_bytes == 2) {
