@@ -116,11 +116,8 @@ foreach(hd IN LISTS FMHA_HEAD_DIMS)
         _fmha_instance(_fmha_sm80_sources "sm80_fwd_${dtype}_hd${hd}_${tag}" "cuda/sm80/sm80_launch.cuh"
           "template fmha::Status fmha::cuda::sm80::forward<${t}, ${hd}, ${v}>(${args});\ntemplate size_t fmha::cuda::sm80::forward_shared_bytes<${t}, ${hd}, ${v}>();")
       endforeach()
-      # The tf32 backward is the simt backward (exact fp32 from fp32 storage): no instance of its own.
-      if(NOT dtype STREQUAL "tf32")
-        _fmha_instance(_fmha_sm80_sources "sm80_bwd_${dtype}_hd${hd}" "cuda/sm80/sm80_launch.cuh"
-          "template fmha::Status fmha::cuda::sm80::backward<${t}, ${hd}>(${args});\ntemplate size_t fmha::cuda::sm80::backward_shared_bytes<${t}, ${hd}>();")
-      endif()
+      _fmha_instance(_fmha_sm80_sources "sm80_bwd_${dtype}_hd${hd}" "cuda/sm80/sm80_launch.cuh"
+        "template fmha::Status fmha::cuda::sm80::backward<${t}, ${hd}>(${args});\ntemplate size_t fmha::cuda::sm80::backward_shared_bytes<${t}, ${hd}>();")
     endforeach()
   endif()
 endforeach()

@@ -54,6 +54,8 @@ if want cli; then
 --backend sm80 --dtype bf16 --mode fwd --causal bottom-right --window 300,0 --q-offset 5
 --backend sm80 --dtype fp16 --mode bwd --heads 8 --kv-heads 1 --seqlen-q 777 --seqlen-k 1500 --head-dim 128
 --backend sm80 --dtype bf16 --mode bwd --head-dim 256 --seqlen-q 513
+--backend sm80 --dtype bf16 --mode bwd --deterministic --causal bottom-right --heads 8 --kv-heads 2 --seqlen-q 1000 --seqlen-k 3000 --head-dim 192
+--backend sm80 --dtype tf32 --mode bwd --heads 4 --kv-heads 2 --seqlen-q 333 --seqlen-k 700 --window 100,20
 --dtype bf16 --mode bwd --head-dim 96 --head-dim-v 64 --seqlen-q 300 --causal top-left
 CASES
   grep -E "check:|FAIL|error" "$OUT/cli_checks.log" | head -20

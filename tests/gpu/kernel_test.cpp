@@ -273,6 +273,22 @@ TEST(Refuse, SmallTierLimits) {
       EXPECT_TRUE(mentions(s, "k:")) << s.message;
     }
     {
+      // The backward also loads dO with 16-byte cp.async.
+      Refusal r = tiny_call(Backend::cuda_sm80, DType::bf16, hd);
+      const size_t bytes = size_t(2 * 8 * 2 * hd) * 2;
+      DeviceBuffer more(4 * bytes + 4096);
+      char* base = static_cast<char*>(more.ptr);
+      Params& p = r.params;
+      p.dout = make_tensor(base + 2, DType::bf16, {2, 8, 2, hd}, p.q.device);  // 2-byte aligned only
+      p.dq = make_tensor(base + bytes + 256, DType::bf16, {2, 8, 2, hd}, p.q.device);
+      p.dk = make_tensor(base + 2 * bytes + 512, DType::bf16, {2, 8, 2, hd}, p.q.device);
+      p.dv = make_tensor(base + 3 * bytes + 768, DType::bf16, {2, 8, 2, hd}, p.q.device);
+      p.lse = make_tensor(base + 4 * bytes + 1024, DType::fp32, {2, 2, 8}, p.q.device);
+      const Status s = supports(p, Direction::backward);
+      EXPECT_EQ(s.code, Code::unsupported) << s.message;
+      EXPECT_TRUE(mentions(s, "dout:")) << s.message;
+    }
+    {
       Refusal r = tiny_call(Backend::auto_select, DType::fp32, hd);
       Backend chosen{};
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());

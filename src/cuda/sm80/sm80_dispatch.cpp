@@ -1,6 +1,5 @@
-// The sm80 tier's entry points: tensor-core (mma.sync) forward for fp16, bf16 and fp32 storage
-// with Precision::tf32, on sm_80 and newer. Its backward computes in fp32 arithmetic from the same
-// storage (for fp32 storage it is the simt backward itself).
+// The sm80 tier's entry points: tensor-core (mma.sync) forward and backward for fp16, bf16 and
+// fp32 storage with Precision::tf32, on sm_80 and newer.
 // fp32 with Precision::ieee is refused: exact fp32 is the simt tier's job.
 //
 // FMHA_SM80_FWD_CONFIG=<name> picks the forward configuration (names and what they change:
@@ -13,7 +12,6 @@
 #include "cuda/common/dispatch_util.h"
 #include "cuda/common/variant.h"
 #include "cuda/sm80/sm80_launch.h"
-#include "cuda/simt/simt_launch.h"
 
 namespace fmha::cuda::sm80 {
 namespace {
@@ -39,17 +37,17 @@ Status with_fwd_variant(F&& f) {
   return f(std::integral_constant<int, default_fwd_variant(int(sizeof(T)), HD)>{});
 }
 
-constexpr int kVectorBytes = 16;  // the forward's cp.async width
+constexpr int kVectorBytes = 16;  // the kernels' cp.async width
 
-// The forward's 16-byte loads need aligned bases, strides and head dims.
-Status check_vector_loads(const Params& p) {
+// The 16-byte loads need aligned bases, strides and head dims (q, k, v; dO for the backward).
+Status check_vector_loads(const Params& p, Direction direction) {
   const int64_t vec = kVectorBytes / int64_t(dtype_size(p.q.dtype));
   const struct {
     const char* name;
     const Tensor* t;
-  } inputs[] = {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}};
+  } inputs[] = {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"dout", &p.dout}};
   for (const auto& in : inputs) {
-    if (in.t->numel() == 0) continue;
+    if (in.t->numel() == 0 || (in.t == &p.dout && direction == Direction::forward)) continue;
     if (reinterpret_cast<uintptr_t>(in.t->data) % kVectorBytes != 0)
       return unsupported(std::string(in.name) + ": the sm80 tier loads 16-byte vectors; the data pointer must be "
                                                 "16-byte aligned");
@@ -84,9 +82,7 @@ Status supports(const Params& p, Direction direction) {
   int bucket = 0;
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
   if (Status st = check_grid_limits(s); !st.ok()) return st;
-  if (direction == Direction::forward) {
-    if (Status st = check_vector_loads(p); !st.ok()) return st;
-  }
+  if (Status st = check_vector_loads(p, direction); !st.ok()) return st;
   DeviceProps props;
   if (Status st = current_device(p, direction, &props); !st.ok()) return st;
   if (props.arch < 80 || props.arch < FMHA_CUDA_SM80_MIN_ARCH)
@@ -96,16 +92,12 @@ Status supports(const Params& p, Direction direction) {
     constexpr int HD = decltype(hd)::value;
     return with_dtype(p.q.dtype, [&](auto type) {
       using T = decltype(type);
-      size_t need = 0;
       if (direction == Direction::forward)
         return with_fwd_variant<T, HD>([&](auto variant) {
           return check_shared_memory("sm80", direction, HD, forward_shared_bytes<T, HD, decltype(variant)::value>(),
                                      props);
         });
-      if constexpr (sizeof(T) == sizeof(float))
-        need = simt::backward_shared_bytes<HD>();  // fp32 storage: the simt backward
-      else
-        need = backward_shared_bytes<T, HD>();
+      const size_t need = backward_shared_bytes<T, HD>();
       return check_shared_memory("sm80", direction, HD, need, props);
     });
   });
@@ -131,10 +123,7 @@ Status run(const Params& p, Direction direction) {
       if (direction == Direction::forward)
         return with_fwd_variant<T, HD>(
             [&](auto variant) { return forward<T, HD, decltype(variant)::value>(args, stream); });
-      if constexpr (sizeof(T) == sizeof(float))
-        return simt::backward<HD>(args, stream);
-      else
-        return backward<T, HD>(args, stream);
+      return backward<T, HD>(args, stream);
     });
   });
 }

@@ -1,12 +1,13 @@
 // Definitions of the sm80 launchers (declared in sm80_launch.h), included by the generated
-// instantiation files only. The backward runs the three-kernel fp32 SIMT backward on the tier's
-// storage types (simt_launch.cuh); the forward is the mma.sync kernel.
+// instantiation files only. Forward and backward are mma.sync kernels; the backward runs between
+// the preprocess and convert kernels every tier shares (cuda/common/bwd_common.cuh).
 #pragma once
 
+#include "cuda/common/bwd_common.cuh"
 #include "cuda/common/launch.h"
+#include "cuda/sm80/sm80_bwd_kernel.cuh"
 #include "cuda/sm80/sm80_fwd_kernel.cuh"
 #include "cuda/sm80/sm80_launch.h"
-#include "cuda/simt/simt_launch.cuh"
 
 namespace fmha::cuda::sm80 {
 
@@ -28,14 +29,61 @@ Status forward(const AttentionArgs& args, cudaStream_t stream) {
   return check_launch("sm80 forward kernel launch");
 }
 
-template <class T, int HD>
-size_t backward_shared_bytes() {
-  return simt::backward_shared_bytes<HD>();
-}
+// sm_80's opt-in shared memory per block: the deterministic dQ kernel keeps two K/V tiles in
+// flight when they fit in it, one otherwise.
+inline constexpr size_t kSm80SharedBytes = 163 * 1024;
 
 template <class T, int HD>
+struct BwdShapes {
+  static constexpr TileConfig c = tile_config(Direction::backward, int(sizeof(T)), HD);
+  using Main = BwdTiles<T, HD, c.tile_m, c.tile_n, c.stages, c.head_splits>;
+  static constexpr int kDqStages =
+      sizeof(typename DqTiles<T, HD, c.tile_n, 2>::SharedStorage) <= kSm80SharedBytes ? 2 : 1;
+  using Dq = DqTiles<T, HD, c.tile_n, kDqStages>;
+  static constexpr size_t kMainShared = sizeof(typename Main::SharedStorage);
+  static constexpr size_t kDqShared = sizeof(typename Dq::SharedStorage);
+};
+
+// The larger of the main and the deterministic dQ kernel's shared memory.
+template <class T, int HD>
+size_t backward_shared_bytes() {
+  using S = BwdShapes<T, HD>;
+  return S::kMainShared > S::kDqShared ? S::kMainShared : S::kDqShared;
+}
+
+// Preprocess, main kernel, then convert (atomic dQ, args.dq_accum set) or the dQ kernel
+// (deterministic, args.dq_accum null).
+template <class T, int HD>
 Status backward(const AttentionArgs& args, cudaStream_t stream) {
-  return simt::backward_for<T, HD>(args, stream);
+  using S = BwdShapes<T, HD>;
+  constexpr TileConfig c = S::c;
+  const int64_t rows = int64_t(args.batch) * args.heads * args.seqlen_q;
+  if (rows > 0) {
+    const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
+    bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(args);
+    if (Status s = check_launch("sm80 backward preprocess launch"); !s.ok()) return s;
+  }
+
+  const dim3 kv_grid(unsigned(ceil_div(args.seqlen_k, c.tile_n)), unsigned(args.kv_heads), unsigned(args.batch));
+  if (kv_grid.x > 0 && kv_grid.y > 0 && kv_grid.z > 0) {
+    auto kernel = bwd_kernel<T, HD, c.tile_m, c.tile_n, c.stages, c.head_splits, c.min_blocks>;
+    if (Status s = prepare_kernel(kernel, S::kMainShared, "sm80 backward"); !s.ok()) return s;
+    kernel<<<kv_grid, kThreads, S::kMainShared, stream>>>(args);
+    if (Status s = check_launch("sm80 backward kernel launch"); !s.ok()) return s;
+  }
+  if (rows == 0) return Status::success();
+
+  if (args.dq_accum != nullptr) {
+    const int64_t elements = rows * args.head_dim;
+    bwd_convert_dq_kernel<T><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(
+        args);
+    return check_launch("sm80 backward dQ convert launch");
+  }
+  const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, S::Dq::kRows)), unsigned(args.heads), unsigned(args.batch));
+  auto kernel = bwd_dq_kernel<T, HD, c.tile_n, S::kDqStages, c.min_blocks>;
+  if (Status s = prepare_kernel(kernel, S::kDqShared, "sm80 backward dQ"); !s.ok()) return s;
+  kernel<<<q_grid, kThreads, S::kDqShared, stream>>>(args);
+  return check_launch("sm80 backward dQ kernel launch");
 }
 
 }  // namespace fmha::cuda::sm80
