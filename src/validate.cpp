@@ -2,7 +2,6 @@
 // expected; nothing is written before all of them pass.
 #include <cmath>
 #include <cstdint>
-#include <sstream>
 #include <string>
 
 #include "backends.h"
@@ -10,12 +9,12 @@
 namespace fmha::detail {
 namespace {
 
+// Plain string building, no iostreams: the Python extension links libstdc++ statically, and its
+// stream locale facets were seen to crash there.
 std::string shape_string(const Tensor& t) {
-  std::ostringstream out;
-  out << "[";
-  for (int d = 0; d < t.rank; ++d) out << (d ? ", " : "") << t.shape[d];
-  out << "]";
-  return out.str();
+  std::string out = "[";
+  for (int d = 0; d < t.rank; ++d) out += (d ? ", " : "") + std::to_string(t.shape[d]);
+  return out + "]";
 }
 
 Status invalid(const std::string& message) { return {Code::invalid_argument, message}; }
