@@ -38,6 +38,7 @@ constexpr TileConfig tile_config(Direction direction, int element_bytes, int hea
   if (direction == Direction::backward) {
     if (element_bytes == 2) {
       if (head_dim <= 64) return {64, 64, 2, 2};
+      if (head_dim <= 96) return {32, 64, 2, 2};
       if (head_dim <= 128) return {16, 64, 2, 2};
       return {32, 32, 2, 1, 2};
     }
