@@ -26,24 +26,28 @@ struct TileConfig {
   int stages;       // forward: K/V tiles in flight; backward: Q/dO tiles in flight
   int min_blocks;   // blocks per SM the register allocation must allow
   int head_splits = 1;  // backward: warps that share 16 keys, each owning 1/head_splits of dK/dV's columns
+  int dq_tile_n = 0;    // backward: keys per step of the deterministic dQ kernel (0: tile_n)
 };
 
 // The backward's main kernel gives each warp 16 keys and keeps their dK and dV rows in registers
 // (head_dim fp32 values per lane between the two), so above 128 two warps share 16 keys and split
 // the head dim. tile_m is the query tile of one step: [16 keys, tile_m] S^T and dP^T per warp.
-// The deterministic dQ kernel reuses tile_n and stages with kWarps · 16 query rows.
+// The deterministic dQ kernel has kWarps · 16 query rows and dq_tile_n (default tile_n) keys per
+// step, with two K/V tiles in flight where sm_80's shared memory allows.
 constexpr TileConfig tile_config(Direction direction, int element_bytes, int head_dim) {
   if (direction == Direction::backward) {
     if (element_bytes == 2) {
       if (head_dim <= 64) return {64, 64, 2, 2};
-      if (head_dim <= 128) return {32, 64, 2, 2};
+      if (head_dim <= 96) return {32, 64, 2, 2};
+      if (head_dim <= 128) return {16, 64, 2, 2};
       return {32, 32, 2, 1, 2};
     }
     // tf32 fragments take more registers (fp32 shared loads, conversions): shorter query steps;
     // above 128 one Q/dO buffer keeps the block within sm_80's 163 KiB.
-    if (head_dim <= 96) return {32, 64, 2, 2};
+    if (head_dim <= 64) return {32, 64, 2, 2};
+    if (head_dim <= 96) return {32, 32, 2, 1, 2};
     if (head_dim <= 128) return {16, 64, 2, 2};
-    return {16, 32, 1, 1, 2};
+    return {16, 32, 1, 1, 2, 16};
   }
   const int m = kWarps * kRowsPerWarp;
   if (element_bytes == 2) {

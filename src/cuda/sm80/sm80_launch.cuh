@@ -37,9 +37,10 @@ template <class T, int HD>
 struct BwdShapes {
   static constexpr TileConfig c = tile_config(Direction::backward, int(sizeof(T)), HD);
   using Main = BwdTiles<T, HD, c.tile_m, c.tile_n, c.stages, c.head_splits>;
+  static constexpr int kDqKeys = c.dq_tile_n > 0 ? c.dq_tile_n : c.tile_n;
   static constexpr int kDqStages =
-      sizeof(typename DqTiles<T, HD, c.tile_n, 2>::SharedStorage) <= kSm80SharedBytes ? 2 : 1;
-  using Dq = DqTiles<T, HD, c.tile_n, kDqStages>;
+      sizeof(typename DqTiles<T, HD, kDqKeys, 2>::SharedStorage) <= kSm80SharedBytes ? 2 : 1;
+  using Dq = DqTiles<T, HD, kDqKeys, kDqStages>;
   static constexpr size_t kMainShared = sizeof(typename Main::SharedStorage);
   static constexpr size_t kDqShared = sizeof(typename Dq::SharedStorage);
 };
@@ -80,7 +81,7 @@ Status backward(const AttentionArgs& args, cudaStream_t stream) {
     return check_launch("sm80 backward dQ convert launch");
   }
   const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, S::Dq::kRows)), unsigned(args.heads), unsigned(args.batch));
-  auto kernel = bwd_dq_kernel<T, HD, c.tile_n, S::kDqStages, c.min_blocks>;
+  auto kernel = bwd_dq_kernel<T, HD, S::kDqKeys, S::kDqStages, c.min_blocks>;
   if (Status s = prepare_kernel(kernel, S::kDqShared, "sm80 backward dQ"); !s.ok()) return s;
   kernel<<<q_grid, kThreads, S::kDqShared, stream>>>(args);
   return check_launch("sm80 backward dQ kernel launch");
