@@ -378,7 +378,9 @@ void check_cuda(cudaError_t error, const char* what) {
 
 // An uninitialised device array owned by Python: freed (cudaFree) when its last reference,
 // e.g. the JAX array imported from it through DLPack, goes away.
-OutputArray cuda_empty(const std::vector<int64_t>& shape, const std::string& dtype, int device) {
+// Returned as an array-API object (with __dlpack__ and __dlpack_device__, importable any number
+// of times), not a one-shot DLPack capsule: it is both fmha's output and what JAX imports.
+nb::ndarray<nb::array_api> cuda_empty(const std::vector<int64_t>& shape, const std::string& dtype, int device) {
   nb::dlpack::dtype d{};
   if (dtype == "float32") d = nb::dtype<float>();
   else if (dtype == "float16") d = {uint8_t(DLCode::Float), 16, 1};
@@ -401,7 +403,8 @@ OutputArray cuda_empty(const std::vector<int64_t>& shape, const std::string& dty
   cudaSetDevice(previous);
   check_cuda(error, "cudaMalloc");
   nb::capsule owner(data, [](void* p) noexcept { cudaFree(p); });
-  return OutputArray(data, extents.size(), extents.data(), owner, nullptr, d, nb::device::cuda::value, device);
+  return nb::ndarray<nb::array_api>(data, extents.size(), extents.data(), owner, nullptr, d, nb::device::cuda::value,
+                                   device);
 }
 
 void synchronize(uintptr_t stream) {
