@@ -80,7 +80,8 @@ Range intersect(Range a, Range b) {
 // many tiles to read. The panel starts at a multiple of the tile size (so every tile that starts
 // at a multiple of 64 sits at a 64-byte aligned offset) and is zero outside `rows` and `dim`.
 //   row-major:  element (r, d) at data[(r - first) * ld + d], ld = dim rounded up to 16
-//   transposed: element (r, d) at data[d * ld + (r - first)], ld = row span rounded up to 64
+//   transposed: element (r, d) at data[d * ld + (r - first)], ld = row span rounded up to 64,
+//               plus one vector
 struct Panel {
   Scratch buffer;
   int64_t first = 0, ld = 0;
@@ -92,9 +93,12 @@ struct Panel {
     first = align_down(rows.begin, kTileN);
     const int64_t span = round_up(std::max<int64_t>(rows.end - first, 1), kTileN);
     const int64_t dim_padded = round_up(dim, kLanes);
-    ld = transposed ? span : dim_padded;
-    float* data = buffer.reserve(span * dim_padded);
-    std::fill_n(data, span * dim_padded, 0.0f);
+    // A transposed panel's rows are read one after another by the matmul's k loop; a row length
+    // of a multiple of 4 KiB would map them all to the same L1 sets, so pad it by one vector.
+    ld = transposed ? span + kLanes : dim_padded;
+    const int64_t size = transposed ? dim_padded * ld : span * ld;
+    float* data = buffer.reserve(size);
+    std::fill_n(data, size, 0.0f);
     for (int64_t r = rows.begin; r < rows.end; ++r) {
       if (!transposed) {
         read_row(t, offset4(t, b, r, h, 0), dim, data + (r - first) * ld, tf32);

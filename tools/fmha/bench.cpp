@@ -192,6 +192,7 @@ int run_bench(const BenchOptions& opt) {
           << "," << c.batch << "," << c.heads << "," << c.kv_heads << "," << c.seqlen_q << "," << c.seqlen_k << ","
           << c.head_dim << "," << c.head_dim_v << "," << to_string(c.causal) << "," << ms << "," << tflops << ",\""
           << quoted << "\"\n";
+      csv.flush();  // a sweep cut short keeps the rows it finished
     }
   }
   progress(cases.size(), cases.size(), "done", show_progress);
