@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU session's checks in priority order, each step time-boxed so the whole run fits a short
-# lease (run from the repository root; results under $R, default /tmp/r):
+# The GPU checks in priority order, each step time-boxed so the whole run fits a short time
+# budget (run from the repository root; results under $R, default /tmp/r):
 # build -> GPU kernel and tile tests -> compute-sanitizer (memcheck, racecheck) on small cases of
 # every kernel -> fmha bench (seed) -> the Python package (install, tests one process per file,
 # per-call overhead) -> fmha bench (FlashAttention's bf16 sweep).
