@@ -238,48 +238,27 @@ class JaxAdapter:
         return self.jax.dlpack.from_dlpack(array)
 
 
-class DLPackAdapter:
+class DLPackAdapter(NumpyAdapter):
     """Any other object with __dlpack__ (CPU only: fmha cannot allocate in an unknown framework's
-    device memory). Results come back as NumPy arrays."""
+    device memory). Results come back as NumPy arrays, allocated as NumpyAdapter does."""
 
     name = "dlpack"
-    on_cuda = False
-    raw_bf16 = False
 
     def __init__(self, array):
-        import numpy
-
-        self.np = numpy
+        super().__init__(array)
         device_type, _ = array.__dlpack_device__()
         if device_type not in (1, 3):  # kDLCPU, kDLCUDAHost
             raise TypeError(
                 "q: arrays of type %s on a device are supported only from NumPy, PyTorch, CuPy or JAX"
                 % type(array).__name__
             )
-        self.dtype = numpy.from_dlpack(array).dtype
+        self.dtype = self.np.from_dlpack(array).dtype
 
     def export(self, array):
         return array
 
     def empty(self, like, shape):
         return self.np.empty(shape, dtype=self.dtype)
-
-    def empty_f32(self, like, shape):
-        return self.np.empty(shape, dtype=self.np.float32)
-
-    def workspace(self, like, nbytes):
-        return self.np.empty((nbytes,), dtype=self.np.uint8)
-
-    def stream(self, like, stream):
-        if stream is not None:
-            _stream_handle(stream)  # checked, then unused: CPU calls run on the calling thread
-        return 0
-
-    def finish(self, stream):
-        pass
-
-    def wrap(self, array):
-        return array
 
 
 def _stream_handle(stream):
