@@ -50,15 +50,25 @@ inline v16f exp2(v16f x) {
   return p * scale;
 }
 
+// Horizontal reductions as a tree of in-register shuffles (4 dependent steps, not 15).
+inline v16f swap_halves(v16f x, int step) {
+  switch (step) {
+    case 8: return __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    case 4: return __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    case 2: return __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    default: return __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  }
+}
 inline float horizontal_max(v16f x) {
-  float m = x[0];
-  for (int i = 1; i < kLanes; ++i) m = x[i] > m ? x[i] : m;
-  return m;
+  for (int step = kLanes / 2; step >= 1; step /= 2) {
+    const v16f y = swap_halves(x, step);
+    x = x > y ? x : y;
+  }
+  return x[0];
 }
 inline float horizontal_sum(v16f x) {
-  float s = 0.f;
-  for (int i = 0; i < kLanes; ++i) s += x[i];
-  return s;
+  for (int step = kLanes / 2; step >= 1; step /= 2) x += swap_halves(x, step);
+  return x[0];
 }
 
 // C[r][0:W] (+)= sum_k A[r][k] * B[k][0:W] for r in [0, kRowBlock). B and C rows are 64-byte
