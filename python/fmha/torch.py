@@ -68,22 +68,24 @@ class _DeviceGuard:
             torch.cuda.set_device(self.previous)
 
 
-def _forward(q, k, v, scale, causal, window_left, window_right, q_offset, precision, deterministic, backend):
+def _forward(q, k, v, scale, causal, window_left, window_right, q_offset, precision, deterministic, backend,
+             with_lse=True):
+    """out and lse (None when with_lse is False: an inference call that needs no LSE skips it)."""
     batch, seqlen_q, heads, _ = q.shape
     device = q.device
     out = torch.empty((batch, seqlen_q, heads, v.shape[3]), dtype=q.dtype, device=device)
-    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=device)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=device) if with_lse else None
+    lse_arg = _to_dlpack(lse) if with_lse else None
     options = _options(scale, causal, window_left, window_right, q_offset, precision, deterministic, backend, device)
     if device.type != "cuda":
-        _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse), None, options)
+        _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), lse_arg, None, options)
         return out, lse
     with _DeviceGuard(device):
-        needed = _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse), None,
-                            options)
+        needed = _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), lse_arg, None, options)
         if needed:
             workspace = torch.empty((needed,), dtype=torch.uint8, device=device)
-            _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse),
-                       _to_dlpack(workspace), options)
+            _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out),
+                       _to_dlpack(lse) if with_lse else None, _to_dlpack(workspace), options)
     return out, lse
 
 
@@ -270,7 +272,7 @@ def attention(
     elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _EagerAttention.apply(q, k, v, *options)
     else:
-        out, lse = _forward(q, k, v, *options)
+        out, lse = _forward(q, k, v, *options, with_lse=return_lse)
     if return_lse:
         return out, lse.detach()
     return out
