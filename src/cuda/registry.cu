@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "backends.h"
+#include "cuda/common/host.h"
 #include "cuda/instances.h"
 #include "cuda/simt/simt_dispatch.h"
 #if FMHA_CUDA_SM80_MIN_ARCH
@@ -16,10 +17,10 @@ std::vector<BackendEntry> cuda_backends() {
   std::vector<BackendEntry> out;
 #if FMHA_CUDA_SM80_MIN_ARCH
   out.push_back({Backend::cuda_sm80, DeviceType::cuda, cuda::sm80::supports, cuda::sm80::run,
-                 cuda::sm80::workspace_size});
+                 cuda::workspace_size});
 #endif
   out.push_back({Backend::cuda_simt, DeviceType::cuda, cuda::simt::supports, cuda::simt::run,
-                 cuda::simt::workspace_size});
+                 cuda::workspace_size});
   return out;
 }
 

@@ -97,6 +97,11 @@ Status bind_workspace(const Params& p, const WorkspaceLayout& w, AttentionArgs* 
   return Status::success();
 }
 
+Status workspace_size(const Params& p, Direction direction, size_t* bytes) {
+  *bytes = direction == Direction::backward ? workspace_layout(Problem::of(p), p.deterministic).total : 0;
+  return Status::success();
+}
+
 Status current_device(const Params& p, Direction direction, DeviceProps* props) {
   int ordinal = 0, count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0 || cudaGetDevice(&ordinal) != cudaSuccess) {

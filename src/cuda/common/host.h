@@ -34,6 +34,9 @@ struct WorkspaceLayout {
 };
 WorkspaceLayout workspace_layout(const Problem& problem, bool deterministic);
 
+// The workspace a call of either tier needs: the backward's layout, nothing for the forward.
+Status workspace_size(const Params& params, Direction direction, size_t* bytes);
+
 // Fills the workspace pointers of `args`, or says why the caller's workspace does not do.
 Status bind_workspace(const Params& params, const WorkspaceLayout& layout, AttentionArgs* args);
 

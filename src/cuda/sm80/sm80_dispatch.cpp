@@ -103,11 +103,6 @@ Status supports(const Params& p, Direction direction) {
   });
 }
 
-Status workspace_size(const Params& p, Direction direction, size_t* bytes) {
-  *bytes = direction == Direction::backward ? workspace_layout(Problem::of(p), p.deterministic).total : 0;
-  return Status::success();
-}
-
 Status run(const Params& p, Direction direction) {
   if (Status st = sm80::supports(p, direction); !st.ok()) return st;
   const Problem s = Problem::of(p);

@@ -7,6 +7,5 @@ namespace fmha::cuda::sm80 {
 
 Status supports(const Params& params, Direction direction);
 Status run(const Params& params, Direction direction);
-Status workspace_size(const Params& params, Direction direction, size_t* bytes);
 
 }  // namespace fmha::cuda::sm80
