@@ -117,4 +117,18 @@ TEST(Cli, BenchWritesCsvAndJson) {
   EXPECT_EQ(std::string(header).rfind("backend,device,mode", 0), 0u);
 }
 
+TEST(Cli, BenchSweepIsFilteredByExplicitDtypeAndMode) {
+  const Result r = fmha("bench --sweep seed --backend cpu --dtype bf16 --mode fwd --iters 1 --warmup 0 --no-progress "
+                        "--json-out -");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto start = r.out.find('[');
+  ASSERT_NE(start, std::string::npos);
+  const auto j = nlohmann::json::parse(r.out.substr(start));
+  ASSERT_EQ(j.size(), 1u);  // the seed sweep has 6 cases: 3 dtypes x 2 directions
+  EXPECT_EQ(j[0]["dtype"], "bf16");
+  EXPECT_EQ(j[0]["mode"], "fwd");
+  EXPECT_EQ(j[0]["seqlen_q"], 4096);
+  EXPECT_EQ(j[0]["status"], "ok");
+}
+
 }  // namespace
