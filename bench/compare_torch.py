@@ -19,6 +19,7 @@ Agreement: fmha's output (and gradients) against the reference provider's (the f
 math, efficient, flash, cudnn), as max |a - b| / max |b|.
 
     python bench/compare_torch.py --sweep fa --out out/compare
+    python bench/compare_torch.py --sweep fa --dtypes bf16 --providers fmha,flash,cudnn
     python bench/compare_torch.py --sweep seed
     python bench/compare_torch.py --smoke --device cpu     # tiny sizes: checks the script itself
 """
@@ -311,6 +312,7 @@ def main():
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, few repeats: checks the script itself")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--providers", default="fmha,flash,cudnn,efficient,math")
+    parser.add_argument("--dtypes", default="", help="comma-separated subset of the sweep's dtypes (default: all)")
     parser.add_argument("--fmha-backend", default="auto")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=30)
@@ -334,8 +336,14 @@ def main():
     timer = Timer(device)
     args.rows = []
     print_header()
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    unknown = sorted(set(dtypes) - set(DTYPES))
+    if unknown:
+        raise SystemExit("--dtypes: unknown %s (choose from %s)" % (",".join(unknown), ",".join(DTYPES)))
     for sweep in sweeps:
         for point in sweep_points(sweep):
+            if dtypes and point[1] not in dtypes:
+                continue
             rows = bench_point(point, args, device, timer)
             print_rows(rows)
             args.rows.extend(rows)

@@ -8,7 +8,7 @@ set(FMHA_CUDA_ARCHS "80;90" CACHE STRING
 set(FMHA_HEAD_DIMS "32;64;96;128;192;256" CACHE STRING
     "Head-dim buckets to compile GPU kernels for (subset of 32;64;96;128;192;256)")
 set(FMHA_TUNED_HEAD_DIMS "64;128" CACHE STRING
-    "Head-dim buckets compiled in every forward variant (FMHA_SIMT_CONFIG, FMHA_SM80_FWD_CONFIG); the others get each tier's default only")
+    "Head-dim buckets compiled in every kernel variant (FMHA_SIMT_CONFIG, FMHA_SM80_FWD_CONFIG, FMHA_SM80_BWD_CONFIG); the others get each tier's default only")
 option(FMHA_PTXAS_VERBOSE "Print registers and spills of every kernel (-Xptxas -v)" OFF)
 
 set(_fmha_all_head_dims 32 64 96 128 192 256)
@@ -44,10 +44,11 @@ endfunction()
 _fmha_min_arch(FMHA_SIMT_MIN_ARCH "${_fmha_simt_archs}")
 _fmha_min_arch(FMHA_SM80_MIN_ARCH "${_fmha_sm80_archs}")
 
-# Forward variants per tier: must match kFwdVariants in simt_config.h / sm80_config.h (the
-# dispatchers static_assert it).
+# Variants per tier and direction: must match kFwdVariants / kBwdVariants in simt_config.h and
+# sm80_config.h (the dispatchers static_assert it).
 set(FMHA_SIMT_FWD_VARIANTS 4)
 set(FMHA_SM80_FWD_VARIANTS 4)
+set(FMHA_SM80_BWD_VARIANTS 3)
 set(FMHA_TUNED_HEAD_DIMS_X "")
 foreach(hd IN LISTS FMHA_TUNED_HEAD_DIMS)
   if(hd IN_LIST FMHA_HEAD_DIMS)
@@ -88,9 +89,15 @@ foreach(hd IN LISTS FMHA_HEAD_DIMS)
     foreach(v RANGE ${last})
       list(APPEND sm80_variants "v${v}:${v}")
     endforeach()
+    math(EXPR last "${FMHA_SM80_BWD_VARIANTS} - 1")
+    set(sm80_bwd_variants "")
+    foreach(v RANGE ${last})
+      list(APPEND sm80_bwd_variants "v${v}:${v}")
+    endforeach()
   else()
     set(simt_variants "default:fmha::cuda::simt::default_fwd_variant(${hd})")
     set(sm80_variants "default:DEFAULT")
+    set(sm80_bwd_variants "default:DEFAULT")
   endif()
   foreach(entry IN LISTS simt_variants)
     string(FIND "${entry}" ":" colon)
@@ -116,8 +123,17 @@ foreach(hd IN LISTS FMHA_HEAD_DIMS)
         _fmha_instance(_fmha_sm80_sources "sm80_fwd_${dtype}_hd${hd}_${tag}" "cuda/sm80/sm80_launch.cuh"
           "template fmha::Status fmha::cuda::sm80::forward<${t}, ${hd}, ${v}>(${args});\ntemplate size_t fmha::cuda::sm80::forward_shared_bytes<${t}, ${hd}, ${v}>();")
       endforeach()
-      _fmha_instance(_fmha_sm80_sources "sm80_bwd_${dtype}_hd${hd}" "cuda/sm80/sm80_launch.cuh"
-        "template fmha::Status fmha::cuda::sm80::backward<${t}, ${hd}>(${args});\ntemplate size_t fmha::cuda::sm80::backward_shared_bytes<${t}, ${hd}>();")
+      foreach(entry IN LISTS sm80_bwd_variants)
+        string(FIND "${entry}" ":" colon)
+        string(SUBSTRING "${entry}" 0 ${colon} tag)
+        math(EXPR colon "${colon} + 1")
+        string(SUBSTRING "${entry}" ${colon} -1 v)
+        if(v STREQUAL "DEFAULT")
+          set(v "fmha::cuda::sm80::default_bwd_variant(sizeof(${t}), ${hd})")
+        endif()
+        _fmha_instance(_fmha_sm80_sources "sm80_bwd_${dtype}_hd${hd}_${tag}" "cuda/sm80/sm80_launch.cuh"
+          "template fmha::Status fmha::cuda::sm80::backward<${t}, ${hd}, ${v}>(${args});\ntemplate size_t fmha::cuda::sm80::backward_shared_bytes<${t}, ${hd}, ${v}>();")
+      endforeach()
     endforeach()
   endif()
 endforeach()

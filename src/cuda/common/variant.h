@@ -1,5 +1,5 @@
 // Named kernel configurations ("variants") of a tier, and the environment override that picks one
-// for benchmarking: FMHA_SIMT_CONFIG / FMHA_SM80_FWD_CONFIG = <name>. The variable is read once,
+// for benchmarking: FMHA_SIMT_CONFIG / FMHA_SM80_FWD_CONFIG / FMHA_SM80_BWD_CONFIG = <name>. The variable is read once,
 // the first time a tier dispatches; unset means the tier's default, and an unknown name makes the
 // tier refuse the call (with the list of names) rather than silently measure something else.
 #pragma once
@@ -52,6 +52,18 @@ Status with_variant(int variant, F&& f) {
     (void)((variant == I ? (status = f(std::integral_constant<int, I>{}), true) : false) || ...);
     return status;
   }(std::make_integer_sequence<int, COUNT>{});
+}
+
+// f(std::integral_constant<int, V>{}) for the variant a call runs: `requested` (a variant_index of
+// `variable`) at head dims compiled in every variant (TUNED), DEFAULT where the variable is unset
+// and at the other head dims; an unknown name is refused.
+template <int COUNT, int DEFAULT, bool TUNED, class F>
+Status with_requested_variant(int requested, const char* variable, const char* const* names, F&& f) {
+  if (requested == kUnknownVariant) return unknown_variant(variable, names, COUNT);
+  if constexpr (TUNED) {
+    if (requested != kDefaultVariant) return with_variant<COUNT>(requested, f);
+  }
+  return f(std::integral_constant<int, DEFAULT>{});
 }
 
 }  // namespace fmha::cuda

@@ -29,12 +29,8 @@ int requested_fwd_variant() {
 // f(std::integral_constant<int, V>{}) for the forward variant this call runs at head dim HD.
 template <int HD, class F>
 Status with_fwd_variant(F&& f) {
-  const int requested = requested_fwd_variant();
-  if (requested == kUnknownVariant) return unknown_variant(kConfigVariable, kFwdVariantNames, kFwdVariants);
-  if constexpr (is_tuned_head_dim(HD)) {
-    if (requested != kDefaultVariant) return with_variant<kFwdVariants>(requested, f);
-  }
-  return f(std::integral_constant<int, default_fwd_variant(HD)>{});
+  return with_requested_variant<kFwdVariants, default_fwd_variant(HD), is_tuned_head_dim(HD)>(
+      requested_fwd_variant(), kConfigVariable, kFwdVariantNames, f);
 }
 
 }  // namespace

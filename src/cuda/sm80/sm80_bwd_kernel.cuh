@@ -1,6 +1,6 @@
 // The sm80 backward kernels (tensor cores), between the shared preprocess and convert kernels of
 // cuda/common/bwd_common.cuh:
-//   bwd_kernel:    one block per (key tile, KV head, batch). Loads K and V once, loops over the
+//   bwd_kernel:    one block per (key tile, KV head, batch), WARPS warps of 16 keys each. Loads K and V once, loops over the
 //                  group's query heads and the query tiles that see the key tile, accumulates dK
 //                  and dV in registers (GQA sums included, no atomics) and writes them once; adds
 //                  dS·K into the fp32 dQ accumulator with atomics unless dq_accum is null.
@@ -12,9 +12,9 @@
 
 namespace fmha::cuda::sm80 {
 
-template <class T, int HD, int BM, int BN, int STAGES, int HEAD_SPLITS, int MIN_BLOCKS>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const AttentionArgs args) {
-  using Tiles = BwdTiles<T, HD, BM, BN, STAGES, HEAD_SPLITS>;
+template <class T, int HD, int BM, int BN, int STAGES, int HEAD_SPLITS, int WARPS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) bwd_kernel(const AttentionArgs args) {
+  using Tiles = BwdTiles<T, HD, BM, BN, STAGES, HEAD_SPLITS, WARPS>;
   extern __shared__ float4 shared_raw[];
   auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
   const int64_t b = blockIdx.z;
@@ -28,10 +28,10 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const Attenti
   dv.fill(0.f);
   if (!rows_all.empty()) {
     const int valid = int(cols.size());
-    tile::block::load_async<Tiles::kVec, kThreads>(shared.k.tile(), args.k.at<const T>(b, cols.begin, kv_head),
-                                                   args.k.seq_stride, valid, args.head_dim);
-    tile::block::load_async<Tiles::kVec, kThreads>(shared.v.tile(), args.v.at<const T>(b, cols.begin, kv_head),
-                                                   args.v.seq_stride, valid, args.head_dim_v);
+    tile::block::load_async<Tiles::kVec, Tiles::kThreads>(
+        shared.k.tile(), args.k.at<const T>(b, cols.begin, kv_head), args.k.seq_stride, valid, args.head_dim);
+    tile::block::load_async<Tiles::kVec, Tiles::kThreads>(
+        shared.v.tile(), args.v.at<const T>(b, cols.begin, kv_head), args.v.seq_stride, valid, args.head_dim_v);
     tile::block::commit();
     bwd_mainloop<T, Tiles, HD, BM, BN, STAGES, HEAD_SPLITS>(args, shared, b, kv_head, cols, rows_all, dk, dv);
   }

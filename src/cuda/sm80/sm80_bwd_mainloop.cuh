@@ -13,6 +13,7 @@
 #include "cuda/common/args.h"
 #include "cuda/sm80/sm80_config.h"
 #include "cuda/sm80/sm80_fragments.cuh"
+#include "cuda/tile/atomic.cuh"
 #include "cuda/tile/copy.cuh"
 #include "cuda/tile/tile.cuh"
 
@@ -20,10 +21,12 @@ namespace fmha::cuda::sm80 {
 
 inline constexpr float kPosInf = __builtin_huge_valf();
 
-// Tiles of the main kernel: a block of kWarps warps holds BN keys; HEAD_SPLITS warps share 16 keys
+// Tiles of the main kernel: a block of WARPS warps holds BN keys; HEAD_SPLITS warps share 16 keys
 // and split dK/dV's columns; BM queries per step.
-template <class T, int HD, int BM, int BN, int STAGES, int HEAD_SPLITS>
+template <class T, int HD, int BM, int BN, int STAGES, int HEAD_SPLITS, int WARPS>
 struct BwdTiles {
+  static constexpr int kWarps = WARPS;
+  static constexpr int kThreads = WARPS * 32;
   static constexpr int kPad = kSmemRowPadBytes / int(sizeof(T));
   static constexpr int kVec = 16 / int(sizeof(T));  // elements per 16-byte cp.async
   static constexpr int kKeyWarps = kWarps / HEAD_SPLITS;
@@ -103,13 +106,13 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
       const int h = head_of(step);
       const Range rows = rows_of(step);
       const int valid = int(rows.size());
-      block::load_async<Tiles::kVec, kThreads>(shared.q[stage].tile(), args.q.at<const T>(b, rows.begin, h),
+      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.q[stage].tile(), args.q.at<const T>(b, rows.begin, h),
                                                 args.q.seq_stride, valid, args.head_dim);
-      block::load_async<Tiles::kVec, kThreads>(shared.dout[stage].tile(), args.dout.at<const T>(b, rows.begin, h),
+      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.dout[stage].tile(), args.dout.at<const T>(b, rows.begin, h),
                                                 args.dout.seq_stride, valid, args.head_dim_v);
       const int64_t stat0 = args.row_index(b, h, rows.begin);
-      block::load_vector<BM, kThreads>(shared.lse_log2[stage], args.lse_log2 + stat0, valid, kPosInf);
-      block::load_vector<BM, kThreads>(shared.delta[stage], args.delta + stat0, valid, 0.f);
+      block::load_vector<BM, Tiles::kThreads>(shared.lse_log2[stage], args.lse_log2 + stat0, valid, kPosInf);
+      block::load_vector<BM, Tiles::kThreads>(shared.delta[stage], args.delta + stat0, valid, 0.f);
     }
     block::commit();
   };
@@ -214,14 +217,14 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
           tile::warp::mma<T>(acc[1], a[kb], bk[1]);
         }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t row = rows.begin + dq_row0 + g + 8 * (e / 2);
+        for (int i = 0; i < 2; ++i) {  // rows g and g + 8: elements 2i, 2i + 1 of each fragment
+          const int64_t row = rows.begin + dq_row0 + g + 8 * i;
           if (row >= rows.end) continue;
           float* accum = args.dq_accum + args.row_index(b, h, row) * args.head_dim;
 #pragma unroll
           for (int x = 0; x < 2; ++x) {
-            const int d = dq_col0 + n0 + 8 * x + 2 * t + e % 2;
-            if (d < args.head_dim) atomicAdd(accum + d, acc[x][e]);
+            const int d = dq_col0 + n0 + 8 * x + 2 * t;
+            tile::atomic_add_pair(accum + d, acc[x][2 * i], acc[x][2 * i + 1], args.head_dim - d);
           }
         }
       }

@@ -104,4 +104,39 @@ constexpr FwdConfig fwd_config(int element_bytes, int head_dim, int variant) {
   return {kWarps, kRowsPerWarp, legacy.tile_n, legacy.stages, legacy.min_blocks};
 }
 
+// The backward main kernel's configurations. Each warp owns 16 keys (or 16 keys × 1/head_splits
+// of the head dim), so a block holds warps / head_splits · 16 keys; more keys per block read each
+// Q/dO tile and add each dQ row with atomics fewer times per key. Head dims 64 and 128 are compiled
+// in every variant, the others in their default only; FMHA_SM80_BWD_CONFIG=<name> picks one:
+//   w4    4 warps, the shapes of tile_config above
+//   w8    8 warps: twice the keys per block, the same query steps, one block per SM
+//   w8b2  8 warps, half the query step (at least 2048 / head dim rows, so that each warp's share
+//         of dS·K is a pair of n8 tiles), register budget for two blocks per SM
+// The deterministic dQ kernel keeps tile_config's 4-warp shapes in every variant.
+struct BwdConfig {
+  int warps;
+  TileConfig tile;  // tile_n = warps / head_splits · 16
+  constexpr int threads() const { return warps * 32; }
+};
+
+inline constexpr int kBwdVariants = 3;
+inline constexpr const char* kBwdVariantNames[kBwdVariants] = {"w4", "w8", "w8b2"};
+
+constexpr int default_bwd_variant(int /*element_bytes*/, int /*head_dim*/) { return 0; }
+
+constexpr BwdConfig bwd_config(int element_bytes, int head_dim, int variant) {
+  const TileConfig base = tile_config(Direction::backward, element_bytes, head_dim);
+  if (variant == 0) return {kWarps, base};
+  constexpr int kWideWarps = 2 * kWarps;
+  TileConfig wide = base;
+  wide.tile_n = kWideWarps / base.head_splits * kRowsPerWarp;
+  wide.min_blocks = 1;
+  if (variant == 2) {
+    const int min_rows = 2048 / head_dim > kRowsPerWarp ? 2048 / head_dim : kRowsPerWarp;
+    wide.tile_m = base.tile_m / 2 > min_rows ? base.tile_m / 2 : min_rows;
+    wide.min_blocks = 2;
+  }
+  return {kWideWarps, wide};
+}
+
 }  // namespace fmha::cuda::sm80

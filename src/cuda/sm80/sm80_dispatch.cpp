@@ -2,9 +2,10 @@
 // fp32 storage with Precision::tf32, on sm_80 and newer.
 // fp32 with Precision::ieee is refused: exact fp32 is the simt tier's job.
 //
-// FMHA_SM80_FWD_CONFIG=<name> picks the forward configuration (names and what they change:
-// sm80_config.h) at the head dims compiled in every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by
-// default); other head dims keep their default. The variable is read once, at the first call.
+// FMHA_SM80_FWD_CONFIG=<name> and FMHA_SM80_BWD_CONFIG=<name> pick the forward and the backward
+// main kernel's configuration (names and what they change: sm80_config.h) at the head dims
+// compiled in every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by default); other head dims keep
+// their default. Each variable is read once, at the first call.
 #include "cuda/sm80/sm80_dispatch.h"
 
 #include <cstdlib>
@@ -17,24 +18,30 @@ namespace fmha::cuda::sm80 {
 namespace {
 
 static_assert(kFwdVariants == FMHA_CUDA_SM80_FWD_VARIANTS, "cmake/cuda.cmake instantiates every forward variant");
+static_assert(kBwdVariants == FMHA_CUDA_SM80_BWD_VARIANTS, "cmake/cuda.cmake instantiates every backward variant");
 
-constexpr const char* kConfigVariable = "FMHA_SM80_FWD_CONFIG";
+constexpr const char* kFwdVariable = "FMHA_SM80_FWD_CONFIG";
+constexpr const char* kBwdVariable = "FMHA_SM80_BWD_CONFIG";
 
 int requested_fwd_variant() {
-  static const int variant = variant_index(std::getenv(kConfigVariable), kFwdVariantNames, kFwdVariants);
+  static const int variant = variant_index(std::getenv(kFwdVariable), kFwdVariantNames, kFwdVariants);
+  return variant;
+}
+int requested_bwd_variant() {
+  static const int variant = variant_index(std::getenv(kBwdVariable), kBwdVariantNames, kBwdVariants);
   return variant;
 }
 
-// f(std::integral_constant<int, V>{}) for the forward variant this call runs for storage T at
-// head dim HD.
-template <class T, int HD, class F>
-Status with_fwd_variant(F&& f) {
-  const int requested = requested_fwd_variant();
-  if (requested == kUnknownVariant) return unknown_variant(kConfigVariable, kFwdVariantNames, kFwdVariants);
-  if constexpr (is_tuned_head_dim(HD)) {
-    if (requested != kDefaultVariant) return with_variant<kFwdVariants>(requested, f);
-  }
-  return f(std::integral_constant<int, default_fwd_variant(int(sizeof(T)), HD)>{});
+// fwd(std::integral_constant<int, V>{}) or bwd(...) for the variant this call runs in `direction`
+// for storage T at head dim HD.
+template <class T, int HD, class Fwd, class Bwd>
+Status with_config_variant(Direction direction, Fwd&& fwd, Bwd&& bwd) {
+  constexpr int kBytes = int(sizeof(T));
+  if (direction == Direction::forward)
+    return with_requested_variant<kFwdVariants, default_fwd_variant(kBytes, HD), is_tuned_head_dim(HD)>(
+        requested_fwd_variant(), kFwdVariable, kFwdVariantNames, fwd);
+  return with_requested_variant<kBwdVariants, default_bwd_variant(kBytes, HD), is_tuned_head_dim(HD)>(
+      requested_bwd_variant(), kBwdVariable, kBwdVariantNames, bwd);
 }
 
 constexpr int kVectorBytes = 16;  // the kernels' cp.async width
@@ -92,13 +99,10 @@ Status supports(const Params& p, Direction direction) {
     constexpr int HD = decltype(hd)::value;
     return with_dtype(p.q.dtype, [&](auto type) {
       using T = decltype(type);
-      if (direction == Direction::forward)
-        return with_fwd_variant<T, HD>([&](auto variant) {
-          return check_shared_memory("sm80", direction, HD, forward_shared_bytes<T, HD, decltype(variant)::value>(),
-                                     props);
-        });
-      const size_t need = backward_shared_bytes<T, HD>();
-      return check_shared_memory("sm80", direction, HD, need, props);
+      auto check = [&](size_t need) { return check_shared_memory("sm80", direction, HD, need, props); };
+      return with_config_variant<T, HD>(
+          direction, [&](auto v) { return check(forward_shared_bytes<T, HD, decltype(v)::value>()); },
+          [&](auto v) { return check(backward_shared_bytes<T, HD, decltype(v)::value>()); });
     });
   });
 }
@@ -115,10 +119,9 @@ Status run(const Params& p, Direction direction) {
     constexpr int HD = decltype(hd)::value;
     return with_dtype(p.q.dtype, [&](auto type) {
       using T = decltype(type);
-      if (direction == Direction::forward)
-        return with_fwd_variant<T, HD>(
-            [&](auto variant) { return forward<T, HD, decltype(variant)::value>(args, stream); });
-      return backward<T, HD>(args, stream);
+      return with_config_variant<T, HD>(
+          direction, [&](auto v) { return forward<T, HD, decltype(v)::value>(args, stream); },
+          [&](auto v) { return backward<T, HD, decltype(v)::value>(args, stream); });
     });
   });
 }

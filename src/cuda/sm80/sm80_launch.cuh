@@ -33,11 +33,15 @@ Status forward(const AttentionArgs& args, cudaStream_t stream) {
 // flight when they fit in it, one otherwise.
 inline constexpr size_t kSm80SharedBytes = 163 * 1024;
 
-template <class T, int HD>
+// The main kernel in configuration VARIANT (sm80_config.h bwd_config); the deterministic dQ
+// kernel in tile_config's shapes.
+template <class T, int HD, int VARIANT>
 struct BwdShapes {
-  static constexpr TileConfig c = tile_config(Direction::backward, int(sizeof(T)), HD);
-  using Main = BwdTiles<T, HD, c.tile_m, c.tile_n, c.stages, c.head_splits>;
-  static constexpr int kDqKeys = c.dq_tile_n > 0 ? c.dq_tile_n : c.tile_n;
+  static constexpr BwdConfig main = bwd_config(int(sizeof(T)), HD, VARIANT);
+  static constexpr TileConfig c = main.tile;
+  using Main = BwdTiles<T, HD, c.tile_m, c.tile_n, c.stages, c.head_splits, main.warps>;
+  static constexpr TileConfig dq = tile_config(Direction::backward, int(sizeof(T)), HD);
+  static constexpr int kDqKeys = dq.dq_tile_n > 0 ? dq.dq_tile_n : dq.tile_n;
   static constexpr int kDqStages =
       sizeof(typename DqTiles<T, HD, kDqKeys, 2>::SharedStorage) <= kSm80SharedBytes ? 2 : 1;
   using Dq = DqTiles<T, HD, kDqKeys, kDqStages>;
@@ -46,17 +50,17 @@ struct BwdShapes {
 };
 
 // The larger of the main and the deterministic dQ kernel's shared memory.
-template <class T, int HD>
+template <class T, int HD, int VARIANT>
 size_t backward_shared_bytes() {
-  using S = BwdShapes<T, HD>;
+  using S = BwdShapes<T, HD, VARIANT>;
   return S::kMainShared > S::kDqShared ? S::kMainShared : S::kDqShared;
 }
 
 // Preprocess, main kernel, then convert (atomic dQ, args.dq_accum set) or the dQ kernel
 // (deterministic, args.dq_accum null).
-template <class T, int HD>
+template <class T, int HD, int VARIANT>
 Status backward(const AttentionArgs& args, cudaStream_t stream) {
-  using S = BwdShapes<T, HD>;
+  using S = BwdShapes<T, HD, VARIANT>;
   constexpr TileConfig c = S::c;
   const int64_t rows = int64_t(args.batch) * args.heads * args.seqlen_q;
   if (rows > 0) {
@@ -67,9 +71,9 @@ Status backward(const AttentionArgs& args, cudaStream_t stream) {
 
   const dim3 kv_grid(unsigned(ceil_div(args.seqlen_k, c.tile_n)), unsigned(args.kv_heads), unsigned(args.batch));
   if (kv_grid.x > 0 && kv_grid.y > 0 && kv_grid.z > 0) {
-    auto kernel = bwd_kernel<T, HD, c.tile_m, c.tile_n, c.stages, c.head_splits, c.min_blocks>;
+    auto kernel = bwd_kernel<T, HD, c.tile_m, c.tile_n, c.stages, c.head_splits, S::main.warps, c.min_blocks>;
     if (Status s = prepare_kernel(kernel, S::kMainShared, "sm80 backward"); !s.ok()) return s;
-    kernel<<<kv_grid, kThreads, S::kMainShared, stream>>>(args);
+    kernel<<<kv_grid, S::main.threads(), S::kMainShared, stream>>>(args);
     if (Status s = check_launch("sm80 backward kernel launch"); !s.ok()) return s;
   }
   if (rows == 0) return Status::success();
@@ -81,7 +85,7 @@ Status backward(const AttentionArgs& args, cudaStream_t stream) {
     return check_launch("sm80 backward dQ convert launch");
   }
   const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, S::Dq::kRows)), unsigned(args.heads), unsigned(args.batch));
-  auto kernel = bwd_dq_kernel<T, HD, S::kDqKeys, S::kDqStages, c.min_blocks>;
+  auto kernel = bwd_dq_kernel<T, HD, S::kDqKeys, S::kDqStages, S::dq.min_blocks>;
   if (Status s = prepare_kernel(kernel, S::kDqShared, "sm80 backward dQ"); !s.ok()) return s;
   kernel<<<q_grid, kThreads, S::kDqShared, stream>>>(args);
   return check_launch("sm80 backward dQ kernel launch");

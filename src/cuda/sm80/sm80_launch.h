@@ -19,9 +19,11 @@ Status forward(const AttentionArgs& args, cudaStream_t stream);
 template <class T, int HD, int VARIANT>
 size_t forward_shared_bytes();
 
-template <class T, int HD>
+// The backward with its main kernel in configuration VARIANT (sm80_config.h bwd_config), compiled
+// the same way as the forward's.
+template <class T, int HD, int VARIANT>
 Status backward(const AttentionArgs& args, cudaStream_t stream);
-template <class T, int HD>
+template <class T, int HD, int VARIANT>
 size_t backward_shared_bytes();
 
 }  // namespace fmha::cuda::sm80
