@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda/sm80/sm80_fragments.cuh"
+#include "cuda/tile/atomic.cuh"
 #include "cuda/tile/copy.cuh"
 #include "cuda/tile/reduce.cuh"
 #include "cuda/tile/simt.cuh"
@@ -88,6 +89,30 @@ TEST(TileOps, LoadRagged) {
   check_load<16, 32>(5, 17);
   check_load<64, 64>(63, 1);
   check_load<32, 128>(0, 0);
+}
+
+// ---- atomic_add_pair: many threads add small integers (exact in fp32, so order-free) into pairs --
+__global__ void atomic_pair_kernel(float* sums, int pairs) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  tile::atomic_add_pair(sums + 2 * (i % pairs), float(i % 7), float(i % 5 - 2));
+}
+
+TEST(TileOps, AtomicAddPair) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr int kPairs = 37, kBlocks = 64, kThreadsPerBlock = 256;
+  std::vector<float> init(2 * kPairs);
+  for (int p = 0; p < 2 * kPairs; ++p) init[p] = float(p);
+  float* sums = to_device(init);
+  atomic_pair_kernel<<<kBlocks, kThreadsPerBlock>>>(sums, kPairs);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<double> want(init.begin(), init.end());
+  for (int i = 0; i < kBlocks * kThreadsPerBlock; ++i) {
+    want[2 * (i % kPairs)] += i % 7;
+    want[2 * (i % kPairs) + 1] += i % 5 - 2;
+  }
+  const auto got = to_host(sums, 2 * kPairs);
+  for (int p = 0; p < 2 * kPairs; ++p) EXPECT_EQ(double(got[p]), want[p]) << "element " << p;
+  cudaFree(sums);
 }
 
 // ---- SIMT mma_nt, row max / row sum, exp2 on the Grid16 layout -----------------------------------

@@ -205,7 +205,16 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
       uint32_t a[BN / kK][4];  // dS rows dq_row0.., all BN keys
 #pragma unroll
       for (int kb = 0; kb < BN / kK; ++kb) load_a<T>(a[kb], ds_tile, dq_row0, kb * kK);
+      // The accumulator rows of this lane (rows g and g + 8 of the warp's block; null past the
+      // tile). Column pairs (2t, 2t + 1) are 8-byte aligned and both in range: the tier's head
+      // dims are multiples of 8 (supports() checks it), so the row starts and d are even.
       const int h = head_of(step);
+      float* dq_row[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int64_t row = rows.begin + dq_row0 + g + 8 * i;
+        dq_row[i] = row < rows.end ? args.dq_accum + args.row_index(b, h, row) * args.head_dim : nullptr;
+      }
 #pragma unroll 1
       for (int n0 = 0; n0 < Tiles::kDqCols; n0 += 16) {
         float acc[2][4] = {};  // two m16n8 C fragments: columns dq_col0 + n0 + 8x
@@ -217,14 +226,12 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
           tile::warp::mma<T>(acc[1], a[kb], bk[1]);
         }
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {  // rows g and g + 8: elements 2i, 2i + 1 of each fragment
-          const int64_t row = rows.begin + dq_row0 + g + 8 * i;
-          if (row >= rows.end) continue;
-          float* accum = args.dq_accum + args.row_index(b, h, row) * args.head_dim;
+        for (int i = 0; i < 2; ++i) {  // row g + 8i: elements 2i, 2i + 1 of each fragment
+          if (dq_row[i] == nullptr) continue;
 #pragma unroll
           for (int x = 0; x < 2; ++x) {
             const int d = dq_col0 + n0 + 8 * x + 2 * t;
-            tile::atomic_add_pair(accum + d, acc[x][2 * i], acc[x][2 * i + 1], args.head_dim - d);
+            if (d < args.head_dim) tile::atomic_add_pair(dq_row[i] + d, acc[x][2 * i], acc[x][2 * i + 1]);
           }
         }
       }

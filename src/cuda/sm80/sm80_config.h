@@ -122,7 +122,11 @@ struct BwdConfig {
 inline constexpr int kBwdVariants = 3;
 inline constexpr const char* kBwdVariantNames[kBwdVariants] = {"w4", "w8", "w8b2"};
 
-constexpr int default_bwd_variant(int /*element_bytes*/, int /*head_dim*/) { return 0; }
+// The backward variant used when FMHA_SM80_BWD_CONFIG is unset: w8b2 for 16-bit types at head
+// dim 64, where it measured fastest on an H200 (docs/PERF.md), w4 elsewhere.
+constexpr int default_bwd_variant(int element_bytes, int head_dim) {
+  return element_bytes == 2 && head_dim == 64 ? 2 : 0;
+}
 
 constexpr BwdConfig bwd_config(int element_bytes, int head_dim, int variant) {
   const TileConfig base = tile_config(Direction::backward, element_bytes, head_dim);

@@ -2,22 +2,17 @@
 // values an mma C fragment holds per row on one lane (columns 2t, 2t + 1).
 #pragma once
 
-#include <cstdint>
-
 namespace fmha::cuda::tile {
 
-// p[0] += x and, where `in_range` > 1, p[1] += y. On sm_90 an 8-byte-aligned full pair is one
-// vector atomic (half the L2 atomic operations of two scalar ones); elsewhere two scalar atomics.
-__device__ __forceinline__ void atomic_add_pair(float* p, float x, float y, int in_range) {
-  if (in_range <= 0) return;
+// p[0] += x, p[1] += y, with p 8-byte aligned (both columns in range). On sm_90 one vector atomic
+// (half the L2 atomic operations of two scalar ones); elsewhere two scalar atomics.
+__device__ __forceinline__ void atomic_add_pair(float* p, float x, float y) {
 #if __CUDA_ARCH__ >= 900
-  if (in_range >= 2 && (reinterpret_cast<uintptr_t>(p) & (sizeof(float2) - 1)) == 0) {
-    atomicAdd(reinterpret_cast<float2*>(p), float2{x, y});
-    return;
-  }
-#endif
+  atomicAdd(reinterpret_cast<float2*>(p), float2{x, y});
+#else
   atomicAdd(p, x);
-  if (in_range >= 2) atomicAdd(p + 1, y);
+  atomicAdd(p + 1, y);
+#endif
 }
 
 }  // namespace fmha::cuda::tile
