@@ -230,6 +230,7 @@ def bench_point(point, args, device, timer):
                 "speedup_of_fmha": ratio,
                 "rel_err_vs_reference": agreement, "reference": reference or "",
                 "note": entry.get("error", ""),
+                "device": args.device_name,
             })
     return rows
 
@@ -248,6 +249,16 @@ def print_rows(rows):
                             r["provider"] + "/" + r["direction"], r["ms"], r["tflops"], r["speedup_of_fmha"],
                             r["rel_err_vs_reference"], r["note"][:60]))
     sys.stdout.flush()
+
+
+def read_rows(path):
+    """Rows of an earlier run's CSV, with the numeric columns plot() groups by as ints."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for key in ("batch", "heads", "seqlen", "head_dim", "causal"):
+            r[key] = int(r[key])
+    return rows
 
 
 def plot(rows, out_dir):
@@ -295,7 +306,7 @@ def plot(rows, out_dir):
                 ax.set_title("head dim %d, %s" % (head_dim, "causal" if causal else "not causal"), fontsize=10)
                 ax.grid(axis="y", alpha=0.3)
         axes[0][0].legend(fontsize=8)
-        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+        device = sel[0].get("device") or "unknown device"
         fig.suptitle("Attention %s, %s, %s (%s sweep)" % ("forward" if direction == "fwd" else "backward",
                                                         dtype, device, sweep))
         fig.tight_layout()
@@ -319,7 +330,13 @@ def main():
     parser.add_argument("--input-sets", type=int, default=3)
     parser.add_argument("--math-limit-gb", type=float, default=24.0)
     parser.add_argument("--out", default="out/compare_torch")
+    parser.add_argument("--plot-only", metavar="CSV", help="draw the plots of an earlier run's CSV into --out")
     args = parser.parse_args()
+    if args.plot_only:
+        os.makedirs(args.out, exist_ok=True)
+        for path in plot(read_rows(args.plot_only), args.out):
+            print("wrote", path)
+        return
     args.providers = args.providers.split(",")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -329,12 +346,15 @@ def main():
     else:
         sweeps = ["fa", "seed"] if args.sweep == "all" else [args.sweep]
     os.makedirs(args.out, exist_ok=True)
+    args.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print("fmha %s, backends %s; torch %s; device %s" % (
-        fmha.__version__, ",".join(fmha.info()["backends"]), torch.__version__,
-        torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"))
+        fmha.__version__, ",".join(fmha.info()["backends"]), torch.__version__, args.device_name))
 
     timer = Timer(device)
     args.rows = []
+    csv_path = os.path.join(args.out, "compare_torch.csv")
+    csv_file = open(csv_path, "w", newline="")
+    writer = None
     print_header()
     dtypes = [d for d in args.dtypes.split(",") if d]
     unknown = sorted(set(dtypes) - set(DTYPES))
@@ -347,12 +367,13 @@ def main():
             rows = bench_point(point, args, device, timer)
             print_rows(rows)
             args.rows.extend(rows)
-
-    csv_path = os.path.join(args.out, "compare_torch.csv")
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(args.rows[0].keys()))
-        writer.writeheader()
-        writer.writerows(args.rows)
+            # Each point is written as it completes, so an interrupted sweep keeps what it measured.
+            if writer is None:
+                writer = csv.DictWriter(csv_file, fieldnames=list(rows[0].keys()))
+                writer.writeheader()
+            writer.writerows(rows)
+            csv_file.flush()
+    csv_file.close()
     print("wrote", csv_path)
     print("fmha_x: the provider's time over fmha's (> 1: fmha is faster); rel_err: fmha against the reference "
           "provider, max |a - b| / max |b|")

@@ -83,6 +83,34 @@ void check_load(int rows, int cols) {
   cudaFree(out);
 }
 
+// ---- load_vector_async: the first `valid` entries copied, the rest filled ------------------------
+template <int N>
+__global__ void load_vector_kernel(const float* src, int valid, float* out) {
+  __shared__ float buf[N];
+  tile::block::load_vector_async<N, 128>(buf, src, valid, -7.5f);
+  tile::block::commit();
+  tile::block::wait<0>();
+  __syncthreads();
+  for (int i = threadIdx.x; i < N; i += 128) out[i] = buf[i];
+}
+
+TEST(TileOps, LoadVectorAsync) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr int kN = 200;
+  const auto host = random(kN, 3);
+  float* src = to_device(host);
+  float* out = nullptr;
+  cudaMalloc(&out, kN * sizeof(float));
+  for (int valid : {0, 1, 127, 128, 199, kN}) {
+    load_vector_kernel<kN><<<1, 128>>>(src, valid, out);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = to_host(out, kN);
+    for (int i = 0; i < kN; ++i) ASSERT_EQ(got[i], i < valid ? host[i] : -7.5f) << "valid " << valid << ", i " << i;
+  }
+  cudaFree(src);
+  cudaFree(out);
+}
+
 TEST(TileOps, LoadRagged) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   check_load<16, 32>(16, 32);

@@ -62,4 +62,16 @@ __device__ __forceinline__ void load_vector(float* dst, const float* src, int va
   for (int i = threadIdx.x; i < N; i += THREADS) dst[i] = i < valid ? src[i] : fill;
 }
 
+// The same as load_vector through cp.async: the copies join the caller's next commit() group
+// instead of stalling this thread on a global load; entries past `valid` are stored directly.
+template <int N, int THREADS>
+__device__ __forceinline__ void load_vector_async(float* dst, const float* src, int valid, float fill) {
+  for (int i = threadIdx.x; i < N; i += THREADS) {
+    if (i < valid)
+      __pipeline_memcpy_async(dst + i, src + i, sizeof(float));
+    else
+      dst[i] = fill;
+  }
+}
+
 }  // namespace fmha::cuda::tile::block
