@@ -143,6 +143,32 @@ TEST(TileOps, AtomicAddPair) {
   cudaFree(sums);
 }
 
+// ---- atomic_add_quad: the same with four consecutive columns (float4 atomics on sm_90) ----------
+__global__ void atomic_quad_kernel(float* sums, int quads) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  tile::atomic_add_quad(sums + 4 * (i % quads), make_float4(float(i % 7), float(i % 5 - 2), float(i % 3), -1.f));
+}
+
+TEST(TileOps, AtomicAddQuad) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr int kQuads = 37, kBlocks = 64, kThreadsPerBlock = 256;
+  std::vector<float> init(4 * kQuads);
+  for (int p = 0; p < 4 * kQuads; ++p) init[p] = float(p);
+  float* sums = to_device(init);  // cudaMalloc: 256-byte aligned, so every quad is 16-byte aligned
+  atomic_quad_kernel<<<kBlocks, kThreadsPerBlock>>>(sums, kQuads);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<double> want(init.begin(), init.end());
+  for (int i = 0; i < kBlocks * kThreadsPerBlock; ++i) {
+    want[4 * (i % kQuads)] += i % 7;
+    want[4 * (i % kQuads) + 1] += i % 5 - 2;
+    want[4 * (i % kQuads) + 2] += i % 3;
+    want[4 * (i % kQuads) + 3] -= 1;
+  }
+  const auto got = to_host(sums, 4 * kQuads);
+  for (int p = 0; p < 4 * kQuads; ++p) EXPECT_EQ(double(got[p]), want[p]) << "element " << p;
+  cudaFree(sums);
+}
+
 // ---- SIMT mma_nt, row max / row sum, exp2 on the Grid16 layout -----------------------------------
 template <int M, int N, int K>
 __global__ void simt_kernel(const float* a, const float* b, float* c, float* row_max, float* row_sum, float* ex) {

@@ -1,6 +1,6 @@
 // Named kernel configurations ("variants") of a tier, and the environment override that picks one
-// for benchmarking: FMHA_SIMT_CONFIG / FMHA_SM80_FWD_CONFIG / FMHA_SM80_BWD_CONFIG = <name>. The variable is read once,
-// the first time a tier dispatches; unset means the tier's default, and an unknown name makes the
+// for benchmarking: FMHA_SIMT_CONFIG / FMHA_SIMT_BWD_CONFIG / FMHA_SM80_FWD_CONFIG /
+// FMHA_SM80_BWD_CONFIG = <name>. The variable is read once, the first time a tier dispatches; unset means the tier's default, and an unknown name makes the
 // tier refuse the call (with the list of names) rather than silently measure something else.
 #pragma once
 

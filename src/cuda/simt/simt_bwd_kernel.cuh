@@ -5,9 +5,12 @@
 //                  atomics unless dq_accum is null (deterministic mode).
 //   bwd_dq_kernel: deterministic mode's dQ: one block per (query tile, head, batch), looping over
 //                  the key tiles it sees, like the forward; one writer per dQ element.
+//   micro_bwd_kernel: bwd_kernel's contract with register micro-tiles (fp32 storage only,
+//                  simt_bwd_micro_mainloop.cuh); the next query tile's loads overlap the dQ step.
 #pragma once
 
 #include "cuda/simt/simt_bwd_mainloop.cuh"
+#include "cuda/simt/simt_bwd_micro_mainloop.cuh"
 
 namespace fmha::cuda::simt {
 
@@ -115,6 +118,69 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const Atte
 #pragma unroll
     for (int j = 0; j < HD / 16; ++j)
       if (g.col(j) < args.head_dim) dq_row[g.col(j)] = tile::from_float<T>(dq(i, j) * args.scale);
+  }
+}
+
+// One block per (key tile, KV head, batch), like bwd_kernel. The steps run over (group member,
+// query tile) in one sequence, so that each step's Q/dO load is issued before the previous
+// step's dQ products and overlaps them.
+template <int HD, int BM, int BN, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) micro_bwd_kernel(const AttentionArgs args) {
+  using Tiles = MicroBwdTiles<HD, BM, BN>;
+  extern __shared__ float4 shared_raw[];
+  auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
+  const int tx = int(threadIdx.x) % kMicroSide, ty = int(threadIdx.x) / kMicroSide;
+  const int64_t b = blockIdx.z;
+  const int kv_head = blockIdx.y;
+  const int64_t col0 = int64_t(blockIdx.x) * BN;
+  const Range cols{col0, col0 + BN < args.seqlen_k ? col0 + BN : args.seqlen_k};
+  const Range rows_all = args.mask.queries(Range{0, args.seqlen_q}, cols);
+
+  typename Tiles::KeyAcc dk, dv;  // [BN, HD] fp32 each, MicroBwd; dK unscaled
+  dk.fill(0.f);
+  dv.fill(0.f);
+
+  if (!rows_all.empty()) {
+    const bool vec = bwd_vectorizable(args);
+    // int: a step count above 2^31 would need more than 2^37 query rows of one KV head.
+    const int row_tiles = int((rows_all.size() + BM - 1) / BM);
+    const int steps = row_tiles * args.group;
+    const auto head_of = [&](int t) { return kv_head * args.group + t / row_tiles; };
+    const auto rows_of = [&](int t) {
+      const int64_t row0 = rows_all.begin + int64_t(t % row_tiles) * BM;
+      return Range{row0, row0 + BM < rows_all.end ? row0 + BM : rows_all.end};
+    };
+    load_micro_key_side<Tiles>(args, shared, b, kv_head, cols, vec);
+    load_micro_query_side<Tiles, BM>(args, shared, b, head_of(0), rows_of(0), vec);
+    for (int t = 0; t < steps; ++t) {
+      const int h = head_of(t);
+      const Range rows = rows_of(t);
+      tile::block::wait<0>();
+      __syncthreads();  // this step's Q, dO, LSE, Δ (and K, V) landed; last step's dQ reads of dS^T are done
+
+      micro_bwd_scores<Tiles, HD, BM, BN>(args, shared, rows, cols, tx, ty);
+      __syncthreads();  // P^T and dS^T complete
+      micro_bwd_key_grads<Tiles, BM>(shared, dk, dv, tx, ty);
+      __syncthreads();  // Q, dO, LSE and Δ are free for the next step's loads
+
+      if (t + 1 < steps) load_micro_query_side<Tiles, BM>(args, shared, b, head_of(t + 1), rows_of(t + 1), vec);
+      if (args.dq_accum != nullptr) micro_bwd_query_grads<Tiles, BN>(args, shared, b, h, rows, tx, ty);
+    }
+  }
+
+  // Epilogue: a thread's dims of one key are float4 groups, consecutive across the half warp.
+#pragma unroll
+  for (int i = 0; i < Tiles::kKeyRows; ++i) {
+    const int64_t key = cols.begin + Tiles::key_row(i, ty);
+    if (key >= cols.end) continue;
+    float* dk_row = args.dk.at<float>(b, key, kv_head);
+    float* dv_row = args.dv.at<float>(b, key, kv_head);
+#pragma unroll
+    for (int c = 0; c < Tiles::kDims; ++c) {
+      const int d = Tiles::dim(c, tx);
+      if (d < args.head_dim) dk_row[d] = dk(i, c) * args.scale;
+      if (d < args.head_dim_v) dv_row[d] = dv(i, c);
+    }
   }
 }
 

@@ -11,6 +11,17 @@
 //             and an [8, 4 · HD/64] block of O, float4 shared loads, Q transposed and pre-scaled.
 //   m128n32   the same with 32-key tiles (fewer registers and less shared memory at head dim 128).
 //   m64n64    64 query rows ([4, 4] blocks of S): half the registers, two blocks per SM.
+//
+// Backward variants (the main kernel: dK, dV and the atomic dQ), compiled like the forward's;
+// FMHA_SIMT_BWD_CONFIG=<name> picks one. The deterministic dQ kernel keeps tile_config's Grid16
+// shapes in every variant.
+//   grid16    the Grid16 kernel: 16 × 16 threads, interleaved blocks of S, dK, dV and dQ, scalar
+//             shared loads; tile_config's shapes.
+//   micro     the micro-tile kernel (simt_bwd_micro_mainloop.cuh): 64 keys per block, 64-row query
+//             steps; a thread owns [4, 4] blocks of S and dP and [4, HD/16] blocks of dK, dV and
+//             dQ, float4 shared loads, P^T and dS^T exchanged through shared memory, dQ added with
+//             float4 atomics on sm_90. Head dims that are multiples of 64 only; the others run
+//             grid16 under this name.
 #pragma once
 
 #include "fmha/fmha.h"
@@ -21,10 +32,11 @@ inline constexpr int kThreads = 256;  // a 16 × 16 thread grid (tile::Grid16)
 inline constexpr int kRowPad = 1;     // fp32 words of padding per shared row: odd strides avoid bank conflicts
 
 enum class FwdKernel { grid16, micro };
+enum class BwdKernel { grid16, micro };
 
 struct TileConfig {
-  int tile_m;      // query rows per block
-  int tile_n;      // keys per tile
+  int tile_m;      // query rows per block (backward: per step of the main kernel)
+  int tile_n;      // keys per tile (backward: per block of the main kernel)
   int stages;      // K/V tiles in flight (forward)
   int min_blocks;  // blocks per SM the register allocation must allow
   FwdKernel kernel = FwdKernel::grid16;
@@ -56,12 +68,39 @@ constexpr TileConfig fwd_config(int head_dim, int variant) {
   return {32, 32, 1, 1};
 }
 
-// head_dim is the compiled head-dim bucket (32, 64, 96, 128, 192, 256).
+// head_dim is the compiled head-dim bucket (32, 64, 96, 128, 192, 256). The backward entry is
+// the Grid16 kernels' shapes (grid16's main kernel, and the deterministic dQ kernel of every
+// backward variant).
 constexpr TileConfig tile_config(Direction direction, int head_dim) {
   if (direction == Direction::forward) return fwd_config(head_dim, default_fwd_variant(head_dim));
   if (head_dim <= 96) return {64, 64, 1, 1};
   if (head_dim <= 128) return {32, 64, 1, 1};
   return {32, 32, 1, 1};
+}
+
+// The micro-tile backward's panels: a 16-thread line covers 64 keys, query rows or dims with
+// float4 groups (simt_bwd_micro_mainloop.cuh), so tiles and head dims are multiples of this.
+inline constexpr int kBwdMicroPanel = 64;
+
+struct BwdConfig {
+  TileConfig tile;  // main kernel: tile_m query rows per step, tile_n keys per block
+  BwdKernel kernel = BwdKernel::grid16;
+};
+
+inline constexpr int kBwdVariants = 2;
+inline constexpr const char* kBwdVariantNames[kBwdVariants] = {"grid16", "micro"};
+
+// The backward variant used when FMHA_SIMT_BWD_CONFIG is unset. grid16 everywhere until the
+// micro-tile kernel has been measured.
+constexpr int default_bwd_variant(int /*head_dim*/) { return 0; }
+
+// Backward configuration of `variant` at the compiled head-dim bucket. The micro-tile kernel
+// asks for one block per SM: at head dim 64 its shared memory (104 KiB) would allow two, but a
+// 128-register budget spills (it uses about 216 registers at one block).
+constexpr BwdConfig bwd_config(int head_dim, int variant) {
+  if (variant == 1 && head_dim % kBwdMicroPanel == 0)
+    return {{kBwdMicroPanel, kBwdMicroPanel, 1, 1}, BwdKernel::micro};
+  return {tile_config(Direction::backward, head_dim)};
 }
 
 }  // namespace fmha::cuda::simt

@@ -2,9 +2,10 @@
 // (FMA, libdevice exp2f) on any GPU this build has machine code for (sm_75 and up with CUDA 13,
 // which dropped the older architectures), fp32 storage and Precision::ieee only.
 //
-// FMHA_SIMT_CONFIG=<name> picks the forward configuration (names and what they change:
-// simt_config.h) at the head dims compiled in every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by
-// default); other head dims keep their default. The variable is read once, at the first call.
+// FMHA_SIMT_CONFIG=<name> picks the forward configuration and FMHA_SIMT_BWD_CONFIG=<name> the
+// backward main kernel's (names and what they change: simt_config.h) at the head dims compiled in
+// every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by default); other head dims keep their
+// default. Each variable is read once, at the first call.
 #include "cuda/simt/simt_dispatch.h"
 
 #include <cstdlib>
@@ -18,11 +19,17 @@ namespace fmha::cuda::simt {
 namespace {
 
 static_assert(kFwdVariants == FMHA_CUDA_SIMT_FWD_VARIANTS, "cmake/cuda.cmake instantiates every forward variant");
+static_assert(kBwdVariants == FMHA_CUDA_SIMT_BWD_VARIANTS, "cmake/cuda.cmake instantiates every backward variant");
 
 constexpr const char* kConfigVariable = "FMHA_SIMT_CONFIG";
+constexpr const char* kBwdVariable = "FMHA_SIMT_BWD_CONFIG";
 
 int requested_fwd_variant() {
   static const int variant = variant_index(std::getenv(kConfigVariable), kFwdVariantNames, kFwdVariants);
+  return variant;
+}
+int requested_bwd_variant() {
+  static const int variant = variant_index(std::getenv(kBwdVariable), kBwdVariantNames, kBwdVariants);
   return variant;
 }
 
@@ -31,6 +38,13 @@ template <int HD, class F>
 Status with_fwd_variant(F&& f) {
   return with_requested_variant<kFwdVariants, default_fwd_variant(HD), is_tuned_head_dim(HD)>(
       requested_fwd_variant(), kConfigVariable, kFwdVariantNames, f);
+}
+
+// f(std::integral_constant<int, V>{}) for the backward variant this call runs at head dim HD.
+template <int HD, class F>
+Status with_bwd_variant(F&& f) {
+  return with_requested_variant<kBwdVariants, default_bwd_variant(HD), is_tuned_head_dim(HD)>(
+      requested_bwd_variant(), kBwdVariable, kBwdVariantNames, f);
 }
 
 }  // namespace
@@ -54,7 +68,10 @@ Status supports(const Params& p, Direction direction) {
   return with_head_dim(bucket, [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
     if (direction == Direction::backward)
-      return check_shared_memory("simt", direction, HD, backward_shared_bytes<HD>(), props);
+      return with_bwd_variant<HD>([&](auto variant) {
+        return check_shared_memory("simt", direction, HD, backward_shared_bytes<HD, decltype(variant)::value>(),
+                                   props);
+      });
     return with_fwd_variant<HD>([&](auto variant) {
       return check_shared_memory("simt", direction, HD, forward_shared_bytes<HD, decltype(variant)::value>(), props);
     });
@@ -71,7 +88,8 @@ Status run(const Params& p, Direction direction) {
   const auto stream = static_cast<cudaStream_t>(p.stream);
   return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
-    if (direction == Direction::backward) return backward<HD>(args, stream);
+    if (direction == Direction::backward)
+      return with_bwd_variant<HD>([&](auto variant) { return backward<HD, decltype(variant)::value>(args, stream); });
     return with_fwd_variant<HD>([&](auto variant) { return forward<HD, decltype(variant)::value>(args, stream); });
   });
 }

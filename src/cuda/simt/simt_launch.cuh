@@ -2,6 +2,8 @@
 // instantiation files only.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/common/bwd_common.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/simt/simt_bwd_kernel.cuh"
@@ -20,10 +22,26 @@ size_t forward_shared_bytes() {
     return sizeof(typename FwdTiles<HD, c.tile_m, c.tile_n, c.stages>::SharedStorage);
 }
 
+// Shared memory of the backward main kernel of VARIANT, and of the Grid16 kernels' shapes (the
+// grid16 main kernel and every variant's deterministic dQ kernel).
+template <int HD, int VARIANT>
+constexpr size_t backward_main_shared_bytes() {
+  constexpr BwdConfig c = bwd_config(HD, VARIANT);
+  if constexpr (c.kernel == BwdKernel::micro)
+    return sizeof(typename MicroBwdTiles<HD, c.tile.tile_m, c.tile.tile_n>::SharedStorage);
+  else
+    return sizeof(typename BwdTiles<HD, c.tile.tile_m, c.tile.tile_n>::SharedStorage);
+}
 template <int HD>
-size_t backward_shared_bytes() {
+constexpr size_t backward_dq_shared_bytes() {
   constexpr TileConfig c = tile_config(Direction::backward, HD);
   return sizeof(typename BwdTiles<HD, c.tile_m, c.tile_n>::SharedStorage);
+}
+
+template <int HD, int VARIANT>
+size_t backward_shared_bytes() {
+  constexpr size_t main = backward_main_shared_bytes<HD, VARIANT>(), dq = backward_dq_shared_bytes<HD>();
+  return main > dq ? main : dq;
 }
 
 template <int HD, int VARIANT>
@@ -43,10 +61,13 @@ Status forward(const AttentionArgs& args, cudaStream_t stream) {
     return launch(fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks>);
 }
 
-// The backward for storage type T; the sm80 tier reuses it for 16-bit and tf32 storage.
-template <class T, int HD>
+// The backward for storage type T in configuration VARIANT; the micro-tile main kernel reads fp32
+// storage only.
+template <class T, int HD, int VARIANT>
 Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
-  constexpr TileConfig c = tile_config(Direction::backward, HD);
+  constexpr BwdConfig c = bwd_config(HD, VARIANT);
+  constexpr TileConfig dq = tile_config(Direction::backward, HD);  // the deterministic dQ kernel's shapes
+  static_assert(c.kernel == BwdKernel::grid16 || std::is_same_v<T, float>, "the micro-tile backward reads fp32");
   const int64_t rows = int64_t(args.batch) * args.heads * args.seqlen_q;
   if (rows > 0) {
     const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
@@ -54,13 +75,21 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
     if (Status s = check_launch("simt backward preprocess launch"); !s.ok()) return s;
   }
 
-  const size_t shared = backward_shared_bytes<HD>();
-  const dim3 kv_grid(unsigned(ceil_div(args.seqlen_k, c.tile_n)), unsigned(args.kv_heads), unsigned(args.batch));
+  const dim3 kv_grid(unsigned(ceil_div(args.seqlen_k, c.tile.tile_n)), unsigned(args.kv_heads),
+                     unsigned(args.batch));
   if (kv_grid.x > 0 && kv_grid.y > 0 && kv_grid.z > 0) {
-    auto kernel = bwd_kernel<T, HD, c.tile_m, c.tile_n, c.min_blocks>;
-    if (Status s = prepare_kernel(kernel, shared, "simt backward"); !s.ok()) return s;
-    kernel<<<kv_grid, kThreads, shared, stream>>>(args);
-    if (Status s = check_launch("simt backward kernel launch"); !s.ok()) return s;
+    const size_t shared = backward_main_shared_bytes<HD, VARIANT>();
+    auto launch = [&](auto kernel) {
+      if (Status s = prepare_kernel(kernel, shared, "simt backward"); !s.ok()) return s;
+      kernel<<<kv_grid, kThreads, shared, stream>>>(args);
+      return check_launch("simt backward kernel launch");
+    };
+    Status s;
+    if constexpr (c.kernel == BwdKernel::micro)
+      s = launch(micro_bwd_kernel<HD, c.tile.tile_m, c.tile.tile_n, c.tile.min_blocks>);
+    else
+      s = launch(bwd_kernel<T, HD, c.tile.tile_m, c.tile.tile_n, c.tile.min_blocks>);
+    if (!s.ok()) return s;
   }
   if (rows == 0) return Status::success();
 
@@ -70,16 +99,17 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
         args);
     return check_launch("simt backward dQ convert launch");
   }
-  const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, c.tile_m)), unsigned(args.heads), unsigned(args.batch));
-  auto kernel = bwd_dq_kernel<T, HD, c.tile_m, c.tile_n, c.min_blocks>;
-  if (Status s = prepare_kernel(kernel, shared, "simt backward dQ"); !s.ok()) return s;
-  kernel<<<q_grid, kThreads, shared, stream>>>(args);
+  const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, dq.tile_m)), unsigned(args.heads), unsigned(args.batch));
+  const size_t dq_shared = backward_dq_shared_bytes<HD>();
+  auto kernel = bwd_dq_kernel<T, HD, dq.tile_m, dq.tile_n, dq.min_blocks>;
+  if (Status s = prepare_kernel(kernel, dq_shared, "simt backward dQ"); !s.ok()) return s;
+  kernel<<<q_grid, kThreads, dq_shared, stream>>>(args);
   return check_launch("simt backward dQ kernel launch");
 }
 
-template <int HD>
+template <int HD, int VARIANT>
 Status backward(const AttentionArgs& args, cudaStream_t stream) {
-  return backward_for<float, HD>(args, stream);
+  return backward_for<float, HD, VARIANT>(args, stream);
 }
 
 }  // namespace fmha::cuda::simt

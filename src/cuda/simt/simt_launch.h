@@ -19,11 +19,13 @@ Status forward(const AttentionArgs& args, cudaStream_t stream);
 template <int HD, int VARIANT>
 size_t forward_shared_bytes();
 
-// Preprocess, main kernel, then convert (atomic dQ, args.dq_accum set) or the dQ kernel
-// (deterministic, args.dq_accum null).
-template <int HD>
+// Preprocess, main kernel in configuration VARIANT (simt_config.h), then convert (atomic dQ,
+// args.dq_accum set) or the dQ kernel (deterministic, args.dq_accum null). Compiled for every
+// variant at the tuned head dims, for default_bwd_variant(HD) only at the others. The shared
+// memory is the largest of the main and the dQ kernel's.
+template <int HD, int VARIANT>
 Status backward(const AttentionArgs& args, cudaStream_t stream);
-template <int HD>
+template <int HD, int VARIANT>
 size_t backward_shared_bytes();
 
 }  // namespace fmha::cuda::simt
