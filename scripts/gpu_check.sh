@@ -2,18 +2,22 @@
 # All GPU checking of fmha in one run, from the repository root on a CUDA machine:
 #   1. configure + build (Release, FMHA_CUDA_ARCHS=90 by default, every head dim, -lineinfo);
 #   2. the GPU tests (tile ops, then kernels vs the fp64 oracle)   -> $OUT/gpu_tests.log
+#      and the simt backward tests again under each non-default FMHA_SIMT_BWD_CONFIG variant
 #   3. `fmha run --check` on each GPU tier, forward and backward   -> $OUT/cli_checks.log
-#   4. compute-sanitizer memcheck, racecheck, synccheck over a small test of every kernel
-#                                                                   -> $OUT/sanitize.log
+#   4. compute-sanitizer memcheck, racecheck, synccheck over a small test of every kernel,
+#      and of the simt backward under each non-default variant      -> $OUT/sanitize.log
 #   5. `fmha bench`: the seed sweep and FlashAttention's bf16 sweep -> $OUT/bench_*.csv
 # Environment: OUT (output dir, default ./out), ARCHS (default 90), JOBS (default nproc),
-# FMHA_TEST_SEED (repeat a failing run's inputs), STEPS (default "build tests cli sanitize bench").
+# FMHA_TEST_SEED (repeat a failing run's inputs), STEPS (default "build tests cli sanitize bench"),
+# SIMT_BWD_VARIANTS (the non-default simt backward variants to test, default "micro").
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}
 ARCHS=${ARCHS:-90}
 JOBS=${JOBS:-$(nproc)}
 BUILD=${BUILD:-$PWD/build-gpu-check}
 STEPS=${STEPS:-"build tests cli sanitize bench"}
+SIMT_BWD_VARIANTS=${SIMT_BWD_VARIANTS:-"micro"}
+SIMT_BWD_FILTER='*Kernel.Backward/*_simt_*:*Deterministic*'
 mkdir -p "$OUT"
 status=0
 step() { echo "== $* ($(date +%T))"; }
@@ -37,6 +41,11 @@ if want tests; then
   step "GPU tests -> $OUT/gpu_tests.log"
   "$BUILD/tests/gpu/fmha_tile_tests" --gtest_color=no > "$OUT/gpu_tests.log" 2>&1 || status=1
   timeout 300 "$TESTS" --gtest_color=no >> "$OUT/gpu_tests.log" 2>&1 || status=1
+  for v in $SIMT_BWD_VARIANTS; do
+    echo "---- FMHA_SIMT_BWD_CONFIG=$v" >> "$OUT/gpu_tests.log"
+    FMHA_SIMT_BWD_CONFIG=$v timeout 300 "$TESTS" --gtest_color=no --gtest_filter="$SIMT_BWD_FILTER" \
+      >> "$OUT/gpu_tests.log" 2>&1 || status=1
+  done
   grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests ran|Failure" "$OUT/gpu_tests.log" | head -40
 fi
 
@@ -75,6 +84,15 @@ if want sanitize; then
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize.log" | tail -1)
     echo "   $tool: exit $rc; $summary"
     [ $rc -ne 0 ] && status=1
+    for v in $SIMT_BWD_VARIANTS; do
+      echo "---- $tool, FMHA_SIMT_BWD_CONFIG=$v" >> "$OUT/sanitize.log"
+      FMHA_SIMT_BWD_CONFIG=$v timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 99 "$TESTS" \
+        --gtest_filter='*Kernel.Backward/Small_*simt*_q15_k63_*:*Deterministic*' --gtest_color=no >> "$OUT/sanitize.log" 2>&1
+      rc=$?
+      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize.log" | tail -1)
+      echo "   $tool, FMHA_SIMT_BWD_CONFIG=$v: exit $rc; $summary"
+      [ $rc -ne 0 ] && status=1
+    done
   done
 fi
 
