@@ -1,5 +1,5 @@
 // Measures this machine's fp32 FMA peak: every hardware thread runs independent chains of
-// 16-wide fused multiply-adds (enough chains to hide the FMA latency), and the GFLOP/s is the
+// vector fused multiply-adds of the CPU path's width (cpu/simd.h: 16 lanes with AVX-512, else 8) (enough chains to hide the FMA latency), and the GFLOP/s is the
 // ceiling that the README compares the CPU backend's attention throughput with.
 #include <algorithm>
 #include <atomic>
@@ -8,22 +8,24 @@
 #include <thread>
 #include <vector>
 
-using v16f = float __attribute__((vector_size(64)));
+#include "cpu/simd.h"
+
+using fmha::cpu::kLanes;
+using fmha::cpu::vf;
 
 namespace {
 
 constexpr int kChains = 12;           // independent accumulators: > FMA latency x ports
 constexpr long kIterations = 50'000'000;
 constexpr double kFlopsPerFma = 2.0;
-constexpr int kLanes = 16;
 
 float run_chains(float seed) {
-  v16f acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = v16f{} + (seed + float(c));
-  const v16f a = v16f{} + 0.999999f, b = v16f{} + 1e-7f;
+  vf acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = vf{} + (seed + float(c));
+  const vf a = vf{} + 0.999999f, b = vf{} + 1e-7f;
   for (long i = 0; i < kIterations; ++i)
     for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * a + b;
-  v16f sum{};
+  vf sum{};
   for (int c = 0; c < kChains; ++c) sum += acc[c];
   float s = 0.f;
   for (int l = 0; l < kLanes; ++l) s += sum[l];

@@ -79,7 +79,7 @@ Range intersect(Range a, Range b) {
 // Rows [rows.begin, rows.end) of one head of a [B, S, H, dim] tensor converted to fp32, once, for
 // many tiles to read. The panel starts at a multiple of the tile size (so every tile that starts
 // at a multiple of 64 sits at a 64-byte aligned offset) and is zero outside `rows` and `dim`.
-//   row-major:  element (r, d) at data[(r - first) * ld + d], ld = dim rounded up to 16
+//   row-major:  element (r, d) at data[(r - first) * ld + d], ld = dim rounded up to kLanes
 //   transposed: element (r, d) at data[d * ld + (r - first)], ld = row span rounded up to 64,
 //               plus one vector
 struct Panel {
@@ -202,16 +202,16 @@ void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head
             // Mask, row max, exp2, row sum, rescale.
             const Range visible = r < tile_rows.size() ? intersect(s.mask.keys(row0 + r), block) : Range{};
             scale_and_mask_row(srow, s.scale_log2, col0, visible, full);
-            v16f m = load(srow);
+            vf m = load(srow);
             for (int v = 1; v < kVecsN; ++v) {
-              const v16f x = load(srow + v * kLanes);
+              const vf x = load(srow + v * kLanes);
               m = x > m ? x : m;
             }
             const float new_max = std::max(max_tile[r], horizontal_max(m));
             const float base = new_max == kNegInf ? 0.0f : new_max;  // nothing visible yet
-            v16f sum{};
+            vf sum{};
             for (int v = 0; v < kVecsN; ++v) {
-              const v16f prob = exp2(load(srow + v * kLanes) - base);
+              const vf prob = exp2(load(srow + v * kLanes) - base);
               store(srow + v * kLanes, prob);
               sum += prob;
             }

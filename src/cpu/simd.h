@@ -1,6 +1,8 @@
-// The fast CPU path's building blocks, on GCC/Clang vector extensions (16 x fp32 = one AVX-512
-// register; the compiler splits them on narrower targets): a register-blocked panel matmul, a
-// vectorizable exp2, and 64-wide row operations. No intrinsics, so the code builds anywhere.
+// The fast CPU path's building blocks, on GCC/Clang vector extensions: a register-blocked panel
+// matmul, a vectorizable exp2, and 64-wide row operations. No intrinsics, so the code builds
+// anywhere; the vector width follows the target: 16 fp32 lanes (one AVX-512 register) where
+// AVX-512 is enabled, 8 (one AVX register) elsewhere, so that the matmul's accumulators fit the
+// register file (an AVX2 machine running 16-lane vectors spills them and runs ~50x slower).
 #pragma once
 
 #include <cstdint>
@@ -8,35 +10,43 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <utility>
 
 namespace fmha::cpu {
 
-using v16f = float __attribute__((vector_size(64)));
-using v16i = int32_t __attribute__((vector_size(64)));
-
+#if defined(__AVX512F__)
 inline constexpr int kLanes = 16;      // floats per vector
 inline constexpr int kRowBlock = 8;    // rows of C held in registers by the matmul kernel
-inline constexpr int kBlockCols = 32;  // columns of C held in registers (2 vectors)
-inline constexpr int kWideCols = 64;   // the softmax's row width: 4 vectors
-inline constexpr size_t kAlign = 64;   // scratch alignment in bytes (one cache line, one vector)
+inline constexpr int kBlockCols = 32;  // columns of C held in registers (2 vectors): 16 of 32 registers
+#else
+inline constexpr int kLanes = 8;
+inline constexpr int kRowBlock = 8;
+inline constexpr int kBlockCols = 8;   // 1 vector: 8 accumulators of 16 registers
+#endif
+inline constexpr int kWideCols = 64;   // the softmax's row width: 64 / kLanes vectors
+inline constexpr size_t kAlign = 64;   // scratch alignment in bytes (one cache line, at least one vector)
 
-inline v16f load(const float* p) { return *reinterpret_cast<const v16f*>(p); }
-inline void store(float* p, v16f x) { *reinterpret_cast<v16f*>(p) = x; }
-inline v16f splat(float x) { return v16f{} + x; }
+using vf = float __attribute__((vector_size(kLanes * sizeof(float))));      // kLanes floats
+using vi = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));  // kLanes int32
+static_assert(kWideCols % kBlockCols == 0 && kBlockCols % kLanes == 0 && 64 % kRowBlock == 0);
+
+inline vf load(const float* p) { return *reinterpret_cast<const vf*>(p); }
+inline void store(float* p, vf x) { *reinterpret_cast<vf*>(p) = x; }
+inline vf splat(float x) { return vf{} + x; }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // 2^x for x <= 127, flushing results below 2^-126 to 0 (so exp2(-inf) = 0). Relative error
 // ~1e-7: a degree-7 polynomial of 2^f on f in [-0.5, 0.5] times 2^round(x).
-inline v16f exp2(v16f x) {
-  const v16f lo = splat(-127.0f), hi = splat(127.0f);
+inline vf exp2(vf x) {
+  const vf lo = splat(-127.0f), hi = splat(127.0f);
   x = x < lo ? lo : x;
   x = x > hi ? hi : x;
-  const v16f magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const v16f whole = (x + magic) - magic;
-  const v16f f = x - whole;
+  const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const vf whole = (x + magic) - magic;
+  const vf f = x - whole;
   // Taylor coefficients of 2^f = e^(f ln 2): (ln 2)^k / k!
-  v16f p = splat(1.525273380405984e-05f);
+  vf p = splat(1.525273380405984e-05f);
   p = p * f + 1.5403530393381606e-04f;
   p = p * f + 1.3333558146428443e-03f;
   p = p * f + 9.618129107628477e-03f;
@@ -44,46 +54,50 @@ inline v16f exp2(v16f x) {
   p = p * f + 2.402265069591007e-01f;
   p = p * f + 6.931471805599453e-01f;
   p = p * f + 1.0f;
-  const v16i exponent = (__builtin_convertvector(whole, v16i) + 127) << 23;  // 0 at x = -127
-  v16f scale;
+  const vi exponent = (__builtin_convertvector(whole, vi) + 127) << 23;  // 0 at x = -127
+  vf scale;
   std::memcpy(&scale, &exponent, sizeof scale);
   return p * scale;
 }
 
-// Horizontal reductions as a tree of in-register shuffles (4 dependent steps, not 15).
-inline v16f swap_halves(v16f x, int step) {
+// Horizontal reductions as a tree of in-register shuffles (log2(kLanes) dependent steps).
+// swap(x, step) exchanges neighbouring groups of `step` lanes.
+template <int... I>
+inline vf swap_groups(vf x, int step, std::integer_sequence<int, I...>) {
   switch (step) {
-    case 8: return __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-    case 4: return __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-    case 2: return __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    default: return __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    case 8: return __builtin_shufflevector(x, x, (I ^ 8)...);
+    case 4: return __builtin_shufflevector(x, x, (I ^ 4)...);
+    case 2: return __builtin_shufflevector(x, x, (I ^ 2)...);
+    default: return __builtin_shufflevector(x, x, (I ^ 1)...);
   }
 }
-inline float horizontal_max(v16f x) {
+inline vf swap_groups(vf x, int step) { return swap_groups(x, step, std::make_integer_sequence<int, kLanes>{}); }
+inline float horizontal_max(vf x) {
   for (int step = kLanes / 2; step >= 1; step /= 2) {
-    const v16f y = swap_halves(x, step);
+    const vf y = swap_groups(x, step);
     x = x > y ? x : y;
   }
   return x[0];
 }
-inline float horizontal_sum(v16f x) {
-  for (int step = kLanes / 2; step >= 1; step /= 2) x += swap_halves(x, step);
+inline float horizontal_sum(vf x) {
+  for (int step = kLanes / 2; step >= 1; step /= 2) x += swap_groups(x, step);
   return x[0];
 }
 
 // C[r][0:W] (+)= sum_k A[r][k] * B[k][0:W] for r in [0, kRowBlock). B and C rows are 64-byte
-// aligned; W is a multiple of 16. The kRowBlock x W block of C stays in registers over the k
-// loop: 8 x 32 uses 16 accumulators and needs 2 vector loads + 8 broadcasts per 16 FMAs, which
-// keeps both FMA ports busy without saturating the load ports.
+// aligned; W is a multiple of kLanes. The kRowBlock x W block of C stays in registers over the
+// k loop: with AVX-512, 8 x 32 is 16 accumulators and 2 vector loads + 8 broadcasts per 16 FMAs;
+// with AVX, 8 x 8 is 8 accumulators and 1 load + 8 broadcasts per 8 FMAs (measured fastest of
+// 4x8, 4x16, 8x8, 8x16, 16x8 on a 2-core AVX2 EPYC: docs/PERF.md). Neither spills.
 template <int W, bool kAccumulate>
 inline void gemm_block(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                        int64_t ldc) {
   constexpr int kVecs = W / kLanes;
-  v16f acc[kRowBlock][kVecs];
+  vf acc[kRowBlock][kVecs];
   for (int r = 0; r < kRowBlock; ++r)
-    for (int v = 0; v < kVecs; ++v) acc[r][v] = kAccumulate ? load(c + r * ldc + v * kLanes) : v16f{};
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = kAccumulate ? load(c + r * ldc + v * kLanes) : vf{};
   for (int64_t k = 0; k < depth; ++k) {
-    v16f brow[kVecs];
+    vf brow[kVecs];
     for (int v = 0; v < kVecs; ++v) brow[v] = load(b + k * ldb + v * kLanes);
     for (int r = 0; r < kRowBlock; ++r) {
       const float ark = a[r * lda + k];
@@ -107,7 +121,7 @@ inline void gemm_rows(int64_t rows, int64_t width, int64_t depth, const float* a
 }
 
 // C[rows][width] (+)= A[rows][depth] · B[depth][width]; rows a multiple of kRowBlock, width a
-// multiple of 16, ldb and ldc multiples of 16 floats, B and C 64-byte aligned.
+// multiple of kLanes, ldb and ldc multiples of kLanes floats, B and C vector-aligned.
 inline void gemm(int64_t rows, int64_t width, int64_t depth, const float* a, int64_t lda, const float* b,
                  int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   if (accumulate) gemm_rows<true>(rows, width, depth, a, lda, b, ldb, c, ldc);

@@ -56,12 +56,23 @@ Status with_variant(int variant, F&& f) {
 
 // f(std::integral_constant<int, V>{}) for the variant a call runs: `requested` (a variant_index of
 // `variable`) at head dims compiled in every variant (TUNED), DEFAULT where the variable is unset
-// and at the other head dims; an unknown name is refused.
-template <int COUNT, int DEFAULT, bool TUNED, class F>
-Status with_requested_variant(int requested, const char* variable, const char* const* names, F&& f) {
+// and at the other head dims; an unknown name is refused. Where the variable is unset at a TUNED
+// head dim and DEFAULT does not fit the device (fits(integral_constant<int, V>) is false: its
+// shared memory exceeds what the GPU offers, e.g. the 99 KiB of sm_86/sm_89 or sm_80's 163 KiB),
+// the lowest-numbered variant that fits runs instead; the caller's shared-memory check reports
+// the case where none does.
+template <int COUNT, int DEFAULT, bool TUNED, class Fits, class F>
+Status with_requested_variant(int requested, const char* variable, const char* const* names, Fits&& fits, F&& f) {
   if (requested == kUnknownVariant) return unknown_variant(variable, names, COUNT);
   if constexpr (TUNED) {
     if (requested != kDefaultVariant) return with_variant<COUNT>(requested, f);
+    if (!fits(std::integral_constant<int, DEFAULT>{})) {
+      int chosen = kUnknownVariant;
+      [&]<int... I>(std::integer_sequence<int, I...>) {
+        (void)((fits(std::integral_constant<int, I>{}) ? (chosen = I, true) : false) || ...);
+      }(std::make_integer_sequence<int, COUNT>{});
+      if (chosen != kUnknownVariant) return with_variant<COUNT>(chosen, f);
+    }
   }
   return f(std::integral_constant<int, DEFAULT>{});
 }

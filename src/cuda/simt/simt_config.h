@@ -90,9 +90,10 @@ struct BwdConfig {
 inline constexpr int kBwdVariants = 2;
 inline constexpr const char* kBwdVariantNames[kBwdVariants] = {"grid16", "micro"};
 
-// The backward variant used when FMHA_SIMT_BWD_CONFIG is unset. grid16 everywhere until the
-// micro-tile kernel has been measured.
-constexpr int default_bwd_variant(int /*head_dim*/) { return 0; }
+// The backward variant used when FMHA_SIMT_BWD_CONFIG is unset: micro at head dims 64 and 128,
+// where it measured 1.3x (D64) and 1.7x (D128) grid16 on an H200 (docs/PERF.md); grid16 elsewhere
+// and on GPUs whose shared memory the micro kernel exceeds (simt_dispatch.cpp).
+constexpr int default_bwd_variant(int head_dim) { return head_dim == 64 || head_dim == 128 ? 1 : 0; }
 
 // Backward configuration of `variant` at the compiled head-dim bucket. The micro-tile kernel
 // asks for one block per SM: at head dim 64 its shared memory (104 KiB) would allow two, but a

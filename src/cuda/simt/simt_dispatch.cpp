@@ -33,23 +33,24 @@ int requested_bwd_variant() {
   return variant;
 }
 
-// f(std::integral_constant<int, V>{}) for the forward variant this call runs at head dim HD.
+// f(std::integral_constant<int, V>{}) for the forward / backward variant this call runs at head
+// dim HD on a device with `props` (a default that needs more shared memory than the device
+// offers gives way to one that fits).
 template <int HD, class F>
-Status with_fwd_variant(F&& f) {
+Status with_fwd_variant(const DeviceProps& props, F&& f) {
   return with_requested_variant<kFwdVariants, default_fwd_variant(HD), is_tuned_head_dim(HD)>(
-      requested_fwd_variant(), kConfigVariable, kFwdVariantNames, f);
+      requested_fwd_variant(), kConfigVariable, kFwdVariantNames,
+      [&](auto v) { return forward_shared_bytes<HD, decltype(v)::value>() <= props.max_shared_per_block; }, f);
 }
-
-// f(std::integral_constant<int, V>{}) for the backward variant this call runs at head dim HD.
 template <int HD, class F>
-Status with_bwd_variant(F&& f) {
+Status with_bwd_variant(const DeviceProps& props, F&& f) {
   return with_requested_variant<kBwdVariants, default_bwd_variant(HD), is_tuned_head_dim(HD)>(
-      requested_bwd_variant(), kBwdVariable, kBwdVariantNames, f);
+      requested_bwd_variant(), kBwdVariable, kBwdVariantNames,
+      [&](auto v) { return backward_shared_bytes<HD, decltype(v)::value>() <= props.max_shared_per_block; }, f);
 }
 
-}  // namespace
-
-Status supports(const Params& p, Direction direction) {
+// supports(), and the device's properties for run().
+Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   const Problem s = Problem::of(p);
   if (FMHA_CUDA_SIMT_MIN_ARCH == 0) return unsupported("backend: the simt tier is not compiled into this build");
   if (p.q.dtype != DType::fp32)
@@ -60,7 +61,6 @@ Status supports(const Params& p, Direction direction) {
   int bucket = 0;
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
   if (Status st = check_grid_limits(s); !st.ok()) return st;
-  DeviceProps props;
   if (Status st = current_device(p, direction, &props); !st.ok()) return st;
   if (props.arch < FMHA_CUDA_SIMT_MIN_ARCH)
     return unsupported("q: cuda:" + std::to_string(props.ordinal) + " is sm_" + std::to_string(props.arch) +
@@ -68,18 +68,26 @@ Status supports(const Params& p, Direction direction) {
   return with_head_dim(bucket, [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
     if (direction == Direction::backward)
-      return with_bwd_variant<HD>([&](auto variant) {
+      return with_bwd_variant<HD>(props, [&](auto variant) {
         return check_shared_memory("simt", direction, HD, backward_shared_bytes<HD, decltype(variant)::value>(),
                                    props);
       });
-    return with_fwd_variant<HD>([&](auto variant) {
+    return with_fwd_variant<HD>(props, [&](auto variant) {
       return check_shared_memory("simt", direction, HD, forward_shared_bytes<HD, decltype(variant)::value>(), props);
     });
   });
 }
 
+}  // namespace
+
+Status supports(const Params& p, Direction direction) {
+  DeviceProps props;
+  return check_call(p, direction, props);
+}
+
 Status run(const Params& p, Direction direction) {
-  if (Status st = simt::supports(p, direction); !st.ok()) return st;
+  DeviceProps props;
+  if (Status st = check_call(p, direction, props); !st.ok()) return st;
   const Problem s = Problem::of(p);
   AttentionArgs args = make_args(p, s);
   if (direction == Direction::backward) {
@@ -89,8 +97,8 @@ Status run(const Params& p, Direction direction) {
   return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
     if (direction == Direction::backward)
-      return with_bwd_variant<HD>([&](auto variant) { return backward<HD, decltype(variant)::value>(args, stream); });
-    return with_fwd_variant<HD>([&](auto variant) { return forward<HD, decltype(variant)::value>(args, stream); });
+      return with_bwd_variant<HD>(props, [&](auto variant) { return backward<HD, decltype(variant)::value>(args, stream); });
+    return with_fwd_variant<HD>(props, [&](auto variant) { return forward<HD, decltype(variant)::value>(args, stream); });
   });
 }
 

@@ -33,15 +33,19 @@ int requested_bwd_variant() {
 }
 
 // fwd(std::integral_constant<int, V>{}) or bwd(...) for the variant this call runs in `direction`
-// for storage T at head dim HD.
+// for storage T at head dim HD on a device with `props` (a default that needs more shared memory
+// than the device offers gives way to one that fits).
 template <class T, int HD, class Fwd, class Bwd>
-Status with_config_variant(Direction direction, Fwd&& fwd, Bwd&& bwd) {
+Status with_config_variant(Direction direction, const DeviceProps& props, Fwd&& fwd, Bwd&& bwd) {
   constexpr int kBytes = int(sizeof(T));
+  const size_t limit = props.max_shared_per_block;
   if (direction == Direction::forward)
     return with_requested_variant<kFwdVariants, default_fwd_variant(kBytes, HD), is_tuned_head_dim(HD)>(
-        requested_fwd_variant(), kFwdVariable, kFwdVariantNames, fwd);
+        requested_fwd_variant(), kFwdVariable, kFwdVariantNames,
+        [&](auto v) { return forward_shared_bytes<T, HD, decltype(v)::value>() <= limit; }, fwd);
   return with_requested_variant<kBwdVariants, default_bwd_variant(kBytes, HD), is_tuned_head_dim(HD)>(
-      requested_bwd_variant(), kBwdVariable, kBwdVariantNames, bwd);
+      requested_bwd_variant(), kBwdVariable, kBwdVariantNames,
+      [&](auto v) { return backward_shared_bytes<T, HD, decltype(v)::value>() <= limit; }, bwd);
 }
 
 constexpr int kVectorBytes = 16;  // the kernels' cp.async width
@@ -79,9 +83,8 @@ Status with_dtype(DType dtype, F&& f) {
   }
 }
 
-}  // namespace
-
-Status supports(const Params& p, Direction direction) {
+// supports(), and the device's properties for run().
+Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   const Problem s = Problem::of(p);
   if (p.q.dtype == DType::fp32 && p.precision != Precision::tf32)
     return unsupported("precision: fp32 with ieee precision is exact fp32, which the simt tier computes; "
@@ -90,7 +93,6 @@ Status supports(const Params& p, Direction direction) {
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
   if (Status st = check_grid_limits(s); !st.ok()) return st;
   if (Status st = check_vector_loads(p, direction); !st.ok()) return st;
-  DeviceProps props;
   if (Status st = current_device(p, direction, &props); !st.ok()) return st;
   if (props.arch < 80 || props.arch < FMHA_CUDA_SM80_MIN_ARCH)
     return unsupported("q: cuda:" + std::to_string(props.ordinal) + " is sm_" + std::to_string(props.arch) +
@@ -101,14 +103,22 @@ Status supports(const Params& p, Direction direction) {
       using T = decltype(type);
       auto check = [&](size_t need) { return check_shared_memory("sm80", direction, HD, need, props); };
       return with_config_variant<T, HD>(
-          direction, [&](auto v) { return check(forward_shared_bytes<T, HD, decltype(v)::value>()); },
+          direction, props, [&](auto v) { return check(forward_shared_bytes<T, HD, decltype(v)::value>()); },
           [&](auto v) { return check(backward_shared_bytes<T, HD, decltype(v)::value>()); });
     });
   });
 }
 
+}  // namespace
+
+Status supports(const Params& p, Direction direction) {
+  DeviceProps props;
+  return check_call(p, direction, props);
+}
+
 Status run(const Params& p, Direction direction) {
-  if (Status st = sm80::supports(p, direction); !st.ok()) return st;
+  DeviceProps props;
+  if (Status st = check_call(p, direction, props); !st.ok()) return st;
   const Problem s = Problem::of(p);
   AttentionArgs args = make_args(p, s);
   if (direction == Direction::backward) {
@@ -120,7 +130,7 @@ Status run(const Params& p, Direction direction) {
     return with_dtype(p.q.dtype, [&](auto type) {
       using T = decltype(type);
       return with_config_variant<T, HD>(
-          direction, [&](auto v) { return forward<T, HD, decltype(v)::value>(args, stream); },
+          direction, props, [&](auto v) { return forward<T, HD, decltype(v)::value>(args, stream); },
           [&](auto v) { return backward<T, HD, decltype(v)::value>(args, stream); });
     });
   });
