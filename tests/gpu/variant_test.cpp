@@ -16,10 +16,10 @@ constexpr const char* kNames[kCount] = {"small", "medium", "large"};
 
 // The variant that runs (or -1 when the call is refused) for `requested` on a device where
 // variant v fits iff fits[v].
-template <bool TUNED = true>
+template <bool TUNED = true, int EXTRA = -1>
 int chosen(int requested, std::array<bool, kCount> fits) {
   int ran = -1;
-  const Status status = with_requested_variant<kCount, kDefault, TUNED>(
+  const Status status = with_requested_variant<kCount, kDefault, TUNED, EXTRA>(
       requested, "FMHA_TEST_CONFIG", kNames, [&](auto v) { return fits[decltype(v)::value]; },
       [&](auto v) {
         ran = decltype(v)::value;
@@ -49,6 +49,16 @@ TEST(Variants, UnknownNameIsRefused) { EXPECT_EQ(chosen(kUnknownVariant, {true, 
 TEST(Variants, HeadDimsWithoutEveryVariantRunTheDefault) {
   EXPECT_EQ(chosen<false>(0, {true, true, false}), kDefault);
   EXPECT_EQ(chosen<false>(kDefaultVariant, {true, true, false}), kDefault);
+}
+
+// A variant compiled at more head dims (sm80's compact) is the fallback there, and can be asked for.
+TEST(Variants, ExtraVariantAtHeadDimsWithoutEveryVariant) {
+  constexpr int kExtra = 0;
+  EXPECT_EQ((chosen<false, kExtra>(kDefaultVariant, {true, false, false})), kExtra);  // default does not fit
+  EXPECT_EQ((chosen<false, kExtra>(kDefaultVariant, {true, false, true})), kDefault);
+  EXPECT_EQ((chosen<false, kExtra>(kDefaultVariant, {false, false, false})), kDefault);  // reported by the caller
+  EXPECT_EQ((chosen<false, kExtra>(kExtra, {false, false, true})), kExtra);                // asked for by name
+  EXPECT_EQ((chosen<false, kExtra>(1, {true, true, true})), kDefault);  // not compiled here: the default
 }
 
 }  // namespace

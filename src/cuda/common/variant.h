@@ -54,15 +54,17 @@ Status with_variant(int variant, F&& f) {
   }(std::make_integer_sequence<int, COUNT>{});
 }
 
-// f(std::integral_constant<int, V>{}) for the variant a call runs: `requested` (a variant_index of
-// `variable`) at head dims compiled in every variant (TUNED), DEFAULT where the variable is unset
-// and at the other head dims; an unknown name is refused. Where the variable is unset at a TUNED
-// head dim and DEFAULT does not fit the device (fits(integral_constant<int, V>) is false: its
-// shared memory exceeds what the GPU offers, e.g. the 99 KiB of sm_86/sm_89 or sm_80's 163 KiB),
-// the lowest-numbered variant that fits runs instead; the caller's shared-memory check reports
-// the case where none does.
-template <int COUNT, int DEFAULT, bool TUNED, class Fits, class F>
+// f(std::integral_constant<int, V>{}) for the variant a call runs. At head dims compiled in every
+// variant (TUNED): `requested` (a variant_index of `variable`), else DEFAULT. At the others only
+// DEFAULT is compiled, and EXTRA too where EXTRA >= 0 (a variant compiled at more head dims, such
+// as sm80's compact one): the variable can pick EXTRA there and is ignored otherwise. An unknown
+// name is refused. Where the variable is unset and DEFAULT does not fit the device
+// (fits(integral_constant<int, V>) is false: its shared memory exceeds what the GPU offers), the
+// lowest-numbered compiled variant that fits runs instead; where none fits, DEFAULT, whose
+// shared-memory check then reports the call.
+template <int COUNT, int DEFAULT, bool TUNED, int EXTRA = -1, class Fits, class F>
 Status with_requested_variant(int requested, const char* variable, const char* const* names, Fits&& fits, F&& f) {
+  static_assert(EXTRA < COUNT && DEFAULT >= 0 && DEFAULT < COUNT);
   if (requested == kUnknownVariant) return unknown_variant(variable, names, COUNT);
   if constexpr (TUNED) {
     if (requested != kDefaultVariant) return with_variant<COUNT>(requested, f);
@@ -73,6 +75,11 @@ Status with_requested_variant(int requested, const char* variable, const char* c
       }(std::make_integer_sequence<int, COUNT>{});
       if (chosen != kUnknownVariant) return with_variant<COUNT>(chosen, f);
     }
+  } else if constexpr (EXTRA >= 0 && EXTRA != DEFAULT) {
+    if (requested == EXTRA ||
+        (requested == kDefaultVariant && !fits(std::integral_constant<int, DEFAULT>{}) &&
+         fits(std::integral_constant<int, EXTRA>{})))
+      return f(std::integral_constant<int, EXTRA>{});
   }
   return f(std::integral_constant<int, DEFAULT>{});
 }

@@ -11,6 +11,9 @@
 //             and an [8, 4 · HD/64] block of O, float4 shared loads, Q transposed and pre-scaled.
 //   m128n32   the same with 32-key tiles (fewer registers and less shared memory at head dim 128).
 //   m64n64    64 query rows ([4, 4] blocks of S): half the registers, two blocks per SM.
+//   compact   the Grid16 kernel on 32 × 32 tiles, one K/V stage: the shapes for GPUs with less
+//             shared memory (99 KiB on sm_86/sm_89, 64 KiB on sm_75). Also compiled at head dims
+//             32, 96 and 192 (FMHA_SIMT_COMPACT_HEAD_DIMS), where some defaults need more.
 //
 // Backward variants (the main kernel: dK, dV and the atomic dQ), compiled like the forward's;
 // FMHA_SIMT_BWD_CONFIG=<name> picks one. The deterministic dQ kernel keeps tile_config's Grid16
@@ -22,6 +25,7 @@
 //             dQ, float4 shared loads, P^T and dS^T exchanged through shared memory, dQ added with
 //             float4 atomics on sm_90. Head dims that are multiples of 64 only; the others run
 //             grid16 under this name.
+//   compact   grid16 on 32 × 32 tiles, main and deterministic dQ kernel (see the forward's).
 #pragma once
 
 #include "fmha/fmha.h"
@@ -42,8 +46,10 @@ struct TileConfig {
   FwdKernel kernel = FwdKernel::grid16;
 };
 
-inline constexpr int kFwdVariants = 4;
-inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"grid16", "m128n64", "m128n32", "m64n64"};
+inline constexpr int kFwdVariants = 5;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"grid16", "m128n64", "m128n32", "m64n64", "compact"};
+inline constexpr int kFwdCompact = 4;
+inline constexpr TileConfig kCompactTiles = {32, 32, 1, 1};  // the compact variants' shapes
 
 // The forward variant used when FMHA_SIMT_CONFIG is unset; the micro-tile kernel needs head dims
 // that are multiples of 64 (its threads own float4 column groups of 64-wide O panels).
@@ -59,6 +65,7 @@ constexpr TileConfig fwd_config(int head_dim, int variant) {
     case 1: return {128, 64, head_dim <= 64 ? 2 : 1, 1, FwdKernel::micro};
     case 2: return {128, 32, 2, 1, FwdKernel::micro};
     case 3: return {64, 64, 2, head_dim <= 64 ? 2 : 1, FwdKernel::micro};
+    case kFwdCompact: return kCompactTiles;
     default: break;
   }
   if (head_dim <= 64) return {64, 64, 2, 2};
@@ -85,10 +92,12 @@ inline constexpr int kBwdMicroPanel = 64;
 struct BwdConfig {
   TileConfig tile;  // main kernel: tile_m query rows per step, tile_n keys per block
   BwdKernel kernel = BwdKernel::grid16;
+  TileConfig dq;    // the deterministic dQ kernel's shapes (Grid16)
 };
 
-inline constexpr int kBwdVariants = 2;
-inline constexpr const char* kBwdVariantNames[kBwdVariants] = {"grid16", "micro"};
+inline constexpr int kBwdVariants = 3;
+inline constexpr const char* kBwdVariantNames[kBwdVariants] = {"grid16", "micro", "compact"};
+inline constexpr int kBwdCompact = 2;
 
 // The backward variant used when FMHA_SIMT_BWD_CONFIG is unset: micro at head dims 64 and 128,
 // where it measured 1.3x (D64) and 1.7x (D128) grid16 on an H200 (docs/PERF.md); grid16 elsewhere
@@ -99,9 +108,11 @@ constexpr int default_bwd_variant(int head_dim) { return head_dim == 64 || head_
 // asks for one block per SM: at head dim 64 its shared memory (104 KiB) would allow two, but a
 // 128-register budget spills (it uses about 216 registers at one block).
 constexpr BwdConfig bwd_config(int head_dim, int variant) {
+  const TileConfig grid16 = tile_config(Direction::backward, head_dim);
+  if (variant == kBwdCompact) return {kCompactTiles, BwdKernel::grid16, kCompactTiles};
   if (variant == 1 && head_dim % kBwdMicroPanel == 0)
-    return {{kBwdMicroPanel, kBwdMicroPanel, 1, 1}, BwdKernel::micro};
-  return {tile_config(Direction::backward, head_dim)};
+    return {{kBwdMicroPanel, kBwdMicroPanel, 1, 1}, BwdKernel::micro, grid16};
+  return {grid16, BwdKernel::grid16, grid16};
 }
 
 }  // namespace fmha::cuda::simt

@@ -4,8 +4,10 @@
 //
 // FMHA_SIMT_CONFIG=<name> picks the forward configuration and FMHA_SIMT_BWD_CONFIG=<name> the
 // backward main kernel's (names and what they change: simt_config.h) at the head dims compiled in
-// every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by default); other head dims keep their
-// default. Each variable is read once, at the first call.
+// every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by default); "compact" also at the head dims
+// where it is compiled besides (32, 96, 192); elsewhere the default runs. Each variable is read
+// once, at the first call. A default that needs more shared memory than the GPU offers gives way
+// to a compiled variant that fits (variant.h).
 #include "cuda/simt/simt_dispatch.h"
 
 #include <cstdlib>
@@ -33,20 +35,34 @@ int requested_bwd_variant() {
   return variant;
 }
 
+// True where the compact variants are compiled outside the tuned head dims.
+constexpr bool has_compact(int head_dim) {
+  bool found = false;
+#define FMHA_CUDA_SIMT_COMPACT_FOUND(hd) found = found || head_dim == hd;
+  FMHA_CUDA_SIMT_COMPACT_HEAD_DIMS(FMHA_CUDA_SIMT_COMPACT_FOUND)
+#undef FMHA_CUDA_SIMT_COMPACT_FOUND
+  return found;
+}
+
 // f(std::integral_constant<int, V>{}) for the forward / backward variant this call runs at head
 // dim HD on a device with `props` (a default that needs more shared memory than the device
 // offers gives way to one that fits).
 template <int HD, class F>
 Status with_fwd_variant(const DeviceProps& props, F&& f) {
-  return with_requested_variant<kFwdVariants, default_fwd_variant(HD), is_tuned_head_dim(HD)>(
+  return with_requested_variant<kFwdVariants, default_fwd_variant(HD), is_tuned_head_dim(HD),
+                                has_compact(HD) ? kFwdCompact : -1>(
       requested_fwd_variant(), kConfigVariable, kFwdVariantNames,
       [&](auto v) { return forward_shared_bytes<HD, decltype(v)::value>() <= props.max_shared_per_block; }, f);
 }
 template <int HD, class F>
-Status with_bwd_variant(const DeviceProps& props, F&& f) {
-  return with_requested_variant<kBwdVariants, default_bwd_variant(HD), is_tuned_head_dim(HD)>(
+Status with_bwd_variant(const Params& p, const DeviceProps& props, F&& f) {
+  return with_requested_variant<kBwdVariants, default_bwd_variant(HD), is_tuned_head_dim(HD),
+                                has_compact(HD) ? kBwdCompact : -1>(
       requested_bwd_variant(), kBwdVariable, kBwdVariantNames,
-      [&](auto v) { return backward_shared_bytes<HD, decltype(v)::value>() <= props.max_shared_per_block; }, f);
+      [&](auto v) {
+        return backward_shared_bytes<HD, decltype(v)::value>(p.deterministic) <= props.max_shared_per_block;
+      },
+      f);
 }
 
 // supports(), and the device's properties for run().
@@ -68,9 +84,9 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   return with_head_dim(bucket, [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
     if (direction == Direction::backward)
-      return with_bwd_variant<HD>(props, [&](auto variant) {
-        return check_shared_memory("simt", direction, HD, backward_shared_bytes<HD, decltype(variant)::value>(),
-                                   props);
+      return with_bwd_variant<HD>(p, props, [&](auto variant) {
+        return check_shared_memory("simt", direction, HD,
+                                   backward_shared_bytes<HD, decltype(variant)::value>(p.deterministic), props);
       });
     return with_fwd_variant<HD>(props, [&](auto variant) {
       return check_shared_memory("simt", direction, HD, forward_shared_bytes<HD, decltype(variant)::value>(), props);
@@ -97,8 +113,10 @@ Status run(const Params& p, Direction direction) {
   return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
     if (direction == Direction::backward)
-      return with_bwd_variant<HD>(props, [&](auto variant) { return backward<HD, decltype(variant)::value>(args, stream); });
-    return with_fwd_variant<HD>(props, [&](auto variant) { return forward<HD, decltype(variant)::value>(args, stream); });
+      return with_bwd_variant<HD>(p, props,
+                                  [&](auto variant) { return backward<HD, decltype(variant)::value>(args, stream); });
+    return with_fwd_variant<HD>(props,
+                                [&](auto variant) { return forward<HD, decltype(variant)::value>(args, stream); });
   });
 }
 

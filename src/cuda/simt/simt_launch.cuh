@@ -22,8 +22,8 @@ size_t forward_shared_bytes() {
     return sizeof(typename FwdTiles<HD, c.tile_m, c.tile_n, c.stages>::SharedStorage);
 }
 
-// Shared memory of the backward main kernel of VARIANT, and of the Grid16 kernels' shapes (the
-// grid16 main kernel and every variant's deterministic dQ kernel).
+// Shared memory of the backward main kernel of VARIANT, and of its deterministic dQ kernel
+// (Grid16 shapes: tile_config's, or the compact ones).
 template <int HD, int VARIANT>
 constexpr size_t backward_main_shared_bytes() {
   constexpr BwdConfig c = bwd_config(HD, VARIANT);
@@ -32,16 +32,17 @@ constexpr size_t backward_main_shared_bytes() {
   else
     return sizeof(typename BwdTiles<HD, c.tile.tile_m, c.tile.tile_n>::SharedStorage);
 }
-template <int HD>
+template <int HD, int VARIANT>
 constexpr size_t backward_dq_shared_bytes() {
-  constexpr TileConfig c = tile_config(Direction::backward, HD);
+  constexpr TileConfig c = bwd_config(HD, VARIANT).dq;
   return sizeof(typename BwdTiles<HD, c.tile_m, c.tile_n>::SharedStorage);
 }
 
+// The main kernel's shared memory, or the larger of it and the deterministic dQ kernel's.
 template <int HD, int VARIANT>
-size_t backward_shared_bytes() {
-  constexpr size_t main = backward_main_shared_bytes<HD, VARIANT>(), dq = backward_dq_shared_bytes<HD>();
-  return main > dq ? main : dq;
+size_t backward_shared_bytes(bool deterministic) {
+  constexpr size_t main = backward_main_shared_bytes<HD, VARIANT>(), dq = backward_dq_shared_bytes<HD, VARIANT>();
+  return deterministic && dq > main ? dq : main;
 }
 
 template <int HD, int VARIANT>
@@ -66,7 +67,7 @@ Status forward(const AttentionArgs& args, cudaStream_t stream) {
 template <class T, int HD, int VARIANT>
 Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
   constexpr BwdConfig c = bwd_config(HD, VARIANT);
-  constexpr TileConfig dq = tile_config(Direction::backward, HD);  // the deterministic dQ kernel's shapes
+  constexpr TileConfig dq = c.dq;  // the deterministic dQ kernel's shapes
   static_assert(c.kernel == BwdKernel::grid16 || std::is_same_v<T, float>, "the micro-tile backward reads fp32");
   const int64_t rows = int64_t(args.batch) * args.heads * args.seqlen_q;
   if (rows > 0) {
@@ -100,7 +101,7 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
     return check_launch("simt backward dQ convert launch");
   }
   const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, dq.tile_m)), unsigned(args.heads), unsigned(args.batch));
-  const size_t dq_shared = backward_dq_shared_bytes<HD>();
+  const size_t dq_shared = backward_dq_shared_bytes<HD, VARIANT>();
   auto kernel = bwd_dq_kernel<T, HD, dq.tile_m, dq.tile_n, dq.min_blocks>;
   if (Status s = prepare_kernel(kernel, dq_shared, "simt backward dQ"); !s.ok()) return s;
   kernel<<<q_grid, kThreads, dq_shared, stream>>>(args);

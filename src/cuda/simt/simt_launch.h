@@ -22,10 +22,10 @@ size_t forward_shared_bytes();
 // Preprocess, main kernel in configuration VARIANT (simt_config.h), then convert (atomic dQ,
 // args.dq_accum set) or the dQ kernel (deterministic, args.dq_accum null). Compiled for every
 // variant at the tuned head dims, for default_bwd_variant(HD) only at the others. The shared
-// memory is the largest of the main and the dQ kernel's.
+// memory is the main kernel's, or the larger of it and the dQ kernel's when deterministic.
 template <int HD, int VARIANT>
 Status backward(const AttentionArgs& args, cudaStream_t stream);
 template <int HD, int VARIANT>
-size_t backward_shared_bytes();
+size_t backward_shared_bytes(bool deterministic);
 
 }  // namespace fmha::cuda::simt

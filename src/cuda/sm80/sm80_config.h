@@ -1,6 +1,8 @@
 // The sm80 tier's tile configurations, chosen in one place from (direction, storage dtype, head
-// dim). sm_80 offers 163 KiB of shared memory per block and sm_90 227 KiB; the shapes below fit
-// the smaller, so one set serves both.
+// dim). sm_80 offers 163 KiB of shared memory per block and sm_90 227 KiB; the default shapes fit
+// the smaller, so one set serves both. sm_86 and sm_89 offer 99 KiB: there the "compact"
+// variants below (and, at the tuned head dims, any smaller variant) take over where a default
+// does not fit.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,6 +21,10 @@ inline constexpr int kWarps = 4;
 inline constexpr int kThreads = kWarps * 32;
 inline constexpr int kRowsPerWarp = 16;  // one m16 mma row block per warp
 inline constexpr int kSmemRowPadBytes = 16;  // staggers rows across banks and keeps 16-byte alignment
+// Opt-in shared memory per block of the smallest sm_80+ GPUs (sm_86, sm_89), which the compact
+// variants fit at every head dim; and sm_80's, which the default shapes fit.
+inline constexpr size_t kCompactSharedBytes = 99 * 1024;
+inline constexpr size_t kSm80SharedBytes = 163 * 1024;
 
 struct TileConfig {
   int tile_m;       // query rows per block (forward: kWarps · 16) or per step (backward)
@@ -68,6 +74,9 @@ constexpr TileConfig tile_config(Direction direction, int element_bytes, int hea
 //   w4r32     4 warps × 32 rows (128-row tiles), 64 keys (32 for tf32 above head dim 64)
 //   w8r16     8 warps × 16 rows (128-row tiles), keys as w4r32
 //   w4r32n32  4 warps × 32 rows, 32 keys
+//   compact   for 99 KiB GPUs: 4 warps × 16 rows and 32 keys (16-bit); 2 warps × 16 rows and
+//             32 keys, one K/V stage above head dim 128 (tf32). Also compiled at head dims 96,
+//             192 and 256 (FMHA_SM80_COMPACT_HEAD_DIMS), where some defaults exceed 99 KiB.
 // With 16-bit types above head dim 64, 32 rows per warp spill registers (a 32 × 128 fp32
 // accumulator is 128 of them), so w4r32 and w4r32n32 run 8 warps × 16 rows there.
 struct FwdConfig {
@@ -80,8 +89,9 @@ struct FwdConfig {
   constexpr int threads() const { return warps * 32; }
 };
 
-inline constexpr int kFwdVariants = 4;
-inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"w4r16", "w4r32", "w8r16", "w4r32n32"};
+inline constexpr int kFwdVariants = 5;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"w4r16", "w4r32", "w8r16", "w4r32n32", "compact"};
+inline constexpr int kFwdCompact = 4;
 
 // The forward variant used when FMHA_SM80_FWD_CONFIG is unset: 32 rows per warp where the
 // accumulators fit (head dim 64 for 16-bit types, up to 128 for tf32), else 8 warps × 16 rows;
@@ -98,6 +108,9 @@ constexpr FwdConfig fwd_config(int element_bytes, int head_dim, int variant) {
     case 1: return wide_rows_fit ? FwdConfig{4, 32, wide_n, 2, 1} : FwdConfig{8, 16, wide_n, 2, 1};
     case 2: return {8, 16, wide_n, 2, 1};
     case 3: return wide_rows_fit ? FwdConfig{4, 32, 32, 2, 1} : FwdConfig{8, 16, 32, 2, 1};
+    case kFwdCompact:
+      if (element_bytes == 2) return {4, 16, 32, 2, 1};
+      return {2, 16, 32, head_dim <= 128 ? 2 : 1, 1};
     default: break;
   }
   const TileConfig legacy = tile_config(Direction::forward, element_bytes, head_dim);
@@ -112,15 +125,20 @@ constexpr FwdConfig fwd_config(int element_bytes, int head_dim, int variant) {
 //   w8    8 warps: twice the keys per block, the same query steps, one block per SM
 //   w8b2  8 warps, half the query step (at least 2048 / head dim rows, so that each warp's share
 //         of dS·K is a pair of n8 tiles), register budget for two blocks per SM
-// The deterministic dQ kernel keeps tile_config's 4-warp shapes in every variant.
+//   compact  for 99 KiB GPUs: 4 warps, 16-row query steps above head dim 128 (and 32 keys per
+//         block for tf32 at 128, 16 at 256), the deterministic dQ kernel with 32 keys per step
+//         up to head dim 64 (16-bit: 128), 16 above. Compiled like the forward's compact.
+// The deterministic dQ kernel keeps tile_config's 4-warp shapes in every variant but compact.
 struct BwdConfig {
   int warps;
-  TileConfig tile;  // tile_n = warps / head_splits · 16
+  TileConfig tile;  // tile_n = warps / head_splits · 16; tile.dq_tile_n: keys per dQ-kernel step
+  size_t dq_shared_limit = kSm80SharedBytes;  // the dQ kernel keeps two K/V stages where they fit this
   constexpr int threads() const { return warps * 32; }
 };
 
-inline constexpr int kBwdVariants = 3;
-inline constexpr const char* kBwdVariantNames[kBwdVariants] = {"w4", "w8", "w8b2"};
+inline constexpr int kBwdVariants = 4;
+inline constexpr const char* kBwdVariantNames[kBwdVariants] = {"w4", "w8", "w8b2", "compact"};
+inline constexpr int kBwdCompact = 3;
 
 // The backward variant used when FMHA_SM80_BWD_CONFIG is unset: w8b2 for 16-bit types at head
 // dim 64, where it measured fastest on an H200 (docs/PERF.md), w4 elsewhere.
@@ -131,6 +149,17 @@ constexpr int default_bwd_variant(int element_bytes, int head_dim) {
 constexpr BwdConfig bwd_config(int element_bytes, int head_dim, int variant) {
   const TileConfig base = tile_config(Direction::backward, element_bytes, head_dim);
   if (variant == 0) return {kWarps, base};
+  if (variant == kBwdCompact) {
+    TileConfig compact = base;
+    compact.dq_tile_n = head_dim <= (element_bytes == 2 ? 128 : 64) ? 32 : 16;
+    if (head_dim > 128) compact.tile_m = kRowsPerWarp;
+    if (element_bytes == 4 && head_dim > 96) {  // tf32: fewer keys per block, dK/dV split over more warps
+      compact.head_splits = head_dim <= 128 ? 2 : 4;
+      compact.tile_n = kWarps / compact.head_splits * kRowsPerWarp;
+      compact.tile_m = kRowsPerWarp;
+    }
+    return {kWarps, compact, kCompactSharedBytes};
+  }
   constexpr int kWideWarps = 2 * kWarps;
   TileConfig wide = base;
   wide.tile_n = kWideWarps / base.head_splits * kRowsPerWarp;

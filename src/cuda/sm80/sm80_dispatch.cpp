@@ -4,8 +4,10 @@
 //
 // FMHA_SM80_FWD_CONFIG=<name> and FMHA_SM80_BWD_CONFIG=<name> pick the forward and the backward
 // main kernel's configuration (names and what they change: sm80_config.h) at the head dims
-// compiled in every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by default); other head dims keep
-// their default. Each variable is read once, at the first call.
+// compiled in every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by default); "compact" also at the
+// head dims where it is compiled besides (96, 192, 256); elsewhere the default runs. Each
+// variable is read once, at the first call. A default that needs more shared memory than the GPU
+// offers gives way to a compiled variant that fits (variant.h).
 #include "cuda/sm80/sm80_dispatch.h"
 
 #include <cstdlib>
@@ -32,20 +34,32 @@ int requested_bwd_variant() {
   return variant;
 }
 
+// True where the compact variants are compiled outside the tuned head dims.
+constexpr bool has_compact(int head_dim) {
+  bool found = false;
+#define FMHA_CUDA_SM80_COMPACT_FOUND(hd) found = found || head_dim == hd;
+  FMHA_CUDA_SM80_COMPACT_HEAD_DIMS(FMHA_CUDA_SM80_COMPACT_FOUND)
+#undef FMHA_CUDA_SM80_COMPACT_FOUND
+  return found;
+}
+
 // fwd(std::integral_constant<int, V>{}) or bwd(...) for the variant this call runs in `direction`
 // for storage T at head dim HD on a device with `props` (a default that needs more shared memory
 // than the device offers gives way to one that fits).
 template <class T, int HD, class Fwd, class Bwd>
-Status with_config_variant(Direction direction, const DeviceProps& props, Fwd&& fwd, Bwd&& bwd) {
+Status with_config_variant(const Params& p, Direction direction, const DeviceProps& props, Fwd&& fwd, Bwd&& bwd) {
   constexpr int kBytes = int(sizeof(T));
+  constexpr bool kTuned = is_tuned_head_dim(HD);
   const size_t limit = props.max_shared_per_block;
   if (direction == Direction::forward)
-    return with_requested_variant<kFwdVariants, default_fwd_variant(kBytes, HD), is_tuned_head_dim(HD)>(
+    return with_requested_variant<kFwdVariants, default_fwd_variant(kBytes, HD), kTuned,
+                                  has_compact(HD) ? kFwdCompact : -1>(
         requested_fwd_variant(), kFwdVariable, kFwdVariantNames,
         [&](auto v) { return forward_shared_bytes<T, HD, decltype(v)::value>() <= limit; }, fwd);
-  return with_requested_variant<kBwdVariants, default_bwd_variant(kBytes, HD), is_tuned_head_dim(HD)>(
+  return with_requested_variant<kBwdVariants, default_bwd_variant(kBytes, HD), kTuned,
+                                has_compact(HD) ? kBwdCompact : -1>(
       requested_bwd_variant(), kBwdVariable, kBwdVariantNames,
-      [&](auto v) { return backward_shared_bytes<T, HD, decltype(v)::value>() <= limit; }, bwd);
+      [&](auto v) { return backward_shared_bytes<T, HD, decltype(v)::value>(p.deterministic) <= limit; }, bwd);
 }
 
 constexpr int kVectorBytes = 16;  // the kernels' cp.async width
@@ -103,8 +117,8 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
       using T = decltype(type);
       auto check = [&](size_t need) { return check_shared_memory("sm80", direction, HD, need, props); };
       return with_config_variant<T, HD>(
-          direction, props, [&](auto v) { return check(forward_shared_bytes<T, HD, decltype(v)::value>()); },
-          [&](auto v) { return check(backward_shared_bytes<T, HD, decltype(v)::value>()); });
+          p, direction, props, [&](auto v) { return check(forward_shared_bytes<T, HD, decltype(v)::value>()); },
+          [&](auto v) { return check(backward_shared_bytes<T, HD, decltype(v)::value>(p.deterministic)); });
     });
   });
 }
@@ -130,7 +144,7 @@ Status run(const Params& p, Direction direction) {
     return with_dtype(p.q.dtype, [&](auto type) {
       using T = decltype(type);
       return with_config_variant<T, HD>(
-          direction, props, [&](auto v) { return forward<T, HD, decltype(v)::value>(args, stream); },
+          p, direction, props, [&](auto v) { return forward<T, HD, decltype(v)::value>(args, stream); },
           [&](auto v) { return backward<T, HD, decltype(v)::value>(args, stream); });
     });
   });

@@ -29,31 +29,28 @@ Status forward(const AttentionArgs& args, cudaStream_t stream) {
   return check_launch("sm80 forward kernel launch");
 }
 
-// sm_80's opt-in shared memory per block: the deterministic dQ kernel keeps two K/V tiles in
-// flight when they fit in it, one otherwise.
-inline constexpr size_t kSm80SharedBytes = 163 * 1024;
-
 // The main kernel in configuration VARIANT (sm80_config.h bwd_config); the deterministic dQ
-// kernel in tile_config's shapes.
+// kernel in tile_config's shapes (compact: its own keys per step), with two K/V tiles in flight
+// where they fit the configuration's dq_shared_limit, one otherwise.
 template <class T, int HD, int VARIANT>
 struct BwdShapes {
   static constexpr BwdConfig main = bwd_config(int(sizeof(T)), HD, VARIANT);
   static constexpr TileConfig c = main.tile;
   using Main = BwdTiles<T, HD, c.tile_m, c.tile_n, c.stages, c.head_splits, main.warps>;
   static constexpr TileConfig dq = tile_config(Direction::backward, int(sizeof(T)), HD);
-  static constexpr int kDqKeys = dq.dq_tile_n > 0 ? dq.dq_tile_n : dq.tile_n;
+  static constexpr int kDqKeys = c.dq_tile_n > 0 ? c.dq_tile_n : dq.dq_tile_n > 0 ? dq.dq_tile_n : dq.tile_n;
   static constexpr int kDqStages =
-      sizeof(typename DqTiles<T, HD, kDqKeys, 2>::SharedStorage) <= kSm80SharedBytes ? 2 : 1;
+      sizeof(typename DqTiles<T, HD, kDqKeys, 2>::SharedStorage) <= main.dq_shared_limit ? 2 : 1;
   using Dq = DqTiles<T, HD, kDqKeys, kDqStages>;
   static constexpr size_t kMainShared = sizeof(typename Main::SharedStorage);
   static constexpr size_t kDqShared = sizeof(typename Dq::SharedStorage);
 };
 
-// The larger of the main and the deterministic dQ kernel's shared memory.
+// The main kernel's shared memory, or the larger of it and the deterministic dQ kernel's.
 template <class T, int HD, int VARIANT>
-size_t backward_shared_bytes() {
+size_t backward_shared_bytes(bool deterministic) {
   using S = BwdShapes<T, HD, VARIANT>;
-  return S::kMainShared > S::kDqShared ? S::kMainShared : S::kDqShared;
+  return deterministic && S::kDqShared > S::kMainShared ? S::kDqShared : S::kMainShared;
 }
 
 // Preprocess, main kernel, then convert (atomic dQ, args.dq_accum set) or the dQ kernel

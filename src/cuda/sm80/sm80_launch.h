@@ -24,6 +24,6 @@ size_t forward_shared_bytes();
 template <class T, int HD, int VARIANT>
 Status backward(const AttentionArgs& args, cudaStream_t stream);
 template <class T, int HD, int VARIANT>
-size_t backward_shared_bytes();
+size_t backward_shared_bytes(bool deterministic);
 
 }  // namespace fmha::cuda::sm80
