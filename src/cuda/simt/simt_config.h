@@ -17,7 +17,7 @@
 //
 // Backward variants (the main kernel: dK, dV and the atomic dQ), compiled like the forward's;
 // FMHA_SIMT_BWD_CONFIG=<name> picks one. The deterministic dQ kernel keeps tile_config's Grid16
-// shapes in every variant.
+// shapes in every variant but compact.
 //   grid16    the Grid16 kernel: 16 × 16 threads, interleaved blocks of S, dK, dV and dQ, scalar
 //             shared loads; tile_config's shapes.
 //   micro     the micro-tile kernel (simt_bwd_micro_mainloop.cuh): 64 keys per block, 64-row query
