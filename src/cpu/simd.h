@@ -136,7 +136,8 @@ class Scratch {
 
   float* reserve(int64_t floats) {
     if (floats > capacity_) {
-      const size_t bytes = size_t(round_up(floats > 0 ? floats : 1, kLanes)) * sizeof(float);
+      // aligned_alloc wants a size that is a multiple of the alignment.
+      const size_t bytes = size_t(round_up((floats > 0 ? floats : 1) * int64_t(sizeof(float)), int64_t(kAlign)));
       float* p = static_cast<float*>(std::aligned_alloc(kAlign, bytes));
       if (!p) throw std::bad_alloc();
       data_.reset(p);
