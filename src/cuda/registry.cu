@@ -1,6 +1,6 @@
 // The GPU tiers compiled into this build and the CUDA devices this process can see.
-// Order matters: auto-selection takes the first tier that supports a call, so sm80 (tensor
-// cores) comes before simt (exact fp32, any GPU).
+// Order matters: auto-selection takes the first tier that supports a call, so sm90 (Hopper)
+// comes before sm80 (tensor cores, sm_80+), and that before simt (exact fp32, any GPU).
 #include <cuda_runtime.h>
 
 #include "backends.h"
@@ -10,11 +10,18 @@
 #if FMHA_CUDA_SM80_MIN_ARCH
 #include "cuda/sm80/sm80_dispatch.h"
 #endif
+#if FMHA_CUDA_SM90
+#include "cuda/sm90/sm90_dispatch.h"
+#endif
 
 namespace fmha::detail {
 
 std::vector<BackendEntry> cuda_backends() {
   std::vector<BackendEntry> out;
+#if FMHA_CUDA_SM90
+  out.push_back({Backend::cuda_sm90, DeviceType::cuda, cuda::sm90::supports, cuda::sm90::run,
+                 cuda::workspace_size});
+#endif
 #if FMHA_CUDA_SM80_MIN_ARCH
   out.push_back({Backend::cuda_sm80, DeviceType::cuda, cuda::sm80::supports, cuda::sm80::run,
                  cuda::workspace_size});

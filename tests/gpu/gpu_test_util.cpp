@@ -239,14 +239,14 @@ DeviceProblem upload(const HostProblem& hp, bool backward) {
   const Layouts L = layouts(c);
   const Device dev = current_cuda_device();
   DeviceProblem d;
-  d.q = DeviceBuffer(hp.q.size());
+  d.q = DeviceBuffer(hp.q.size(), size_t(c.base_offset));
   d.q.upload(hp.q);
-  d.k = DeviceBuffer(hp.k.size());
+  d.k = DeviceBuffer(hp.k.size(), size_t(c.base_offset));
   d.k.upload(hp.k);
-  d.v = DeviceBuffer(hp.v.size());
+  d.v = DeviceBuffer(hp.v.size(), size_t(c.base_offset));
   d.v.upload(hp.v);
-  d.o = DeviceBuffer(hp.o.size());
-  d.lse = DeviceBuffer(hp.lse.size());
+  d.o = DeviceBuffer(hp.o.size(), size_t(c.base_offset));
+  d.lse = DeviceBuffer(hp.lse.size(), size_t(c.base_offset));
   Params& p = d.params;
   p.q = view(d.q.ptr, c.dtype, L.q, dev);
   p.k = view(d.k.ptr, c.dtype, L.k, dev);
@@ -308,16 +308,20 @@ uint64_t test_seed() {
   return seed;
 }
 
-DeviceBuffer::DeviceBuffer(size_t n) : bytes(n) {
-  if (n > 0) cuda_ok(cudaMalloc(&ptr, n), "cudaMalloc");
+DeviceBuffer::DeviceBuffer(size_t n, size_t offset) : bytes(n) {
+  if (n > 0) {
+    cuda_ok(cudaMalloc(&base, n + offset), "cudaMalloc");
+    ptr = static_cast<char*>(base) + offset;
+  }
 }
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   std::swap(ptr, o.ptr);
+  std::swap(base, o.base);
   std::swap(bytes, o.bytes);
   return *this;
 }
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr) cudaFree(ptr);
+  if (base) cudaFree(base);
 }
 void DeviceBuffer::upload(const std::vector<uint8_t>& host) {
   if (bytes) cuda_ok(cudaMemcpy(ptr, host.data(), std::min(bytes, host.size()), cudaMemcpyHostToDevice), "upload");
@@ -344,6 +348,7 @@ std::string Case::name() const {
   if (!with_lse) out << "_nolse";
   if (deterministic) out << "_det";
   if (bhsd_layout) out << "_bhsd";
+  if (base_offset) out << "_at" << base_offset;
   return out.str();
 }
 

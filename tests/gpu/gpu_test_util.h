@@ -27,13 +27,17 @@ uint64_t test_seed();
 
 // A device allocation that frees itself.
 struct DeviceBuffer {
-  void* ptr = nullptr;
+  void* ptr = nullptr;   // the usable bytes: `offset` bytes past the allocation's start
+  void* base = nullptr;  // what cudaMalloc returned
   size_t bytes = 0;
   DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n);
+  explicit DeviceBuffer(size_t n, size_t offset = 0);
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr; o.bytes = 0; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), base(o.base), bytes(o.bytes) {
+    o.ptr = o.base = nullptr;
+    o.bytes = 0;
+  }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
   ~DeviceBuffer();
   void upload(const std::vector<uint8_t>& host);
@@ -51,6 +55,7 @@ struct Case {
   bool with_lse = true;
   bool deterministic = false;
   bool bhsd_layout = false;  // q/o/dout/dq stored [B, H, S, D] (a strided view)
+  int base_offset = 0;       // bytes between each forward tensor's allocation and its data (alignment tests)
   std::string name() const;
 };
 

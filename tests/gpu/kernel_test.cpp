@@ -32,8 +32,14 @@ int device_arch() {
 bool tier_available(Backend b) {
   const auto compiled = compiled_backends();
   if (std::find(compiled.begin(), compiled.end(), b) == compiled.end()) return false;
+  if (b == Backend::cuda_sm90) return device_arch() == 90;
   return b != Backend::cuda_sm80 || device_arch() >= 80;
 }
+
+// The sm90 tier has a forward only (its backward is the next step); its backward cases skip.
+bool has_backward(Backend b) { return b != Backend::cuda_sm90; }
+// Head dims below 64 run on sm80 (sm90 refuses them, tested below).
+bool takes_head_dim(Backend b, int head_dim) { return b != Backend::cuda_sm90 || head_dim >= 64; }
 
 // The (backend, dtype, precision) combinations of each tier.
 struct Flavor {
@@ -44,7 +50,9 @@ struct Flavor {
 const Flavor kFlavors[] = {{Backend::cuda_simt, DType::fp32, Precision::ieee},
                            {Backend::cuda_sm80, DType::fp16, Precision::ieee},
                            {Backend::cuda_sm80, DType::bf16, Precision::ieee},
-                           {Backend::cuda_sm80, DType::fp32, Precision::tf32}};
+                           {Backend::cuda_sm80, DType::fp32, Precision::tf32},
+                           {Backend::cuda_sm90, DType::fp16, Precision::ieee},
+                           {Backend::cuda_sm90, DType::bf16, Precision::ieee}};
 
 Case base(const Flavor& f, int head_dim) {
   Case c;
@@ -64,10 +72,11 @@ struct Named {
 std::vector<Named> all_cases() {
   std::vector<Named> out;
   const std::vector<int> dims = compiled_head_dims();
-  const int main_dim = std::find(dims.begin(), dims.end(), 64) != dims.end() ? 64 : dims.front();
+  const int main_dim = std::find(dims.begin(), dims.end(), 64) != dims.end() ? 64 : dims.back();
   for (const Flavor& f : kFlavors) {
     // Every compiled head dim on a ragged GQA shape, causal and not.
     for (int hd : dims) {
+      if (!takes_head_dim(f.backend, hd)) continue;
       Case c = base(f, hd);
       c.batch = 2, c.seqlen_q = 65, c.seqlen_k = 63, c.heads = 4, c.kv_heads = 2;
       out.push_back({c, true});
@@ -103,6 +112,21 @@ std::vector<Named> all_cases() {
       c.causal = Causal::top_left, c.q_offset = -50, c.heads = 2, c.kv_heads = 2, c.window_left = 3;
       out.push_back({c, true});
     }
+    // What TMA makes risky (sm90; the other tiers run them too): base pointers 16 bytes past an
+    // allocation, batch × heads above 65,535, GQA 8:1 over many tiles at head dim 128.
+    {
+      Case c = base(f, main_dim);
+      c.seqlen_q = 200, c.seqlen_k = 300, c.heads = 4, c.kv_heads = 2, c.base_offset = 16;
+      out.push_back({c, true});
+      c = base(f, main_dim);
+      c.batch = 300, c.heads = 256, c.kv_heads = 32, c.seqlen_q = 1, c.seqlen_k = 5;
+      out.push_back({c, false});
+      if (std::find(dims.begin(), dims.end(), 128) != dims.end()) {
+        c = base(f, 128);
+        c.seqlen_q = 1000, c.seqlen_k = 1000, c.heads = 16, c.kv_heads = 2, c.causal = Causal::bottom_right;
+        out.push_back({c, false});
+      }
+    }
     for (int hd : dims) {
       if (hd < 64) continue;
       Case c = base(f, hd);
@@ -131,6 +155,7 @@ TEST_P(Kernel, Forward) {
 }
 
 TEST_P(Kernel, Backward) {
+  if (!has_backward(GetParam().c.backend)) GTEST_SKIP() << "the sm90 tier has no backward yet";
   const uint64_t seed = test_seed() + 1;
   const std::string msg = check_backward(GetParam().c, seed);
   EXPECT_TRUE(msg.empty()) << GetParam().c.name() << " (seed " << seed << ", FMHA_TEST_SEED to repeat)\n" << msg;
@@ -149,6 +174,7 @@ class Deterministic : public ::testing::TestWithParam<Flavor> {};
 TEST_P(Deterministic, SmallBitwiseIdentical) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   if (!tier_available(GetParam().backend)) GTEST_SKIP() << "tier not available";
+  if (!has_backward(GetParam().backend)) GTEST_SKIP() << "the sm90 tier has no backward yet";
   Case c = base(GetParam(), compiled_head_dims().front());
   c.batch = 2, c.seqlen_q = 150, c.seqlen_k = 129, c.heads = 4, c.kv_heads = 1, c.causal = Causal::bottom_right;
   const std::string msg = check_deterministic(c, test_seed());
@@ -168,13 +194,14 @@ TEST(Edge, SmallEmptySequences) {
   for (const Flavor& f : kFlavors) {
     if (!tier_available(f.backend)) continue;
     for (int which = 0; which < 3; ++which) {
-      Case c = base(f, compiled_head_dims().front());
+      Case c = base(f, compiled_head_dims().back());
       c.batch = which == 2 ? 0 : 2;
       c.seqlen_q = which == 0 ? 0 : 17;
       c.seqlen_k = which == 1 ? 0 : 17;
       c.heads = 2, c.kv_heads = 1;
       const std::string fwd = check_forward(c, test_seed());
       EXPECT_TRUE(fwd.empty()) << c.name() << "\n" << fwd;
+      if (!has_backward(f.backend)) continue;
       const std::string bwd = check_backward(c, test_seed());
       EXPECT_TRUE(bwd.empty()) << c.name() << "\n" << bwd;
     }
@@ -294,6 +321,53 @@ TEST(Refuse, SmallTierLimits) {
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
       EXPECT_EQ(chosen, Backend::cuda_simt);
       r.params.precision = Precision::tf32;
+      ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
+      EXPECT_EQ(chosen, Backend::cuda_sm80);
+    }
+  }
+  if (tier_available(Backend::cuda_sm90)) {
+    const int big = compiled_head_dims().back();
+    auto refused = [&](Refusal& r, Direction direction, const char* word) {
+      const Status s = supports(r.params, direction);
+      EXPECT_EQ(s.code, Code::unsupported) << s.message;
+      EXPECT_TRUE(mentions(s, word)) << s.message;
+    };
+    {
+      Refusal r = tiny_call(Backend::cuda_sm90, DType::fp32, big);
+      refused(r, Direction::forward, "precision");
+    }
+    {
+      Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, big);
+      refused(r, Direction::backward, "direction");
+    }
+    {
+      Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, big);
+      r.params.v.data = static_cast<char*>(r.params.v.data) + 8;  // 8-byte aligned only: TMA needs 16
+      refused(r, Direction::forward, "v:");
+    }
+    {
+      Refusal r = tiny_call(Backend::cuda_sm90, DType::fp16, big);
+      r.params.o.stride[1] = 2 * big + 4;  // a row stride of 8 bytes past the 16-byte grid
+      r.params.o.stride[0] = 8 * (2 * big + 4);
+      refused(r, Direction::forward, "o:");
+    }
+    {
+      Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, 32);
+      refused(r, Direction::forward, "head_dim");
+    }
+    {
+      // auto: bf16 goes to sm90; a view TMA cannot read falls back to sm80.
+      Refusal r = tiny_call(Backend::auto_select, DType::bf16, big);
+      Backend chosen{};
+      ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
+      EXPECT_EQ(chosen, Backend::cuda_sm90);
+      r.params.q.stride[1] = 2 * big + 8;  // 16-byte aligned for sm80's vectors, fine for TMA too
+      r.params.q.stride[0] = 8 * (2 * big + 8);
+      ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
+      EXPECT_EQ(chosen, Backend::cuda_sm90);
+      r.params.precision = Precision::tf32;
+      r.params.q.dtype = r.params.k.dtype = r.params.v.dtype = r.params.o.dtype = DType::fp32;
+      r.params.q.stride[1] = 2 * big, r.params.q.stride[0] = 8 * 2 * big;
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
       EXPECT_EQ(chosen, Backend::cuda_sm80);
     }

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The sm90 (Hopper) tier's checks in one run, from the repository root on an H100/H200:
+#   build    configure + build for sm_90a (-Xptxas -v)                   -> $OUT/build.log
+#   sass     every sm90 kernel shows HGMMA and no local-memory traffic   -> $OUT/sass.log
+#   tests    tile ops, then the kernel suite's sm90 cases vs the fp64 oracle, the refusals, the
+#            edge cases and the 2^31-element view                         -> $OUT/sm90_tests.log
+#   variants the sm90 kernel cases again under each non-default FMHA_SM90_FWD_CONFIG
+#   sanitize compute-sanitizer memcheck, racecheck, synccheck on the small sm90 cases
+#   bench    `fmha bench --sweep fa` forward on sm90 and sm80, bf16 and fp16 -> $OUT/bench_*.csv
+# Environment: OUT (default ./out), BUILD (default ./build-sm90), HEAD_DIMS (default all),
+# STEPS (default "build sass tests variants sanitize bench"), JOBS (default nproc).
+set -u -o pipefail
+OUT=${OUT:-$PWD/out}
+BUILD=${BUILD:-$PWD/build-sm90}
+JOBS=${JOBS:-$(nproc)}
+HEAD_DIMS=${HEAD_DIMS:-"32;64;96;128;192;256"}
+STEPS=${STEPS:-"build sass tests variants sanitize bench"}
+mkdir -p "$OUT"
+status=0
+step() { echo "== $* ($(date +%T))"; }
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+TESTS="$BUILD/tests/gpu/fmha_gpu_tests"
+SM90_FILTER='*sm90*:Refuse.*:Edge.*:LargeOffsets.Sm90*'
+
+if want build; then
+  step "configure + build (-j$JOBS)"
+  start=$(date +%s)
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS="$HEAD_DIMS" \
+    -DFMHA_PTXAS_VERBOSE=ON -DCMAKE_CUDA_FLAGS=-lineinfo > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  if ! ninja -C "$BUILD" -j"$JOBS" fmha_cli fmha_gpu_tests fmha_tile_tests >> "$OUT/build.log" 2>&1; then
+    grep -E "error|FAILED" "$OUT/build.log" | head -40
+    exit 1
+  fi
+  echo "   built in $(( $(date +%s) - start )) s"
+  grep -A2 "Compiling entry function '_ZN4fmha4cuda4sm90" "$OUT/build.log" | grep -E "stack frame|registers" | sort | uniq -c | head
+fi
+
+if want sass; then
+  step "SASS of the sm90 kernels -> $OUT/sass.log"
+  scripts/check_sass.sh "$BUILD/CMakeFiles/fmha_cuda_sm90.dir" > "$OUT/sass.log" 2>&1 || status=1
+  tail -4 "$OUT/sass.log"
+fi
+
+if want tests; then
+  step "sm90 tests -> $OUT/sm90_tests.log"
+  "$BUILD/tests/gpu/fmha_tile_tests" --gtest_color=no > "$OUT/sm90_tests.log" 2>&1 || status=1
+  timeout 400 "$TESTS" --gtest_color=no --gtest_filter="$SM90_FILTER" >> "$OUT/sm90_tests.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests ran|Failure|^\[  FAILED" "$OUT/sm90_tests.log" | head -30
+fi
+
+if want variants; then
+  for v in serial n64; do
+    step "sm90 kernel tests under FMHA_SM90_FWD_CONFIG=$v"
+    echo "---- FMHA_SM90_FWD_CONFIG=$v" >> "$OUT/sm90_tests.log"
+    FMHA_SM90_FWD_CONFIG=$v timeout 300 "$TESTS" --gtest_color=no --gtest_filter='*Kernel.Forward/*sm90*' \
+      >> "$OUT/sm90_tests.log" 2>&1 || status=1
+    tail -3 "$OUT/sm90_tests.log"
+  done
+fi
+
+if want sanitize; then
+  step "compute-sanitizer -> $OUT/sanitize.log"
+  : > "$OUT/sanitize.log"
+  for tool in memcheck racecheck synccheck; do
+    echo "---- $tool" >> "$OUT/sanitize.log"
+    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 1 "$TESTS" --gtest_color=no \
+      --gtest_filter='*Forward/Small_sm90*_q15_k63_*:*Forward/Small_sm90*_q65_k63_*' >> "$OUT/sanitize.log" 2>&1 \
+      || { status=1; echo "   $tool: FAILED"; }
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran" "$OUT/sanitize.log" | tail -2
+  done
+fi
+
+if want bench; then
+  step "fmha bench --sweep fa, forward -> $OUT/bench_*.csv"
+  for backend in sm90 sm80; do
+    "$BUILD/fmha" bench --sweep fa --backend "$backend" --mode fwd --dtype bf16 --iters 10 \
+      > "$OUT/bench_fa_fwd_${backend}.csv" 2> "$OUT/bench_${backend}.err" || status=1
+  done
+  "$BUILD/fmha" bench --sweep seed --backend sm90 --mode fwd --dtype bf16 --iters 20 > "$OUT/bench_seed_sm90.csv" 2>&1
+  paste -d, <(cut -d, -f1-12 "$OUT/bench_fa_fwd_sm90.csv") <(cut -d, -f12- "$OUT/bench_fa_fwd_sm80.csv") | column -s, -t | head -40
+fi
+exit $status

@@ -1,0 +1,69 @@
+// The sm90 tier's tile configurations, chosen in one place from (storage dtype, head dim,
+// variant). Hopper offers 227 KiB of shared memory per block; every shape here fits it.
+//
+// A block is one producer warpgroup (one warp issues the TMA copies; its registers are given
+// back) and `consumers` warpgroups of 64 query rows each, so a query tile is consumers · 64 rows.
+// Tiles are stored in shared memory as 128-byte swizzled column chunks of 64 16-bit elements:
+// head dims are padded to a multiple of 64 there (96 → 128; the padding is zero-filled by TMA).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstddef>
+
+namespace fmha::cuda::sm90 {
+
+using fp16_t = __half;
+using bf16_t = __nv_bfloat16;
+
+inline constexpr int kWarpgroupThreads = 128;
+inline constexpr int kConsumerRows = 64;  // query rows per consumer warpgroup (wgmma M)
+inline constexpr int kChunkCols = 64;     // 16-bit columns per 128-byte swizzled chunk
+// Register budgets after setmaxnreg: the producer keeps few, the consumers take the rest of the
+// 64K-register file (128 · 40 + 256 · 232 = 64,512 for two consumer warpgroups).
+inline constexpr int kProducerRegisters = 40;
+inline constexpr int kConsumerRegisters2 = 232;  // two consumer warpgroups
+inline constexpr int kConsumerRegisters3 = 160;  // three
+inline constexpr size_t kSharedLimit = 227 * 1024;
+
+// Head dims rounded up to whole swizzled chunks.
+constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1) / kChunkCols * kChunkCols; }
+
+// The forward's configurations. FMHA_SM90_FWD_CONFIG=<name> picks one at the tuned head dims
+// (64 and 128 by default; the others compile the default only):
+//   overlap  intra-warpgroup overlap: tile j+1's S = Q·Kᵀ is issued before tile j's O += P·V, so
+//            the softmax of one tile runs under the other's matrix work (the default)
+//   serial   each tile's S, softmax, then P·V, one after the other (the baseline the overlap is
+//            measured against)
+//   n64      overlap with 64-key tiles (more K/V stages in flight, smaller score tiles)
+struct FwdConfig {
+  int consumers;  // consumer warpgroups
+  int tile_n;     // keys per tile
+  int stages;     // K/V tiles in flight
+  bool overlap;   // intra-warpgroup overlap of softmax and matrix work
+  constexpr int tile_m() const { return consumers * kConsumerRows; }
+  constexpr int threads() const { return (consumers + 1) * kWarpgroupThreads; }
+};
+
+inline constexpr int kFwdVariants = 3;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"overlap", "serial", "n64"};
+inline constexpr int kFwdDefault = 0;
+
+// Keys per tile and stages for a head dim: the largest score tile whose K/V ring still fits
+// shared memory next to the query tile (Q 128 × D, K and V stages of tile_n × D each).
+constexpr FwdConfig fwd_config(int head_dim, int variant) {
+  const int d = padded_head_dim(head_dim);
+  FwdConfig c{2, 128, 2, true};
+  if (d <= 64) c.stages = 3;
+  if (d == 192) c.tile_n = 96;
+  if (d == 256) c.tile_n = 64;
+  if (variant == 1) c.overlap = false;
+  if (variant == 2) {
+    c.tile_n = 64;
+    c.stages = d <= 128 ? 4 : 2;
+  }
+  return c;
+}
+
+}  // namespace fmha::cuda::sm90

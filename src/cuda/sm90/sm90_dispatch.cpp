@@ -1,0 +1,164 @@
+// The sm90 tier's entry points: the Hopper forward (wgmma + TMA, warp-specialised, persistent)
+// for fp16 and bf16 storage on sm_90 (H100/H200), head dims 64 to 256. Calls it cannot take
+// (another GPU, fp32, the backward, head dims below 64, views TMA cannot address) are refused
+// with the reason, and auto-selection moves on to the sm80 tier.
+//
+// FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
+// compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once.
+#include "cuda/sm90/sm90_dispatch.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "cuda/common/dispatch_util.h"
+#include "cuda/common/launch.h"
+#include "cuda/common/variant.h"
+#include "cuda/sm90/sm90_launch.h"
+#include "cuda/sm90/sm90_tma.h"
+
+namespace fmha::cuda::sm90 {
+namespace {
+
+static_assert(kFwdVariants == FMHA_CUDA_SM90_FWD_VARIANTS, "cmake/cuda.cmake instantiates every forward variant");
+
+constexpr const char* kFwdVariable = "FMHA_SM90_FWD_CONFIG";
+constexpr int kMinHeadDim = 64;  // smaller head dims run on the sm80 tier
+// K/V bytes of one L2 section of heads: a share of the H100/H200's 50/60 MB L2 that leaves room
+// for the queries and outputs in flight.
+constexpr double kL2SectionBytes = 32.0 * 1024 * 1024;
+
+int requested_fwd_variant() {
+  static const int variant = variant_index(std::getenv(kFwdVariable), kFwdVariantNames, kFwdVariants);
+  return variant;
+}
+
+// f(std::integral_constant<int, HD>{}) for the sm90 buckets compiled into this build.
+template <class F>
+Status with_sm90_head_dim(int bucket, F&& f) {
+  switch (bucket) {
+#define FMHA_CUDA_SM90_HEAD_DIM_CASE(hd) \
+  case hd: return f(std::integral_constant<int, hd>{});
+    FMHA_CUDA_SM90_HEAD_DIMS(FMHA_CUDA_SM90_HEAD_DIM_CASE)
+#undef FMHA_CUDA_SM90_HEAD_DIM_CASE
+    default: break;
+  }
+  return unsupported("head_dim: bucket " + std::to_string(bucket) + " has no sm90 kernel in this build");
+}
+
+template <class F>
+Status with_dtype(DType dtype, F&& f) {
+  if (dtype == DType::fp16) return f(fp16_t{});
+  return f(bf16_t{});
+}
+
+template <int HD, class F>
+Status with_config_variant(const DeviceProps& props, F&& f) {
+  return with_requested_variant<kFwdVariants, kFwdDefault, is_tuned_head_dim(HD)>(
+      requested_fwd_variant(), kFwdVariable, kFwdVariantNames,
+      [&](auto v) { return forward_shared_bytes<bf16_t, HD, decltype(v)::value>() <= props.max_shared_per_block; },
+      f);
+}
+
+Status check_call(const Params& p, Direction direction, DeviceProps& props, int* bucket) {
+  const Problem s = Problem::of(p);
+  if (direction == Direction::backward)
+    return unsupported("direction: the sm90 tier has no backward yet; the sm80 tier runs it");
+  if (p.q.dtype == DType::fp32)
+    return unsupported(std::string("precision: fp32 storage (") + to_string(p.precision) +
+                       ") is not on the sm90 tier yet; the sm80 tier runs tf32 and the simt tier exact fp32");
+  if (Status st = head_dim_of(s, bucket); !st.ok()) return st;
+  if (*bucket < kMinHeadDim)
+    return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
+                       " is below the sm90 tier's smallest head dim (64); the sm80 tier runs it");
+  const struct {
+    const char* name;
+    const Tensor* t;
+  } views[] = {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"o", &p.o}};
+  for (const auto& v : views)
+    if (Status st = check_tma_view(*v.t, v.name); !st.ok()) return st;
+  constexpr int64_t kMaxCoordinate = (int64_t(1) << 31) - 1;  // TMA coordinates are int32
+  if (s.seqlen_q > kMaxCoordinate || s.seqlen_k > kMaxCoordinate)
+    return unsupported("q: sequence lengths above 2^31 - 1 exceed TMA's coordinates (sm90 tier)");
+  if (Status st = current_device(p, direction, &props); !st.ok()) return st;
+  if (props.arch != 90)
+    return unsupported("q: cuda:" + std::to_string(props.ordinal) + " is sm_" + std::to_string(props.arch) +
+                       "; the sm90 tier runs on sm_90 (H100/H200) only");
+  return with_sm90_head_dim(*bucket, [&](auto hd) {
+    constexpr int HD = decltype(hd)::value;
+    return with_config_variant<HD>(props, [&](auto v) {
+      return check_shared_memory("sm90", direction, HD, forward_shared_bytes<bf16_t, HD, decltype(v)::value>(), props);
+    });
+  });
+}
+
+int multiprocessors(int ordinal) {
+  int count = 0;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, ordinal) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  return count;
+}
+
+// Heads per L2 section: as many (batch, head) pairs as keep their K and V within the section
+// budget, in whole GQA groups, a power of two for an even split.
+int l2_section(const Problem& s) {
+  const double kv_bytes = double(s.seqlen_k) * double(s.head_dim + s.head_dim_v) * double(dtype_size(s.dtype));
+  int64_t kv_heads = kv_bytes > 0 ? int64_t(kL2SectionBytes / kv_bytes) : 1;
+  kv_heads = std::max<int64_t>(kv_heads, 1);
+  int64_t pow2 = 1;
+  while (pow2 * 2 <= kv_heads) pow2 *= 2;
+  return int(std::min<int64_t>(pow2 * s.group, s.batch * s.heads));
+}
+
+}  // namespace
+
+Status supports(const Params& p, Direction direction) {
+  DeviceProps props;
+  int bucket = 0;
+  return check_call(p, direction, props, &bucket);
+}
+
+Status run(const Params& p, Direction direction) {
+  DeviceProps props;
+  int bucket = 0;
+  if (Status st = check_call(p, direction, props, &bucket); !st.ok()) return st;
+  const Problem s = Problem::of(p);
+  FwdParams params{};
+  params.args = make_args(p, s);
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  return with_sm90_head_dim(bucket, [&](auto hd) {
+    constexpr int HD = decltype(hd)::value;
+    return with_config_variant<HD>(props, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      constexpr FwdConfig c = fwd_config(HD, V);
+      const int64_t m_blocks = ceil_div(s.seqlen_q, c.tile_m());
+      const int64_t total = m_blocks * s.batch * s.heads;
+      if (total == 0) return Status::success();
+      if (total > int64_t(INT32_MAX))
+        return unsupported("q: " + std::to_string(total) + " query tiles exceed the sm90 scheduler's int32 range");
+      // Empty K/V are never read, but their maps need a valid address: Q's.
+      Tensor keys = p.k, values = p.v;
+      if (s.seqlen_k == 0) keys.data = values.data = p.q.data;
+      if (Status st = encode_tile_map(&params.q, p.q, kChunkCols, c.tile_m(), "q"); !st.ok()) return st;
+      if (Status st = encode_tile_map(&params.k, keys, kChunkCols, c.tile_n, "k"); !st.ok()) return st;
+      if (Status st = encode_tile_map(&params.v, values, kChunkCols, c.tile_n, "v"); !st.ok()) return st;
+      if (Status st = encode_tile_map(&params.o, p.o, kChunkCols, kConsumerRows, "o"); !st.ok()) return st;
+      TileScheduler& sched = params.scheduler;
+      sched.m_blocks = int(m_blocks);
+      sched.heads = int(s.heads);
+      sched.batch_heads = int(s.batch * s.heads);
+      sched.section = l2_section(s);
+      sched.total = int(total);
+      sched.longest_first = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
+      const int grid = int(std::min<int64_t>(total, multiprocessors(props.ordinal)));
+      return with_dtype(p.q.dtype, [&](auto type) {
+        using T = decltype(type);
+        return forward<T, HD, V>(params, grid, stream);
+      });
+    });
+  });
+}
+
+}  // namespace fmha::cuda::sm90

@@ -1,0 +1,69 @@
+// The sm90 forward's epilogue, per consumer warpgroup: O = acc / rowsum in the storage type,
+// written over the warpgroup's own rows of the query tile in shared memory (in the swizzled
+// layout the O tensor map expects), then one thread stores them with TMA (rows past seqlen_q and
+// columns past head_dim_v are dropped by the copy engine) and releases the query buffer once the
+// copy has read it. LSE goes straight from registers. A row that sees no key gets O = 0,
+// LSE = -inf.
+#pragma once
+
+#include "cuda/sm90/sm90_fwd_mainloop.cuh"
+#include "cuda/sm90/sm90_fwd_params.h"
+
+namespace fmha::cuda::sm90 {
+
+// Named barriers (0 is __syncthreads): one per consumer warpgroup for its epilogue.
+enum class NamedBarrier : int { epilogue_first = 1 };
+
+template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP>
+struct FwdEpilogue {
+  using Mainloop = FwdMainloop<T, HD, BM, BN, STAGES, OVERLAP>;
+  using Shared = typename Mainloop::Shared;
+  using Tiles = typename Mainloop::Tiles;
+
+  __device__ static void run(const FwdParams& params, Shared& shared, int warpgroup, int thread, WorkTile work,
+                             Range rows, typename Tiles::Output& o, typename Tiles::Softmax& softmax) {
+    const AttentionArgs& args = params.args;
+    const int barrier = int(NamedBarrier::epilogue_first) + warpgroup;
+    softmax.finish();
+    // Every warp of the warpgroup is past its last wgmma on these Q rows before they are overwritten.
+    tile::named_sync(barrier, wg::kThreads);
+    char* staging = reinterpret_cast<char*>(shared.q) + warpgroup * kConsumerRows * wg::kSwizzleBytes;
+    // 32-bit shared-window addresses: the epilogue's address arithmetic stays in few registers.
+    const uint32_t staging_addr = static_cast<uint32_t>(__cvta_generic_to_shared(staging));
+#pragma unroll
+    for (int i = 0; i < Tiles::Output::kRows; ++i) {
+      const float inv = softmax.inv_sum(i);
+      const int r = Tiles::Output::row(i, thread);
+#pragma unroll
+      for (int j = 0; j < Tiles::Output::kCols; j += 2) {
+        const int c = Tiles::Output::col(j, thread);
+        const uint32_t value = wg::pack2<T>(o(i, j) * inv, o(i, j + 1) * inv);
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(staging_addr + wg::swizzled_offset<T>(r, c, Shared::kQChunkBytes)),
+                     "r"(value)
+                     : "memory");
+      }
+    }
+    tile::fence_async_shared();
+    tile::named_sync(barrier, wg::kThreads);
+    if (thread == 0) {
+      const int chunks = (args.head_dim_v + kChunkCols - 1) / kChunkCols;
+      for (int c = 0; c < chunks; ++c)
+        tile::tma::store(&params.o, c * kChunkCols, int(rows.begin), work.head, work.batch,
+                         staging + c * Shared::kQChunkBytes);
+      tile::tma::store_commit();
+      tile::tma::store_wait_read();
+      shared.q_empty.arrive();
+    }
+    if (args.lse != nullptr && thread % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < Tiles::Output::kRows; ++i) {
+        const int64_t row = rows.begin + Tiles::Output::row(i, thread);
+        if (row < args.seqlen_q)
+          args.lse[work.batch * args.lse_batch_stride + work.head * args.lse_head_stride + row * args.lse_seq_stride] =
+              softmax.lse(i);
+      }
+    }
+  }
+};
+
+}  // namespace fmha::cuda::sm90

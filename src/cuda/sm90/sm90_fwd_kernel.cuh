@@ -1,0 +1,137 @@
+// The sm90 forward kernel: persistent, warp-specialised. Warpgroup 0 is the producer: one thread
+// issues every TMA copy (each work tile's Q, then its K and V tiles into a STAGES-deep ring) and
+// the warpgroup gives its registers back. Warpgroups 1.. are consumers, each owning 64 query rows
+// of the work tile, with the registers raised: the mainloop on wgmma, then the epilogue. Producer
+// and consumers walk the same work tiles (tile scheduler) and the same ring positions, so they
+// agree on every buffer and phase without talking beyond the mbarriers.
+#pragma once
+
+#include "cuda/sm90/sm90_fwd_epilogue.cuh"
+#include "cuda/sm90/sm90_fwd_mainloop.cuh"
+#include "cuda/sm90/sm90_fwd_params.h"
+
+namespace fmha::cuda::sm90 {
+
+template <class T, int HD, int VARIANT>
+struct FwdKernel {
+  static constexpr FwdConfig kConfig = fwd_config(HD, VARIANT);
+  static constexpr int BM = kConfig.tile_m(), BN = kConfig.tile_n, STAGES = kConfig.stages;
+  static constexpr int kConsumers = kConfig.consumers;
+  static constexpr int kThreads = kConfig.threads();
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? kConsumerRegisters2 : kConsumerRegisters3;
+  using Mainloop = FwdMainloop<T, HD, BM, BN, STAGES, kConfig.overlap>;
+  using Epilogue = FwdEpilogue<T, HD, BM, BN, STAGES, kConfig.overlap>;
+  using Shared = typename Mainloop::Shared;
+  using Tiles = typename Mainloop::Tiles;
+  // Dynamic shared memory: the storage plus slack to align its start to the swizzle atom.
+  static constexpr size_t kSharedBytes = sizeof(Shared) + wg::kSwizzleAtomBytes;
+  static_assert(kSharedBytes <= kSharedLimit, "the tile shapes exceed Hopper's shared memory");
+  static_assert(BM <= 256 && BN <= 256, "a TMA box has at most 256 rows");
+
+  // The rows and keys of a work tile: the whole query tile's rows (clamped to seqlen_q) and the
+  // keys any of them sees.
+  __device__ __forceinline__ static Range tile_rows(const AttentionArgs& args, const WorkTile& w) {
+    const int64_t row0 = int64_t(w.m_block) * BM;
+    return {row0, row0 + BM < args.seqlen_q ? row0 + BM : args.seqlen_q};
+  }
+  __device__ __forceinline__ static int num_key_tiles(Range keys) { return int((keys.size() + BN - 1) / BN); }
+
+  __device__ static void produce(const FwdParams& params, Shared& shared) {
+    const AttentionArgs& args = params.args;
+    tile::tma::prefetch(&params.q);
+    tile::tma::prefetch(&params.k);
+    tile::tma::prefetch(&params.v);
+    tile::tma::prefetch(&params.o);
+    tile::PipelineState<STAGES> pipe;
+    uint32_t q_phase = 0;
+    for (int t = blockIdx.x; t < params.scheduler.total; t += gridDim.x) {
+      const WorkTile w = params.scheduler.get(t);
+      const Range rows = tile_rows(args, w);
+      const Range keys = args.mask.keys(rows);
+      const int kv_head = w.head / args.group;
+      shared.q_empty.wait(q_phase ^ 1);
+      shared.q_full.arrive_expect_tx(Shared::kQBytes);
+#pragma unroll
+      for (int c = 0; c < Shared::kChunks; ++c)
+        tile::tma::load(shared.q + c * BM * kChunkCols, &params.q, c * kChunkCols, int(rows.begin), w.head, w.batch,
+                        shared.q_full);
+      const int tiles = num_key_tiles(keys);
+      for (int j = 0; j < tiles; ++j) {
+        const int col0 = int(keys.begin) + j * BN;
+        shared.k_empty[pipe.index].wait(pipe.phase ^ 1);
+        shared.k_full[pipe.index].arrive_expect_tx(Shared::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Shared::kChunks; ++c)
+          tile::tma::load(shared.k[pipe.index] + c * BN * kChunkCols, &params.k, c * kChunkCols, col0, kv_head,
+                          w.batch, shared.k_full[pipe.index]);
+        shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
+        shared.v_full[pipe.index].arrive_expect_tx(Shared::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Shared::kChunks; ++c)
+          tile::tma::load(shared.v[pipe.index] + c * BN * kChunkCols, &params.v, c * kChunkCols, col0, kv_head,
+                          w.batch, shared.v_full[pipe.index]);
+        pipe.advance();
+      }
+      q_phase ^= 1;
+    }
+  }
+
+  __device__ static void consume(const FwdParams& params, Shared& shared, int warpgroup, int thread) {
+    const AttentionArgs& args = params.args;
+    Mainloop mainloop{shared, args, warpgroup, thread};
+    tile::PipelineState<STAGES> pipe;
+    uint32_t q_phase = 0;
+    for (int t = blockIdx.x; t < params.scheduler.total; t += gridDim.x) {
+      const WorkTile w = params.scheduler.get(t);
+      const Range rows = tile_rows(args, w);
+      const Range keys = args.mask.keys(rows);
+      const int64_t my_row0 = rows.begin + int64_t(warpgroup) * kConsumerRows;
+      const Range my_rows{my_row0, my_row0 + kConsumerRows < rows.end ? my_row0 + kConsumerRows : rows.end};
+      typename Tiles::Output o;  // [64, HDP] fp32
+      o.fill(0.f);
+      typename Tiles::Softmax softmax;
+      softmax.init();
+      shared.q_full.wait(q_phase);
+      mainloop.run(pipe, Range{my_row0, my_row0 + kConsumerRows}, keys, num_key_tiles(keys), o, softmax);
+      Epilogue::run(params, shared, warpgroup, thread, w, my_rows.empty() ? Range{my_row0, my_row0} : my_rows, o,
+                    softmax);
+      q_phase ^= 1;
+    }
+    if (thread == 0) tile::tma::store_wait();
+  }
+};
+
+template <class T, int HD, int VARIANT>
+__global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT>::kThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdParams params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using K = FwdKernel<T, HD, VARIANT>;
+  extern __shared__ char shared_raw[];
+  const uintptr_t base = reinterpret_cast<uintptr_t>(shared_raw);
+  auto& shared = *reinterpret_cast<typename K::Shared*>(
+      (base + wg::kSwizzleAtomBytes - 1) / wg::kSwizzleAtomBytes * wg::kSwizzleAtomBytes);
+  const int warpgroup = int(threadIdx.x) / wg::kThreads;
+  const int thread = int(threadIdx.x) % wg::kThreads;
+  if (threadIdx.x == 0) {
+    shared.q_full.init(1);
+    shared.q_empty.init(K::kConsumers);
+    for (int s = 0; s < K::STAGES; ++s) {
+      shared.k_full[s].init(1);
+      shared.v_full[s].init(1);
+      shared.k_empty[s].init(K::kConsumers * K::Mainloop::kConsumerWarps);
+      shared.v_empty[s].init(K::kConsumers * K::Mainloop::kConsumerWarps);
+    }
+    tile::fence_barrier_init();
+  }
+  __syncthreads();
+  if (warpgroup == 0) {
+    tile::registers_decrease<kProducerRegisters>();
+    if (thread == 0) K::produce(params, shared);
+  } else {
+    tile::registers_increase<K::kConsumerRegisters>();
+    K::consume(params, shared, warpgroup - 1, thread);
+  }
+#endif
+}
+
+}  // namespace fmha::cuda::sm90

@@ -1,0 +1,188 @@
+// The sm90 forward's consumer mainloop: one warpgroup's 64 query rows against the key tiles of a
+// work tile, on wgmma. Per key tile: S = Q·Kᵀ (both operands in shared memory), scale, mask
+// (only tiles the mask cuts), row max, exp2, row sum, rescale, O += P·V with P converted in
+// registers (never through shared memory). K and V arrive through the producer's STAGES-deep TMA
+// ring; each is released as soon as its wgmma has read it.
+//
+// With OVERLAP, tile j+1's Q·Kᵀ is issued before tile j's P·V, and the softmax of tile j+1 runs
+// while P·V of tile j is in flight: the tensor cores are fed while the warpgroup does its
+// exponentials.
+#pragma once
+
+#include "cuda/common/args.h"
+#include "cuda/sm90/sm90_config.h"
+#include "cuda/tile/reduce.cuh"
+#include "cuda/tile/tma.cuh"
+#include "cuda/tile/wgmma.cuh"
+#include "fmha/mask.h"
+
+namespace fmha::cuda::sm90 {
+
+namespace wg = tile::warpgroup;
+
+// Shared memory of the forward. Every tile is HDP / 64 swizzled column chunks of [rows, 64].
+// The query tile doubles as the output staging buffer: a consumer warpgroup writes its O rows
+// over its own Q rows once its last Q·Kᵀ is done, and the TMA store reads them from there.
+template <class T, int HD, int BM, int BN, int STAGES>
+struct FwdShared {
+  static constexpr int kHeadDimPadded = padded_head_dim(HD);
+  static constexpr int kChunks = kHeadDimPadded / kChunkCols;
+  static constexpr int kQChunkBytes = BM * wg::kSwizzleBytes;   // one [BM, 64] chunk
+  static constexpr int kKVChunkBytes = BN * wg::kSwizzleBytes;  // one [BN, 64] chunk
+  static constexpr uint32_t kQBytes = uint32_t(kQChunkBytes) * kChunks;
+  static constexpr uint32_t kKVBytes = uint32_t(kKVChunkBytes) * kChunks;
+
+  alignas(wg::kSwizzleAtomBytes) T q[BM * kHeadDimPadded];        // [chunks][BM, 64] queries, then O
+  alignas(wg::kSwizzleAtomBytes) T k[STAGES][BN * kHeadDimPadded];  // [chunks][BN, 64] keys
+  alignas(wg::kSwizzleAtomBytes) T v[STAGES][BN * kHeadDimPadded];  // [chunks][BN, 64] values
+  tile::MBarrier q_full, q_empty;
+  tile::MBarrier k_full[STAGES], k_empty[STAGES];
+  tile::MBarrier v_full[STAGES], v_empty[STAGES];
+};
+
+// One consumer warpgroup's state across the key tiles of a work tile.
+template <class T, int HD, int BN>
+struct ConsumerTiles {
+  static constexpr int kHeadDimPadded = padded_head_dim(HD);
+  using Scores = wg::Accumulator<BN>;              // [64, BN] S, then P, fp32
+  using Output = wg::Accumulator<kHeadDimPadded>;  // [64, HDP] unnormalised O, fp32
+  using Softmax = tile::OnlineSoftmax<Scores::kRows, 4>;
+  using PFragments = uint32_t[BN / 16][4];         // [64, BN] P as register-A fragments, 16-bit
+};
+
+template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP>
+struct FwdMainloop {
+  using Shared = FwdShared<T, HD, BM, BN, STAGES>;
+  using Tiles = ConsumerTiles<T, HD, BN>;
+  using Pipeline = tile::PipelineState<STAGES>;
+  static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
+  static constexpr int kK = wg::Wgmma<T, BN>::kK;
+  static constexpr int kConsumerWarps = wg::kThreads / 32;
+
+  Shared& shared;
+  const AttentionArgs& args;
+  int warpgroup;  // consumer index: rows [64 · warpgroup, 64 · warpgroup + 64) of the query tile
+  int thread;     // index inside the warpgroup
+
+  // S = Q·Kᵀ for this warpgroup's rows and the key tile in stage `stage`; issued, not waited.
+  __device__ __forceinline__ void issue_scores(typename Tiles::Scores& s, int stage) {
+    // Descriptors of the first k step; later steps add their byte offset (in 16-byte units) to
+    // the start-address field, which cannot carry out of it inside shared memory.
+    const uint64_t a0 = wg::k_major_desc<T, kK>(shared.q, warpgroup * kConsumerRows, 0, Shared::kQChunkBytes);
+    const uint64_t b0 = wg::k_major_desc<T, kK>(shared.k[stage], 0, 0, Shared::kKVChunkBytes);
+    wg::fence();
+#pragma unroll
+    for (int k0 = 0; k0 < HD; k0 += kK) {
+      wg::Wgmma<T, BN>::ss(s.d, a0 + wg::k_major_step<T>(k0, Shared::kQChunkBytes),
+                           b0 + wg::k_major_step<T>(k0, Shared::kKVChunkBytes), k0 > 0 ? 1 : 0);
+    }
+    wg::commit();
+  }
+
+  // O += P·V for the value tile in stage `stage`; issued, not waited.
+  __device__ __forceinline__ void issue_pv(typename Tiles::Output& o, typename Tiles::PFragments& p, int stage) {
+    const uint64_t b0 = wg::mn_major_desc(shared.v[stage], 0, Shared::kKVChunkBytes);
+    wg::fence();
+#pragma unroll
+    for (int kb = 0; kb < BN / 16; ++kb)
+      wg::Wgmma<T, kHeadDimPadded>::template rs<1>(o.d, p[kb], b0 + wg::mn_major_step(kb * 16), 1);
+    wg::commit();
+  }
+
+  // One arrival per consumer warp: the stage's buffer may be refilled once every warp is done.
+  __device__ __forceinline__ void release(tile::MBarrier& empty) {
+    if (thread % 32 == 0) empty.arrive();
+  }
+
+  // Scale, mask where the tile needs it, and the online-softmax update: s becomes P, rescale[i]
+  // is what row i's output accumulated so far must be multiplied by.
+  __device__ __forceinline__ void softmax_step(typename Tiles::Scores& s, typename Tiles::Softmax& softmax,
+                                               float (&rescale)[Tiles::Scores::kRows], Range rows, int64_t col0,
+                                               int64_t keys_end) {
+    tile::thread::scale(s, args.scale_log2);
+    const Range cols{col0, col0 + BN < keys_end ? col0 + BN : keys_end};
+    if (!(cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+      tile::thread::mask_scores(
+          s, args.mask, [&](int i) { return rows.begin + Tiles::Scores::row(i, thread); },
+          [&](int j) { return col0 + Tiles::Scores::col(j, thread); });
+    softmax.template update<true>(s, rescale);
+  }
+
+  __device__ __forceinline__ static void apply_rescale(typename Tiles::Output& o,
+                                                       const float (&rescale)[Tiles::Scores::kRows]) {
+#pragma unroll
+    for (int i = 0; i < Tiles::Output::kRows; ++i)
+#pragma unroll
+      for (int j = 0; j < Tiles::Output::kCols; ++j) o(i, j) *= rescale[i];
+  }
+
+  // The key tiles [keys.begin + j·BN) for j < num_tiles, for this warpgroup's query rows `rows`
+  // (absolute; rows past seqlen_q compute on zero-filled queries and are never stored).
+  __device__ void run(Pipeline& pipe, Range rows, Range keys, int num_tiles, typename Tiles::Output& o,
+                      typename Tiles::Softmax& softmax) {
+    typename Tiles::Scores s;  // [64, BN] scores of the tile in flight
+    typename Tiles::PFragments p;  // [64, BN] P of the previous tile, 16-bit A fragments
+    float rescale[Tiles::Scores::kRows];
+    if (num_tiles == 0) return;
+    if constexpr (!OVERLAP) {
+      for (int j = 0; j < num_tiles; ++j) {
+        shared.k_full[pipe.index].wait(pipe.phase);
+        issue_scores(s, pipe.index);
+        wg::wait<0>();
+        wg::fence_operand(s.d);
+        release(shared.k_empty[pipe.index]);
+        softmax_step(s, softmax, rescale, rows, keys.begin + int64_t(j) * BN, keys.end);
+        apply_rescale(o, rescale);
+        wg::a_from_acc<T>(p, s);
+        shared.v_full[pipe.index].wait(pipe.phase);
+        wg::fence_operand(o.d);
+        issue_pv(o, p, pipe.index);
+        wg::wait<0>();
+        wg::fence_operand(o.d);
+        wg::fence_operand(p);
+        release(shared.v_empty[pipe.index]);
+        pipe.advance();
+      }
+    } else {
+      // Tile 0: scores and softmax alone.
+      shared.k_full[pipe.index].wait(pipe.phase);
+      issue_scores(s, pipe.index);
+      wg::wait<0>();
+      wg::fence_operand(s.d);
+      release(shared.k_empty[pipe.index]);
+      softmax_step(s, softmax, rescale, rows, keys.begin, keys.end);
+      wg::a_from_acc<T>(p, s);
+      Pipeline previous = pipe;
+      pipe.advance();
+      for (int j = 1; j < num_tiles; ++j) {
+        // S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) in flight together.
+        shared.k_full[pipe.index].wait(pipe.phase);
+        issue_scores(s, pipe.index);
+        shared.v_full[previous.index].wait(previous.phase);
+        wg::fence_operand(o.d);
+        issue_pv(o, p, previous.index);
+        wg::wait<1>();  // S(j) is done; P·V may still run
+        wg::fence_operand(s.d);
+        release(shared.k_empty[pipe.index]);
+        softmax_step(s, softmax, rescale, rows, keys.begin + int64_t(j) * BN, keys.end);
+        wg::wait<0>();
+        wg::fence_operand(o.d);
+        wg::fence_operand(p);
+        release(shared.v_empty[previous.index]);
+        apply_rescale(o, rescale);
+        wg::a_from_acc<T>(p, s);
+        previous = pipe;
+        pipe.advance();
+      }
+      shared.v_full[previous.index].wait(previous.phase);
+      wg::fence_operand(o.d);
+      issue_pv(o, p, previous.index);
+      wg::wait<0>();
+      wg::fence_operand(o.d);
+      wg::fence_operand(p);
+      release(shared.v_empty[previous.index]);
+    }
+  }
+};
+
+}  // namespace fmha::cuda::sm90

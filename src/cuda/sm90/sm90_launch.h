@@ -1,0 +1,22 @@
+// The sm90 tier's launchers, one explicit instantiation per (storage type, head-dim bucket,
+// variant) in the generated .cu files (compiled for sm_90a only). Host code includes this header.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "cuda/sm90/sm90_config.h"
+#include "cuda/sm90/sm90_fwd_params.h"
+#include "fmha/fmha.h"
+
+namespace fmha::cuda::sm90 {
+
+// Launches the persistent forward kernel in configuration VARIANT (sm90_config.h) on `grid`
+// blocks; params' tensor maps must use fwd_config(HD, VARIANT)'s tile shapes.
+template <class T, int HD, int VARIANT>
+Status forward(const FwdParams& params, int grid, cudaStream_t stream);
+template <class T, int HD, int VARIANT>
+size_t forward_shared_bytes();
+
+}  // namespace fmha::cuda::sm90

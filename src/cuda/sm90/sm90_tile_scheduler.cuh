@@ -1,0 +1,45 @@
+// The sm90 forward's persistent tile scheduler: a grid of at most one block per SM walks the
+// (query tile, head, batch) work items with a static stride. Heads are grouped into L2 sections
+// (as many heads as keep their K and V within a share of the L2): inside a section the heads
+// vary fastest, so the blocks in flight read the same K/V; the query heads of one GQA group are
+// adjacent. Under causal masks query tiles run from the last (the most keys) to the first, so
+// the longest work items start first and the short ones fill the tail.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace fmha::cuda::sm90 {
+
+struct WorkTile {
+  int m_block;  // query tile index
+  int head;
+  int batch;
+};
+
+struct TileScheduler {
+  int m_blocks = 0;     // query tiles per head
+  int heads = 0;
+  int batch_heads = 0;  // batch · heads
+  int section = 1;      // (batch, head) pairs per L2 section
+  int total = 0;        // m_blocks · batch_heads
+  bool longest_first = false;
+
+  __host__ __device__ __forceinline__ WorkTile get(int tile) const {
+    const int per_section = m_blocks * section;
+    const int s = tile / per_section;
+    const int in_section = tile - s * per_section;
+    const int first = s * section;
+    const int width = batch_heads - first < section ? batch_heads - first : section;
+    const int m = in_section / width;
+    const int bh = first + (in_section - m * width);
+    WorkTile w;
+    w.m_block = longest_first ? m_blocks - 1 - m : m;
+    w.batch = bh / heads;
+    w.head = bh - w.batch * heads;
+    return w;
+  }
+};
+
+}  // namespace fmha::cuda::sm90

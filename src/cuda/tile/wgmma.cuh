@@ -1,0 +1,173 @@
+// Warpgroup tensor-core ops of Hopper (sm_90a): wgmma shared-memory descriptors, the async
+// protocol (fence, commit, wait) and the accumulator fragment. The instructions themselves are
+// generated (wgmma_ops.inc, scripts/gen_wgmma.py); cuda::ptx in CCCL does not cover wgmma.
+//
+// A warpgroup is 4 consecutive warps starting at a warp index divisible by 4 (128 threads). With
+// thread t of the warpgroup, w = t / 32, l = t % 32, r0 = 16·w + l / 4:
+//   accumulator m64nN, fp32, N/2 registers: d[4g + 2i + c] = D[r0 + 8i][8g + 2(l % 4) + c]
+//     (g < N/8, i, c in {0, 1}); a row lives on the 4 lanes of a quad.
+//   A from registers, m64n?k16 16-bit, 4 registers of 2 elements (low half = lower column):
+//     a0 = A[r0][2(l%4) + {0,1}]  a1 = A[r0+8][same]  a2 = A[r0][2(l%4) + 8 + {0,1}]  a3 = A[r0+8][same]
+//     which is the accumulator's k-th 16-column block converted pairwise (a_from_acc).
+//
+// Shared-memory operands use the 128-byte swizzle that TMA writes (SWIZZLE_128B): a tile is a
+// sequence of "column chunks" of 64 16-bit (or 32 fp32) elements, each chunk [rows, 128 B] with
+// the 16-byte units of row r XOR-ed by r % 8. Chunks must start 1024-byte aligned.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace fmha::cuda::tile::warpgroup {
+
+inline constexpr int kThreads = 128;
+inline constexpr int kRows = 64;           // M of every wgmma
+inline constexpr int kSwizzleBytes = 128;  // a row of a swizzled column chunk
+inline constexpr int kSwizzleAtomBytes = 1024;  // 8 rows × 128 B: the swizzle pattern's period
+
+// Elements of T in one 128-byte swizzled row: the width of a column chunk.
+template <class T>
+inline constexpr int kChunkCols = kSwizzleBytes / int(sizeof(T));
+
+// The 64-bit matrix descriptor: start address, leading and stride byte offsets (16-byte units),
+// base offset 0 (chunks are 1024-byte aligned) and the 128-byte swizzle mode.
+__device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t leading_bytes, uint32_t stride_bytes) {
+  constexpr uint64_t kSwizzle128 = 1;
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  uint64_t desc = 0;
+  desc |= uint64_t((addr & 0x3FFFF) >> 4);
+  desc |= uint64_t((leading_bytes >> 4) & 0x3FFF) << 16;
+  desc |= uint64_t((stride_bytes >> 4) & 0x3FFF) << 32;
+  desc |= kSwizzle128 << 62;
+  return desc;
+}
+
+// A K-major operand (rows × K, K contiguous: Q, K as B of Q·Kᵀ). The k-th step of kK elements
+// (32 bytes) starts 32·(k % steps per chunk) bytes into a 128-byte row of chunk k / steps per
+// chunk; 8-row groups are 1024 bytes apart. chunk_bytes is the size of one column chunk.
+template <class T, int K_STEP>
+__device__ __forceinline__ uint64_t k_major_desc(const T* tile, int row0, int k0, int chunk_bytes) {
+  const char* base = reinterpret_cast<const char*>(tile) + (k0 / kChunkCols<T>) * chunk_bytes +
+                     row0 * kSwizzleBytes + (k0 % kChunkCols<T>) * int(sizeof(T));
+  return make_desc(base, 16, kSwizzleAtomBytes);
+}
+
+// An MN-major operand (K rows × N, N contiguous: V as B of P·V, 16-bit only). A k-step of 16 rows
+// starts 16 · 128 bytes further; consecutive 64-column chunks (N) are chunk_bytes apart (the
+// leading byte offset), 8-row groups 1024 bytes apart (the stride byte offset).
+template <class T>
+__device__ __forceinline__ uint64_t mn_major_desc(const T* tile, int k0, int chunk_bytes) {
+  static_assert(sizeof(T) == 2, "wgmma transposes 16-bit operands only");
+  const char* base = reinterpret_cast<const char*>(tile) + k0 * kSwizzleBytes;
+  return make_desc(base, uint32_t(chunk_bytes), kSwizzleAtomBytes);
+}
+
+// What k_major_desc(tile, row0, k0, ...) adds to k_major_desc(tile, row0, 0, ...), and
+// mn_major_desc(tile, k0, ...) to mn_major_desc(tile, 0, ...): the start address moves in
+// 16-byte units.
+template <class T>
+__host__ __device__ __forceinline__ constexpr uint64_t k_major_step(int k0, int chunk_bytes) {
+  return uint64_t(((k0 / kChunkCols<T>) * chunk_bytes + (k0 % kChunkCols<T>) * int(sizeof(T))) >> 4);
+}
+__host__ __device__ __forceinline__ constexpr uint64_t mn_major_step(int k0) {
+  return uint64_t((k0 * kSwizzleBytes) >> 4);
+}
+
+// Byte offset of element (row, col) inside a swizzled tile of column chunks of chunk_bytes.
+template <class T>
+__device__ __forceinline__ int swizzled_offset(int row, int col, int chunk_bytes) {
+  const int byte = (col % kChunkCols<T>) * int(sizeof(T));
+  return (col / kChunkCols<T>) * chunk_bytes + row * kSwizzleBytes + (((byte / 16) ^ (row % 8)) * 16) + byte % 16;
+}
+
+// The async protocol. fence() before the first wgmma that reads registers written by ordinary
+// instructions (accumulators, register A); commit() closes a group; wait<N>() returns when at most
+// N groups are pending. Accumulators must not be touched between issue and the covering wait.
+__device__ __forceinline__ void fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Keeps the compiler from moving reads or writes of `x` across a wait (it cannot see that an
+// issued wgmma still owns the register).
+template <int COUNT>
+__device__ __forceinline__ void fence_operand(float (&x)[COUNT]) {
+#pragma unroll
+  for (int i = 0; i < COUNT; ++i) asm volatile("" : "+f"(x[i])::"memory");
+}
+template <int COUNT>
+__device__ __forceinline__ void fence_operand(uint32_t (&x)[COUNT]) {
+#pragma unroll
+  for (int i = 0; i < COUNT; ++i) asm volatile("" : "+r"(x[i])::"memory");
+}
+template <int ROWS, int COLS>
+__device__ __forceinline__ void fence_operand(uint32_t (&x)[ROWS][COLS]) {
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) fence_operand(x[i]);
+}
+
+template <class T, int N>
+struct Wgmma;
+#include "cuda/tile/wgmma_ops.inc"
+
+// A warpgroup's [64, N] fp32 accumulator, seen by one thread as a RegTile<float, 2, N/4>:
+// element (i, j) is D[row(i)][col(j)] (the layout above), so the row reductions of reduce.cuh
+// apply with 4 lanes per row.
+template <int N>
+struct Accumulator {
+  static constexpr int kRows = 2, kCols = N / 4, kRegs = N / 2;
+  float d[kRegs];
+
+  __device__ __forceinline__ float& operator()(int i, int j) { return d[4 * (j / 2) + 2 * i + j % 2]; }
+  __device__ __forceinline__ const float& operator()(int i, int j) const { return d[4 * (j / 2) + 2 * i + j % 2]; }
+  __device__ __forceinline__ void fill(float x) {
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) d[i] = x;
+  }
+  // Row and column of element (i, j) for thread t of the warpgroup.
+  __device__ __forceinline__ static int row(int i, int t) { return 16 * (t / 32) + (t % 32) / 4 + 8 * i; }
+  __device__ __forceinline__ static int col(int j, int t) { return 8 * (j / 2) + 2 * (t % 4) + j % 2; }
+};
+
+// Two fp32 values as one register of two 16-bit values (low half = first).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// The register-A fragments of acc's N/16 column blocks: a[kb] feeds the kb-th k16 step of an rs
+// wgmma whose A is acc (P·V with P from the scores, never through shared memory).
+template <class T, int N>
+__device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / 16][4], const Accumulator<N>& acc) {
+#pragma unroll
+  for (int kb = 0; kb < N / 16; ++kb) {
+    a[kb][0] = pack2<T>(acc.d[8 * kb + 0], acc.d[8 * kb + 1]);
+    a[kb][1] = pack2<T>(acc.d[8 * kb + 2], acc.d[8 * kb + 3]);
+    a[kb][2] = pack2<T>(acc.d[8 * kb + 4], acc.d[8 * kb + 5]);
+    a[kb][3] = pack2<T>(acc.d[8 * kb + 6], acc.d[8 * kb + 7]);
+  }
+}
+
+}  // namespace fmha::cuda::tile::warpgroup
