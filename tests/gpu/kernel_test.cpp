@@ -338,6 +338,15 @@ TEST(Refuse, SmallTierLimits) {
     }
     {
       Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, big);
+      const size_t bytes = size_t(2 * 8 * 2 * big) * 2;
+      DeviceBuffer more(4 * bytes + 4096);
+      char* base = static_cast<char*>(more.ptr);
+      Params& p = r.params;
+      p.dout = make_tensor(base, DType::bf16, {2, 8, 2, big}, p.q.device);
+      p.dq = make_tensor(base + bytes, DType::bf16, {2, 8, 2, big}, p.q.device);
+      p.dk = make_tensor(base + 2 * bytes, DType::bf16, {2, 8, 2, big}, p.q.device);
+      p.dv = make_tensor(base + 3 * bytes, DType::bf16, {2, 8, 2, big}, p.q.device);
+      p.lse = make_tensor(base + 4 * bytes, DType::fp32, {2, 2, 8}, p.q.device);
       refused(r, Direction::backward, "direction");
     }
     {
