@@ -186,6 +186,8 @@ def bench_point(point, args, device, timer):
         except (RuntimeError, ValueError, TypeError) as error:
             entry["error"] = "fwd: " + str(error).splitlines()[0][:110]
             continue
+        if "bwd" not in args.directions:
+            continue
         # Backward: each input set keeps what its backward needs (fmha: out and lse; torch: the
         # autograd graph), so only the backward itself is timed.
         try:
@@ -206,7 +208,7 @@ def bench_point(point, args, device, timer):
 
     reference = next((p for p in REFERENCE_ORDER if "out" in results.get(p, {})), None)
     rows = []
-    for direction in ("fwd", "bwd"):
+    for direction in [d for d in ("fwd", "bwd") if d in args.directions]:
         work = flops(batch, heads, seqlen, seqlen, head_dim, causal, direction)
         fmha_entry = results.get("fmha", {})
         for provider, entry in results.items():
@@ -325,6 +327,7 @@ def main():
     parser.add_argument("--providers", default="fmha,flash,cudnn,efficient,math")
     parser.add_argument("--dtypes", default="", help="comma-separated subset of the sweep's dtypes (default: all)")
     parser.add_argument("--fmha-backend", default="auto")
+    parser.add_argument("--directions", default="fwd,bwd", help="comma-separated: fwd, bwd or both")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--input-sets", type=int, default=3)
@@ -356,6 +359,9 @@ def main():
     csv_file = open(csv_path, "w", newline="")
     writer = None
     print_header()
+    args.directions = [d for d in args.directions.split(",") if d]
+    if not args.directions or set(args.directions) - {"fwd", "bwd"}:
+        raise SystemExit("--directions: expected fwd, bwd or fwd,bwd")
     dtypes = [d for d in args.dtypes.split(",") if d]
     unknown = sorted(set(dtypes) - set(DTYPES))
     if unknown:

@@ -21,10 +21,10 @@ inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kConsumerRows = 64;  // query rows per consumer warpgroup (wgmma M)
 inline constexpr int kChunkCols = 64;     // 16-bit columns per 128-byte swizzled chunk
 // Register budgets after setmaxnreg: the producer keeps few, the consumers take the rest of the
-// 64K-register file (128 · 40 + 256 · 232 = 64,512 for two consumer warpgroups).
-inline constexpr int kProducerRegisters = 40;
-inline constexpr int kConsumerRegisters2 = 232;  // two consumer warpgroups
-inline constexpr int kConsumerRegisters3 = 160;  // three
+// 64K-register file: 128 · 40 + 256 · 232 = 64,512 with two consumer warpgroups,
+// 128 · 32 + 384 · 160 = 65,536 with three.
+constexpr int producer_registers(int consumers) { return consumers == 2 ? 40 : 32; }
+constexpr int consumer_registers(int consumers) { return consumers == 2 ? 232 : 160; }
 inline constexpr size_t kSharedLimit = 227 * 1024;
 
 // Head dims rounded up to whole swizzled chunks.
@@ -37,6 +37,8 @@ constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1)
 //   serial   each tile's S, softmax, then P·V, one after the other (the baseline the overlap is
 //            measured against)
 //   n64      overlap with 64-key tiles (more K/V stages in flight, smaller score tiles)
+//   c3       three consumer warpgroups (192-row query tiles, 160 registers each): more rows share
+//            each K/V tile; 128 keys at head dim 64, 64 above (the score tile must fit)
 struct FwdConfig {
   int consumers;  // consumer warpgroups
   int tile_n;     // keys per tile
@@ -46,8 +48,8 @@ struct FwdConfig {
   constexpr int threads() const { return (consumers + 1) * kWarpgroupThreads; }
 };
 
-inline constexpr int kFwdVariants = 3;
-inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"overlap", "serial", "n64"};
+inline constexpr int kFwdVariants = 4;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"overlap", "serial", "n64", "c3"};
 inline constexpr int kFwdDefault = 0;
 
 // Keys per tile and stages for a head dim: the largest score tile whose K/V ring still fits
@@ -62,6 +64,11 @@ constexpr FwdConfig fwd_config(int head_dim, int variant) {
   if (variant == 2) {
     c.tile_n = 64;
     c.stages = d <= 128 ? 4 : 2;
+  }
+  if (variant == 3) {
+    c.consumers = 3;
+    c.tile_n = d <= 64 ? 128 : 64;
+    c.stages = d <= 128 ? 2 : 1;
   }
   return c;
 }

@@ -18,7 +18,8 @@ struct FwdKernel {
   static constexpr int BM = kConfig.tile_m(), BN = kConfig.tile_n, STAGES = kConfig.stages;
   static constexpr int kConsumers = kConfig.consumers;
   static constexpr int kThreads = kConfig.threads();
-  static constexpr int kConsumerRegisters = kConsumers == 2 ? kConsumerRegisters2 : kConsumerRegisters3;
+  static constexpr int kProducerRegisters = producer_registers(kConsumers);
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumers);
   using Mainloop = FwdMainloop<T, HD, BM, BN, STAGES, kConfig.overlap>;
   using Epilogue = FwdEpilogue<T, HD, BM, BN, STAGES, kConfig.overlap>;
   using Shared = typename Mainloop::Shared;
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT>::kThreads, 1)
   }
   __syncthreads();
   if (warpgroup == 0) {
-    tile::registers_decrease<kProducerRegisters>();
+    tile::registers_decrease<K::kProducerRegisters>();
     if (thread == 0) K::produce(params, shared);
   } else {
     tile::registers_increase<K::kConsumerRegisters>();

@@ -94,18 +94,23 @@ struct FwdMainloop {
     if (thread % 32 == 0) empty.arrive();
   }
 
-  // Scale, mask where the tile needs it, and the online-softmax update: s becomes P, rescale[i]
-  // is what row i's output accumulated so far must be multiplied by.
+  // Mask where the tile needs it, then the online-softmax update with the scale folded into the
+  // exponent: s becomes P, rescale[i] is what row i's output accumulated so far must be
+  // multiplied by. (A negative softmax scale takes the plain path: scale, then update.)
   __device__ __forceinline__ void softmax_step(typename Tiles::Scores& s, typename Tiles::Softmax& softmax,
                                                float (&rescale)[Tiles::Scores::kRows], Range rows, int64_t col0,
                                                int64_t keys_end) {
-    tile::thread::scale(s, args.scale_log2);
     const Range cols{col0, col0 + BN < keys_end ? col0 + BN : keys_end};
     if (!(cols.size() == BN && args.mask.tile_is_full(rows, cols)))
       tile::thread::mask_scores(
           s, args.mask, [&](int i) { return rows.begin + Tiles::Scores::row(i, thread); },
           [&](int j) { return col0 + Tiles::Scores::col(j, thread); });
-    softmax.template update<true>(s, rescale);
+    if (args.scale_log2 > 0.f) {
+      softmax.template update_scaled<true>(s, args.scale_log2, rescale);
+    } else {
+      tile::thread::scale(s, args.scale_log2);
+      softmax.template update<true>(s, rescale);
+    }
   }
 
   __device__ __forceinline__ static void apply_rescale(typename Tiles::Output& o,

@@ -127,6 +127,32 @@ struct OnlineSoftmax {
     }
   }
 
+  // update() for unscaled scores with the scale folded into the exponent (one FMA per element
+  // instead of a multiply and a subtract): P = 2^(scale·s - max), the state kept in the scaled
+  // domain. Needs scale > 0 (the row max of s is then the max of scale·s).
+  template <bool FAST, class Reg>
+  __device__ __forceinline__ void update_scaled(Reg& s, float scale, float (&rescale)[ROWS]) {
+    static_assert(Reg::kRows == ROWS, "one softmax row per tile row");
+    float tile_max[ROWS];
+    warp::row_max<LANES>(tile_max, s);
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      const float new_max = fmaxf(max[i], tile_max[i] * scale);
+      const float base = new_max == kNegInf ? 0.f : new_max;
+      rescale[i] = FAST ? exp2_fast(max[i] - base) : exp2_exact(max[i] - base);
+      float local = 0.f;
+#pragma unroll
+      for (int j = 0; j < Reg::kCols; ++j) {
+        const float x = fmaf(s(i, j), scale, -base);
+        const float p = FAST ? exp2_fast(x) : exp2_exact(x);
+        s(i, j) = p;
+        local += p;
+      }
+      sum[i] = sum[i] * rescale[i] + local;
+      max[i] = new_max;
+    }
+  }
+
   // Row sums reduced over the lanes; afterwards inv_sum / lse are per row.
   __device__ __forceinline__ void finish() {
 #pragma unroll
