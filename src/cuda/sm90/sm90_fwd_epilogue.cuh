@@ -14,9 +14,9 @@ namespace fmha::cuda::sm90 {
 // Named barriers (0 is __syncthreads): one per consumer warpgroup for its epilogue.
 enum class NamedBarrier : int { epilogue_first = 1 };
 
-template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP>
+template <class Mainloop>
 struct FwdEpilogue {
-  using Mainloop = FwdMainloop<T, HD, BM, BN, STAGES, OVERLAP>;
+  using T = typename Mainloop::Element;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;
 

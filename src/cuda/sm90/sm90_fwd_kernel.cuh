@@ -20,8 +20,8 @@ struct FwdKernel {
   static constexpr int kThreads = kConfig.threads();
   static constexpr int kProducerRegisters = producer_registers(kConsumers);
   static constexpr int kConsumerRegisters = consumer_registers(kConsumers);
-  using Mainloop = FwdMainloop<T, HD, BM, BN, STAGES, kConfig.overlap>;
-  using Epilogue = FwdEpilogue<T, HD, BM, BN, STAGES, kConfig.overlap>;
+  using Mainloop = FwdMainloop<T, HD, BM, BN, STAGES, kConfig.overlap, kConfig.fold_scale>;
+  using Epilogue = FwdEpilogue<Mainloop>;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;
   // Dynamic shared memory: the storage plus slack to align its start to the swizzle atom.

@@ -50,8 +50,9 @@ struct ConsumerTiles {
   using PFragments = uint32_t[BN / 16][4];         // [64, BN] P as register-A fragments, 16-bit
 };
 
-template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP>
+template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool FOLD_SCALE>
 struct FwdMainloop {
+  using Element = T;
   using Shared = FwdShared<T, HD, BM, BN, STAGES>;
   using Tiles = ConsumerTiles<T, HD, BN>;
   using Pipeline = tile::PipelineState<STAGES>;
@@ -94,9 +95,9 @@ struct FwdMainloop {
     if (thread % 32 == 0) empty.arrive();
   }
 
-  // Mask where the tile needs it, then the online-softmax update with the scale folded into the
-  // exponent: s becomes P, rescale[i] is what row i's output accumulated so far must be
-  // multiplied by. (A negative softmax scale takes the plain path: scale, then update.)
+  // Mask where the tile needs it, then the online-softmax update: s becomes P, rescale[i] is what
+  // row i's output accumulated so far must be multiplied by. With FOLD_SCALE the scale is folded
+  // into the exponent (a negative softmax scale takes the plain path: scale, then update).
   __device__ __forceinline__ void softmax_step(typename Tiles::Scores& s, typename Tiles::Softmax& softmax,
                                                float (&rescale)[Tiles::Scores::kRows], Range rows, int64_t col0,
                                                int64_t keys_end) {
@@ -105,7 +106,7 @@ struct FwdMainloop {
       tile::thread::mask_scores(
           s, args.mask, [&](int i) { return rows.begin + Tiles::Scores::row(i, thread); },
           [&](int j) { return col0 + Tiles::Scores::col(j, thread); });
-    if (args.scale_log2 > 0.f) {
+    if (FOLD_SCALE && args.scale_log2 > 0.f) {
       softmax.template update_scaled<true>(s, args.scale_log2, rescale);
     } else {
       tile::thread::scale(s, args.scale_log2);
