@@ -13,6 +13,7 @@
 #include <cstdlib>
 
 #include "cuda/common/dispatch_util.h"
+#include "cuda/common/tier.h"
 #include "cuda/common/variant.h"
 #include "cuda/simt/simt_config.h"
 #include "cuda/simt/simt_launch.h"
@@ -94,30 +95,28 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   });
 }
 
+// The tier's two parts for tier_supports / tier_run (cuda/common/tier.h).
+struct Simt {
+  static Status check(const Params& p, Direction direction, DeviceProps& props) {
+    return check_call(p, direction, props);
+  }
+  static Status launch(const Params& p, Direction direction, const DeviceProps& props, const AttentionArgs& args,
+                       cudaStream_t stream) {
+    const Problem s = Problem::of(p);
+    return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
+      constexpr int HD = decltype(hd)::value;
+      if (direction == Direction::backward)
+        return with_bwd_variant<HD>(
+            p, props, [&](auto variant) { return backward<HD, decltype(variant)::value>(args, stream); });
+      return with_fwd_variant<HD>(props,
+                                  [&](auto variant) { return forward<HD, decltype(variant)::value>(args, stream); });
+    });
+  }
+};
+
 }  // namespace
 
-Status supports(const Params& p, Direction direction) {
-  DeviceProps props;
-  return check_call(p, direction, props);
-}
-
-Status run(const Params& p, Direction direction) {
-  DeviceProps props;
-  if (Status st = check_call(p, direction, props); !st.ok()) return st;
-  const Problem s = Problem::of(p);
-  AttentionArgs args = make_args(p, s);
-  if (direction == Direction::backward) {
-    if (Status st = bind_workspace(p, workspace_layout(s, p.deterministic), &args); !st.ok()) return st;
-  }
-  const auto stream = static_cast<cudaStream_t>(p.stream);
-  return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
-    constexpr int HD = decltype(hd)::value;
-    if (direction == Direction::backward)
-      return with_bwd_variant<HD>(p, props,
-                                  [&](auto variant) { return backward<HD, decltype(variant)::value>(args, stream); });
-    return with_fwd_variant<HD>(props,
-                                [&](auto variant) { return forward<HD, decltype(variant)::value>(args, stream); });
-  });
-}
+Status supports(const Params& p, Direction direction) { return tier_supports<Simt>(p, direction); }
+Status run(const Params& p, Direction direction) { return tier_run<Simt>(p, direction); }
 
 }  // namespace fmha::cuda::simt

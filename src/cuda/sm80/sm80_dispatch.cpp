@@ -13,6 +13,7 @@
 #include <cstdlib>
 
 #include "cuda/common/dispatch_util.h"
+#include "cuda/common/tier.h"
 #include "cuda/common/variant.h"
 #include "cuda/sm80/sm80_launch.h"
 
@@ -123,31 +124,29 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   });
 }
 
+// The tier's two parts for tier_supports / tier_run (cuda/common/tier.h).
+struct Sm80 {
+  static Status check(const Params& p, Direction direction, DeviceProps& props) {
+    return check_call(p, direction, props);
+  }
+  static Status launch(const Params& p, Direction direction, const DeviceProps& props, const AttentionArgs& args,
+                       cudaStream_t stream) {
+    const Problem s = Problem::of(p);
+    return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
+      constexpr int HD = decltype(hd)::value;
+      return with_dtype(p.q.dtype, [&](auto type) {
+        using T = decltype(type);
+        return with_config_variant<T, HD>(
+            p, direction, props, [&](auto v) { return forward<T, HD, decltype(v)::value>(args, stream); },
+            [&](auto v) { return backward<T, HD, decltype(v)::value>(args, stream); });
+      });
+    });
+  }
+};
+
 }  // namespace
 
-Status supports(const Params& p, Direction direction) {
-  DeviceProps props;
-  return check_call(p, direction, props);
-}
-
-Status run(const Params& p, Direction direction) {
-  DeviceProps props;
-  if (Status st = check_call(p, direction, props); !st.ok()) return st;
-  const Problem s = Problem::of(p);
-  AttentionArgs args = make_args(p, s);
-  if (direction == Direction::backward) {
-    if (Status st = bind_workspace(p, workspace_layout(s, p.deterministic), &args); !st.ok()) return st;
-  }
-  const auto stream = static_cast<cudaStream_t>(p.stream);
-  return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
-    constexpr int HD = decltype(hd)::value;
-    return with_dtype(p.q.dtype, [&](auto type) {
-      using T = decltype(type);
-      return with_config_variant<T, HD>(
-          p, direction, props, [&](auto v) { return forward<T, HD, decltype(v)::value>(args, stream); },
-          [&](auto v) { return backward<T, HD, decltype(v)::value>(args, stream); });
-    });
-  });
-}
+Status supports(const Params& p, Direction direction) { return tier_supports<Sm80>(p, direction); }
+Status run(const Params& p, Direction direction) { return tier_run<Sm80>(p, direction); }
 
 }  // namespace fmha::cuda::sm80

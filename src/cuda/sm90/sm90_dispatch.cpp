@@ -13,6 +13,7 @@
 
 #include "cuda/common/dispatch_util.h"
 #include "cuda/common/launch.h"
+#include "cuda/common/tier.h"
 #include "cuda/common/variant.h"
 #include "cuda/sm90/sm90_launch.h"
 #include "cuda/sm90/sm90_tma.h"
@@ -60,15 +61,16 @@ Status with_config_variant(const DeviceProps& props, F&& f) {
       f);
 }
 
-Status check_call(const Params& p, Direction direction, DeviceProps& props, int* bucket) {
+Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   const Problem s = Problem::of(p);
+  int bucket = 0;
   if (direction == Direction::backward)
     return unsupported("direction: the sm90 tier has no backward yet; the sm80 tier runs it");
   if (p.q.dtype == DType::fp32)
     return unsupported(std::string("precision: fp32 storage (") + to_string(p.precision) +
                        ") is not on the sm90 tier yet; the sm80 tier runs tf32 and the simt tier exact fp32");
-  if (Status st = head_dim_of(s, bucket); !st.ok()) return st;
-  if (*bucket < kMinHeadDim)
+  if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
+  if (bucket < kMinHeadDim)
     return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
                        " is below the sm90 tier's smallest head dim (64); the sm80 tier runs it");
   const struct {
@@ -84,7 +86,7 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props, int*
   if (props.arch != 90)
     return unsupported("q: cuda:" + std::to_string(props.ordinal) + " is sm_" + std::to_string(props.arch) +
                        "; the sm90 tier runs on sm_90 (H100/H200) only");
-  return with_sm90_head_dim(*bucket, [&](auto hd) {
+  return with_sm90_head_dim(bucket, [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
     return with_config_variant<HD>(props, [&](auto v) {
       return check_shared_memory("sm90", direction, HD, forward_shared_bytes<bf16_t, HD, decltype(v)::value>(), props);
@@ -112,53 +114,54 @@ int l2_section(const Problem& s) {
   return int(std::min<int64_t>(pow2 * s.group, s.batch * s.heads));
 }
 
-}  // namespace
-
-Status supports(const Params& p, Direction direction) {
-  DeviceProps props;
-  int bucket = 0;
-  return check_call(p, direction, props, &bucket);
-}
-
-Status run(const Params& p, Direction direction) {
-  DeviceProps props;
-  int bucket = 0;
-  if (Status st = check_call(p, direction, props, &bucket); !st.ok()) return st;
-  const Problem s = Problem::of(p);
-  FwdParams params{};
-  params.args = make_args(p, s);
-  const auto stream = static_cast<cudaStream_t>(p.stream);
-  return with_sm90_head_dim(bucket, [&](auto hd) {
-    constexpr int HD = decltype(hd)::value;
-    return with_config_variant<HD>(props, [&](auto v) {
-      constexpr int V = decltype(v)::value;
-      constexpr FwdConfig c = fwd_config(HD, V);
-      const int64_t m_blocks = ceil_div(s.seqlen_q, c.tile_m());
-      const int64_t total = m_blocks * s.batch * s.heads;
-      if (total == 0) return Status::success();
-      if (total > int64_t(INT32_MAX))
-        return unsupported("q: " + std::to_string(total) + " query tiles exceed the sm90 scheduler's int32 range");
-      // Empty K/V are never read, but their maps need a valid address: Q's.
-      Tensor keys = p.k, values = p.v;
-      if (s.seqlen_k == 0) keys.data = values.data = p.q.data;
-      if (Status st = encode_tile_map(&params.q, p.q, kChunkCols, c.tile_m(), "q"); !st.ok()) return st;
-      if (Status st = encode_tile_map(&params.k, keys, kChunkCols, c.tile_n, "k"); !st.ok()) return st;
-      if (Status st = encode_tile_map(&params.v, values, kChunkCols, c.tile_n, "v"); !st.ok()) return st;
-      if (Status st = encode_tile_map(&params.o, p.o, kChunkCols, kConsumerRows, "o"); !st.ok()) return st;
-      TileScheduler& sched = params.scheduler;
-      sched.m_blocks = int(m_blocks);
-      sched.heads = int(s.heads);
-      sched.batch_heads = int(s.batch * s.heads);
-      sched.section = l2_section(s);
-      sched.total = int(total);
-      sched.longest_first = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
-      const int grid = int(std::min<int64_t>(total, multiprocessors(props.ordinal)));
-      return with_dtype(p.q.dtype, [&](auto type) {
-        using T = decltype(type);
-        return forward<T, HD, V>(params, grid, stream);
+// The tier's two parts for tier_supports / tier_run (cuda/common/tier.h). launch() adds what only
+// this tier needs to the argument block: the TMA tensor maps and the tile scheduler.
+struct Sm90 {
+  static Status check(const Params& p, Direction direction, DeviceProps& props) {
+    return check_call(p, direction, props);
+  }
+  static Status launch(const Params& p, Direction, const DeviceProps& props, const AttentionArgs& args,
+                       cudaStream_t stream) {
+    const Problem s = Problem::of(p);
+    FwdParams params{};
+    params.args = args;
+    return with_sm90_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
+      constexpr int HD = decltype(hd)::value;
+      return with_config_variant<HD>(props, [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        constexpr FwdConfig c = fwd_config(HD, V);
+        const int64_t m_blocks = ceil_div(s.seqlen_q, c.tile_m());
+        const int64_t total = m_blocks * s.batch * s.heads;
+        if (total == 0) return Status::success();
+        if (total > int64_t(INT32_MAX))
+          return unsupported("q: " + std::to_string(total) + " query tiles exceed the sm90 scheduler's int32 range");
+        // Empty K/V are never read, but their maps need a valid address: Q's.
+        Tensor keys = p.k, values = p.v;
+        if (s.seqlen_k == 0) keys.data = values.data = p.q.data;
+        if (Status st = encode_tile_map(&params.q, p.q, kChunkCols, c.tile_m(), "q"); !st.ok()) return st;
+        if (Status st = encode_tile_map(&params.k, keys, kChunkCols, c.tile_n, "k"); !st.ok()) return st;
+        if (Status st = encode_tile_map(&params.v, values, kChunkCols, c.tile_n, "v"); !st.ok()) return st;
+        if (Status st = encode_tile_map(&params.o, p.o, kChunkCols, kConsumerRows, "o"); !st.ok()) return st;
+        TileScheduler& sched = params.scheduler;
+        sched.m_blocks = int(m_blocks);
+        sched.heads = int(s.heads);
+        sched.batch_heads = int(s.batch * s.heads);
+        sched.section = l2_section(s);
+        sched.total = int(total);
+        sched.longest_first = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
+        const int grid = int(std::min<int64_t>(total, multiprocessors(props.ordinal)));
+        return with_dtype(p.q.dtype, [&](auto type) {
+          using T = decltype(type);
+          return forward<T, HD, V>(params, grid, stream);
+        });
       });
     });
-  });
-}
+  }
+};
+
+}  // namespace
+
+Status supports(const Params& p, Direction direction) { return tier_supports<Sm90>(p, direction); }
+Status run(const Params& p, Direction direction) { return tier_run<Sm90>(p, direction); }
 
 }  // namespace fmha::cuda::sm90

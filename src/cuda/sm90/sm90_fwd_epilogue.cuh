@@ -37,7 +37,7 @@ struct FwdEpilogue {
 #pragma unroll
       for (int j = 0; j < Tiles::Output::kCols; j += 2) {
         const int c = Tiles::Output::col(j, thread);
-        const uint32_t value = wg::pack2<T>(o(i, j) * inv, o(i, j + 1) * inv);
+        const uint32_t value = tile::pack2<T>(o(i, j) * inv, o(i, j + 1) * inv);
         asm volatile("st.shared.b32 [%0], %1;" ::"r"(staging_addr + wg::swizzled_offset<T>(r, c, Shared::kQChunkBytes)),
                      "r"(value)
                      : "memory");

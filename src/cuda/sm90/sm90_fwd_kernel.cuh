@@ -29,13 +29,24 @@ struct FwdKernel {
   static_assert(kSharedBytes <= kSharedLimit, "the tile shapes exceed Hopper's shared memory");
   static_assert(BM <= 256 && BN <= 256, "a TMA box has at most 256 rows");
 
-  // The rows and keys of a work tile: the whole query tile's rows (clamped to seqlen_q) and the
-  // keys any of them sees.
-  __device__ __forceinline__ static Range tile_rows(const AttentionArgs& args, const WorkTile& w) {
-    const int64_t row0 = int64_t(w.m_block) * BM;
-    return {row0, row0 + BM < args.seqlen_q ? row0 + BM : args.seqlen_q};
+  // A work tile as producer and consumers both see it: the query tile's rows (clamped to
+  // seqlen_q), the keys any of them sees, and how many key tiles cover those.
+  struct Plan {
+    WorkTile work;
+    Range rows;
+    Range keys;
+    int key_tiles;
+  };
+  __device__ __forceinline__ static Plan plan(const FwdParams& params, int t) {
+    const AttentionArgs& args = params.args;
+    Plan p;
+    p.work = params.scheduler.get(t);
+    const int64_t row0 = int64_t(p.work.m_block) * BM;
+    p.rows = {row0, row0 + BM < args.seqlen_q ? row0 + BM : args.seqlen_q};
+    p.keys = args.mask.keys(p.rows);
+    p.key_tiles = int((p.keys.size() + BN - 1) / BN);
+    return p;
   }
-  __device__ __forceinline__ static int num_key_tiles(Range keys) { return int((keys.size() + BN - 1) / BN); }
 
   __device__ static void produce(const FwdParams& params, Shared& shared) {
     const AttentionArgs& args = params.args;
@@ -46,19 +57,17 @@ struct FwdKernel {
     tile::PipelineState<STAGES> pipe;
     uint32_t q_phase = 0;
     for (int t = blockIdx.x; t < params.scheduler.total; t += gridDim.x) {
-      const WorkTile w = params.scheduler.get(t);
-      const Range rows = tile_rows(args, w);
-      const Range keys = args.mask.keys(rows);
+      const Plan plan_t = plan(params, t);
+      const WorkTile& w = plan_t.work;
       const int kv_head = w.head / args.group;
       shared.q_empty.wait(q_phase ^ 1);
       shared.q_full.arrive_expect_tx(Shared::kQBytes);
 #pragma unroll
       for (int c = 0; c < Shared::kChunks; ++c)
-        tile::tma::load(shared.q + c * BM * kChunkCols, &params.q, c * kChunkCols, int(rows.begin), w.head, w.batch,
-                        shared.q_full);
-      const int tiles = num_key_tiles(keys);
-      for (int j = 0; j < tiles; ++j) {
-        const int col0 = int(keys.begin) + j * BN;
+        tile::tma::load(shared.q + c * BM * kChunkCols, &params.q, c * kChunkCols, int(plan_t.rows.begin), w.head,
+                        w.batch, shared.q_full);
+      for (int j = 0; j < plan_t.key_tiles; ++j) {
+        const int col0 = int(plan_t.keys.begin) + j * BN;
         shared.k_empty[pipe.index].wait(pipe.phase ^ 1);
         shared.k_full[pipe.index].arrive_expect_tx(Shared::kKVBytes);
 #pragma unroll
@@ -78,24 +87,21 @@ struct FwdKernel {
   }
 
   __device__ static void consume(const FwdParams& params, Shared& shared, int warpgroup, int thread) {
-    const AttentionArgs& args = params.args;
-    Mainloop mainloop{shared, args, warpgroup, thread};
+    Mainloop mainloop{shared, params.args, warpgroup, thread};
     tile::PipelineState<STAGES> pipe;
     uint32_t q_phase = 0;
     for (int t = blockIdx.x; t < params.scheduler.total; t += gridDim.x) {
-      const WorkTile w = params.scheduler.get(t);
-      const Range rows = tile_rows(args, w);
-      const Range keys = args.mask.keys(rows);
-      const int64_t my_row0 = rows.begin + int64_t(warpgroup) * kConsumerRows;
-      const Range my_rows{my_row0, my_row0 + kConsumerRows < rows.end ? my_row0 + kConsumerRows : rows.end};
+      const Plan plan_t = plan(params, t);
+      const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
+      const Range my_rows{my_row0, my_row0 + kConsumerRows < plan_t.rows.end ? my_row0 + kConsumerRows : plan_t.rows.end};
       typename Tiles::Output o;  // [64, HDP] fp32
       o.fill(0.f);
       typename Tiles::Softmax softmax;
       softmax.init();
       shared.q_full.wait(q_phase);
-      mainloop.run(pipe, Range{my_row0, my_row0 + kConsumerRows}, keys, num_key_tiles(keys), o, softmax);
-      Epilogue::run(params, shared, warpgroup, thread, w, my_rows.empty() ? Range{my_row0, my_row0} : my_rows, o,
-                    softmax);
+      mainloop.run(pipe, Range{my_row0, my_row0 + kConsumerRows}, plan_t.keys, plan_t.key_tiles, o, softmax);
+      Epilogue::run(params, shared, warpgroup, thread, plan_t.work, my_rows.empty() ? Range{my_row0, my_row0} : my_rows,
+                    o, softmax);
       q_phase ^= 1;
     }
     if (thread == 0) tile::tma::store_wait();

@@ -90,6 +90,17 @@ struct FwdMainloop {
     wg::commit();
   }
 
+  // O += P·V on the value tile at `at`, waited for; the stage is released afterwards.
+  __device__ __forceinline__ void pv_step(typename Tiles::Output& o, typename Tiles::PFragments& p, const Pipeline& at) {
+    shared.v_full[at.index].wait(at.phase);
+    wg::fence_operand(o.d);
+    issue_pv(o, p, at.index);
+    wg::wait<0>();
+    wg::fence_operand(o.d);
+    wg::fence_operand(p);
+    release(shared.v_empty[at.index]);
+  }
+
   // One arrival per consumer warp: the stage's buffer may be refilled once every warp is done.
   __device__ __forceinline__ void release(tile::MBarrier& empty) {
     if (thread % 32 == 0) empty.arrive();
@@ -140,13 +151,7 @@ struct FwdMainloop {
         softmax_step(s, softmax, rescale, rows, keys.begin + int64_t(j) * BN, keys.end);
         apply_rescale(o, rescale);
         wg::a_from_acc<T>(p, s);
-        shared.v_full[pipe.index].wait(pipe.phase);
-        wg::fence_operand(o.d);
-        issue_pv(o, p, pipe.index);
-        wg::wait<0>();
-        wg::fence_operand(o.d);
-        wg::fence_operand(p);
-        release(shared.v_empty[pipe.index]);
+        pv_step(o, p, pipe);
         pipe.advance();
       }
     } else {
@@ -180,13 +185,7 @@ struct FwdMainloop {
         previous = pipe;
         pipe.advance();
       }
-      shared.v_full[previous.index].wait(previous.phase);
-      wg::fence_operand(o.d);
-      issue_pv(o, p, previous.index);
-      wg::wait<0>();
-      wg::fence_operand(o.d);
-      wg::fence_operand(p);
-      release(shared.v_empty[previous.index]);
+      pv_step(o, p, previous);
     }
   }
 };

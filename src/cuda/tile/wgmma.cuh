@@ -20,6 +20,8 @@
 
 #include <cstdint>
 
+#include "cuda/tile/convert.cuh"
+
 namespace fmha::cuda::tile::warpgroup {
 
 inline constexpr int kThreads = 128;
@@ -143,30 +145,16 @@ struct Accumulator {
   __device__ __forceinline__ static int col(int j, int t) { return 8 * (j / 2) + 2 * (t % 4) + j % 2; }
 };
 
-// Two fp32 values as one register of two 16-bit values (low half = first).
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
 // The register-A fragments of acc's N/16 column blocks: a[kb] feeds the kb-th k16 step of an rs
 // wgmma whose A is acc (P·V with P from the scores, never through shared memory).
 template <class T, int N>
 __device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / 16][4], const Accumulator<N>& acc) {
 #pragma unroll
   for (int kb = 0; kb < N / 16; ++kb) {
-    a[kb][0] = pack2<T>(acc.d[8 * kb + 0], acc.d[8 * kb + 1]);
-    a[kb][1] = pack2<T>(acc.d[8 * kb + 2], acc.d[8 * kb + 3]);
-    a[kb][2] = pack2<T>(acc.d[8 * kb + 4], acc.d[8 * kb + 5]);
-    a[kb][3] = pack2<T>(acc.d[8 * kb + 6], acc.d[8 * kb + 7]);
+    a[kb][0] = tile::pack2<T>(acc.d[8 * kb + 0], acc.d[8 * kb + 1]);
+    a[kb][1] = tile::pack2<T>(acc.d[8 * kb + 2], acc.d[8 * kb + 3]);
+    a[kb][2] = tile::pack2<T>(acc.d[8 * kb + 4], acc.d[8 * kb + 5]);
+    a[kb][3] = tile::pack2<T>(acc.d[8 * kb + 6], acc.d[8 * kb + 7]);
   }
 }
 

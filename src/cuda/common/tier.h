@@ -1,0 +1,34 @@
+// The entry points every GPU tier shares. A tier is a class with two static functions:
+//   Status check(const Params&, Direction, DeviceProps&)   whether it takes the call (and the
+//                                                          device's properties), naming the reason
+//   Status launch(const Params&, Direction, const DeviceProps&, const AttentionArgs&, cudaStream_t)
+// and its supports() / run() are tier_supports<Tier> / tier_run<Tier>: run() checks again, builds
+// the kernels' argument block, binds the backward's workspace, and launches on the call's stream.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/host.h"
+#include "fmha/fmha.h"
+
+namespace fmha::cuda {
+
+template <class Tier>
+Status tier_supports(const Params& p, Direction direction) {
+  DeviceProps props;
+  return Tier::check(p, direction, props);
+}
+
+template <class Tier>
+Status tier_run(const Params& p, Direction direction) {
+  DeviceProps props;
+  if (Status st = Tier::check(p, direction, props); !st.ok()) return st;
+  const Problem s = Problem::of(p);
+  AttentionArgs args = make_args(p, s);
+  if (direction == Direction::backward) {
+    if (Status st = bind_workspace(p, workspace_layout(s, p.deterministic), &args); !st.ok()) return st;
+  }
+  return Tier::launch(p, direction, props, args, static_cast<cudaStream_t>(p.stream));
+}
+
+}  // namespace fmha::cuda
