@@ -50,7 +50,7 @@ template <int STAGES>
 struct PipelineState {
   int index = 0;
   uint32_t phase = 0;
-  __device__ __forceinline__ void advance() {
+  __host__ __device__ __forceinline__ void advance() {
     if (++index == STAGES) index = 0, phase ^= 1;
   }
 };

@@ -1,0 +1,92 @@
+// Host logic of the sm90 tier: the persistent tile scheduler's order (every work tile exactly
+// once, L2 sections, longest query tiles first under causal masks) and the pipeline positions the
+// producer and consumers walk. Runs without a GPU.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+
+#include "cuda/sm90/sm90_config.h"
+#include "cuda/sm90/sm90_tile_scheduler.cuh"
+#include "cuda/tile/tma.cuh"
+
+namespace fmha::cuda::sm90 {
+namespace {
+
+TileScheduler make(int m_blocks, int batch, int heads, int section, bool longest_first) {
+  TileScheduler s;
+  s.m_blocks = m_blocks;
+  s.heads = heads;
+  s.batch_heads = batch * heads;
+  s.section = section;
+  s.total = m_blocks * batch * heads;
+  s.longest_first = longest_first;
+  return s;
+}
+
+TEST(TileScheduler, EveryWorkTileOnce) {
+  // Sections that divide the (batch, head) pairs, and ones that leave a short last section.
+  for (int section : {1, 2, 3, 4, 8, 64})
+    for (bool longest_first : {false, true}) {
+      const TileScheduler s = make(5, 3, 4, section, longest_first);
+      std::set<std::tuple<int, int, int>> seen;
+      for (int t = 0; t < s.total; ++t) {
+        const WorkTile w = s.get(t);
+        ASSERT_GE(w.m_block, 0);
+        ASSERT_LT(w.m_block, 5);
+        ASSERT_GE(w.head, 0);
+        ASSERT_LT(w.head, 4);
+        ASSERT_GE(w.batch, 0);
+        ASSERT_LT(w.batch, 3);
+        EXPECT_TRUE(seen.insert({w.m_block, w.head, w.batch}).second)
+            << "tile " << t << " repeats (m " << w.m_block << ", head " << w.head << ", batch " << w.batch
+            << ") with section " << section;
+      }
+      EXPECT_EQ(int(seen.size()), s.total);
+    }
+}
+
+TEST(TileScheduler, SectionsKeepHeadsTogetherAndLongestFirst) {
+  // Inside a section the (batch, head) pairs vary fastest, so consecutive tiles (the blocks in
+  // flight together) share a few heads' K/V; with longest_first the last query tile comes first.
+  const TileScheduler s = make(4, 2, 8, 4, true);
+  for (int t = 0; t < 4; ++t) {
+    const WorkTile w = s.get(t);
+    EXPECT_EQ(w.m_block, 3) << "the first wave takes the longest (last) query tiles";
+    EXPECT_EQ(w.batch * 8 + w.head, t) << "heads vary fastest inside a section";
+  }
+  // The first section (pairs 0..3) is done before any tile of the second starts.
+  for (int t = 0; t < 16; ++t) EXPECT_LT(s.get(t).batch * 8 + s.get(t).head, 4);
+  EXPECT_EQ(s.get(16).batch * 8 + s.get(16).head, 4);
+  const TileScheduler forward = make(4, 2, 8, 4, false);
+  EXPECT_EQ(forward.get(0).m_block, 0);
+  EXPECT_EQ(forward.get(s.total - 1).m_block, 3);
+}
+
+TEST(Pipeline, RingPositionAndPhase) {
+  tile::PipelineState<3> p;
+  for (int step = 0; step < 10; ++step) {
+    EXPECT_EQ(p.index, step % 3);
+    EXPECT_EQ(p.phase, uint32_t((step / 3) % 2)) << "the phase flips each time the ring wraps";
+    p.advance();
+  }
+}
+
+TEST(Sm90Config, EveryVariantFitsSharedMemoryAndTheRegisterFile) {
+  for (int head_dim : {64, 96, 128, 192, 256})
+    for (int v = 0; v < kFwdVariants; ++v) {
+      const FwdConfig c = fwd_config(head_dim, v);
+      const int d = padded_head_dim(head_dim);
+      const size_t bytes = size_t(2) * (size_t(c.tile_m()) * d + size_t(2) * c.stages * c.tile_n * d);
+      EXPECT_LE(bytes + 1024 + 1024, kSharedLimit) << "head_dim " << head_dim << " variant " << kFwdVariantNames[v];
+      EXPECT_LE(c.tile_m(), 256) << "a TMA box has at most 256 rows";
+      EXPECT_LE(c.tile_n, 256);
+      EXPECT_EQ(c.tile_n % 16, 0) << "P·V runs k16 steps over the keys";
+      constexpr int kRegisterFile = 65536;
+      EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers) + c.consumers * consumer_registers(c.consumers)),
+                kRegisterFile);
+    }
+}
+
+}  // namespace
+}  // namespace fmha::cuda::sm90

@@ -1,0 +1,313 @@
+// Tile-op tests of the Hopper pieces (src/cuda/tile/tma.cuh, wgmma.cuh): TMA loads and stores
+// through a swizzled tile completing on an mbarrier, wgmma with both operands in shared memory and
+// with A from registers and a transposed B, the accumulator layout, named barriers and register
+// reallocation. Each tiny kernel is compared with a host computation. Compiled for sm_90a; skips
+// without an sm_90 GPU.
+#include <cuda_bf16.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cuda/sm90/sm90_tma.h"
+#include "cuda/tile/tma.cuh"
+#include "cuda/tile/wgmma.cuh"
+
+namespace fmha::cuda::test {
+namespace {
+
+namespace wg = tile::warpgroup;
+using bf16 = __nv_bfloat16;
+
+bool have_sm90() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  return major == 9 && minor == 0;
+}
+
+std::vector<bf16> random_bf16(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<bf16> out(n);
+  for (auto& x : out) x = __float2bfloat16(u(rng));
+  return out;
+}
+float f(bf16 x) { return __bfloat162float(x); }
+
+template <class T>
+T* to_device(const std::vector<T>& h) {
+  T* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, h.size() * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
+}
+template <class T>
+std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+// A [1, seqlen, 1, head_dim] bf16 view with rows `row_stride` elements apart.
+Tensor view(void* data, int64_t seqlen, int64_t head_dim, int64_t row_stride) {
+  return make_tensor(data, DType::bf16, {1, seqlen, 1, head_dim}, {seqlen * row_stride, row_stride, row_stride, 1},
+                     Device{DeviceType::cuda, 0});
+}
+
+constexpr int kChunk = wg::kChunkCols<bf16>;  // 64 columns per swizzled chunk
+
+// ---- TMA load into a swizzled chunk, zero fill past the tensor ----------------------------------
+template <int ROWS>
+__global__ void tma_load_kernel(const __grid_constant__ CUtensorMap map, int col0, int row0, bf16* out) {
+  __shared__ alignas(1024) bf16 tile_smem[ROWS * kChunk];
+  __shared__ tile::MBarrier bar;
+  if (threadIdx.x == 0) {
+    bar.init(1);
+    tile::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    bar.arrive_expect_tx(ROWS * kChunk * sizeof(bf16));
+    tile::tma::load(tile_smem, &map, col0, row0, 0, 0, bar);
+  }
+  bar.wait(0);
+  const char* base = reinterpret_cast<const char*>(tile_smem);
+  for (int e = threadIdx.x; e < ROWS * kChunk; e += blockDim.x) {
+    const int r = e / kChunk, c = e % kChunk;
+    out[e] = *reinterpret_cast<const bf16*>(base + wg::swizzled_offset<bf16>(r, c, ROWS * wg::kSwizzleBytes));
+  }
+}
+
+TEST(Sm90Tile, TmaLoadSwizzledWithZeroFill) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  constexpr int kRows = 64;
+  const int64_t seqlen = 100, head_dim = 96, row_stride = 104;  // rows 208 bytes apart
+  const auto host = random_bf16(size_t(seqlen * row_stride), 7);
+  bf16* src = to_device(host);
+  bf16* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, kRows * kChunk * sizeof(bf16)), cudaSuccess);
+  CUtensorMap map;
+  ASSERT_TRUE(sm90::encode_tile_map(&map, view(src, seqlen, head_dim, row_stride), kChunk, kRows, "src").ok());
+  // The second column chunk (columns 64..127: 96..127 lie past head_dim) of rows 50..113 (100..113
+  // lie past seqlen): both must read as zero.
+  tma_load_kernel<kRows><<<1, 128>>>(map, kChunk, 50, out);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = to_host(out, kRows * kChunk);
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kChunk; ++c) {
+      const int64_t row = 50 + r, col = kChunk + c;
+      const float want = row < seqlen && col < head_dim ? f(host[size_t(row * row_stride + col)]) : 0.f;
+      ASSERT_EQ(f(got[size_t(r * kChunk + c)]), want) << "row " << row << " col " << col;
+    }
+  cudaFree(src);
+  cudaFree(out);
+}
+
+// ---- TMA store from a swizzled chunk, clipped at the tensor's edges -----------------------------
+template <int ROWS>
+__global__ void tma_store_kernel(const __grid_constant__ CUtensorMap map, int col0, int row0) {
+  __shared__ alignas(1024) bf16 tile_smem[ROWS * kChunk];
+  char* base = reinterpret_cast<char*>(tile_smem);
+  for (int e = threadIdx.x; e < ROWS * kChunk; e += blockDim.x) {
+    const int r = e / kChunk, c = e % kChunk;
+    *reinterpret_cast<bf16*>(base + wg::swizzled_offset<bf16>(r, c, ROWS * wg::kSwizzleBytes)) =
+        __float2bfloat16(float(r * 100 + c));
+  }
+  tile::fence_async_shared();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    tile::tma::store(&map, col0, row0, 0, 0, tile_smem);
+    tile::tma::store_commit();
+    tile::tma::store_wait();
+  }
+}
+
+TEST(Sm90Tile, TmaStoreSwizzledClipped) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  constexpr int kRows = 64;
+  const int64_t seqlen = 40, head_dim = 80, row_stride = 96;  // columns 80..95 are padding
+  std::vector<bf16> poison(size_t(seqlen * row_stride), __float2bfloat16(-1.f));
+  bf16* dst = to_device(poison);
+  CUtensorMap map;
+  ASSERT_TRUE(sm90::encode_tile_map(&map, view(dst, seqlen, head_dim, row_stride), kChunk, kRows, "dst").ok());
+  tma_store_kernel<kRows><<<1, 128>>>(map, kChunk, 10);  // columns 64..127 of rows 10..73
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = to_host(dst, size_t(seqlen * row_stride));
+  for (int64_t row = 0; row < seqlen; ++row)
+    for (int64_t col = 0; col < row_stride; ++col) {
+      const bool written = row >= 10 && col >= kChunk && col < head_dim;
+      const float want = written ? float((row - 10) * 100 + (col - kChunk)) : -1.f;
+      ASSERT_EQ(f(got[size_t(row * row_stride + col)]), __bfloat162float(__float2bfloat16(want)))
+          << "row " << row << " col " << col << (written ? "" : " (must be untouched)");
+    }
+  cudaFree(dst);
+}
+
+// ---- wgmma: C[64, N] = A[64, K] · B[N, K]ᵀ, both K-major in shared memory ---------------------
+// (Static shared memory: 48 KiB at most, which bounds N and K here.) The operands are written into swizzled chunks by ordinary stores, then fenced for the async
+// proxy; C leaves through the accumulator layout (Accumulator::row / col).
+template <int N, int K>
+__global__ void wgmma_ss_kernel(const bf16* a, const bf16* b, float* c) {
+  __shared__ alignas(1024) bf16 a_smem[64 * K];
+  __shared__ alignas(1024) bf16 b_smem[N * K];
+  const int t = threadIdx.x;
+  char* a_base = reinterpret_cast<char*>(a_smem);
+  char* b_base = reinterpret_cast<char*>(b_smem);
+  for (int e = t; e < 64 * K; e += wg::kThreads)
+    *reinterpret_cast<bf16*>(a_base + wg::swizzled_offset<bf16>(e / K, e % K, 64 * wg::kSwizzleBytes)) = a[e];
+  for (int e = t; e < N * K; e += wg::kThreads)
+    *reinterpret_cast<bf16*>(b_base + wg::swizzled_offset<bf16>(e / K, e % K, N * wg::kSwizzleBytes)) = b[e];
+  tile::fence_async_shared();
+  __syncthreads();
+  wg::Accumulator<N> acc;
+  const uint64_t a0 = wg::k_major_desc<bf16, 16>(a_smem, 0, 0, 64 * wg::kSwizzleBytes);
+  const uint64_t b0 = wg::k_major_desc<bf16, 16>(b_smem, 0, 0, N * wg::kSwizzleBytes);
+  wg::fence();
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16)
+    wg::Wgmma<bf16, N>::ss(acc.d, a0 + wg::k_major_step<bf16>(k0, 64 * wg::kSwizzleBytes),
+                           b0 + wg::k_major_step<bf16>(k0, N * wg::kSwizzleBytes), k0 > 0 ? 1 : 0);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operand(acc.d);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < N / 4; ++j)
+      c[wg::Accumulator<N>::row(i, t) * N + wg::Accumulator<N>::col(j, t)] = acc(i, j);
+}
+
+template <int N, int K>
+void check_wgmma_ss() {
+  const auto a = random_bf16(64 * K, 1), b = random_bf16(size_t(N) * K, 2);
+  bf16 *da = to_device(a), *db = to_device(b);
+  float* dc = nullptr;
+  ASSERT_EQ(cudaMalloc(&dc, 64 * N * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dc, 0xFF, 64 * N * sizeof(float)), cudaSuccess);
+  wgmma_ss_kernel<N, K><<<1, wg::kThreads>>>(da, db, dc);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto c = to_host(dc, 64 * N);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < N; ++n) {
+      double want = 0;
+      for (int k = 0; k < K; ++k) want += double(f(a[size_t(m * K + k)])) * f(b[size_t(n * K + k)]);
+      ASSERT_NEAR(c[size_t(m * N + n)], want, 1e-3 * (1 + std::fabs(want))) << "N " << N << " K " << K << " at " << m
+                                                                               << ", " << n;
+    }
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+}
+
+TEST(Sm90Tile, WgmmaSharedOperands) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  check_wgmma_ss<64, 64>();
+  check_wgmma_ss<64, 128>();  // two column chunks of K
+  check_wgmma_ss<128, 64>();
+  check_wgmma_ss<96, 128>();  // N not a power of two
+}
+
+// ---- wgmma with A from registers: O[64, N] = P[64, K] · V[K, N], V row-major (MN-major B) -------
+// P is given as an accumulator (the layout scores leave a wgmma in) and converted by a_from_acc.
+template <int N, int K>
+__global__ void wgmma_rs_kernel(const float* p, const bf16* v, float* o) {
+  __shared__ alignas(1024) bf16 v_smem[K * N];
+  const int t = threadIdx.x;
+  char* v_base = reinterpret_cast<char*>(v_smem);
+  for (int e = t; e < K * N; e += wg::kThreads)
+    *reinterpret_cast<bf16*>(v_base + wg::swizzled_offset<bf16>(e / N, e % N, K * wg::kSwizzleBytes)) = v[e];
+  tile::fence_async_shared();
+  __syncthreads();
+  wg::Accumulator<K> scores;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < K / 4; ++j)
+      scores(i, j) = p[wg::Accumulator<K>::row(i, t) * K + wg::Accumulator<K>::col(j, t)];
+  uint32_t a[K / 16][4];
+  wg::a_from_acc<bf16>(a, scores);
+  wg::Accumulator<N> acc;
+  acc.fill(0.f);
+  const uint64_t b0 = wg::mn_major_desc(v_smem, 0, K * wg::kSwizzleBytes);
+  wg::fence();
+#pragma unroll
+  for (int kb = 0; kb < K / 16; ++kb)
+    wg::Wgmma<bf16, N>::template rs<1>(acc.d, a[kb], b0 + wg::mn_major_step(kb * 16), 1);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operand(acc.d);
+  wg::fence_operand(a);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < N / 4; ++j)
+      o[wg::Accumulator<N>::row(i, t) * N + wg::Accumulator<N>::col(j, t)] = acc(i, j);
+}
+
+template <int N, int K>
+void check_wgmma_rs() {
+  std::vector<float> p(64 * K);
+  {
+    const auto r = random_bf16(p.size(), 3);  // P exactly representable in bf16
+    for (size_t i = 0; i < p.size(); ++i) p[i] = f(r[i]);
+  }
+  const auto v = random_bf16(size_t(K) * N, 4);
+  float* dp = to_device(p);
+  bf16* dv = to_device(v);
+  float* dout = nullptr;
+  ASSERT_EQ(cudaMalloc(&dout, 64 * N * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dout, 0xFF, 64 * N * sizeof(float)), cudaSuccess);
+  wgmma_rs_kernel<N, K><<<1, wg::kThreads>>>(dp, dv, dout);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto o = to_host(dout, 64 * N);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < N; ++n) {
+      double want = 0;
+      for (int k = 0; k < K; ++k) want += double(p[size_t(m * K + k)]) * f(v[size_t(k * N + n)]);
+      ASSERT_NEAR(o[size_t(m * N + n)], want, 1e-3 * (1 + std::fabs(want))) << "N " << N << " K " << K << " at " << m
+                                                                               << ", " << n;
+    }
+  cudaFree(dp);
+  cudaFree(dv);
+  cudaFree(dout);
+}
+
+TEST(Sm90Tile, WgmmaRegisterATransposedB) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  check_wgmma_rs<64, 64>();
+  check_wgmma_rs<128, 128>();  // two 64-column chunks of V (the leading byte offset)
+  check_wgmma_rs<256, 64>();
+}
+
+// ---- Named barriers and register reallocation: a producer warpgroup with few registers hands a
+// value to a consumer warpgroup with many, through shared memory and bar.arrive / bar.sync. ------
+__global__ void __launch_bounds__(256, 1) handoff_kernel(int* out) {
+  __shared__ int value[wg::kThreads];
+  const int t = threadIdx.x % wg::kThreads;
+  constexpr int kBarrier = 1;
+  if (threadIdx.x < wg::kThreads) {
+    tile::registers_decrease<40>();
+    value[t] = 1000 + t;
+    tile::named_arrive(kBarrier, 2 * wg::kThreads);
+  } else {
+    tile::registers_increase<232>();
+    tile::named_sync(kBarrier, 2 * wg::kThreads);
+    out[t] = value[wg::kThreads - 1 - t];
+  }
+}
+
+TEST(Sm90Tile, NamedBarrierHandoffAcrossRegisterBudgets) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  int* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, wg::kThreads * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(out, 0xFF, wg::kThreads * sizeof(int)), cudaSuccess);
+  handoff_kernel<<<1, 2 * wg::kThreads>>>(out);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = to_host(out, wg::kThreads);
+  for (int t = 0; t < wg::kThreads; ++t) ASSERT_EQ(got[size_t(t)], 1000 + wg::kThreads - 1 - t) << "thread " << t;
+  cudaFree(out);
+}
+
+}  // namespace
+}  // namespace fmha::cuda::test
