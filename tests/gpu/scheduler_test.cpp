@@ -8,7 +8,7 @@
 
 #include "cuda/sm90/sm90_config.h"
 #include "cuda/sm90/sm90_tile_scheduler.cuh"
-#include "cuda/tile/tma.cuh"
+#include "cuda/tile/pipeline.h"
 
 namespace fmha::cuda::sm90 {
 namespace {

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "cuda/tile/pipeline.h"
+
 namespace fmha::cuda::tile {
 
 namespace ptx = ::cuda::ptx;
@@ -43,17 +45,6 @@ __device__ __forceinline__ void fence_barrier_init() { ptx::fence_mbarrier_init(
 // Ordinary shared-memory stores become visible to TMA and wgmma (the async proxy) after this,
 // in each writing thread, followed by a barrier among the writers.
 __device__ __forceinline__ void fence_async_shared() { ptx::fence_proxy_async(ptx::space_shared); }
-
-// A STAGES-deep ring position: which buffer, and which phase parity its barriers are in. Producer
-// and consumers walk the same sequence, so the position is a counter both keep.
-template <int STAGES>
-struct PipelineState {
-  int index = 0;
-  uint32_t phase = 0;
-  __host__ __device__ __forceinline__ void advance() {
-    if (++index == STAGES) index = 0, phase ^= 1;
-  }
-};
 
 // ---- TMA ------------------------------------------------------------------------------------
 
