@@ -10,6 +10,7 @@ command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
 command -v python3 >/dev/null || need+=(python3 python3-pip python3-venv)
+command -v pkg-config >/dev/null || need+=(pkg-config)
 for pkg in libgtest-dev libcli11-dev nlohmann-json3-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
