@@ -10,7 +10,10 @@
 //     P = exp2(S - LSE), dV += P^T·dO, dP = dO·V^T, dS = P∘(dP - Δ), dK += dS^T·Q
 //   dQ pass, per query tile: over key tiles, dQ += dS·K
 // with Δ = rowsum(dO∘O) computed first (the preprocess step).
-#include "cpu/fast_attention.h"
+//
+// This file is compiled once per instruction-set path, each time with that path's flags and
+// FMHA_CPU_ISA naming its namespace (src/cpu/isa.h); src/cpu/dispatch.cpp calls the one chosen.
+#include "cpu/kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +25,7 @@
 #include "common/tensor_access.h"
 #include "cpu/simd.h"
 
-namespace fmha::cpu {
+namespace fmha::cpu::FMHA_CPU_ISA {
 namespace {
 
 constexpr int64_t kTileM = 64;             // query rows per tile
@@ -448,17 +451,7 @@ void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int
 
 }  // namespace
 
-Status supports(const Params& p, Direction) {
-  if (p.q.shape[3] > kMaxHeadDim)
-    return {Code::unsupported, "q: head_dim " + std::to_string(p.q.shape[3]) + " is above the cpu backend's limit of " +
-                                   std::to_string(kMaxHeadDim)};
-  if (p.v.shape[3] > kMaxHeadDim)
-    return {Code::unsupported, "v: head_dim_v " + std::to_string(p.v.shape[3]) +
-                                   " is above the cpu backend's limit of " + std::to_string(kMaxHeadDim)};
-  return Status::success();
-}
-
-Status run(const Params& p, Direction direction) {
+Status run_kernels(const Params& p, Direction direction) {
   const Problem s = Problem::of(p);
   const int threads = resolve_threads(p.num_threads);
   const int64_t heads_total = s.batch * s.kv_heads;
@@ -490,4 +483,4 @@ Status run(const Params& p, Direction direction) {
   return Status::success();
 }
 
-}  // namespace fmha::cpu
+}  // namespace fmha::cpu::FMHA_CPU_ISA

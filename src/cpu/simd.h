@@ -1,8 +1,14 @@
 // The fast CPU path's building blocks, on GCC/Clang vector extensions: a register-blocked panel
 // matmul, a vectorizable exp2, and 64-wide row operations. No intrinsics, so the code builds
-// anywhere; the vector width follows the target: 16 fp32 lanes (one AVX-512 register) where
-// AVX-512 is enabled, 8 (one AVX register) elsewhere, so that the matmul's accumulators fit the
-// register file (an AVX2 machine running 16-lane vectors spills them and runs ~50x slower).
+// anywhere; the vector width follows the target the including file is compiled for: 16 fp32
+// lanes (one AVX-512 register) with AVX-512, 8 (one AVX register) with AVX2, 4 (one SSE or NEON
+// register) otherwise, so that the matmul's accumulators fit the register file (an AVX2 machine
+// running 16-lane vectors spills them and runs ~50x slower).
+//
+// Everything here lives in the namespace of one instruction-set path (FMHA_CPU_ISA, set by the
+// build for each compilation of src/cpu/fast_attention.cpp; see src/cpu/isa.h): the same inline
+// function compiled with different flags must not share a name, or the linker would keep one
+// copy, say the AVX-512 one, for every path.
 #pragma once
 
 #include <cstdint>
@@ -12,16 +18,24 @@
 #include <new>
 #include <utility>
 
-namespace fmha::cpu {
+#ifndef FMHA_CPU_ISA
+#error "FMHA_CPU_ISA names the instruction-set path this file is compiled for (see CMakeLists.txt)"
+#endif
+
+namespace fmha::cpu::FMHA_CPU_ISA {
 
 #if defined(__AVX512F__)
 inline constexpr int kLanes = 16;      // floats per vector
 inline constexpr int kRowBlock = 8;    // rows of C held in registers by the matmul kernel
 inline constexpr int kBlockCols = 32;  // columns of C held in registers (2 vectors): 16 of 32 registers
-#else
+#elif defined(__AVX__)
 inline constexpr int kLanes = 8;
 inline constexpr int kRowBlock = 8;
 inline constexpr int kBlockCols = 8;   // 1 vector: 8 accumulators of 16 registers
+#else
+inline constexpr int kLanes = 4;
+inline constexpr int kRowBlock = 8;
+inline constexpr int kBlockCols = 4;   // 1 vector: 8 accumulators of 16 (SSE) or 32 (NEON) registers
 #endif
 inline constexpr int kWideCols = 64;   // the softmax's row width: 64 / kLanes vectors
 inline constexpr size_t kAlign = 64;   // scratch alignment in bytes (one cache line, at least one vector)
@@ -61,34 +75,36 @@ inline vf exp2(vf x) {
 }
 
 // Horizontal reductions as a tree of in-register shuffles (log2(kLanes) dependent steps).
-// swap(x, step) exchanges neighbouring groups of `step` lanes.
-template <int... I>
-inline vf swap_groups(vf x, int step, std::integer_sequence<int, I...>) {
-  switch (step) {
-    case 8: return __builtin_shufflevector(x, x, (I ^ 8)...);
-    case 4: return __builtin_shufflevector(x, x, (I ^ 4)...);
-    case 2: return __builtin_shufflevector(x, x, (I ^ 2)...);
-    default: return __builtin_shufflevector(x, x, (I ^ 1)...);
-  }
+// swap_groups<Step> exchanges neighbouring groups of Step lanes.
+template <int Step, int... I>
+inline vf swap_groups(vf x, std::integer_sequence<int, I...>) {
+  return __builtin_shufflevector(x, x, (I ^ Step)...);
 }
-inline vf swap_groups(vf x, int step) { return swap_groups(x, step, std::make_integer_sequence<int, kLanes>{}); }
+template <int Step>
+inline vf swap_groups(vf x) {
+  return swap_groups<Step>(x, std::make_integer_sequence<int, kLanes>{});
+}
+template <int Step = kLanes / 2>
 inline float horizontal_max(vf x) {
-  for (int step = kLanes / 2; step >= 1; step /= 2) {
-    const vf y = swap_groups(x, step);
-    x = x > y ? x : y;
+  if constexpr (Step == 0) {
+    return x[0];
+  } else {
+    const vf y = swap_groups<Step>(x);
+    return horizontal_max<Step / 2>(x > y ? x : y);
   }
-  return x[0];
 }
+template <int Step = kLanes / 2>
 inline float horizontal_sum(vf x) {
-  for (int step = kLanes / 2; step >= 1; step /= 2) x += swap_groups(x, step);
-  return x[0];
+  if constexpr (Step == 0) return x[0];
+  else return horizontal_sum<Step / 2>(x + swap_groups<Step>(x));
 }
 
 // C[r][0:W] (+)= sum_k A[r][k] * B[k][0:W] for r in [0, kRowBlock). B and C rows are 64-byte
 // aligned; W is a multiple of kLanes. The kRowBlock x W block of C stays in registers over the
 // k loop: with AVX-512, 8 x 32 is 16 accumulators and 2 vector loads + 8 broadcasts per 16 FMAs;
 // with AVX, 8 x 8 is 8 accumulators and 1 load + 8 broadcasts per 8 FMAs (measured fastest of
-// 4x8, 4x16, 8x8, 8x16, 16x8 on a 2-core AVX2 EPYC: docs/PERF.md). Neither spills.
+// 4x8, 4x16, 8x8, 8x16, 16x8 on a 2-core AVX2 EPYC: docs/PERF.md); with 4 lanes, 8 x 4 the same
+// shape at half the width. None spills.
 template <int W, bool kAccumulate>
 inline void gemm_block(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                        int64_t ldc) {
@@ -155,4 +171,4 @@ class Scratch {
   int64_t capacity_ = 0;
 };
 
-}  // namespace fmha::cpu
+}  // namespace fmha::cpu::FMHA_CPU_ISA
