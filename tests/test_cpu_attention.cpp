@@ -131,6 +131,30 @@ TEST_P(CpuPath, LongSequencesCrossConversionBlocks) {
     }
 }
 
+// bf16 storage at odd lengths and head dims: on the avx512bf16 path the forward multiplies the
+// stored bf16 values (vdpbf16ps), with its own operand layouts and padding.
+TEST_P(CpuPath, Bf16OddShapes) {
+  FORCE_CPU_PATH_OR_SKIP(GetParam());
+  struct Shape {
+    int64_t sq, sk, head_dim, head_dim_v;
+    Causal causal;
+  };
+  for (Shape shape : {Shape{1, 1, 64, 64, Causal::none}, Shape{15, 1013, 32, 32, Causal::bottom_right},
+                      Shape{65, 63, 128, 128, Causal::top_left}, Shape{1013, 15, 64, 64, Causal::none},
+                      Shape{70, 2100, 15, 17, Causal::none}, Shape{130, 129, 256, 40, Causal::bottom_right}})
+    for (Direction mode : {Direction::forward, Direction::backward}) {
+      CaseSpec c = base_case();
+      c.dtype = DType::bf16;
+      c.seqlen_q = shape.sq;
+      c.seqlen_k = shape.sk;
+      c.head_dim = shape.head_dim;
+      c.head_dim_v = shape.head_dim_v;
+      c.causal = shape.causal;
+      c.mode = mode;
+      run_and_check(c);
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, CpuPath, ::testing::ValuesIn(kPaths), [](const auto& info) { return info.param; });
 
 // ---- Head dims x storage dtypes ---------------------------------------------------------------------

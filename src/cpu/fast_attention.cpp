@@ -117,6 +117,62 @@ struct Panel {
   }
 };
 
+// Rows [rows.begin, rows.end) of one head of a bf16 [B, S, H, dim] tensor, copied as stored (no
+// conversion) into an operand of the bf16 matmul (src/cpu/simd.h, AVX-512 BF16 only), zero outside
+// `rows` and `dim`; `first` as in Panel:
+//   rows:            element (r, d) at data[(r - first) * ld + d], ld = dim rounded up to kLanes
+//                    (the A operand: Q)
+//   pairs_over_dim:  element (r, d) at data[(d / 2) * ld + 2 * (r - first) + d % 2], ld = twice the
+//                    row span plus one vector (the B operand of Q·K^T: K)
+//   pairs_over_rows: element (r, d) at data[((r - first) / 2) * ld + 2 * d + r % 2],
+//                    ld = 2 * (dim rounded up to kLanes) (the B operand of P·V: V)
+enum class Bf16Layout { rows, pairs_over_dim, pairs_over_rows };
+
+struct Bf16Panel {
+  Scratch buffer;  // fp32 words, two bf16 values each
+  int64_t first = 0, ld = 0;
+  Bf16Layout layout = Bf16Layout::rows;
+
+  void load(const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, Bf16Layout how) {
+    layout = how;
+    first = align_down(rows.begin, kTileN);
+    const int64_t span = round_up(std::max<int64_t>(rows.end - first, 1), kTileN);
+    const int64_t dim_padded = round_up(dim, kLanes);
+    int64_t size = 0;
+    switch (layout) {
+      case Bf16Layout::rows: ld = dim_padded, size = span * ld; break;
+      // Padded by one vector for the same reason as a transposed Panel: rows read one after another.
+      case Bf16Layout::pairs_over_dim: ld = 2 * (span + kLanes), size = dim_padded / 2 * ld; break;
+      case Bf16Layout::pairs_over_rows: ld = 2 * dim_padded, size = span / 2 * ld; break;
+    }
+    uint16_t* data = reinterpret_cast<uint16_t*>(buffer.reserve((size + 1) / 2));
+    std::fill_n(data, size, uint16_t{0});
+    for (int64_t r = rows.begin; r < rows.end; ++r) {
+      const uint16_t* src = static_cast<const uint16_t*>(t.data) + offset4(t, b, r, h, 0);
+      const int64_t i = r - first;
+      switch (layout) {
+        case Bf16Layout::rows: std::copy_n(src, dim, data + i * ld); break;
+        case Bf16Layout::pairs_over_dim:
+          for (int64_t d = 0; d < dim; ++d) data[(d / 2) * ld + 2 * i + d % 2] = src[d];
+          break;
+        case Bf16Layout::pairs_over_rows:
+          for (int64_t d = 0; d < dim; ++d) data[(i / 2) * ld + 2 * d + i % 2] = src[d];
+          break;
+      }
+    }
+  }
+  // The tile whose first row is `row` (a multiple of 64 at or after `first`).
+  const uint16_t* tile(int64_t row) const {
+    const uint16_t* data = reinterpret_cast<const uint16_t*>(buffer.get());
+    switch (layout) {
+      case Bf16Layout::rows: return data + (row - first) * ld;
+      case Bf16Layout::pairs_over_dim: return data + 2 * (row - first);
+      case Bf16Layout::pairs_over_rows: break;
+    }
+    return data + (row - first) / 2 * ld;
+  }
+};
+
 // Scales a 64-wide score row into the exp2 domain and masks it: keys outside `visible`
 // (absolute indices; the row starts at key `col0`) get -inf.
 void scale_and_mask_row(float* s, float scale_log2, int64_t col0, Range visible, bool full) {
@@ -156,15 +212,25 @@ struct ForwardScratch {
   Scratch acc;             // [group][chunk rows][dvp] unnormalised output
   Scratch row_max, row_sum;  // [group][chunk rows]
   Scratch row;             // one converted row
+  // bf16 operands (kBf16: bf16 storage on a path with vdpbf16ps)
+  Bf16Panel q_bf16, k_bf16, v_bf16;  // one head's queries, [dp / 2 pairs, key block], [key block / 2 pairs, dvp]
+  Scratch q_all_bf16;      // [group][chunk rows][dp]
+  Scratch p_bf16;          // [kTileM, kTileN] probabilities rounded to bf16
 };
 
+// kBf16: bf16 storage multiplied as stored, with fp32 accumulation (vdpbf16ps): S = Q·K^T on the
+// stored values, and O += P·V with P rounded to bf16 (as the GPU tiers' bf16 tensor-core
+// matmuls do); the softmax stays in fp32. Otherwise every operand is converted to fp32 first.
+template <bool kBf16>
 void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head, Range rows, ForwardScratch& t) {
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(rows.size(), kTileM);  // chunk rows, padded
   float* acc = t.acc.reserve(s.group * n * dvp);
   float* row_max = t.row_max.reserve(s.group * n);
   float* row_sum = t.row_sum.reserve(s.group * n);
-  float* q_all = t.q_all.reserve(s.group * n * dp);
+  float* q_all = kBf16 ? nullptr : t.q_all.reserve(s.group * n * dp);
+  uint16_t* q_all_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.q_all_bf16.reserve(s.group * n * dp / 2)) : nullptr;
+  uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kTileN / 2)) : nullptr;
   float* scores = t.s.reserve(kTileM * kTileN);
   float* row_buffer = t.row.reserve(std::max(dp, dvp));
   std::fill_n(acc, s.group * n * dvp, 0.0f);
@@ -174,6 +240,13 @@ void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head
 
   if (!keys.empty())
     for (int64_t g = 0; g < s.group; ++g) {
+      if constexpr (kBf16) {
+        t.q_bf16.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, Bf16Layout::rows);
+        uint16_t* dst = q_all_bf16 + g * n * dp;
+        std::fill_n(dst, n * dp, uint16_t{0});
+        for (int64_t r = 0; r < rows.size(); ++r) std::copy_n(t.q_bf16.tile(rows.begin + r), dp, dst + r * dp);
+        continue;
+      }
       t.q.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, false, s.tf32, row_buffer);
       float* dst = q_all + g * n * dp;
       std::fill_n(dst, n * dp, 0.0f);
@@ -182,22 +255,31 @@ void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head
 
   for (int64_t block0 = align_down(keys.begin, kKeyBlock); block0 < keys.end; block0 += kKeyBlock) {
     const Range block = intersect(keys, Range{block0, block0 + kKeyBlock});
-    t.kt.load(p.k, b, kv_head, block, s.head_dim, true, s.tf32, row_buffer);
-    t.v.load(p.v, b, kv_head, block, s.head_dim_v, false, s.tf32, row_buffer);
+    if constexpr (kBf16) {
+      t.k_bf16.load(p.k, b, kv_head, block, s.head_dim, Bf16Layout::pairs_over_dim);
+      t.v_bf16.load(p.v, b, kv_head, block, s.head_dim_v, Bf16Layout::pairs_over_rows);
+    } else {
+      t.kt.load(p.k, b, kv_head, block, s.head_dim, true, s.tf32, row_buffer);
+      t.v.load(p.v, b, kv_head, block, s.head_dim_v, false, s.tf32, row_buffer);
+    }
     for (int64_t g = 0; g < s.group; ++g)
       for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
         const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
         const int64_t r_off = row0 - rows.begin;  // tile's first row within the chunk
         const int64_t active = round_up(tile_rows.size(), kRowBlock);
         const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
-        const float* q_tile = q_all + (g * n + r_off) * dp;
+        const int64_t q_tile = (g * n + r_off) * dp;  // offset in q_all / q_all_bf16
         float* acc_tile = acc + (g * n + r_off) * dvp;
         float* max_tile = row_max + g * n + r_off;
         float* sum_tile = row_sum + g * n + r_off;
         for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
           const Range cols{col0, col0 + kTileN};
           // Load K tile (from the panel); S = Q·K^T  [kTileM, kTileN]
-          gemm(active, kTileN, dp, q_tile, dp, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
+          if constexpr (kBf16)
+            gemm_bf16(active, kTileN, dp / 2, q_all_bf16 + q_tile, dp, t.k_bf16.tile(col0), t.k_bf16.ld, scores, kTileN,
+                      false);
+          else
+            gemm(active, kTileN, dp, q_all + q_tile, dp, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
           const bool full = tile_rows.size() == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
                             s.mask.tile_is_full(tile_rows, cols);
           for (int64_t r = 0; r < active; ++r) {
@@ -226,9 +308,14 @@ void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head
               for (int64_t d = 0; d < dvp; d += kLanes) store(a + d, load(a + d) * rescale);
             }
           }
-          if (s.tf32) round_tile_to_tf32(scores, active * kTileN);
           // Load V tile (from the panel); O += P·V
-          gemm(active, dvp, kTileN, scores, kTileN, t.v.tile(col0), dvp, acc_tile, dvp, true);
+          if constexpr (kBf16) {
+            to_bf16(scores, p_bf16, active * kTileN);
+            gemm_bf16(active, dvp, kTileN / 2, p_bf16, kTileN, t.v_bf16.tile(col0), t.v_bf16.ld, acc_tile, dvp, true);
+          } else {
+            if (s.tf32) round_tile_to_tf32(scores, active * kTileN);
+            gemm(active, dvp, kTileN, scores, kTileN, t.v.tile(col0), dvp, acc_tile, dvp, true);
+          }
         }
       }
   }
@@ -467,8 +554,10 @@ Status run_kernels(const Params& p, Direction direction) {
   };
   if (direction == Direction::forward) {
     std::vector<ForwardScratch> scratch(static_cast<size_t>(threads));
+    const bool bf16_dot = kBf16Dot && s.dtype == DType::bf16;
     for_chunks(s.seqlen_q, kTileM, [&](int worker, int64_t b, int64_t kv_head, Range rows) {
-      forward_chunk(p, s, b, kv_head, rows, scratch[size_t(worker)]);
+      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, b, kv_head, rows, scratch[size_t(worker)]);
+      else forward_chunk<false>(p, s, b, kv_head, rows, scratch[size_t(worker)]);
     });
     return Status::success();
   }

@@ -16,7 +16,12 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <type_traits>
 #include <utility>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #ifndef FMHA_CPU_ISA
 #error "FMHA_CPU_ISA names the instruction-set path this file is compiled for (see CMakeLists.txt)"
@@ -143,6 +148,71 @@ inline void gemm(int64_t rows, int64_t width, int64_t depth, const float* a, int
   if (accumulate) gemm_rows<true>(rows, width, depth, a, lda, b, ldb, c, ldc);
   else gemm_rows<false>(rows, width, depth, a, lda, b, ldb, c, ldc);
 }
+
+#if defined(__AVX512BF16__)
+// ---- bf16 operands, fp32 accumulation: vdpbf16ps -------------------------------------------------
+// vdpbf16ps adds to each fp32 lane i the products of the bf16 pairs (2i, 2i+1) of its two
+// operands. A matmul over depth k therefore takes A rows as they are stored (pairs along k are
+// neighbours) and B in "pair-interleaved" form: element (k, n) at b[(k / 2) * ldb + 2 * n + k % 2],
+// so that one 64-byte vector holds the k-pair of 16 consecutive columns.
+inline constexpr bool kBf16Dot = true;
+inline constexpr int kBf16PerVector = 2 * kLanes;  // 32 bf16 values in one 64-byte vector
+
+template <int W, bool kAccumulate>
+inline void gemm_block_bf16(int64_t depth_pairs, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                            float* c, int64_t ldc) {
+  constexpr int kVecs = W / kLanes;
+  __m512 acc[kRowBlock][kVecs];
+  for (int r = 0; r < kRowBlock; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = kAccumulate ? _mm512_load_ps(c + r * ldc + v * kLanes) : _mm512_setzero_ps();
+  for (int64_t kp = 0; kp < depth_pairs; ++kp) {
+    __m512bh brow[kVecs];
+    for (int v = 0; v < kVecs; ++v) brow[v] = (__m512bh)_mm512_load_si512(b + kp * ldb + v * kBf16PerVector);
+    for (int r = 0; r < kRowBlock; ++r) {
+      uint32_t pair;
+      std::memcpy(&pair, a + r * lda + 2 * kp, sizeof pair);
+      const __m512bh a_pair = (__m512bh)_mm512_set1_epi32(int(pair));
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a_pair, brow[v]);
+    }
+  }
+  for (int r = 0; r < kRowBlock; ++r)
+    for (int v = 0; v < kVecs; ++v) _mm512_store_ps(c + r * ldc + v * kLanes, acc[r][v]);
+}
+
+// C[rows][width] (+)= A[rows][2 * depth_pairs] · B, A bf16 row-major (lda even), B bf16
+// pair-interleaved (ldb elements per k-pair, a multiple of 32), C fp32; rows a multiple of
+// kRowBlock, width of kLanes; B and C 64-byte aligned.
+inline void gemm_bf16(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda,
+                      const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  auto run = [&](auto accumulate_tag) {
+    constexpr bool kAcc = decltype(accumulate_tag)::value;
+    for (int64_t r = 0; r < rows; r += kRowBlock) {
+      int64_t col = 0;
+      for (; col + kBlockCols <= width; col += kBlockCols)
+        gemm_block_bf16<kBlockCols, kAcc>(depth_pairs, a + r * lda, lda, b + 2 * col, ldb, c + r * ldc + col, ldc);
+      for (; col < width; col += kLanes)
+        gemm_block_bf16<kLanes, kAcc>(depth_pairs, a + r * lda, lda, b + 2 * col, ldb, c + r * ldc + col, ldc);
+    }
+  };
+  if (accumulate) run(std::true_type{});
+  else run(std::false_type{});
+}
+
+// n fp32 values (n a multiple of 32) to bf16, rounding to nearest even.
+inline void to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i += kBf16PerVector) {
+    const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + kLanes), _mm512_loadu_ps(src + i));
+    _mm512_storeu_si512(dst + i, (__m512i)pair);
+  }
+}
+#else
+inline constexpr bool kBf16Dot = false;
+// Declared (never defined) so that code with an `if constexpr (kBf16Dot)` branch compiles on
+// every path; that branch is never instantiated where these are missing.
+void gemm_bf16(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda, const uint16_t* b,
+               int64_t ldb, float* c, int64_t ldc, bool accumulate);
+void to_bf16(const float* src, uint16_t* dst, int64_t n);
+#endif
 
 // 64-byte aligned fp32 scratch that grows on demand (contents are not kept when it grows).
 class Scratch {
