@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "common/numeric.h"
@@ -404,20 +405,64 @@ void score_gradient(float* p_to_ds, const float* dprob, const float* delta, bool
 
 static_assert(kTileM == kTileN, "the backward swaps the roles of score rows and columns");
 
+// The backward's matmuls on fp32 operands (Panel), or with kBf16 on bf16 operands as stored
+// (Bf16Panel, vdpbf16ps) with P and dS rounded to bf16 (as the GPU tiers' bf16 backward does);
+// accumulation, softmax and dS arithmetic stay fp32 either way. A panel's role:
+//   a:      the A operand, rows as stored (Panel row-major / Bf16Layout::rows)
+//   b_rows: a B operand whose matmul depth runs along the tensor's rows (row-major / pairs_over_rows)
+//   b_dim:  a B operand whose depth runs along the head dim (transposed / pairs_over_dim)
+enum class Role { a, b_rows, b_dim };
+
+void load_operand(Panel& panel, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, Role role, bool tf32,
+                  float* row_buffer) {
+  panel.load(t, b, h, rows, dim, role == Role::b_dim, tf32, row_buffer);
+}
+[[maybe_unused]]  // on paths with kBf16Dot only
+void load_operand(Bf16Panel& panel, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, Role role, bool,
+                  float*) {
+  panel.load(t, b, h, rows, dim,
+             role == Role::a ? Bf16Layout::rows : role == Role::b_rows ? Bf16Layout::pairs_over_rows
+                                                                        : Bf16Layout::pairs_over_dim);
+}
+
+// C[rows][width] (+)= A[rows][depth] · B on either kind of operand (depth in elements).
+template <class T>
+void tile_gemm(int64_t rows, int64_t width, int64_t depth, const T* a, int64_t lda, const T* b, int64_t ldb, float* c,
+               int64_t ldc, bool accumulate) {
+  if constexpr (std::is_same_v<T, uint16_t>) gemm_bf16(rows, width, depth / 2, a, lda, b, ldb, c, ldc, accumulate);
+  else gemm(rows, width, depth, a, lda, b, ldb, c, ldc, accumulate);
+}
+
+// A [kTileM, kTileN] fp32 tile as an A operand: itself, or rounded to bf16 into `scratch`.
+template <bool kBf16>
+auto tile_operand(const float* x, Scratch& scratch) {
+  if constexpr (kBf16) {
+    uint16_t* dst = reinterpret_cast<uint16_t*>(scratch.reserve(kTileM * kTileN / 2));
+    to_bf16(x, dst, kTileM * kTileN);
+    return static_cast<const uint16_t*>(dst);
+  } else {
+    return x;
+  }
+}
+
+template <bool kBf16>
 struct BackwardScratch {
-  Panel k, v;              // [key chunk, dp], [key chunk, dvp]                  (dK/dV pass)
-  Panel q, qt, dout, doutt;  // [query block, dp], [dp, ...], [.., dvp], [dvp, ..]   (dK/dV pass)
-  Panel kt, vt, krow;      // [dp, key block], [dvp, key block], [key block, dp]  (dQ pass)
-  Panel qc, doc;           // [chunk rows, dp], [chunk rows, dvp] one head        (dQ pass)
-  Scratch s, dprob;        // [64, 64] probabilities then dS; dP
-  Scratch dk, dv, dq;      // fp32 accumulators
-  Scratch lse, delta;      // per-query statistics of the current block, padded
+  using Operand = std::conditional_t<kBf16, Bf16Panel, Panel>;
+  Operand k, v;                // key chunk: K a, V a                                 (dK/dV pass)
+  Operand q, qt, dout, doutt;  // query block: Q b_rows, Q b_dim, dO b_rows, dO b_dim  (dK/dV pass)
+  Operand kt, vt, krow;        // key block: K b_dim, V b_dim, K b_rows                (dQ pass)
+  Operand qc, doc;             // chunk rows of one head: Q a, dO a                    (dQ pass)
+  Scratch s, dprob;            // [64, 64] probabilities then dS; dP
+  Scratch operand;             // [64, 64] P or dS rounded to bf16 (kBf16)
+  Scratch dk, dv, dq;          // fp32 accumulators
+  Scratch lse, delta;          // per-query statistics of the current block, padded
   Scratch row;
 };
 
 // dK/dV pass: one item = (batch, KV head, chunk of key tiles), over every query head of the group.
+template <bool kBf16>
 void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, int64_t b, int64_t kv_head, Range keys,
-                       BackwardScratch& t) {
+                       BackwardScratch<kBf16>& t) {
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(keys.size(), kTileN);
   float* dk = t.dk.reserve(n * dp);
@@ -431,17 +476,17 @@ void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, in
   std::fill_n(dv, n * dvp, 0.0f);
   const Range queries = s.mask.queries(Range{0, s.seqlen_q}, keys);
   if (!queries.empty()) {
-    t.k.load(p.k, b, kv_head, keys, s.head_dim, false, s.tf32, row_buffer);
-    t.v.load(p.v, b, kv_head, keys, s.head_dim_v, false, s.tf32, row_buffer);
+    load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
+    load_operand(t.v, p.v, b, kv_head, keys, s.head_dim_v, Role::a, s.tf32, row_buffer);
   }
   for (int64_t g = 0; g < s.group; ++g) {
     const int64_t h = kv_head * s.group + g;
     for (int64_t qb0 = align_down(queries.begin, kQueryBlock); qb0 < queries.end; qb0 += kQueryBlock) {
       const Range block = intersect(queries, Range{qb0, qb0 + kQueryBlock});
-      t.q.load(p.q, b, h, block, s.head_dim, false, s.tf32, row_buffer);
-      t.qt.load(p.q, b, h, block, s.head_dim, true, s.tf32, row_buffer);
-      t.dout.load(p.dout, b, h, block, s.head_dim_v, false, s.tf32, row_buffer);
-      t.doutt.load(p.dout, b, h, block, s.head_dim_v, true, s.tf32, row_buffer);
+      load_operand(t.q, p.q, b, h, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
+      load_operand(t.qt, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+      load_operand(t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_rows, s.tf32, row_buffer);
+      load_operand(t.doutt, p.dout, b, h, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
       // Statistics indexed from the panel's first row; rows outside the block see nothing.
       const size_t stat0 = size_t((b * s.heads + h) * s.seqlen_q);
       for (int64_t r = t.q.first; r < t.q.first + round_up(block.end - t.q.first, kTileM); ++r) {
@@ -458,17 +503,19 @@ void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, in
           const float* lse_tile = lse + (row0 - t.q.first);
           const float* delta_tile = delta + (row0 - t.q.first);
           // S^T = K·Q^T  [kTileN keys, kTileM queries]; P^T
-          gemm(kTileN, kTileM, dp, t.k.tile(col0), dp, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
+          tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
           probabilities(scores, s, row0, col0, block, tile_keys, lse_tile, true);
-          if (s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
+          if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
           // dV += P^T·dO
-          gemm(kTileN, dvp, kTileM, scores, kTileM, t.dout.tile(row0), dvp, dv_tile, dvp, true);
+          tile_gemm(kTileN, dvp, kTileM, tile_operand<kBf16>(scores, t.operand), kTileM, t.dout.tile(row0), t.dout.ld,
+                    dv_tile, dvp, true);
           // dP^T = V·dO^T; dS^T = P^T ∘ (dP^T - Δ)
-          gemm(kTileN, kTileM, dvp, t.v.tile(col0), dvp, t.doutt.tile(row0), t.doutt.ld, dprob, kTileM, false);
+          tile_gemm(kTileN, kTileM, dvp, t.v.tile(col0), t.v.ld, t.doutt.tile(row0), t.doutt.ld, dprob, kTileM, false);
           score_gradient(scores, dprob, delta_tile, true);
-          if (s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
+          if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
           // dK += dS^T·Q
-          gemm(kTileN, dp, kTileM, scores, kTileM, t.q.tile(row0), dp, dk_tile, dp, true);
+          tile_gemm(kTileN, dp, kTileM, tile_operand<kBf16>(scores, t.operand), kTileM, t.q.tile(row0), t.q.ld, dk_tile,
+                    dp, true);
         }
       }
     }
@@ -482,8 +529,9 @@ void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, in
 }
 
 // dQ pass: one item = (batch, KV head, chunk of query tiles), over every query head of the group.
+template <bool kBf16>
 void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int64_t b, int64_t kv_head, Range rows,
-                      BackwardScratch& t) {
+                      BackwardScratch<kBf16>& t) {
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(rows.size(), kTileM);
   float* dq = t.dq.reserve(s.group * n * dp);
@@ -502,13 +550,13 @@ void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int
   const Range keys = s.mask.keys(rows);
   for (int64_t block0 = align_down(keys.begin, kKeyBlock); block0 < keys.end; block0 += kKeyBlock) {
     const Range block = intersect(keys, Range{block0, block0 + kKeyBlock});
-    t.kt.load(p.k, b, kv_head, block, s.head_dim, true, s.tf32, row_buffer);
-    t.krow.load(p.k, b, kv_head, block, s.head_dim, false, s.tf32, row_buffer);
-    t.vt.load(p.v, b, kv_head, block, s.head_dim_v, true, s.tf32, row_buffer);
+    load_operand(t.kt, p.k, b, kv_head, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+    load_operand(t.krow, p.k, b, kv_head, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
+    load_operand(t.vt, p.v, b, kv_head, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
     for (int64_t g = 0; g < s.group; ++g) {
       const int64_t h = kv_head * s.group + g;
-      t.qc.load(p.q, b, h, rows, s.head_dim, false, s.tf32, row_buffer);
-      t.doc.load(p.dout, b, h, rows, s.head_dim_v, false, s.tf32, row_buffer);
+      load_operand(t.qc, p.q, b, h, rows, s.head_dim, Role::a, s.tf32, row_buffer);
+      load_operand(t.doc, p.dout, b, h, rows, s.head_dim_v, Role::a, s.tf32, row_buffer);
       for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
         const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
         const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
@@ -516,14 +564,15 @@ void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int
         float* dq_tile = dq + (g * n + r_off) * dp;
         for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
           // S = Q·K^T; P
-          gemm(kTileM, kTileN, dp, t.qc.tile(row0), dp, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
+          tile_gemm(kTileM, kTileN, dp, t.qc.tile(row0), t.qc.ld, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
           probabilities(scores, s, row0, col0, tile_rows, block, lse + g * n + r_off, false);
           // dP = dO·V^T; dS = P ∘ (dP - Δ)
-          gemm(kTileM, kTileN, dvp, t.doc.tile(row0), dvp, t.vt.tile(col0), t.vt.ld, dprob, kTileN, false);
+          tile_gemm(kTileM, kTileN, dvp, t.doc.tile(row0), t.doc.ld, t.vt.tile(col0), t.vt.ld, dprob, kTileN, false);
           score_gradient(scores, dprob, delta + g * n + r_off, false);
-          if (s.tf32) round_tile_to_tf32(scores, kTileM * kTileN);
+          if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileM * kTileN);
           // dQ += dS·K
-          gemm(kTileM, dp, kTileN, scores, kTileN, t.krow.tile(col0), dp, dq_tile, dp, true);
+          tile_gemm(kTileM, dp, kTileN, tile_operand<kBf16>(scores, t.operand), kTileN, t.krow.tile(col0), t.krow.ld,
+                    dq_tile, dp, true);
         }
       }
     }
@@ -562,13 +611,18 @@ Status run_kernels(const Params& p, Direction direction) {
     return Status::success();
   }
   const RowStats stats = preprocess(p, s, threads);
-  std::vector<BackwardScratch> scratch(static_cast<size_t>(threads));
-  for_chunks(s.seqlen_k, kTileN, [&](int worker, int64_t b, int64_t kv_head, Range keys) {
-    backward_kv_chunk(p, s, stats, b, kv_head, keys, scratch[size_t(worker)]);
-  });
-  for_chunks(s.seqlen_q, kTileM, [&](int worker, int64_t b, int64_t kv_head, Range rows) {
-    backward_q_chunk(p, s, stats, b, kv_head, rows, scratch[size_t(worker)]);
-  });
+  auto backward = [&](auto bf16_tag) {
+    constexpr bool kBf16 = decltype(bf16_tag)::value;
+    std::vector<BackwardScratch<kBf16>> scratch(static_cast<size_t>(threads));
+    for_chunks(s.seqlen_k, kTileN, [&](int worker, int64_t b, int64_t kv_head, Range keys) {
+      backward_kv_chunk<kBf16>(p, s, stats, b, kv_head, keys, scratch[size_t(worker)]);
+    });
+    for_chunks(s.seqlen_q, kTileM, [&](int worker, int64_t b, int64_t kv_head, Range rows) {
+      backward_q_chunk<kBf16>(p, s, stats, b, kv_head, rows, scratch[size_t(worker)]);
+    });
+  };
+  if (kBf16Dot && s.dtype == DType::bf16) backward(std::bool_constant<kBf16Dot>{});
+  else backward(std::false_type{});
   return Status::success();
 }
 
