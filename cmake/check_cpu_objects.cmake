@@ -1,30 +1,41 @@
-# Fails when a compilation of the fast CPU path defines a weak symbol outside its own namespace
-# (fmha::cpu::<ISA>::). The linker keeps one copy of a weak symbol for the whole program, taken
-# from whichever object comes first, so a standard-library function emitted by the AVX-512
-# compilation could end up running in the portable path, or in code outside the CPU backend, on a
-# CPU without AVX-512 (see src/common/parallel.h).
-#   cmake -DNM=<nm> -DISA=<path name> -DOBJECTS=<object files, ;-separated> -P check_cpu_objects.cmake
-set(_shared "")
+# Fails when a compilation of the fast CPU path has code outside its own namespace
+# (fmha::cpu::<ISA>::) that uses AVX (VEX/EVEX-encoded instructions, ymm/zmm/mask registers).
+# Such code is an inline function of a shared header or a standard-library template emitted out of
+# line; the linker keeps one copy of it for the whole program, taken from whichever object comes
+# first, so AVX-512 code there could run in the portable path, or outside the CPU backend, on a
+# CPU without AVX-512. src/cpu/isa_target.h is what keeps it out.
+#   cmake -DOBJDUMP=<objdump> -DISA=<path name> -DOBJECTS=<object files, ;-separated> -P check_cpu_objects.cmake
+set(_offenders "")
 foreach(object IN LISTS OBJECTS)
-  execute_process(COMMAND ${NM} -C --defined-only ${object} OUTPUT_VARIABLE _symbols RESULT_VARIABLE _rc)
+  execute_process(COMMAND ${OBJDUMP} -d -C --no-show-raw-insn ${object} OUTPUT_VARIABLE _text RESULT_VARIABLE _rc)
   if(NOT _rc EQUAL 0)
-    message(FATAL_ERROR "${NM} failed on ${object}")
+    message(FATAL_ERROR "${OBJDUMP} failed on ${object}")
   endif()
-  string(REPLACE "\n" ";" _lines "${_symbols}")
+  # One list element per line: characters that CMake lists treat specially are replaced first.
+  string(REPLACE ";" "," _text "${_text}")
+  string(REPLACE "[" "(" _text "${_text}")
+  string(REPLACE "]" ")" _text "${_text}")
+  string(REPLACE "\n" ";" _lines "${_text}")
+  set(_function "")
+  set(_own OFF)
   foreach(line IN LISTS _lines)
-    if(NOT line MATCHES "^[0-9a-fA-F]+ [WVu] (.*)$")
-      continue()
+    if(line MATCHES "^[0-9a-f]+ <(.*)>:$")
+      set(_function "${CMAKE_MATCH_1}")
+      string(FIND "${_function}" "fmha::cpu::${ISA}::" _at)
+      if(_at EQUAL -1)
+        set(_own OFF)
+      else()
+        set(_own ON)
+      endif()
+    elseif(NOT _own AND line MATCHES "^ +[0-9a-f]+:\t(v[a-z0-9]+|.*%[yz]mm|.*%k[0-7])")
+      list(APPEND _offenders "${_function}")
+      set(_own ON)  # one report per function
     endif()
-    set(_name "${CMAKE_MATCH_1}")
-    # The C++ personality routine's reference is data, the same in every object.
-    if(_name MATCHES "fmha::cpu::${ISA}::" OR _name STREQUAL "DW.ref.__gxx_personality_v0")
-      continue()
-    endif()
-    list(APPEND _shared "${_name}")
   endforeach()
 endforeach()
-if(_shared)
-  list(JOIN _shared "\n  " _text)
-  message(FATAL_ERROR "the ${ISA} CPU path defines weak symbols shared with other code:\n  ${_text}")
+if(_offenders)
+  list(REMOVE_DUPLICATES _offenders)
+  list(JOIN _offenders "\n  " _names)
+  message(FATAL_ERROR "the ${ISA} CPU path has AVX code outside its namespace, where the linker may share it:\n  ${_names}")
 endif()
-message(STATUS "the ${ISA} CPU path keeps its code to itself")
+message(STATUS "the ${ISA} CPU path keeps its AVX code to itself")

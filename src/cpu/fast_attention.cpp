@@ -24,6 +24,8 @@
 #include "common/parallel.h"
 #include "common/problem.h"
 #include "common/tensor_access.h"
+// Last of the shared headers: from here on the code is compiled for this path's instruction set.
+#include "cpu/isa_target.h"
 #include "cpu/simd.h"
 
 namespace fmha::cpu::FMHA_CPU_ISA {

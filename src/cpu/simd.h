@@ -1,9 +1,10 @@
 // The fast CPU path's building blocks, on GCC/Clang vector extensions: a register-blocked panel
-// matmul, a vectorizable exp2, and 64-wide row operations. No intrinsics, so the code builds
-// anywhere; the vector width follows the target the including file is compiled for: 16 fp32
-// lanes (one AVX-512 register) with AVX-512, 8 (one AVX register) with AVX2, 4 (one SSE or NEON
-// register) otherwise, so that the matmul's accumulators fit the register file (an AVX2 machine
-// running 16-lane vectors spills them and runs ~50x slower).
+// matmul, a vectorizable exp2, and 64-wide row operations. No intrinsics except the AVX-512 BF16
+// dot product, so the code builds anywhere; the vector width follows the instruction set
+// (FMHA_CPU_LEVEL) the including file is compiled for: 16 fp32 lanes (one AVX-512 register) with
+// AVX-512, 8 (one AVX register) with AVX2, 4 (one SSE or NEON register) otherwise, so that the
+// matmul's accumulators fit the register file (an AVX2 machine running 16-lane vectors spills
+// them and runs ~50x slower).
 //
 // Everything here lives in the namespace of one instruction-set path (FMHA_CPU_ISA, set by the
 // build for each compilation of src/cpu/fast_attention.cpp; see src/cpu/isa.h): the same inline
@@ -18,9 +19,22 @@
 #include <new>
 #include <type_traits>
 #include <utility>
-
-#if defined(__AVX512BF16__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+
+// The instruction-set level: set by the build for the CPU paths (src/cpu/isa_target.h), else
+// read off the compiler's target (bench/cpu_peak.cpp, compiled with -march=native).
+#ifndef FMHA_CPU_LEVEL
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define FMHA_CPU_LEVEL 3
+#elif defined(__AVX512F__)
+#define FMHA_CPU_LEVEL 2
+#elif defined(__AVX2__) && defined(__FMA__)
+#define FMHA_CPU_LEVEL 1
+#else
+#define FMHA_CPU_LEVEL 0
+#endif
 #endif
 
 #ifndef FMHA_CPU_ISA
@@ -29,11 +43,11 @@
 
 namespace fmha::cpu::FMHA_CPU_ISA {
 
-#if defined(__AVX512F__)
+#if FMHA_CPU_LEVEL >= 2
 inline constexpr int kLanes = 16;      // floats per vector
 inline constexpr int kRowBlock = 8;    // rows of C held in registers by the matmul kernel
 inline constexpr int kBlockCols = 32;  // columns of C held in registers (2 vectors): 16 of 32 registers
-#elif defined(__AVX__)
+#elif FMHA_CPU_LEVEL == 1
 inline constexpr int kLanes = 8;
 inline constexpr int kRowBlock = 8;
 inline constexpr int kBlockCols = 8;   // 1 vector: 8 accumulators of 16 registers
@@ -149,7 +163,7 @@ inline void gemm(int64_t rows, int64_t width, int64_t depth, const float* a, int
   else gemm_rows<false>(rows, width, depth, a, lda, b, ldb, c, ldc);
 }
 
-#if defined(__AVX512BF16__)
+#if FMHA_CPU_LEVEL >= 3
 // ---- bf16 operands, fp32 accumulation: vdpbf16ps -------------------------------------------------
 // vdpbf16ps adds to each fp32 lane i the products of the bf16 pairs (2i, 2i+1) of its two
 // operands. A matmul over depth k therefore takes A rows as they are stored (pairs along k are
