@@ -1,6 +1,7 @@
 // Measures this machine's fp32 FMA peak: every hardware thread runs independent chains of
-// vector fused multiply-adds of the CPU path's width (cpu/simd.h: 16 lanes with AVX-512, else 8) (enough chains to hide the FMA latency), and the GFLOP/s is the
-// ceiling that the README compares the CPU backend's attention throughput with.
+// vector fused multiply-adds of the CPU path's width (cpu/simd.h: 16 lanes with AVX-512, 8 with
+// AVX2; this program is compiled with -march=native) (enough chains to hide the FMA latency), and
+// the GFLOP/s is the ceiling that the README compares the CPU backend's attention throughput with.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,8 +11,8 @@
 
 #include "cpu/simd.h"
 
-using fmha::cpu::kLanes;
-using fmha::cpu::vf;
+using fmha::cpu::peak::kLanes;
+using fmha::cpu::peak::vf;
 
 namespace {
 

@@ -15,8 +15,10 @@ struct Result {
   std::string out;
 };
 
-Result fmha(const std::string& args, bool capture_stderr = false) {
-  const std::string cmd = std::string(FMHA_CLI_PATH) + " " + args + (capture_stderr ? " 2>&1" : " 2>/dev/null");
+// Runs `fmha <args>`; `environment` (e.g. "FMHA_CPU_ISA=avx2") is set for that run only.
+Result fmha(const std::string& args, bool capture_stderr = false, const std::string& environment = "") {
+  const std::string cmd = (environment.empty() ? "" : "env " + environment + " ") + std::string(FMHA_CLI_PATH) + " " +
+                          args + (capture_stderr ? " 2>&1" : " 2>/dev/null");
   Result r;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) return r;
@@ -36,6 +38,34 @@ TEST(Cli, InfoListsBackendsAndDevices) {
   EXPECT_NE(std::find(j["backends"].begin(), j["backends"].end(), "cpu"), j["backends"].end());
   EXPECT_EQ(j["devices"][0]["device"], "cpu");
   EXPECT_EQ(fmha("info").exit_code, 0);
+}
+
+TEST(Cli, InfoAndRunNameTheCpuPathThatRuns) {
+  const auto info = nlohmann::json::parse(fmha("info --json").out);
+  const auto& cpu = info["devices"][0];
+  ASSERT_TRUE(cpu.contains("cpu_path")) << cpu.dump();
+  const auto& runnable = cpu["cpu_paths_runnable"];
+  ASSERT_FALSE(runnable.empty());
+  EXPECT_EQ(cpu["cpu_path"], runnable.back()) << "the fastest path this CPU runs is the default";
+  EXPECT_NE(fmha("info").out.find("cpu path in use: " + cpu["cpu_path"].get<std::string>()), std::string::npos);
+  for (const auto& path : runnable) {
+    const std::string force = "FMHA_CPU_ISA=" + path.get<std::string>();
+    EXPECT_EQ(nlohmann::json::parse(fmha("info --json", false, force).out)["devices"][0]["cpu_path"], path);
+    const Result r = fmha("run --backend cpu --batch 1 --heads 2 --seqlen-q 70 --iters 1 --check --json", false, force);
+    ASSERT_EQ(r.exit_code, 0) << force;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["cpu_path"], path);
+    EXPECT_EQ(j["check"], "pass");
+  }
+}
+
+TEST(Cli, AForcedCpuPathThatCannotRunIsRefused) {
+  const auto info = nlohmann::json::parse(fmha("info --json", false, "FMHA_CPU_ISA=avx1024").out);
+  EXPECT_EQ(info["devices"][0]["cpu_path"], "");
+  EXPECT_NE(info["devices"][0]["cpu_path_error"].get<std::string>().find("FMHA_CPU_ISA=avx1024"), std::string::npos);
+  const Result r = fmha("run --backend cpu --batch 1 --seqlen-q 64 --iters 1", true, "FMHA_CPU_ISA=avx1024");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("FMHA_CPU_ISA=avx1024: not a CPU path"), std::string::npos) << r.out;
 }
 
 TEST(Cli, RunCheckJsonHasTheDocumentedKeys) {

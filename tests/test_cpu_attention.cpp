@@ -1,6 +1,8 @@
 // The fast CPU path against the fp64 oracle, forward and backward, over odd shapes and every
 // option, under the one tolerance rule (src/common/tolerance.h). Inputs are fresh random data on
-// every run (the seed is printed on failure); outputs are poisoned before each call.
+// every run (the seed is printed on failure); outputs are poisoned before each call. Every kernel
+// test runs once per instruction-set path compiled in (FMHA_CPU_ISA forced to it), and skips the
+// paths this CPU cannot run.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -8,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_path.h"
 #include "harness.h"
 
 namespace fmha::tools {
@@ -19,6 +22,7 @@ uint64_t fresh_seed() {
 
 std::string describe(const CaseSpec& c) {
   std::ostringstream out;
+  if (const char* path = getenv("FMHA_CPU_ISA")) out << "FMHA_CPU_ISA=" << path << " ";
   out << "fmha run --backend " << to_string(c.backend) << " --mode " << to_string(c.mode) << " --dtype "
       << c.dtype_name() << " --batch " << c.batch << " --heads " << c.heads << " --kv-heads " << c.kv_heads
       << " --seqlen-q " << c.seqlen_q << " --seqlen-k " << c.seqlen_k << " --head-dim " << c.head_dim
@@ -40,6 +44,13 @@ CheckResult run_and_check(CaseSpec c) {
   return r;
 }
 
+// Skips the test when this CPU cannot run `path`; otherwise forces it for the test's scope.
+#define FORCE_CPU_PATH_OR_SKIP(path)                                                          \
+  if (!::fmha::testing::cpu_runs(path)) GTEST_SKIP() << "this CPU cannot run the " << (path) << " path"; \
+  const ::fmha::testing::ForceCpuPath force_cpu_path(path)
+
+const std::vector<std::string> kPaths = ::fmha::testing::compiled_cpu_paths();
+
 CaseSpec base_case() {
   CaseSpec c;
   c.backend = Backend::cpu;
@@ -52,10 +63,11 @@ CaseSpec base_case() {
 
 // ---- Every pair of odd sequence lengths, causal alignments in turn, forward and backward -------
 
-class SeqlenPairs : public ::testing::TestWithParam<std::tuple<int64_t, int64_t>> {};
+class SeqlenPairs : public ::testing::TestWithParam<std::tuple<std::string, int64_t, int64_t>> {};
 
 TEST_P(SeqlenPairs, ForwardAndBackwardMatchOracle) {
-  const auto [seqlen_q, seqlen_k] = GetParam();
+  const auto [path, seqlen_q, seqlen_k] = GetParam();
+  FORCE_CPU_PATH_OR_SKIP(path);
   const Causal alignments[] = {Causal::none, Causal::top_left, Causal::bottom_right};
   const Causal causal = alignments[(seqlen_q * 7 + seqlen_k) % 3];
   for (Direction mode : {Direction::forward, Direction::backward}) {
@@ -70,15 +82,19 @@ TEST_P(SeqlenPairs, ForwardAndBackwardMatchOracle) {
 
 const int64_t kOddLengths[] = {1, 15, 63, 64, 65, 1013};
 INSTANTIATE_TEST_SUITE_P(Cpu, SeqlenPairs,
-                         ::testing::Combine(::testing::ValuesIn(kOddLengths), ::testing::ValuesIn(kOddLengths)),
+                         ::testing::Combine(::testing::ValuesIn(kPaths), ::testing::ValuesIn(kOddLengths),
+                                            ::testing::ValuesIn(kOddLengths)),
                          [](const auto& info) {
-                           return "q" + std::to_string(std::get<0>(info.param)) + "_k" +
-                                  std::to_string(std::get<1>(info.param));
+                           return std::get<0>(info.param) + "_q" + std::to_string(std::get<1>(info.param)) + "_k" +
+                                  std::to_string(std::get<2>(info.param));
                          });
 
 // ---- Both causal alignments at Sq != Sk, each direction ------------------------------------------
 
-TEST(CpuAttention, CausalAlignmentsWithUnequalLengths) {
+class CpuPath : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuPath, CausalAlignmentsWithUnequalLengths) {
+  FORCE_CPU_PATH_OR_SKIP(GetParam());
   for (Causal causal : {Causal::top_left, Causal::bottom_right})
     for (auto [sq, sk] : {std::pair<int64_t, int64_t>{100, 37}, {37, 100}, {129, 130}})
       for (Direction mode : {Direction::forward, Direction::backward}) {
@@ -93,7 +109,8 @@ TEST(CpuAttention, CausalAlignmentsWithUnequalLengths) {
 
 // ---- Sequences longer than the CPU path's conversion blocks (2048 keys / queries) -----------------
 
-TEST(CpuAttention, LongSequencesCrossConversionBlocks) {
+TEST_P(CpuPath, LongSequencesCrossConversionBlocks) {
+  FORCE_CPU_PATH_OR_SKIP(GetParam());
   struct Long {
     int64_t sq, sk;
     Causal causal;
@@ -114,12 +131,39 @@ TEST(CpuAttention, LongSequencesCrossConversionBlocks) {
     }
 }
 
+// bf16 storage at odd lengths and head dims: on the avx512bf16 path the forward multiplies the
+// stored bf16 values (vdpbf16ps), with its own operand layouts and padding.
+TEST_P(CpuPath, Bf16OddShapes) {
+  FORCE_CPU_PATH_OR_SKIP(GetParam());
+  struct Shape {
+    int64_t sq, sk, head_dim, head_dim_v;
+    Causal causal;
+  };
+  for (Shape shape : {Shape{1, 1, 64, 64, Causal::none}, Shape{15, 1013, 32, 32, Causal::bottom_right},
+                      Shape{65, 63, 128, 128, Causal::top_left}, Shape{1013, 15, 64, 64, Causal::none},
+                      Shape{70, 2100, 15, 17, Causal::none}, Shape{130, 129, 256, 40, Causal::bottom_right}})
+    for (Direction mode : {Direction::forward, Direction::backward}) {
+      CaseSpec c = base_case();
+      c.dtype = DType::bf16;
+      c.seqlen_q = shape.sq;
+      c.seqlen_k = shape.sk;
+      c.head_dim = shape.head_dim;
+      c.head_dim_v = shape.head_dim_v;
+      c.causal = shape.causal;
+      c.mode = mode;
+      run_and_check(c);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, CpuPath, ::testing::ValuesIn(kPaths), [](const auto& info) { return info.param; });
+
 // ---- Head dims x storage dtypes ---------------------------------------------------------------------
 
-class HeadDimsAndDtypes : public ::testing::TestWithParam<std::tuple<int64_t, std::string>> {};
+class HeadDimsAndDtypes : public ::testing::TestWithParam<std::tuple<std::string, int64_t, std::string>> {};
 
 TEST_P(HeadDimsAndDtypes, ForwardAndBackwardMatchOracle) {
-  const auto [head_dim, dtype] = GetParam();
+  const auto [path, head_dim, dtype] = GetParam();
+  FORCE_CPU_PATH_OR_SKIP(path);
   for (Direction mode : {Direction::forward, Direction::backward}) {
     CaseSpec c = base_case();
     c.seqlen_q = 65;
@@ -135,10 +179,11 @@ TEST_P(HeadDimsAndDtypes, ForwardAndBackwardMatchOracle) {
 
 const int64_t kHeadDims[] = {32, 64, 96, 128, 192, 256};
 INSTANTIATE_TEST_SUITE_P(Cpu, HeadDimsAndDtypes,
-                         ::testing::Combine(::testing::ValuesIn(kHeadDims),
+                         ::testing::Combine(::testing::ValuesIn(kPaths), ::testing::ValuesIn(kHeadDims),
                                             ::testing::Values("fp32", "tf32", "fp16", "bf16")),
                          [](const auto& info) {
-                           return "d" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+                           return std::get<0>(info.param) + "_d" + std::to_string(std::get<1>(info.param)) + "_" +
+                                  std::get<2>(info.param);
                          });
 
 // ---- Options ------------------------------------------------------------------------------------------
@@ -186,19 +231,23 @@ std::vector<OptionCase> option_cases() {
 
 void PrintTo(const OptionCase& c, std::ostream* os) { *os << c.name; }
 
-class Options : public ::testing::TestWithParam<OptionCase> {};
+class Options : public ::testing::TestWithParam<std::tuple<std::string, OptionCase>> {};
 
 TEST_P(Options, ForwardAndBackwardMatchOracle) {
+  const auto& [path, option] = GetParam();
+  FORCE_CPU_PATH_OR_SKIP(path);
   for (Direction mode : {Direction::forward, Direction::backward}) {
-    CaseSpec c = GetParam().spec;
+    CaseSpec c = option.spec;
     c.mode = mode;
     if (mode == Direction::backward) c.with_lse = true;
     run_and_check(c);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, Options, ::testing::ValuesIn(option_cases()),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Cpu, Options, ::testing::Combine(::testing::ValuesIn(kPaths), ::testing::ValuesIn(option_cases())),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::string(std::get<1>(info.param).name);
+                         });
 
 // ---- The check itself can fail ----------------------------------------------------------------------
 

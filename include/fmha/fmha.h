@@ -177,6 +177,18 @@ std::vector<Backend> compiled_backends();
 // The CPU and every CUDA device visible to this process.
 std::vector<DeviceInfo> devices();
 
+// The `cpu` backend's instruction-set paths (portable, avx2, avx512, avx512bf16): those compiled
+// into this build, those of them this CPU runs, and the one calls take now, which is the fastest
+// of those unless the environment variable FMHA_CPU_ISA names another. A path that this build or
+// this CPU lacks is refused, never run: calls to the cpu backend then fail with `error`.
+struct CpuPaths {
+  std::vector<std::string> compiled;
+  std::vector<std::string> runnable;
+  std::string selected;  // empty when FMHA_CPU_ISA is refused
+  std::string error;     // why FMHA_CPU_ISA is refused; empty otherwise
+};
+CpuPaths cpu_paths();
+
 const char* to_string(Backend backend);
 const char* to_string(DType dtype);
 const char* to_string(Causal causal);

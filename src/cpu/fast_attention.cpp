@@ -10,19 +10,25 @@
 //     P = exp2(S - LSE), dV += P^T·dO, dP = dO·V^T, dS = P∘(dP - Δ), dK += dS^T·Q
 //   dQ pass, per query tile: over key tiles, dQ += dS·K
 // with Δ = rowsum(dO∘O) computed first (the preprocess step).
-#include "cpu/fast_attention.h"
+//
+// This file is compiled once per instruction-set path, each time with that path's flags and
+// FMHA_CPU_ISA naming its namespace (src/cpu/isa.h); src/cpu/dispatch.cpp calls the one chosen.
+#include "cpu/kernels.h"
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "common/numeric.h"
 #include "common/parallel.h"
 #include "common/problem.h"
 #include "common/tensor_access.h"
+// Last of the shared headers: from here on the code is compiled for this path's instruction set.
+#include "cpu/isa_target.h"
 #include "cpu/simd.h"
 
-namespace fmha::cpu {
+namespace fmha::cpu::FMHA_CPU_ISA {
 namespace {
 
 constexpr int64_t kTileM = 64;             // query rows per tile
@@ -114,6 +120,62 @@ struct Panel {
   }
 };
 
+// Rows [rows.begin, rows.end) of one head of a bf16 [B, S, H, dim] tensor, copied as stored (no
+// conversion) into an operand of the bf16 matmul (src/cpu/simd.h, AVX-512 BF16 only), zero outside
+// `rows` and `dim`; `first` as in Panel:
+//   rows:            element (r, d) at data[(r - first) * ld + d], ld = dim rounded up to kLanes
+//                    (the A operand: Q)
+//   pairs_over_dim:  element (r, d) at data[(d / 2) * ld + 2 * (r - first) + d % 2], ld = twice the
+//                    row span plus one vector (the B operand of Q·K^T: K)
+//   pairs_over_rows: element (r, d) at data[((r - first) / 2) * ld + 2 * d + r % 2],
+//                    ld = 2 * (dim rounded up to kLanes) (the B operand of P·V: V)
+enum class Bf16Layout { rows, pairs_over_dim, pairs_over_rows };
+
+struct Bf16Panel {
+  Scratch buffer;  // fp32 words, two bf16 values each
+  int64_t first = 0, ld = 0;
+  Bf16Layout layout = Bf16Layout::rows;
+
+  void load(const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, Bf16Layout how) {
+    layout = how;
+    first = align_down(rows.begin, kTileN);
+    const int64_t span = round_up(std::max<int64_t>(rows.end - first, 1), kTileN);
+    const int64_t dim_padded = round_up(dim, kLanes);
+    int64_t size = 0;
+    switch (layout) {
+      case Bf16Layout::rows: ld = dim_padded, size = span * ld; break;
+      // Padded by one vector for the same reason as a transposed Panel: rows read one after another.
+      case Bf16Layout::pairs_over_dim: ld = 2 * (span + kLanes), size = dim_padded / 2 * ld; break;
+      case Bf16Layout::pairs_over_rows: ld = 2 * dim_padded, size = span / 2 * ld; break;
+    }
+    uint16_t* data = reinterpret_cast<uint16_t*>(buffer.reserve((size + 1) / 2));
+    std::fill_n(data, size, uint16_t{0});
+    for (int64_t r = rows.begin; r < rows.end; ++r) {
+      const uint16_t* src = static_cast<const uint16_t*>(t.data) + offset4(t, b, r, h, 0);
+      const int64_t i = r - first;
+      switch (layout) {
+        case Bf16Layout::rows: std::copy_n(src, dim, data + i * ld); break;
+        case Bf16Layout::pairs_over_dim:
+          for (int64_t d = 0; d < dim; ++d) data[(d / 2) * ld + 2 * i + d % 2] = src[d];
+          break;
+        case Bf16Layout::pairs_over_rows:
+          for (int64_t d = 0; d < dim; ++d) data[(i / 2) * ld + 2 * d + i % 2] = src[d];
+          break;
+      }
+    }
+  }
+  // The tile whose first row is `row` (a multiple of 64 at or after `first`).
+  const uint16_t* tile(int64_t row) const {
+    const uint16_t* data = reinterpret_cast<const uint16_t*>(buffer.get());
+    switch (layout) {
+      case Bf16Layout::rows: return data + (row - first) * ld;
+      case Bf16Layout::pairs_over_dim: return data + 2 * (row - first);
+      case Bf16Layout::pairs_over_rows: break;
+    }
+    return data + (row - first) / 2 * ld;
+  }
+};
+
 // Scales a 64-wide score row into the exp2 domain and masks it: keys outside `visible`
 // (absolute indices; the row starts at key `col0`) get -inf.
 void scale_and_mask_row(float* s, float scale_log2, int64_t col0, Range visible, bool full) {
@@ -153,15 +215,25 @@ struct ForwardScratch {
   Scratch acc;             // [group][chunk rows][dvp] unnormalised output
   Scratch row_max, row_sum;  // [group][chunk rows]
   Scratch row;             // one converted row
+  // bf16 operands (kBf16: bf16 storage on a path with vdpbf16ps)
+  Bf16Panel q_bf16, k_bf16, v_bf16;  // one head's queries, [dp / 2 pairs, key block], [key block / 2 pairs, dvp]
+  Scratch q_all_bf16;      // [group][chunk rows][dp]
+  Scratch p_bf16;          // [kTileM, kTileN] probabilities rounded to bf16
 };
 
+// kBf16: bf16 storage multiplied as stored, with fp32 accumulation (vdpbf16ps): S = Q·K^T on the
+// stored values, and O += P·V with P rounded to bf16 (as the GPU tiers' bf16 tensor-core
+// matmuls do); the softmax stays in fp32. Otherwise every operand is converted to fp32 first.
+template <bool kBf16>
 void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head, Range rows, ForwardScratch& t) {
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(rows.size(), kTileM);  // chunk rows, padded
   float* acc = t.acc.reserve(s.group * n * dvp);
   float* row_max = t.row_max.reserve(s.group * n);
   float* row_sum = t.row_sum.reserve(s.group * n);
-  float* q_all = t.q_all.reserve(s.group * n * dp);
+  float* q_all = kBf16 ? nullptr : t.q_all.reserve(s.group * n * dp);
+  uint16_t* q_all_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.q_all_bf16.reserve(s.group * n * dp / 2)) : nullptr;
+  uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kTileN / 2)) : nullptr;
   float* scores = t.s.reserve(kTileM * kTileN);
   float* row_buffer = t.row.reserve(std::max(dp, dvp));
   std::fill_n(acc, s.group * n * dvp, 0.0f);
@@ -171,6 +243,13 @@ void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head
 
   if (!keys.empty())
     for (int64_t g = 0; g < s.group; ++g) {
+      if constexpr (kBf16) {
+        t.q_bf16.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, Bf16Layout::rows);
+        uint16_t* dst = q_all_bf16 + g * n * dp;
+        std::fill_n(dst, n * dp, uint16_t{0});
+        for (int64_t r = 0; r < rows.size(); ++r) std::copy_n(t.q_bf16.tile(rows.begin + r), dp, dst + r * dp);
+        continue;
+      }
       t.q.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, false, s.tf32, row_buffer);
       float* dst = q_all + g * n * dp;
       std::fill_n(dst, n * dp, 0.0f);
@@ -179,22 +258,31 @@ void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head
 
   for (int64_t block0 = align_down(keys.begin, kKeyBlock); block0 < keys.end; block0 += kKeyBlock) {
     const Range block = intersect(keys, Range{block0, block0 + kKeyBlock});
-    t.kt.load(p.k, b, kv_head, block, s.head_dim, true, s.tf32, row_buffer);
-    t.v.load(p.v, b, kv_head, block, s.head_dim_v, false, s.tf32, row_buffer);
+    if constexpr (kBf16) {
+      t.k_bf16.load(p.k, b, kv_head, block, s.head_dim, Bf16Layout::pairs_over_dim);
+      t.v_bf16.load(p.v, b, kv_head, block, s.head_dim_v, Bf16Layout::pairs_over_rows);
+    } else {
+      t.kt.load(p.k, b, kv_head, block, s.head_dim, true, s.tf32, row_buffer);
+      t.v.load(p.v, b, kv_head, block, s.head_dim_v, false, s.tf32, row_buffer);
+    }
     for (int64_t g = 0; g < s.group; ++g)
       for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
         const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
         const int64_t r_off = row0 - rows.begin;  // tile's first row within the chunk
         const int64_t active = round_up(tile_rows.size(), kRowBlock);
         const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
-        const float* q_tile = q_all + (g * n + r_off) * dp;
+        const int64_t q_tile = (g * n + r_off) * dp;  // offset in q_all / q_all_bf16
         float* acc_tile = acc + (g * n + r_off) * dvp;
         float* max_tile = row_max + g * n + r_off;
         float* sum_tile = row_sum + g * n + r_off;
         for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
           const Range cols{col0, col0 + kTileN};
           // Load K tile (from the panel); S = Q·K^T  [kTileM, kTileN]
-          gemm(active, kTileN, dp, q_tile, dp, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
+          if constexpr (kBf16)
+            gemm_bf16(active, kTileN, dp / 2, q_all_bf16 + q_tile, dp, t.k_bf16.tile(col0), t.k_bf16.ld, scores, kTileN,
+                      false);
+          else
+            gemm(active, kTileN, dp, q_all + q_tile, dp, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
           const bool full = tile_rows.size() == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
                             s.mask.tile_is_full(tile_rows, cols);
           for (int64_t r = 0; r < active; ++r) {
@@ -223,9 +311,14 @@ void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head
               for (int64_t d = 0; d < dvp; d += kLanes) store(a + d, load(a + d) * rescale);
             }
           }
-          if (s.tf32) round_tile_to_tf32(scores, active * kTileN);
           // Load V tile (from the panel); O += P·V
-          gemm(active, dvp, kTileN, scores, kTileN, t.v.tile(col0), dvp, acc_tile, dvp, true);
+          if constexpr (kBf16) {
+            to_bf16(scores, p_bf16, active * kTileN);
+            gemm_bf16(active, dvp, kTileN / 2, p_bf16, kTileN, t.v_bf16.tile(col0), t.v_bf16.ld, acc_tile, dvp, true);
+          } else {
+            if (s.tf32) round_tile_to_tf32(scores, active * kTileN);
+            gemm(active, dvp, kTileN, scores, kTileN, t.v.tile(col0), dvp, acc_tile, dvp, true);
+          }
         }
       }
   }
@@ -314,20 +407,64 @@ void score_gradient(float* p_to_ds, const float* dprob, const float* delta, bool
 
 static_assert(kTileM == kTileN, "the backward swaps the roles of score rows and columns");
 
+// The backward's matmuls on fp32 operands (Panel), or with kBf16 on bf16 operands as stored
+// (Bf16Panel, vdpbf16ps) with P and dS rounded to bf16 (as the GPU tiers' bf16 backward does);
+// accumulation, softmax and dS arithmetic stay fp32 either way. A panel's role:
+//   a:      the A operand, rows as stored (Panel row-major / Bf16Layout::rows)
+//   b_rows: a B operand whose matmul depth runs along the tensor's rows (row-major / pairs_over_rows)
+//   b_dim:  a B operand whose depth runs along the head dim (transposed / pairs_over_dim)
+enum class Role { a, b_rows, b_dim };
+
+void load_operand(Panel& panel, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, Role role, bool tf32,
+                  float* row_buffer) {
+  panel.load(t, b, h, rows, dim, role == Role::b_dim, tf32, row_buffer);
+}
+[[maybe_unused]]  // on paths with kBf16Dot only
+void load_operand(Bf16Panel& panel, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, Role role, bool,
+                  float*) {
+  panel.load(t, b, h, rows, dim,
+             role == Role::a ? Bf16Layout::rows : role == Role::b_rows ? Bf16Layout::pairs_over_rows
+                                                                        : Bf16Layout::pairs_over_dim);
+}
+
+// C[rows][width] (+)= A[rows][depth] · B on either kind of operand (depth in elements).
+template <class T>
+void tile_gemm(int64_t rows, int64_t width, int64_t depth, const T* a, int64_t lda, const T* b, int64_t ldb, float* c,
+               int64_t ldc, bool accumulate) {
+  if constexpr (std::is_same_v<T, uint16_t>) gemm_bf16(rows, width, depth / 2, a, lda, b, ldb, c, ldc, accumulate);
+  else gemm(rows, width, depth, a, lda, b, ldb, c, ldc, accumulate);
+}
+
+// A [kTileM, kTileN] fp32 tile as an A operand: itself, or rounded to bf16 into `scratch`.
+template <bool kBf16>
+auto tile_operand(const float* x, Scratch& scratch) {
+  if constexpr (kBf16) {
+    uint16_t* dst = reinterpret_cast<uint16_t*>(scratch.reserve(kTileM * kTileN / 2));
+    to_bf16(x, dst, kTileM * kTileN);
+    return static_cast<const uint16_t*>(dst);
+  } else {
+    return x;
+  }
+}
+
+template <bool kBf16>
 struct BackwardScratch {
-  Panel k, v;              // [key chunk, dp], [key chunk, dvp]                  (dK/dV pass)
-  Panel q, qt, dout, doutt;  // [query block, dp], [dp, ...], [.., dvp], [dvp, ..]   (dK/dV pass)
-  Panel kt, vt, krow;      // [dp, key block], [dvp, key block], [key block, dp]  (dQ pass)
-  Panel qc, doc;           // [chunk rows, dp], [chunk rows, dvp] one head        (dQ pass)
-  Scratch s, dprob;        // [64, 64] probabilities then dS; dP
-  Scratch dk, dv, dq;      // fp32 accumulators
-  Scratch lse, delta;      // per-query statistics of the current block, padded
+  using Operand = std::conditional_t<kBf16, Bf16Panel, Panel>;
+  Operand k, v;                // key chunk: K a, V a                                 (dK/dV pass)
+  Operand q, qt, dout, doutt;  // query block: Q b_rows, Q b_dim, dO b_rows, dO b_dim  (dK/dV pass)
+  Operand kt, vt, krow;        // key block: K b_dim, V b_dim, K b_rows                (dQ pass)
+  Operand qc, doc;             // chunk rows of one head: Q a, dO a                    (dQ pass)
+  Scratch s, dprob;            // [64, 64] probabilities then dS; dP
+  Scratch operand;             // [64, 64] P or dS rounded to bf16 (kBf16)
+  Scratch dk, dv, dq;          // fp32 accumulators
+  Scratch lse, delta;          // per-query statistics of the current block, padded
   Scratch row;
 };
 
 // dK/dV pass: one item = (batch, KV head, chunk of key tiles), over every query head of the group.
+template <bool kBf16>
 void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, int64_t b, int64_t kv_head, Range keys,
-                       BackwardScratch& t) {
+                       BackwardScratch<kBf16>& t) {
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(keys.size(), kTileN);
   float* dk = t.dk.reserve(n * dp);
@@ -341,17 +478,17 @@ void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, in
   std::fill_n(dv, n * dvp, 0.0f);
   const Range queries = s.mask.queries(Range{0, s.seqlen_q}, keys);
   if (!queries.empty()) {
-    t.k.load(p.k, b, kv_head, keys, s.head_dim, false, s.tf32, row_buffer);
-    t.v.load(p.v, b, kv_head, keys, s.head_dim_v, false, s.tf32, row_buffer);
+    load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
+    load_operand(t.v, p.v, b, kv_head, keys, s.head_dim_v, Role::a, s.tf32, row_buffer);
   }
   for (int64_t g = 0; g < s.group; ++g) {
     const int64_t h = kv_head * s.group + g;
     for (int64_t qb0 = align_down(queries.begin, kQueryBlock); qb0 < queries.end; qb0 += kQueryBlock) {
       const Range block = intersect(queries, Range{qb0, qb0 + kQueryBlock});
-      t.q.load(p.q, b, h, block, s.head_dim, false, s.tf32, row_buffer);
-      t.qt.load(p.q, b, h, block, s.head_dim, true, s.tf32, row_buffer);
-      t.dout.load(p.dout, b, h, block, s.head_dim_v, false, s.tf32, row_buffer);
-      t.doutt.load(p.dout, b, h, block, s.head_dim_v, true, s.tf32, row_buffer);
+      load_operand(t.q, p.q, b, h, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
+      load_operand(t.qt, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+      load_operand(t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_rows, s.tf32, row_buffer);
+      load_operand(t.doutt, p.dout, b, h, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
       // Statistics indexed from the panel's first row; rows outside the block see nothing.
       const size_t stat0 = size_t((b * s.heads + h) * s.seqlen_q);
       for (int64_t r = t.q.first; r < t.q.first + round_up(block.end - t.q.first, kTileM); ++r) {
@@ -368,17 +505,19 @@ void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, in
           const float* lse_tile = lse + (row0 - t.q.first);
           const float* delta_tile = delta + (row0 - t.q.first);
           // S^T = K·Q^T  [kTileN keys, kTileM queries]; P^T
-          gemm(kTileN, kTileM, dp, t.k.tile(col0), dp, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
+          tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
           probabilities(scores, s, row0, col0, block, tile_keys, lse_tile, true);
-          if (s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
+          if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
           // dV += P^T·dO
-          gemm(kTileN, dvp, kTileM, scores, kTileM, t.dout.tile(row0), dvp, dv_tile, dvp, true);
+          tile_gemm(kTileN, dvp, kTileM, tile_operand<kBf16>(scores, t.operand), kTileM, t.dout.tile(row0), t.dout.ld,
+                    dv_tile, dvp, true);
           // dP^T = V·dO^T; dS^T = P^T ∘ (dP^T - Δ)
-          gemm(kTileN, kTileM, dvp, t.v.tile(col0), dvp, t.doutt.tile(row0), t.doutt.ld, dprob, kTileM, false);
+          tile_gemm(kTileN, kTileM, dvp, t.v.tile(col0), t.v.ld, t.doutt.tile(row0), t.doutt.ld, dprob, kTileM, false);
           score_gradient(scores, dprob, delta_tile, true);
-          if (s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
+          if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
           // dK += dS^T·Q
-          gemm(kTileN, dp, kTileM, scores, kTileM, t.q.tile(row0), dp, dk_tile, dp, true);
+          tile_gemm(kTileN, dp, kTileM, tile_operand<kBf16>(scores, t.operand), kTileM, t.q.tile(row0), t.q.ld, dk_tile,
+                    dp, true);
         }
       }
     }
@@ -392,8 +531,9 @@ void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, in
 }
 
 // dQ pass: one item = (batch, KV head, chunk of query tiles), over every query head of the group.
+template <bool kBf16>
 void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int64_t b, int64_t kv_head, Range rows,
-                      BackwardScratch& t) {
+                      BackwardScratch<kBf16>& t) {
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(rows.size(), kTileM);
   float* dq = t.dq.reserve(s.group * n * dp);
@@ -412,13 +552,13 @@ void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int
   const Range keys = s.mask.keys(rows);
   for (int64_t block0 = align_down(keys.begin, kKeyBlock); block0 < keys.end; block0 += kKeyBlock) {
     const Range block = intersect(keys, Range{block0, block0 + kKeyBlock});
-    t.kt.load(p.k, b, kv_head, block, s.head_dim, true, s.tf32, row_buffer);
-    t.krow.load(p.k, b, kv_head, block, s.head_dim, false, s.tf32, row_buffer);
-    t.vt.load(p.v, b, kv_head, block, s.head_dim_v, true, s.tf32, row_buffer);
+    load_operand(t.kt, p.k, b, kv_head, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+    load_operand(t.krow, p.k, b, kv_head, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
+    load_operand(t.vt, p.v, b, kv_head, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
     for (int64_t g = 0; g < s.group; ++g) {
       const int64_t h = kv_head * s.group + g;
-      t.qc.load(p.q, b, h, rows, s.head_dim, false, s.tf32, row_buffer);
-      t.doc.load(p.dout, b, h, rows, s.head_dim_v, false, s.tf32, row_buffer);
+      load_operand(t.qc, p.q, b, h, rows, s.head_dim, Role::a, s.tf32, row_buffer);
+      load_operand(t.doc, p.dout, b, h, rows, s.head_dim_v, Role::a, s.tf32, row_buffer);
       for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
         const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
         const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
@@ -426,14 +566,15 @@ void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int
         float* dq_tile = dq + (g * n + r_off) * dp;
         for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
           // S = Q·K^T; P
-          gemm(kTileM, kTileN, dp, t.qc.tile(row0), dp, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
+          tile_gemm(kTileM, kTileN, dp, t.qc.tile(row0), t.qc.ld, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
           probabilities(scores, s, row0, col0, tile_rows, block, lse + g * n + r_off, false);
           // dP = dO·V^T; dS = P ∘ (dP - Δ)
-          gemm(kTileM, kTileN, dvp, t.doc.tile(row0), dvp, t.vt.tile(col0), t.vt.ld, dprob, kTileN, false);
+          tile_gemm(kTileM, kTileN, dvp, t.doc.tile(row0), t.doc.ld, t.vt.tile(col0), t.vt.ld, dprob, kTileN, false);
           score_gradient(scores, dprob, delta + g * n + r_off, false);
-          if (s.tf32) round_tile_to_tf32(scores, kTileM * kTileN);
+          if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileM * kTileN);
           // dQ += dS·K
-          gemm(kTileM, dp, kTileN, scores, kTileN, t.krow.tile(col0), dp, dq_tile, dp, true);
+          tile_gemm(kTileM, dp, kTileN, tile_operand<kBf16>(scores, t.operand), kTileN, t.krow.tile(col0), t.krow.ld,
+                    dq_tile, dp, true);
         }
       }
     }
@@ -448,17 +589,7 @@ void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int
 
 }  // namespace
 
-Status supports(const Params& p, Direction) {
-  if (p.q.shape[3] > kMaxHeadDim)
-    return {Code::unsupported, "q: head_dim " + std::to_string(p.q.shape[3]) + " is above the cpu backend's limit of " +
-                                   std::to_string(kMaxHeadDim)};
-  if (p.v.shape[3] > kMaxHeadDim)
-    return {Code::unsupported, "v: head_dim_v " + std::to_string(p.v.shape[3]) +
-                                   " is above the cpu backend's limit of " + std::to_string(kMaxHeadDim)};
-  return Status::success();
-}
-
-Status run(const Params& p, Direction direction) {
+Status run_kernels(const Params& p, Direction direction) {
   const Problem s = Problem::of(p);
   const int threads = resolve_threads(p.num_threads);
   const int64_t heads_total = s.batch * s.kv_heads;
@@ -474,20 +605,27 @@ Status run(const Params& p, Direction direction) {
   };
   if (direction == Direction::forward) {
     std::vector<ForwardScratch> scratch(static_cast<size_t>(threads));
+    const bool bf16_dot = kBf16Dot && s.dtype == DType::bf16;
     for_chunks(s.seqlen_q, kTileM, [&](int worker, int64_t b, int64_t kv_head, Range rows) {
-      forward_chunk(p, s, b, kv_head, rows, scratch[size_t(worker)]);
+      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, b, kv_head, rows, scratch[size_t(worker)]);
+      else forward_chunk<false>(p, s, b, kv_head, rows, scratch[size_t(worker)]);
     });
     return Status::success();
   }
   const RowStats stats = preprocess(p, s, threads);
-  std::vector<BackwardScratch> scratch(static_cast<size_t>(threads));
-  for_chunks(s.seqlen_k, kTileN, [&](int worker, int64_t b, int64_t kv_head, Range keys) {
-    backward_kv_chunk(p, s, stats, b, kv_head, keys, scratch[size_t(worker)]);
-  });
-  for_chunks(s.seqlen_q, kTileM, [&](int worker, int64_t b, int64_t kv_head, Range rows) {
-    backward_q_chunk(p, s, stats, b, kv_head, rows, scratch[size_t(worker)]);
-  });
+  auto backward = [&](auto bf16_tag) {
+    constexpr bool kBf16 = decltype(bf16_tag)::value;
+    std::vector<BackwardScratch<kBf16>> scratch(static_cast<size_t>(threads));
+    for_chunks(s.seqlen_k, kTileN, [&](int worker, int64_t b, int64_t kv_head, Range keys) {
+      backward_kv_chunk<kBf16>(p, s, stats, b, kv_head, keys, scratch[size_t(worker)]);
+    });
+    for_chunks(s.seqlen_q, kTileM, [&](int worker, int64_t b, int64_t kv_head, Range rows) {
+      backward_q_chunk<kBf16>(p, s, stats, b, kv_head, rows, scratch[size_t(worker)]);
+    });
+  };
+  if (kBf16Dot && s.dtype == DType::bf16) backward(std::bool_constant<kBf16Dot>{});
+  else backward(std::false_type{});
   return Status::success();
 }
 
-}  // namespace fmha::cpu
+}  // namespace fmha::cpu::FMHA_CPU_ISA

@@ -1,8 +1,15 @@
 // The fast CPU path's building blocks, on GCC/Clang vector extensions: a register-blocked panel
-// matmul, a vectorizable exp2, and 64-wide row operations. No intrinsics, so the code builds
-// anywhere; the vector width follows the target: 16 fp32 lanes (one AVX-512 register) where
-// AVX-512 is enabled, 8 (one AVX register) elsewhere, so that the matmul's accumulators fit the
-// register file (an AVX2 machine running 16-lane vectors spills them and runs ~50x slower).
+// matmul, a vectorizable exp2, and 64-wide row operations. No intrinsics except the AVX-512 BF16
+// dot product, so the code builds anywhere; the vector width follows the instruction set
+// (FMHA_CPU_LEVEL) the including file is compiled for: 16 fp32 lanes (one AVX-512 register) with
+// AVX-512, 8 (one AVX register) with AVX2, 4 (one SSE or NEON register) otherwise, so that the
+// matmul's accumulators fit the register file (an AVX2 machine running 16-lane vectors spills
+// them and runs ~50x slower).
+//
+// Everything here lives in the namespace of one instruction-set path (FMHA_CPU_ISA, set by the
+// build for each compilation of src/cpu/fast_attention.cpp; see src/cpu/isa.h): the same inline
+// function compiled with different flags must not share a name, or the linker would keep one
+// copy, say the AVX-512 one, for every path.
 #pragma once
 
 #include <cstdint>
@@ -10,18 +17,44 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <type_traits>
 #include <utility>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
-namespace fmha::cpu {
+// The instruction-set level: set by the build for the CPU paths (src/cpu/isa_target.h), else
+// read off the compiler's target (bench/cpu_peak.cpp, compiled with -march=native).
+#ifndef FMHA_CPU_LEVEL
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define FMHA_CPU_LEVEL 3
+#elif defined(__AVX512F__)
+#define FMHA_CPU_LEVEL 2
+#elif defined(__AVX2__) && defined(__FMA__)
+#define FMHA_CPU_LEVEL 1
+#else
+#define FMHA_CPU_LEVEL 0
+#endif
+#endif
 
-#if defined(__AVX512F__)
+#ifndef FMHA_CPU_ISA
+#error "FMHA_CPU_ISA names the instruction-set path this file is compiled for (see CMakeLists.txt)"
+#endif
+
+namespace fmha::cpu::FMHA_CPU_ISA {
+
+#if FMHA_CPU_LEVEL >= 2
 inline constexpr int kLanes = 16;      // floats per vector
 inline constexpr int kRowBlock = 8;    // rows of C held in registers by the matmul kernel
 inline constexpr int kBlockCols = 32;  // columns of C held in registers (2 vectors): 16 of 32 registers
-#else
+#elif FMHA_CPU_LEVEL == 1
 inline constexpr int kLanes = 8;
 inline constexpr int kRowBlock = 8;
 inline constexpr int kBlockCols = 8;   // 1 vector: 8 accumulators of 16 registers
+#else
+inline constexpr int kLanes = 4;
+inline constexpr int kRowBlock = 8;
+inline constexpr int kBlockCols = 4;   // 1 vector: 8 accumulators of 16 (SSE) or 32 (NEON) registers
 #endif
 inline constexpr int kWideCols = 64;   // the softmax's row width: 64 / kLanes vectors
 inline constexpr size_t kAlign = 64;   // scratch alignment in bytes (one cache line, at least one vector)
@@ -61,34 +94,36 @@ inline vf exp2(vf x) {
 }
 
 // Horizontal reductions as a tree of in-register shuffles (log2(kLanes) dependent steps).
-// swap(x, step) exchanges neighbouring groups of `step` lanes.
-template <int... I>
-inline vf swap_groups(vf x, int step, std::integer_sequence<int, I...>) {
-  switch (step) {
-    case 8: return __builtin_shufflevector(x, x, (I ^ 8)...);
-    case 4: return __builtin_shufflevector(x, x, (I ^ 4)...);
-    case 2: return __builtin_shufflevector(x, x, (I ^ 2)...);
-    default: return __builtin_shufflevector(x, x, (I ^ 1)...);
-  }
+// swap_groups<Step> exchanges neighbouring groups of Step lanes.
+template <int Step, int... I>
+inline vf swap_groups(vf x, std::integer_sequence<int, I...>) {
+  return __builtin_shufflevector(x, x, (I ^ Step)...);
 }
-inline vf swap_groups(vf x, int step) { return swap_groups(x, step, std::make_integer_sequence<int, kLanes>{}); }
+template <int Step>
+inline vf swap_groups(vf x) {
+  return swap_groups<Step>(x, std::make_integer_sequence<int, kLanes>{});
+}
+template <int Step = kLanes / 2>
 inline float horizontal_max(vf x) {
-  for (int step = kLanes / 2; step >= 1; step /= 2) {
-    const vf y = swap_groups(x, step);
-    x = x > y ? x : y;
+  if constexpr (Step == 0) {
+    return x[0];
+  } else {
+    const vf y = swap_groups<Step>(x);
+    return horizontal_max<Step / 2>(x > y ? x : y);
   }
-  return x[0];
 }
+template <int Step = kLanes / 2>
 inline float horizontal_sum(vf x) {
-  for (int step = kLanes / 2; step >= 1; step /= 2) x += swap_groups(x, step);
-  return x[0];
+  if constexpr (Step == 0) return x[0];
+  else return horizontal_sum<Step / 2>(x + swap_groups<Step>(x));
 }
 
 // C[r][0:W] (+)= sum_k A[r][k] * B[k][0:W] for r in [0, kRowBlock). B and C rows are 64-byte
 // aligned; W is a multiple of kLanes. The kRowBlock x W block of C stays in registers over the
 // k loop: with AVX-512, 8 x 32 is 16 accumulators and 2 vector loads + 8 broadcasts per 16 FMAs;
 // with AVX, 8 x 8 is 8 accumulators and 1 load + 8 broadcasts per 8 FMAs (measured fastest of
-// 4x8, 4x16, 8x8, 8x16, 16x8 on a 2-core AVX2 EPYC: docs/PERF.md). Neither spills.
+// 4x8, 4x16, 8x8, 8x16, 16x8 on a 2-core AVX2 EPYC: docs/PERF.md); with 4 lanes, 8 x 4 the same
+// shape at half the width. None spills.
 template <int W, bool kAccumulate>
 inline void gemm_block(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                        int64_t ldc) {
@@ -128,6 +163,71 @@ inline void gemm(int64_t rows, int64_t width, int64_t depth, const float* a, int
   else gemm_rows<false>(rows, width, depth, a, lda, b, ldb, c, ldc);
 }
 
+#if FMHA_CPU_LEVEL >= 3
+// ---- bf16 operands, fp32 accumulation: vdpbf16ps -------------------------------------------------
+// vdpbf16ps adds to each fp32 lane i the products of the bf16 pairs (2i, 2i+1) of its two
+// operands. A matmul over depth k therefore takes A rows as they are stored (pairs along k are
+// neighbours) and B in "pair-interleaved" form: element (k, n) at b[(k / 2) * ldb + 2 * n + k % 2],
+// so that one 64-byte vector holds the k-pair of 16 consecutive columns.
+inline constexpr bool kBf16Dot = true;
+inline constexpr int kBf16PerVector = 2 * kLanes;  // 32 bf16 values in one 64-byte vector
+
+template <int W, bool kAccumulate>
+inline void gemm_block_bf16(int64_t depth_pairs, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                            float* c, int64_t ldc) {
+  constexpr int kVecs = W / kLanes;
+  __m512 acc[kRowBlock][kVecs];
+  for (int r = 0; r < kRowBlock; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = kAccumulate ? _mm512_load_ps(c + r * ldc + v * kLanes) : _mm512_setzero_ps();
+  for (int64_t kp = 0; kp < depth_pairs; ++kp) {
+    __m512bh brow[kVecs];
+    for (int v = 0; v < kVecs; ++v) brow[v] = (__m512bh)_mm512_load_si512(b + kp * ldb + v * kBf16PerVector);
+    for (int r = 0; r < kRowBlock; ++r) {
+      uint32_t pair;
+      std::memcpy(&pair, a + r * lda + 2 * kp, sizeof pair);
+      const __m512bh a_pair = (__m512bh)_mm512_set1_epi32(int(pair));
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a_pair, brow[v]);
+    }
+  }
+  for (int r = 0; r < kRowBlock; ++r)
+    for (int v = 0; v < kVecs; ++v) _mm512_store_ps(c + r * ldc + v * kLanes, acc[r][v]);
+}
+
+// C[rows][width] (+)= A[rows][2 * depth_pairs] · B, A bf16 row-major (lda even), B bf16
+// pair-interleaved (ldb elements per k-pair, a multiple of 32), C fp32; rows a multiple of
+// kRowBlock, width of kLanes; B and C 64-byte aligned.
+inline void gemm_bf16(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda,
+                      const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  auto run = [&](auto accumulate_tag) {
+    constexpr bool kAcc = decltype(accumulate_tag)::value;
+    for (int64_t r = 0; r < rows; r += kRowBlock) {
+      int64_t col = 0;
+      for (; col + kBlockCols <= width; col += kBlockCols)
+        gemm_block_bf16<kBlockCols, kAcc>(depth_pairs, a + r * lda, lda, b + 2 * col, ldb, c + r * ldc + col, ldc);
+      for (; col < width; col += kLanes)
+        gemm_block_bf16<kLanes, kAcc>(depth_pairs, a + r * lda, lda, b + 2 * col, ldb, c + r * ldc + col, ldc);
+    }
+  };
+  if (accumulate) run(std::true_type{});
+  else run(std::false_type{});
+}
+
+// n fp32 values (n a multiple of 32) to bf16, rounding to nearest even.
+inline void to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i += kBf16PerVector) {
+    const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + kLanes), _mm512_loadu_ps(src + i));
+    _mm512_storeu_si512(dst + i, (__m512i)pair);
+  }
+}
+#else
+inline constexpr bool kBf16Dot = false;
+// Declared (never defined) so that code with an `if constexpr (kBf16Dot)` branch compiles on
+// every path; that branch is never instantiated where these are missing.
+void gemm_bf16(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda, const uint16_t* b,
+               int64_t ldb, float* c, int64_t ldc, bool accumulate);
+void to_bf16(const float* src, uint16_t* dst, int64_t n);
+#endif
+
 // 64-byte aligned fp32 scratch that grows on demand (contents are not kept when it grows).
 class Scratch {
  public:
@@ -155,4 +255,4 @@ class Scratch {
   int64_t capacity_ = 0;
 };
 
-}  // namespace fmha::cpu
+}  // namespace fmha::cpu::FMHA_CPU_ISA

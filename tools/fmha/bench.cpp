@@ -184,6 +184,7 @@ int run_bench(const BenchOptions& opt) {
                         {"head_dim_v", c.head_dim_v}, {"causal", to_string(c.causal)},
                         {"ms", ms},                {"tflops", tflops},
                         {"status", status}};
+    if (backend == "cpu") j["cpu_path"] = cpu_paths().selected;
     results.push_back(j);
     if (csv) {
       std::string quoted = status;

@@ -35,6 +35,11 @@ int cmd_info(bool json) {
       dj["memory_gib"] = double(d.memory_bytes) / double(1ull << 30);
     } else {
       dj["threads"] = d.multiprocessors;
+      const CpuPaths paths = cpu_paths();
+      dj["cpu_paths_compiled"] = paths.compiled;
+      dj["cpu_paths_runnable"] = paths.runnable;
+      dj["cpu_path"] = paths.selected;
+      if (!paths.error.empty()) dj["cpu_path_error"] = paths.error;
     }
     j["devices"].push_back(dj);
   }
@@ -51,6 +56,17 @@ int cmd_info(bool json) {
       std::cout << " (sm_" << d["compute_capability"].get<int>() << ", " << d["multiprocessors"].get<int>()
                 << " SMs, " << d["memory_gib"].get<double>() << " GiB)";
     std::cout << "\n";
+    if (d.contains("cpu_path")) {
+      auto names = [](const nlohmann::json& list) {
+        std::string out;
+        for (const auto& name : list) out += (out.empty() ? "" : " ") + name.get<std::string>();
+        return out;
+      };
+      std::cout << "    cpu paths compiled: " << names(d["cpu_paths_compiled"]) << "; this CPU runs: "
+                << names(d["cpu_paths_runnable"]) << "\n    cpu path in use: ";
+      if (d.contains("cpu_path_error")) std::cout << "none (" << d["cpu_path_error"].get<std::string>() << ")\n";
+      else std::cout << d["cpu_path"].get<std::string>() << "\n";
+    }
   }
   if (j["devices"].size() == 1) std::cout << "  (no CUDA device found)\n";
   return kExitOk;
@@ -91,6 +107,7 @@ int cmd_run(const RunOptions& opt) {
 
     nlohmann::json j;
     j["backend"] = to_string(harness.backend_used());
+    if (harness.backend_used() == Backend::cpu) j["cpu_path"] = cpu_paths().selected;
     j["device"] = device_description(device);
     j["dtype"] = c.dtype_name();
     j["mode"] = to_string(c.mode);
@@ -128,8 +145,9 @@ int cmd_run(const RunOptions& opt) {
     if (opt.json) {
       std::cout << j.dump() << "\n";
     } else {
-      std::printf("fmha run: %s %s on %s (%s)\n", to_string(c.mode), c.dtype_name().c_str(), j["backend"].get<std::string>().c_str(),
-                  j["device"].get<std::string>().c_str());
+      const std::string path = j.contains("cpu_path") ? ", " + j["cpu_path"].get<std::string>() + " path" : "";
+      std::printf("fmha run: %s %s on %s (%s%s)\n", to_string(c.mode), c.dtype_name().c_str(), j["backend"].get<std::string>().c_str(),
+                  j["device"].get<std::string>().c_str(), path.c_str());
       std::printf("  batch %lld, heads %lld/%lld, seqlen %lld x %lld, head_dim %lld/%lld, causal %s, window %lld,%lld, q_offset %lld\n",
                   (long long)c.batch, (long long)c.heads, (long long)c.kv_heads, (long long)c.seqlen_q,
                   (long long)c.seqlen_k, (long long)c.head_dim, (long long)c.head_dim_v, to_string(c.causal),

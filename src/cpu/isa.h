@@ -1,0 +1,59 @@
+// The instruction-set paths of the fast CPU backend. src/cpu/fast_attention.cpp is compiled once
+// per path, each with its own compiler flags and namespace (fmha::cpu::portable, ::avx2, ...), and
+// the path a call runs is chosen here at run time from what the CPU reports, so that one binary
+// runs everywhere and fast wherever it runs. This file is compiled for the baseline target only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fmha/fmha.h"
+
+namespace fmha::cpu {
+
+// In order of preference: each path needs everything the ones before it need.
+//   portable    no instruction-set flags (the target's baseline: SSE2 on x86-64)
+//   avx2        AVX2 + FMA
+//   avx512      AVX-512 F/BW/DQ/VL (+ AVX2 + FMA)
+//   avx512bf16  avx512 + AVX512_BF16 (vdpbf16ps)
+enum class Isa : int { portable, avx2, avx512, avx512bf16 };
+inline constexpr int kIsaCount = 4;
+inline constexpr Isa kAllIsas[kIsaCount] = {Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16};
+
+const char* to_string(Isa isa);
+bool parse(const std::string& text, Isa* out);
+
+// A set of paths, one bit per Isa.
+class IsaSet {
+ public:
+  constexpr IsaSet() = default;
+  constexpr IsaSet& add(Isa isa) {
+    bits_ |= 1u << int(isa);
+    return *this;
+  }
+  constexpr bool has(Isa isa) const { return (bits_ >> int(isa)) & 1u; }
+  constexpr IsaSet operator&(IsaSet other) const { return IsaSet(bits_ & other.bits_); }
+  std::string names() const;  // "portable, avx2"
+
+ private:
+  constexpr explicit IsaSet(uint32_t bits) : bits_(bits) {}
+  uint32_t bits_ = 0;
+};
+
+// The paths compiled into this build.
+IsaSet compiled_isas();
+// The paths this CPU (and its operating system) can execute, whether compiled or not.
+IsaSet cpu_isas();
+
+// The one function that chooses a path: the last path of `compiled` ∩ `cpu`, or `forced` (the
+// value of FMHA_CPU_ISA; null or empty for no preference), which must be known, compiled in, and
+// supported by the CPU. Otherwise an error that says what is there, and `chosen` is untouched.
+Status choose_isa(IsaSet compiled, IsaSet cpu, const char* forced, Isa* chosen);
+
+// The path calls take now: choose_isa(compiled_isas(), cpu_isas(), getenv("FMHA_CPU_ISA")).
+// FMHA_CPU_ISA is read on every call, so a process (a test) may change it between calls.
+Status selected_isa(Isa* chosen);
+
+inline constexpr const char* kIsaEnvironmentVariable = "FMHA_CPU_ISA";
+
+}  // namespace fmha::cpu

@@ -1,0 +1,23 @@
+// The entry point of each compilation of the fast CPU path (src/cpu/fast_attention.cpp), one
+// namespace per instruction-set path (src/cpu/isa.h). Which of them a build has is told by the
+// FMHA_CPU_HAS_<PATH> definitions that CMake gives src/cpu/dispatch.cpp.
+#pragma once
+
+#include "fmha/fmha.h"
+
+namespace fmha::cpu {
+
+namespace portable {
+Status run_kernels(const Params& params, Direction direction);
+}
+namespace avx2 {
+Status run_kernels(const Params& params, Direction direction);
+}
+namespace avx512 {
+Status run_kernels(const Params& params, Direction direction);
+}
+namespace avx512bf16 {
+Status run_kernels(const Params& params, Direction direction);
+}
+
+}  // namespace fmha::cpu

@@ -1,0 +1,175 @@
+// The choice of the cpu backend's instruction-set path (src/cpu/isa.h): the run-time choice
+// never takes a path the CPU lacks, FMHA_CPU_ISA forces a path, and a forced path that the build
+// or the CPU lacks is refused with a message, never run.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpu/isa.h"
+#include "cpu_path.h"
+#include "test_util.h"
+
+namespace fmha::cpu {
+namespace {
+
+IsaSet set_of(std::initializer_list<Isa> isas) {
+  IsaSet s;
+  for (Isa isa : isas) s.add(isa);
+  return s;
+}
+
+// Every set that holds the portable path (the one that every build and CPU has).
+std::vector<IsaSet> every_set_with_portable() {
+  std::vector<IsaSet> sets;
+  for (int bits = 0; bits < 1 << kIsaCount; ++bits) {
+    IsaSet s = set_of({Isa::portable});
+    for (Isa isa : kAllIsas)
+      if ((bits >> int(isa)) & 1) s.add(isa);
+    if (bits & 1) sets.push_back(s);
+  }
+  return sets;
+}
+
+TEST(CpuPaths, ChoiceIsTheFastestPathBothTheBuildAndTheCpuHave) {
+  for (IsaSet compiled : every_set_with_portable())
+    for (IsaSet cpu : every_set_with_portable()) {
+      Isa chosen = Isa::avx512bf16;
+      ASSERT_TRUE(choose_isa(compiled, cpu, nullptr, &chosen).ok());
+      EXPECT_TRUE(compiled.has(chosen) && cpu.has(chosen))
+          << to_string(chosen) << " chosen; compiled " << compiled.names() << ", cpu " << cpu.names();
+      for (Isa faster : kAllIsas)
+        if (int(faster) > int(chosen))
+          EXPECT_FALSE(compiled.has(faster) && cpu.has(faster))
+              << to_string(chosen) << " chosen over " << to_string(faster) << "; compiled " << compiled.names();
+      Isa chosen_empty = Isa::avx512bf16;
+      ASSERT_TRUE(choose_isa(compiled, cpu, "", &chosen_empty).ok());
+      EXPECT_EQ(chosen_empty, chosen) << "an empty FMHA_CPU_ISA means no preference";
+    }
+}
+
+TEST(CpuPaths, ForcedPathIsTakenWhenBothHaveIt) {
+  for (IsaSet compiled : every_set_with_portable())
+    for (IsaSet cpu : every_set_with_portable())
+      for (Isa forced : kAllIsas) {
+        Isa chosen = Isa::portable;
+        const Status s = choose_isa(compiled, cpu, to_string(forced), &chosen);
+        if (compiled.has(forced) && cpu.has(forced)) {
+          EXPECT_TRUE(s.ok()) << s.message;
+          EXPECT_EQ(chosen, forced);
+        } else {
+          EXPECT_EQ(s.code, Code::unsupported) << to_string(forced) << " forced; compiled " << compiled.names()
+                                               << ", cpu " << cpu.names();
+          EXPECT_EQ(chosen, Isa::portable) << "a refused choice must leave the output alone";
+          EXPECT_NE(s.message.find(std::string("FMHA_CPU_ISA=") + to_string(forced)), std::string::npos) << s.message;
+        }
+      }
+}
+
+TEST(CpuPaths, ForcedPathTheCpuLacksIsRefusedWithAMessage) {
+  const IsaSet all = set_of({Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16});
+  Isa chosen = Isa::portable;
+  const Status s = choose_isa(all, set_of({Isa::portable, Isa::avx2}), "avx512", &chosen);
+  EXPECT_EQ(s.code, Code::unsupported);
+  EXPECT_EQ(s.message, "FMHA_CPU_ISA=avx512: this CPU cannot run that path (it can run portable, avx2)");
+  const Status missing = choose_isa(set_of({Isa::portable}), all, "avx2", &chosen);
+  EXPECT_EQ(missing.code, Code::unsupported);
+  EXPECT_EQ(missing.message, "FMHA_CPU_ISA=avx2: this build has no such path (it has portable)");
+  const Status unknown = choose_isa(all, all, "avx1024", &chosen);
+  EXPECT_EQ(unknown.code, Code::invalid_argument);
+  EXPECT_NE(unknown.message.find("not a CPU path"), std::string::npos) << unknown.message;
+  EXPECT_EQ(chosen, Isa::portable);
+}
+
+// The CPU's feature flags as Linux reports them (it hides those the kernel does not enable).
+std::set<std::string> proc_cpuinfo_flags() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("flags", 0) == 0) {
+      std::istringstream words(line.substr(line.find(':') + 1));
+      return {std::istream_iterator<std::string>(words), std::istream_iterator<std::string>()};
+    }
+  return {};
+}
+
+TEST(CpuPaths, RuntimeChoiceMatchesTheCpuFlagsOfProcCpuinfo) {
+#if !(defined(__linux__) && (defined(__x86_64__) || defined(__i386__)))
+  GTEST_SKIP() << "needs /proc/cpuinfo of an x86 CPU";
+#else
+  const std::set<std::string> flags = proc_cpuinfo_flags();
+  ASSERT_FALSE(flags.empty());
+  auto all_of = [&](std::initializer_list<const char*> names) {
+    for (const char* name : names)
+      if (!flags.count(name)) return false;
+    return true;
+  };
+  IsaSet expected = set_of({Isa::portable});
+  if (all_of({"avx2", "fma"})) {
+    expected.add(Isa::avx2);
+    if (all_of({"avx512f", "avx512bw", "avx512dq", "avx512vl"})) {
+      expected.add(Isa::avx512);
+      if (all_of({"avx512_bf16"})) expected.add(Isa::avx512bf16);
+    }
+  }
+  const IsaSet detected = cpu_isas();
+  for (Isa isa : kAllIsas)
+    EXPECT_EQ(detected.has(isa), expected.has(isa)) << to_string(isa) << ": /proc/cpuinfo flags disagree";
+
+  const testing::ForceCpuPath no_preference("");
+  Isa chosen{};
+  ASSERT_TRUE(selected_isa(&chosen).ok());
+  EXPECT_TRUE(expected.has(chosen)) << "the run-time choice " << to_string(chosen) << " is not one this CPU runs";
+  EXPECT_TRUE(compiled_isas().has(chosen));
+  for (Isa faster : kAllIsas)
+    if (int(faster) > int(chosen)) EXPECT_FALSE(expected.has(faster) && compiled_isas().has(faster)) << to_string(faster);
+#endif
+}
+
+TEST(CpuPaths, PublicListsAgreeWithTheChoice) {
+  const testing::ForceCpuPath no_preference("");
+  const CpuPaths paths = cpu_paths();
+  ASSERT_TRUE(paths.error.empty()) << paths.error;
+  ASSERT_FALSE(paths.runnable.empty());
+  EXPECT_EQ(paths.runnable.front(), "portable");
+  EXPECT_EQ(paths.selected, paths.runnable.back());
+  for (const std::string& path : paths.runnable) {
+    const testing::ForceCpuPath force(path);
+    EXPECT_EQ(cpu_paths().selected, path);
+  }
+}
+
+// A whole call through the public API with FMHA_CPU_ISA set to a path that cannot run: refused
+// before any kernel starts, outputs untouched.
+void expect_refused(const std::string& value, Code code) {
+  const testing::ForceCpuPath force(value);
+  fmha::testing::Problem problem(1, 2, 2, 40, 50, 64, 64);
+  problem.o.fill(7.0f);
+  for (Backend backend : {Backend::cpu, Backend::auto_select}) {
+    const Status s = forward(problem.params(backend));
+    EXPECT_FALSE(s.ok()) << value;
+    if (backend == Backend::cpu) EXPECT_EQ(s.code, code) << s.message;
+    EXPECT_NE(s.message.find("FMHA_CPU_ISA=" + value), std::string::npos) << s.message;
+    for (int64_t i = 0; i < problem.o.numel(); ++i) ASSERT_EQ(problem.o.at(i), 7.0f) << "a refused call wrote O";
+  }
+  EXPECT_FALSE(cpu_paths().error.empty());
+  EXPECT_TRUE(cpu_paths().selected.empty());
+}
+
+TEST(CpuPaths, CallWithAnUnknownPathIsRefused) { expect_refused("sse9", Code::invalid_argument); }
+
+TEST(CpuPaths, CallWithAPathThisMachineCannotRunIsRefused) {
+  int refused = 0;
+  for (Isa isa : kAllIsas)
+    if (!(compiled_isas() & cpu_isas()).has(isa)) {
+      expect_refused(to_string(isa), Code::unsupported);
+      ++refused;
+    }
+  if (refused == 0) GTEST_SKIP() << "this build and CPU run every path";
+}
+
+}  // namespace
+}  // namespace fmha::cpu
