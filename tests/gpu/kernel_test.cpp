@@ -365,15 +365,27 @@ TEST(Refuse, SmallTierLimits) {
       refused(r, Direction::forward, "head_dim");
     }
     {
-      // auto: bf16 goes to sm90; a view TMA cannot read falls back to sm80.
+      // auto: bf16 goes to sm90, also with padded rows; K and V shared by the whole batch (batch
+      // stride 0, which TMA cannot encode) fall back to sm80, which reads them with cp.async.
       Refusal r = tiny_call(Backend::auto_select, DType::bf16, big);
       Backend chosen{};
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
       EXPECT_EQ(chosen, Backend::cuda_sm90);
-      r.params.q.stride[1] = 2 * big + 8;  // 16-byte aligned for sm80's vectors, fine for TMA too
+      r.params.q.stride[1] = 2 * big + 8;  // rows padded by 16 bytes: fine for TMA
       r.params.q.stride[0] = 8 * (2 * big + 8);
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
       EXPECT_EQ(chosen, Backend::cuda_sm90);
+      r.params.k.stride[0] = r.params.v.stride[0] = 0;
+      const Status why = supports([&] {
+        Params p = r.params;
+        p.backend = Backend::cuda_sm90;
+        return p;
+      }(), Direction::forward);
+      EXPECT_EQ(why.code, Code::unsupported) << why.message;
+      EXPECT_TRUE(mentions(why, "k:")) << why.message;
+      ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
+      EXPECT_EQ(chosen, Backend::cuda_sm80);
+      r.params.k.stride[0] = r.params.v.stride[0] = 8 * 2 * big;
       r.params.precision = Precision::tf32;
       r.params.q.dtype = r.params.k.dtype = r.params.v.dtype = r.params.o.dtype = DType::fp32;
       r.params.q.stride[1] = 2 * big, r.params.q.stride[0] = 8 * 2 * big;
