@@ -61,25 +61,21 @@ struct FwdKernel {
       const WorkTile& w = plan_t.work;
       const int kv_head = w.head / args.group;
       shared.q_empty.wait(q_phase ^ 1);
-      shared.q_full.arrive_expect_tx(Shared::kQBytes);
+      // One tile of `rows` rows into `dst` (its column chunks), completing on `full`.
+      auto load_tile = [&](auto* dst, const CUtensorMap* map, int rows, int row0, int head, tile::MBarrier& full,
+                           uint32_t bytes) {
+        full.arrive_expect_tx(bytes);
 #pragma unroll
-      for (int c = 0; c < Shared::kChunks; ++c)
-        tile::tma::load(shared.q + c * BM * kChunkCols, &params.q, c * kChunkCols, int(plan_t.rows.begin), w.head,
-                        w.batch, shared.q_full);
+        for (int c = 0; c < Shared::kChunks; ++c)
+          tile::tma::load(dst + c * rows * kChunkCols, map, c * kChunkCols, row0, head, w.batch, full);
+      };
+      load_tile(shared.q, &params.q, BM, int(plan_t.rows.begin), w.head, shared.q_full, Shared::kQBytes);
       for (int j = 0; j < plan_t.key_tiles; ++j) {
         const int col0 = int(plan_t.keys.begin) + j * BN;
         shared.k_empty[pipe.index].wait(pipe.phase ^ 1);
-        shared.k_full[pipe.index].arrive_expect_tx(Shared::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < Shared::kChunks; ++c)
-          tile::tma::load(shared.k[pipe.index] + c * BN * kChunkCols, &params.k, c * kChunkCols, col0, kv_head,
-                          w.batch, shared.k_full[pipe.index]);
+        load_tile(shared.k[pipe.index], &params.k, BN, col0, kv_head, shared.k_full[pipe.index], Shared::kKVBytes);
         shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
-        shared.v_full[pipe.index].arrive_expect_tx(Shared::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < Shared::kChunks; ++c)
-          tile::tma::load(shared.v[pipe.index] + c * BN * kChunkCols, &params.v, c * kChunkCols, col0, kv_head,
-                          w.batch, shared.v_full[pipe.index]);
+        load_tile(shared.v[pipe.index], &params.v, BN, col0, kv_head, shared.v_full[pipe.index], Shared::kKVBytes);
         pipe.advance();
       }
       q_phase ^= 1;
