@@ -213,6 +213,7 @@ TEST(Edge, SmallEmptySequences) {
 struct Refusal {
   Params params;
   DeviceBuffer buffer;
+  DeviceBuffer backward_buffer;
 };
 
 // A tiny valid call on the current device; tests then break one thing.
@@ -232,6 +233,20 @@ Refusal tiny_call(Backend backend, DType dtype, int64_t head_dim) {
   p.o = make_tensor(base + 3 * stride, dtype, {2, 8, 2, head_dim}, dev);
   p.backend = backend;
   return r;
+}
+
+// Adds the backward's tensors (dout, dq, dk, dv in `dtype`, fp32 LSE) to a tiny call, so that it
+// passes the argument checks and reaches the tier's own.
+void add_backward_tensors(Refusal& r, DType dtype, int64_t head_dim) {
+  const size_t bytes = size_t(2 * 8 * 2 * head_dim) * dtype_size(dtype);
+  r.backward_buffer = DeviceBuffer(4 * bytes + 4096);
+  char* base = static_cast<char*>(r.backward_buffer.ptr);
+  Params& p = r.params;
+  p.dout = make_tensor(base, dtype, {2, 8, 2, head_dim}, p.q.device);
+  p.dq = make_tensor(base + bytes, dtype, {2, 8, 2, head_dim}, p.q.device);
+  p.dk = make_tensor(base + 2 * bytes, dtype, {2, 8, 2, head_dim}, p.q.device);
+  p.dv = make_tensor(base + 3 * bytes, dtype, {2, 8, 2, head_dim}, p.q.device);
+  p.lse = make_tensor(base + 4 * bytes, DType::fp32, {2, 2, 8}, p.q.device);
 }
 
 bool mentions(const Status& s, const std::string& word) { return s.message.find(word) != std::string::npos; }
@@ -264,16 +279,8 @@ TEST(Refuse, SmallTierLimits) {
   // Backward without workspace.
   {
     Refusal r = tiny_call(Backend::cuda_simt, DType::fp32, hd);
-    DeviceBuffer more(size_t(2 * 8 * 2 * hd) * 4 * 4 + 4096);
-    char* base = static_cast<char*>(more.ptr);
-    const size_t stride = size_t(2 * 8 * 2 * hd) * 4;
-    Params& p = r.params;
-    p.dout = make_tensor(base, DType::fp32, {2, 8, 2, hd}, p.q.device);
-    p.dq = make_tensor(base + stride, DType::fp32, {2, 8, 2, hd}, p.q.device);
-    p.dk = make_tensor(base + 2 * stride, DType::fp32, {2, 8, 2, hd}, p.q.device);
-    p.dv = make_tensor(base + 3 * stride, DType::fp32, {2, 8, 2, hd}, p.q.device);
-    p.lse = make_tensor(base + 4 * stride, DType::fp32, {2, 2, 8}, p.q.device);
-    const Status s = backward(p);
+    add_backward_tensors(r, DType::fp32, hd);
+    const Status s = backward(r.params);
     EXPECT_EQ(s.code, Code::invalid_argument) << s.message;
     EXPECT_TRUE(mentions(s, "workspace")) << s.message;
   }
@@ -338,15 +345,7 @@ TEST(Refuse, SmallTierLimits) {
     }
     {
       Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, big);
-      const size_t bytes = size_t(2 * 8 * 2 * big) * 2;
-      DeviceBuffer more(4 * bytes + 4096);
-      char* base = static_cast<char*>(more.ptr);
-      Params& p = r.params;
-      p.dout = make_tensor(base, DType::bf16, {2, 8, 2, big}, p.q.device);
-      p.dq = make_tensor(base + bytes, DType::bf16, {2, 8, 2, big}, p.q.device);
-      p.dk = make_tensor(base + 2 * bytes, DType::bf16, {2, 8, 2, big}, p.q.device);
-      p.dv = make_tensor(base + 3 * bytes, DType::bf16, {2, 8, 2, big}, p.q.device);
-      p.lse = make_tensor(base + 4 * bytes, DType::fp32, {2, 2, 8}, p.q.device);
+      add_backward_tensors(r, DType::bf16, big);
       refused(r, Direction::backward, "direction");
     }
     {
