@@ -7,8 +7,10 @@
 #   variants the sm90 kernel cases again under each non-default FMHA_SM90_FWD_CONFIG
 #   sanitize compute-sanitizer memcheck, racecheck, synccheck on the small sm90 cases
 #   bench    `fmha bench --sweep fa` forward on sm90 and sm80, bf16 and fp16 -> $OUT/bench_*.csv
-# Environment: OUT (default ./out), BUILD (default ./build-sm90), HEAD_DIMS (default all),
-# STEPS (default "build sass tests variants sanitize bench"), JOBS (default nproc).
+# Environment: BENCH_BACKENDS (default "sm90 sm80"), BENCH_VARIANTS (sm90 forward variants benched
+# besides the default, default none), OUT (default ./out), BUILD (default ./build-sm90), HEAD_DIMS (default all),
+# STEPS (default "build sass tests variants sanitize bench"), JOBS (default nproc), VARIANTS (the
+# non-default forward variants the variants step runs, default "overlap serial c3").
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}
 BUILD=${BUILD:-$PWD/build-sm90}
@@ -27,7 +29,7 @@ if want build; then
   start=$(date +%s)
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS="$HEAD_DIMS" \
     -DFMHA_PTXAS_VERBOSE=ON -DCMAKE_CUDA_FLAGS=-lineinfo > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-  if ! ninja -C "$BUILD" -j"$JOBS" fmha_cli fmha_gpu_tests fmha_tile_tests >> "$OUT/build.log" 2>&1; then
+  if ! ninja -C "$BUILD" -j"$JOBS" fmha_cli fmha_gpu_tests fmha_tile_tests fmha_tile_sm90_tests >> "$OUT/build.log" 2>&1; then
     grep -E "error|FAILED" "$OUT/build.log" | head -40
     exit 1
   fi
@@ -44,12 +46,13 @@ fi
 if want tests; then
   step "sm90 tests -> $OUT/sm90_tests.log"
   "$BUILD/tests/gpu/fmha_tile_tests" --gtest_color=no > "$OUT/sm90_tests.log" 2>&1 || status=1
+  "$BUILD/tests/gpu/fmha_tile_sm90_tests" --gtest_color=no >> "$OUT/sm90_tests.log" 2>&1 || status=1
   timeout 400 "$TESTS" --gtest_color=no --gtest_filter="$SM90_FILTER" >> "$OUT/sm90_tests.log" 2>&1 || status=1
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests ran|Failure|^\[  FAILED" "$OUT/sm90_tests.log" | head -30
+  grep -E "^\[  PASSED|^\[  FAILED|tests? from .* ran|Failure" "$OUT/sm90_tests.log" | head -30
 fi
 
 if want variants; then
-  for v in serial n64; do
+  for v in ${VARIANTS:-overlap serial c3}; do
     step "sm90 kernel tests under FMHA_SM90_FWD_CONFIG=$v"
     echo "---- FMHA_SM90_FWD_CONFIG=$v" >> "$OUT/sm90_tests.log"
     FMHA_SM90_FWD_CONFIG=$v timeout 300 "$TESTS" --gtest_color=no --gtest_filter='*Kernel.Forward/*sm90*' \
@@ -72,11 +75,16 @@ fi
 
 if want bench; then
   step "fmha bench --sweep fa, forward -> $OUT/bench_*.csv"
-  for backend in sm90 sm80; do
+  for backend in ${BENCH_BACKENDS:-sm90 sm80}; do
     "$BUILD/fmha" bench --sweep fa --backend "$backend" --mode fwd --dtype bf16 --iters 10 \
       > "$OUT/bench_fa_fwd_${backend}.csv" 2> "$OUT/bench_${backend}.err" || status=1
   done
+  for v in ${BENCH_VARIANTS:-}; do
+    FMHA_SM90_FWD_CONFIG=$v "$BUILD/fmha" bench --sweep fa --backend sm90 --mode fwd --dtype bf16 --iters 10 \
+      > "$OUT/bench_fa_fwd_sm90_${v}.csv" 2> "$OUT/bench_sm90_${v}.err" || status=1
+  done
   "$BUILD/fmha" bench --sweep seed --backend sm90 --mode fwd --dtype bf16 --iters 20 > "$OUT/bench_seed_sm90.csv" 2>&1
-  paste -d, <(cut -d, -f1-12 "$OUT/bench_fa_fwd_sm90.csv") <(cut -d, -f12- "$OUT/bench_fa_fwd_sm80.csv") | column -s, -t | head -40
+  for f in "$OUT"/bench_fa_fwd_*.csv; do echo "-- $f"; head -40 "$f"; done
 fi
+
 exit $status

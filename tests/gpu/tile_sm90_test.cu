@@ -280,6 +280,54 @@ TEST(Sm90Tile, WgmmaRegisterATransposedB) {
   check_wgmma_rs<256, 64>();
 }
 
+// ---- stmatrix: an accumulator, scaled per row and converted, into a swizzled [64, N] tile ------
+// The tile is copied out raw; the host finds each element where swizzled_offset says it must be.
+template <int N>
+__global__ void store_swizzled_kernel(const float* values, bf16* raw) {
+  __shared__ alignas(1024) bf16 tile_smem[64 * N];
+  const int t = threadIdx.x;
+  wg::Accumulator<N> acc;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < N / 4; ++j)
+      acc(i, j) = values[wg::Accumulator<N>::row(i, t) * N + wg::Accumulator<N>::col(j, t)];
+  const float row_scale[2] = {1.f, 0.5f};  // rows r0 and r0 + 8 of each thread
+  wg::store_swizzled<bf16>(acc, row_scale, static_cast<uint32_t>(__cvta_generic_to_shared(tile_smem)),
+                           64 * wg::kSwizzleBytes, t);
+  __syncthreads();
+  for (int e = t; e < 64 * N; e += wg::kThreads) raw[e] = tile_smem[e];
+}
+
+template <int N>
+void check_store_swizzled() {
+  std::vector<float> values(64 * N);
+  for (size_t e = 0; e < values.size(); ++e) values[e] = float(int(e * 7 % 251) - 125);  // exact in bf16, halved too
+  float* dv = to_device(values);
+  bf16* draw = nullptr;
+  ASSERT_EQ(cudaMalloc(&draw, 64 * N * sizeof(bf16)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(draw, 0xFF, 64 * N * sizeof(bf16)), cudaSuccess);
+  store_swizzled_kernel<N><<<1, wg::kThreads>>>(dv, draw);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto raw = to_host(draw, 64 * N);
+  constexpr int kChunkBytes = 64 * wg::kSwizzleBytes;
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < N; ++c) {
+      // swizzled_offset on the host: chunk, row, 16-byte unit XOR-ed by row % 8, byte in unit.
+      const int byte = (c % 64) * 2;
+      const int offset = (c / 64) * kChunkBytes + r * wg::kSwizzleBytes + (((byte / 16) ^ (r % 8)) * 16) + byte % 16;
+      const float want = values[size_t(r * N + c)] * ((r % 16) >= 8 ? 0.5f : 1.f);
+      ASSERT_EQ(f(raw[size_t(offset / 2)]), want) << "N " << N << " at " << r << ", " << c;
+    }
+  cudaFree(dv);
+  cudaFree(draw);
+}
+
+TEST(Sm90Tile, StmatrixSwizzledStore) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  check_store_swizzled<64>();
+  check_store_swizzled<128>();  // two column chunks
+  check_store_swizzled<256>();
+}
+
 // ---- Named barriers and register reallocation: a producer warpgroup with few registers hands a
 // value to a consumer warpgroup with many, through shared memory and bar.arrive / bar.sync. ------
 __global__ void __launch_bounds__(256, 1) handoff_kernel(int* out) {

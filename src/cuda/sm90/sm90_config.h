@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace fmha::cuda::sm90 {
 
@@ -21,10 +22,10 @@ inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kConsumerRows = 64;  // query rows per consumer warpgroup (wgmma M)
 inline constexpr int kChunkCols = 64;     // 16-bit columns per 128-byte swizzled chunk
 // Register budgets after setmaxnreg: the producer keeps few, the consumers take the rest of the
-// 64K-register file: 128 · 40 + 256 · 232 = 64,512 with two consumer warpgroups,
+// 64K-register file: 128 · 24 + 256 · 240 = 64,512 with two consumer warpgroups,
 // 128 · 32 + 384 · 160 = 65,536 with three.
-constexpr int producer_registers(int consumers) { return consumers == 2 ? 40 : 32; }
-constexpr int consumer_registers(int consumers) { return consumers == 2 ? 232 : 160; }
+constexpr int producer_registers(int consumers) { return consumers == 2 ? 24 : 32; }
+constexpr int consumer_registers(int consumers) { return consumers == 2 ? 240 : 160; }
 inline constexpr size_t kSharedLimit = 227 * 1024;
 
 // Head dims rounded up to whole swizzled chunks.
@@ -32,18 +33,22 @@ constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1)
 
 // The forward's configurations. FMHA_SM90_FWD_CONFIG=<name> picks one at the tuned head dims
 // (64 and 128 by default; the others compile the default only):
-//   overlap  intra-warpgroup overlap: tile j+1's S = Q·Kᵀ is issued before tile j's O += P·V, so
-//            the softmax of one tile runs under the other's matrix work (the default)
-//   serial   each tile's S, softmax, then P·V, one after the other (the baseline the overlap is
-//            measured against)
-//   n64      overlap with 64-key tiles (more K/V stages in flight, smaller score tiles)
-//   c3       three consumer warpgroups (192-row query tiles, 160 registers each): more rows share
-//            each K/V tile; 128 keys at head dim 64, 64 above (the score tile must fit)
+//   pingpong  overlap, and the consumer warpgroups take turns issuing their matrix work (named
+//             barriers), so one warpgroup's softmax runs while the other's GEMMs hold the tensor
+//             cores (the default)
+//   overlap   intra-warpgroup overlap only: tile j+1's S = Q·Kᵀ is issued before tile j's
+//             O += P·V, so the softmax of one tile runs under the other's matrix work
+//   serial    each tile's S, softmax, then P·V, one after the other (the baseline the overlap is
+//             measured against)
+//   c3        pingpong over three consumer warpgroups (192-row query tiles, 160 registers each):
+//             more rows share each K/V tile; 128 keys at head dim 64, 64 above (the score tile
+//             must fit)
 struct FwdConfig {
   int consumers;  // consumer warpgroups
   int tile_n;     // keys per tile
   int stages;     // K/V tiles in flight
   bool overlap;   // intra-warpgroup overlap of softmax and matrix work
+  bool pingpong;  // consumer warpgroups issue their GEMMs in turn (needs overlap)
   // The softmax scale folded into the exponent (one FMA per score) rather than a multiply first.
   // Measured on an H200 (docs/PERF.md): +18 % at head dim 64, -10 to -15 % at 128: on at 64 only.
   bool fold_scale;
@@ -52,22 +57,30 @@ struct FwdConfig {
 };
 
 inline constexpr int kFwdVariants = 4;
-inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"overlap", "serial", "n64", "c3"};
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3"};
 inline constexpr int kFwdDefault = 0;
+
+// The variant a call runs when FMHA_SM90_FWD_CONFIG names none: c3 at head dim 64 (the softmax
+// bounds there, and three warpgroups share each K/V tile), except for masked problems below 8k
+// query rows, where 192-row tiles are too few and too uneven to balance; pingpong elsewhere.
+// Measured on an H200, docs/PERF.md.
+inline constexpr int kFwdC3 = 3;
+inline constexpr int64_t kC3MaskedMinRows = 8192;
+constexpr int default_fwd_variant(int head_dim, int64_t seqlen_q, bool masked) {
+  if (padded_head_dim(head_dim) == 64 && (!masked || seqlen_q >= kC3MaskedMinRows)) return kFwdC3;
+  return kFwdDefault;
+}
 
 // Keys per tile and stages for a head dim: the largest score tile whose K/V ring still fits
 // shared memory next to the query tile (Q 128 × D, K and V stages of tile_n × D each).
 constexpr FwdConfig fwd_config(int head_dim, int variant) {
   const int d = padded_head_dim(head_dim);
-  FwdConfig c{2, 128, 2, true, d <= 64};
+  FwdConfig c{2, 128, 2, true, true, d <= 64};
   if (d <= 64) c.stages = 3;
   if (d == 192) c.tile_n = 96;
   if (d == 256) c.tile_n = 64;
-  if (variant == 1) c.overlap = false;
-  if (variant == 2) {
-    c.tile_n = 64;
-    c.stages = d <= 128 ? 4 : 2;
-  }
+  if (variant == 1) c.pingpong = false;
+  if (variant == 2) c.overlap = c.pingpong = false;
   if (variant == 3) {
     c.consumers = 3;
     c.tile_n = d <= 64 ? 128 : 64;
@@ -75,5 +88,13 @@ constexpr FwdConfig fwd_config(int head_dim, int variant) {
   }
   return c;
 }
+
+// Named barriers (0 is __syncthreads), per consumer warpgroup w: its epilogue's, and the one it
+// waits on for its turn to issue matrix work under pingpong.
+enum class NamedBarrier : int { epilogue_first = 1, turn_first = 5 };
+inline constexpr int kMaxConsumers = 3;
+static_assert(int(NamedBarrier::epilogue_first) + kMaxConsumers <= int(NamedBarrier::turn_first) &&
+                  int(NamedBarrier::turn_first) + kMaxConsumers <= 16,
+              "a block has 16 named barriers");
 
 }  // namespace fmha::cuda::sm90

@@ -53,10 +53,16 @@ Status with_dtype(DType dtype, F&& f) {
   return f(bf16_t{});
 }
 
+// The variable's choice, else the shape's default (default_fwd_variant).
 template <int HD, class F>
-Status with_config_variant(const DeviceProps& props, F&& f) {
+Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
+  int requested = requested_fwd_variant();
+  if (requested == kDefaultVariant) {
+    const bool masked = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
+    if (const int v = default_fwd_variant(HD, Problem::of(p).seqlen_q, masked); v != kFwdDefault) requested = v;
+  }
   return with_requested_variant<kFwdVariants, kFwdDefault, is_tuned_head_dim(HD)>(
-      requested_fwd_variant(), kFwdVariable, kFwdVariantNames,
+      requested, kFwdVariable, kFwdVariantNames,
       [&](auto v) { return forward_shared_bytes<bf16_t, HD, decltype(v)::value>() <= props.max_shared_per_block; },
       f);
 }
@@ -88,7 +94,7 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
                        "; the sm90 tier runs on sm_90 (H100/H200) only");
   return with_sm90_head_dim(bucket, [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
-    return with_config_variant<HD>(props, [&](auto v) {
+    return with_config_variant<HD>(p, props, [&](auto v) {
       return check_shared_memory("sm90", direction, HD, forward_shared_bytes<bf16_t, HD, decltype(v)::value>(), props);
     });
   });
@@ -127,7 +133,7 @@ struct Sm90 {
     params.args = args;
     return with_sm90_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
       constexpr int HD = decltype(hd)::value;
-      return with_config_variant<HD>(props, [&](auto v) {
+      return with_config_variant<HD>(p, props, [&](auto v) {
         constexpr int V = decltype(v)::value;
         constexpr FwdConfig c = fwd_config(HD, V);
         const int64_t m_blocks = ceil_div(s.seqlen_q, c.tile_m());

@@ -1,6 +1,6 @@
 // The sm90 forward's epilogue, per consumer warpgroup: O = acc / rowsum in the storage type,
-// written over the warpgroup's own rows of the query tile in shared memory (in the swizzled
-// layout the O tensor map expects), then one thread stores them with TMA (rows past seqlen_q and
+// written with stmatrix over the warpgroup's own rows of the query tile in shared memory (in the
+// swizzled layout the O tensor map expects), then one thread stores them with TMA (rows past seqlen_q and
 // columns past head_dim_v are dropped by the copy engine) and releases the query buffer once the
 // copy has read it. LSE goes straight from registers. A row that sees no key gets O = 0,
 // LSE = -inf.
@@ -10,9 +10,6 @@
 #include "cuda/sm90/sm90_fwd_params.h"
 
 namespace fmha::cuda::sm90 {
-
-// Named barriers (0 is __syncthreads): one per consumer warpgroup for its epilogue.
-enum class NamedBarrier : int { epilogue_first = 1 };
 
 template <class Mainloop>
 struct FwdEpilogue {
@@ -28,21 +25,9 @@ struct FwdEpilogue {
     // Every warp of the warpgroup is past its last wgmma on these Q rows before they are overwritten.
     tile::named_sync(barrier, wg::kThreads);
     char* staging = reinterpret_cast<char*>(shared.q) + warpgroup * kConsumerRows * wg::kSwizzleBytes;
-    // 32-bit shared-window addresses: the epilogue's address arithmetic stays in few registers.
-    const uint32_t staging_addr = static_cast<uint32_t>(__cvta_generic_to_shared(staging));
-#pragma unroll
-    for (int i = 0; i < Tiles::Output::kRows; ++i) {
-      const float inv = softmax.inv_sum(i);
-      const int r = Tiles::Output::row(i, thread);
-#pragma unroll
-      for (int j = 0; j < Tiles::Output::kCols; j += 2) {
-        const int c = Tiles::Output::col(j, thread);
-        const uint32_t value = tile::pack2<T>(o(i, j) * inv, o(i, j + 1) * inv);
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(staging_addr + wg::swizzled_offset<T>(r, c, Shared::kQChunkBytes)),
-                     "r"(value)
-                     : "memory");
-      }
-    }
+    const float inv_sum[Tiles::Output::kRows] = {softmax.inv_sum(0), softmax.inv_sum(1)};
+    wg::store_swizzled<T>(o, inv_sum, static_cast<uint32_t>(__cvta_generic_to_shared(staging)), Shared::kQChunkBytes,
+                          thread);
     tile::fence_async_shared();
     tile::named_sync(barrier, wg::kThreads);
     if (thread == 0) {

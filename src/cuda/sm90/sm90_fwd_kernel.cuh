@@ -20,7 +20,7 @@ struct FwdKernel {
   static constexpr int kThreads = kConfig.threads();
   static constexpr int kProducerRegisters = producer_registers(kConsumers);
   static constexpr int kConsumerRegisters = consumer_registers(kConsumers);
-  using Mainloop = FwdMainloop<T, HD, BM, BN, STAGES, kConfig.overlap, kConfig.fold_scale>;
+  using Mainloop = FwdMainloop<T, HD, BM, BN, STAGES, kConfig.overlap, kConfig.pingpong, kConfig.fold_scale>;
   using Epilogue = FwdEpilogue<Mainloop>;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;

@@ -6,7 +6,9 @@
 //
 // With OVERLAP, tile j+1's Q·Kᵀ is issued before tile j's P·V, and the softmax of tile j+1 runs
 // while P·V of tile j is in flight: the tensor cores are fed while the warpgroup does its
-// exponentials.
+// exponentials. With PINGPONG as well, the consumer warpgroups issue those GEMM pairs in turn
+// (warpgroup w waits on its turn barrier, issues, then hands the turn to w + 1), so their softmax
+// phases alternate instead of coinciding and the tensor cores always have one warpgroup's work.
 #pragma once
 
 #include "cuda/common/args.h"
@@ -50,7 +52,7 @@ struct ConsumerTiles {
   using PFragments = uint32_t[BN / 16][4];         // [64, BN] P as register-A fragments, 16-bit
 };
 
-template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool FOLD_SCALE>
+template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool PINGPONG, bool FOLD_SCALE>
 struct FwdMainloop {
   using Element = T;
   using Shared = FwdShared<T, HD, BM, BN, STAGES>;
@@ -59,6 +61,9 @@ struct FwdMainloop {
   static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
   static constexpr int kK = wg::Wgmma<T, BN>::kK;
   static constexpr int kConsumerWarps = wg::kThreads / 32;
+  static constexpr int kConsumers = BM / kConsumerRows;
+  static_assert(!PINGPONG || (OVERLAP && kConsumers > 1), "pingpong alternates overlapped GEMM pairs of warpgroups");
+  static_assert(kConsumers <= kMaxConsumers, "one epilogue and one turn barrier per consumer warpgroup");
 
   Shared& shared;
   const AttentionArgs& args;
@@ -91,14 +96,35 @@ struct FwdMainloop {
   }
 
   // O += P·V on the value tile at `at`, waited for; the stage is released afterwards.
-  __device__ __forceinline__ void pv_step(typename Tiles::Output& o, typename Tiles::PFragments& p, const Pipeline& at) {
+  __device__ __forceinline__ void pv_step(typename Tiles::Output& o, typename Tiles::PFragments& p, const Pipeline& at,
+                                          bool last_turn = false) {
     shared.v_full[at.index].wait(at.phase);
     wg::fence_operand(o.d);
+    take_turn();
     issue_pv(o, p, at.index);
+    pass_turn(last_turn);
     wg::wait<0>();
     wg::fence_operand(o.d);
     wg::fence_operand(p);
     release(shared.v_empty[at.index]);
+  }
+
+  // Pingpong turns, one barrier per warpgroup: warpgroup w syncs on its own (128 threads) and
+  // warpgroup w - 1 arrives on it (128 more). Per work tile every warpgroup takes the same number
+  // of turns; the last warpgroup opens the first turn (start_turns) and does not pass its last
+  // one, so the barriers are balanced at the end of every tile.
+  static constexpr int kTurnThreads = 2 * wg::kThreads;
+  __device__ __forceinline__ void start_turns() {
+    if constexpr (PINGPONG)
+      if (warpgroup == kConsumers - 1) tile::named_arrive(int(NamedBarrier::turn_first), kTurnThreads);
+  }
+  __device__ __forceinline__ void take_turn() {
+    if constexpr (PINGPONG) tile::named_sync(int(NamedBarrier::turn_first) + warpgroup, kTurnThreads);
+  }
+  __device__ __forceinline__ void pass_turn(bool last) {
+    if constexpr (PINGPONG)
+      if (!(last && warpgroup == kConsumers - 1))
+        tile::named_arrive(int(NamedBarrier::turn_first) + (warpgroup + 1) % kConsumers, kTurnThreads);
   }
 
   // One arrival per consumer warp: the stage's buffer may be refilled once every warp is done.
@@ -156,8 +182,11 @@ struct FwdMainloop {
       }
     } else {
       // Tile 0: scores and softmax alone.
+      start_turns();
       shared.k_full[pipe.index].wait(pipe.phase);
+      take_turn();
       issue_scores(s, pipe.index);
+      pass_turn(false);
       wg::wait<0>();
       wg::fence_operand(s.d);
       release(shared.k_empty[pipe.index]);
@@ -168,10 +197,12 @@ struct FwdMainloop {
       for (int j = 1; j < num_tiles; ++j) {
         // S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) in flight together.
         shared.k_full[pipe.index].wait(pipe.phase);
+        take_turn();
         issue_scores(s, pipe.index);
         shared.v_full[previous.index].wait(previous.phase);
         wg::fence_operand(o.d);
         issue_pv(o, p, previous.index);
+        pass_turn(false);
         wg::wait<1>();  // S(j) is done; P·V may still run
         wg::fence_operand(s.d);
         release(shared.k_empty[pipe.index]);
@@ -185,7 +216,7 @@ struct FwdMainloop {
         previous = pipe;
         pipe.advance();
       }
-      pv_step(o, p, previous);
+      pv_step(o, p, previous, true);
     }
   }
 };

@@ -158,4 +158,44 @@ __device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / 16][4], const Accum
   }
 }
 
+// stmatrix (sm_90): four 8×8 16-bit matrices from a warp's registers into shared memory. Lane l
+// gives the shared-window address of row l % 8 of matrix l / 8; register i of every lane holds
+// matrix i as an mma fragment (row l / 4, columns 2(l % 4) and 2(l % 4) + 1). cuda::ptx has no
+// stmatrix, hence the inline PTX.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+#endif
+}
+
+// acc, row i of each thread's pair multiplied by row_scale[i], converted to T and stored as the
+// warpgroup's [64, N] tile of 128-byte swizzled column chunks (chunk_bytes apart) at the
+// shared-window address `tile`. One stmatrix per 16 columns: lanes 0-7 / 8-15 / 16-23 / 24-31
+// address rows 0-7 / 8-15 of the block's first 8 columns, then of its second 8. A lane's row is
+// fixed, so its swizzle term takes 4 values (16-column blocks modulo 64 columns); the chunk
+// offset is a constant per block. The register packing is a_from_acc's.
+template <class T, int N>
+__device__ __forceinline__ void store_swizzled(const Accumulator<N>& acc, const float (&row_scale)[2], uint32_t tile,
+                                               int chunk_bytes, int thread) {
+  static_assert(sizeof(T) == 2 && N % 16 == 0, "stmatrix stores 16-bit 8×8 blocks");
+  constexpr int kBlocksPerChunk = kChunkCols<T> / 16;  // 16-column blocks in a swizzled chunk
+  const int lane = thread % 32;
+  const int row_in_block = lane % 8, half = (lane / 8) % 2, col_half = lane / 16;
+  const uint32_t row_addr = tile + uint32_t((16 * (thread / 32) + 8 * half + row_in_block) * kSwizzleBytes);
+  uint32_t addr[kBlocksPerChunk];
+#pragma unroll
+  for (int q = 0; q < kBlocksPerChunk; ++q) addr[q] = row_addr + uint32_t(((2 * q + col_half) ^ row_in_block) * 16);
+#pragma unroll
+  for (int kb = 0; kb < N / 16; ++kb) {
+    const float* d = acc.d + 8 * kb;
+    stmatrix_x4(addr[kb % kBlocksPerChunk] + uint32_t((kb / kBlocksPerChunk) * chunk_bytes),
+                tile::pack2<T>(d[0] * row_scale[0], d[1] * row_scale[0]),
+                tile::pack2<T>(d[2] * row_scale[1], d[3] * row_scale[1]),
+                tile::pack2<T>(d[4] * row_scale[0], d[5] * row_scale[0]),
+                tile::pack2<T>(d[6] * row_scale[1], d[7] * row_scale[1]));
+  }
+}
+
 }  // namespace fmha::cuda::tile::warpgroup
