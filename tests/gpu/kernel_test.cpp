@@ -36,8 +36,11 @@ bool tier_available(Backend b) {
   return b != Backend::cuda_sm80 || device_arch() >= 80;
 }
 
-// The sm90 tier has a forward only (its backward is the next step); its backward cases skip.
-bool has_backward(Backend b) { return b != Backend::cuda_sm90; }
+// The sm90 backward covers head dims up to 128 and the atomic (non-deterministic) dQ; its other
+// backward cases are refused (tested below) and skip.
+bool has_backward(const Case& c) {
+  return c.backend != Backend::cuda_sm90 || (std::max(c.head_dim, c.head_dim_v) <= 128 && !c.deterministic);
+}
 // Head dims below 64 run on sm80 (sm90 refuses them, tested below).
 bool takes_head_dim(Backend b, int head_dim) { return b != Backend::cuda_sm90 || head_dim >= 64; }
 
@@ -155,7 +158,7 @@ TEST_P(Kernel, Forward) {
 }
 
 TEST_P(Kernel, Backward) {
-  if (!has_backward(GetParam().c.backend)) GTEST_SKIP() << "the sm90 tier has no backward yet";
+  if (!has_backward(GetParam().c)) GTEST_SKIP() << "the sm90 backward does not take this case (refusals tested)";
   const uint64_t seed = test_seed() + 1;
   const std::string msg = check_backward(GetParam().c, seed);
   EXPECT_TRUE(msg.empty()) << GetParam().c.name() << " (seed " << seed << ", FMHA_TEST_SEED to repeat)\n" << msg;
@@ -174,7 +177,7 @@ class Deterministic : public ::testing::TestWithParam<Flavor> {};
 TEST_P(Deterministic, SmallBitwiseIdentical) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   if (!tier_available(GetParam().backend)) GTEST_SKIP() << "tier not available";
-  if (!has_backward(GetParam().backend)) GTEST_SKIP() << "the sm90 tier has no backward yet";
+  if (GetParam().backend == Backend::cuda_sm90) GTEST_SKIP() << "the sm90 backward has no deterministic mode";
   Case c = base(GetParam(), compiled_head_dims().front());
   c.batch = 2, c.seqlen_q = 150, c.seqlen_k = 129, c.heads = 4, c.kv_heads = 1, c.causal = Causal::bottom_right;
   const std::string msg = check_deterministic(c, test_seed());
@@ -194,14 +197,18 @@ TEST(Edge, SmallEmptySequences) {
   for (const Flavor& f : kFlavors) {
     if (!tier_available(f.backend)) continue;
     for (int which = 0; which < 3; ++which) {
-      Case c = base(f, compiled_head_dims().back());
+      // The largest compiled head dim the flavor's backward takes too.
+      int head_dim = compiled_head_dims().back();
+      for (int hd : compiled_head_dims())
+        if (f.backend == Backend::cuda_sm90 && hd >= 64 && hd <= 128) head_dim = hd;
+      Case c = base(f, head_dim);
       c.batch = which == 2 ? 0 : 2;
       c.seqlen_q = which == 0 ? 0 : 17;
       c.seqlen_k = which == 1 ? 0 : 17;
       c.heads = 2, c.kv_heads = 1;
       const std::string fwd = check_forward(c, test_seed());
       EXPECT_TRUE(fwd.empty()) << c.name() << "\n" << fwd;
-      if (!has_backward(f.backend)) continue;
+      if (!has_backward(c)) continue;
       const std::string bwd = check_backward(c, test_seed());
       EXPECT_TRUE(bwd.empty()) << c.name() << "\n" << bwd;
     }
@@ -343,10 +350,18 @@ TEST(Refuse, SmallTierLimits) {
       Refusal r = tiny_call(Backend::cuda_sm90, DType::fp32, big);
       refused(r, Direction::forward, "precision");
     }
-    {
+    const auto dims = compiled_head_dims();
+    if (std::find(dims.begin(), dims.end(), 128) != dims.end()) {
+      Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, 128);
+      add_backward_tensors(r, DType::bf16, 128);
+      EXPECT_TRUE(supports(r.params, Direction::backward).ok()) << supports(r.params, Direction::backward).message;
+      r.params.deterministic = true;
+      refused(r, Direction::backward, "deterministic");
+    }
+    if (big > 128) {
       Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, big);
       add_backward_tensors(r, DType::bf16, big);
-      refused(r, Direction::backward, "direction");
+      refused(r, Direction::backward, "head_dim");
     }
     {
       Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, big);

@@ -328,6 +328,106 @@ TEST(Sm90Tile, StmatrixSwizzledStore) {
   check_store_swizzled<256>();
 }
 
+// ---- stmatrix.trans: a [64, 64] tile given as register-A fragments, stored transposed ----------
+__global__ void store_transposed_kernel(const float* values, bf16* raw) {
+  __shared__ alignas(1024) bf16 tile_smem[64 * 64];
+  const int t = threadIdx.x;
+  wg::Accumulator<64> acc;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 16; ++j) acc(i, j) = values[wg::Accumulator<64>::row(i, t) * 64 + wg::Accumulator<64>::col(j, t)];
+  uint32_t frags[4][4];
+  wg::a_from_acc<bf16>(frags, acc);
+  wg::store_transposed_swizzled<bf16, 64>(frags, static_cast<uint32_t>(__cvta_generic_to_shared(tile_smem)), t);
+  __syncthreads();
+  for (int e = t; e < 64 * 64; e += wg::kThreads) raw[e] = tile_smem[e];
+}
+
+TEST(Sm90Tile, StmatrixTransposedStore) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  std::vector<float> values(64 * 64);
+  for (size_t e = 0; e < values.size(); ++e) values[e] = float(int(e * 13 % 241) - 120);
+  float* dv = to_device(values);
+  bf16* draw = nullptr;
+  ASSERT_EQ(cudaMalloc(&draw, 64 * 64 * sizeof(bf16)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(draw, 0xFF, 64 * 64 * sizeof(bf16)), cudaSuccess);
+  store_transposed_kernel<<<1, wg::kThreads>>>(dv, draw);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto raw = to_host(draw, 64 * 64);
+  // Destination row r, column c holds source (c, r), at the swizzled place of (r, c).
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < 64; ++c) {
+      const int byte = c * 2;
+      const int offset = r * wg::kSwizzleBytes + (((byte / 16) ^ (r % 8)) * 16) + byte % 16;
+      ASSERT_EQ(f(raw[size_t(offset / 2)]), values[size_t(c * 64 + r)]) << "at " << r << ", " << c;
+    }
+  cudaFree(dv);
+  cudaFree(draw);
+}
+
+// ---- wgmma, A K-major and B MN-major, both in shared memory: C[64, N] = A[64, K] · B[K, N] -------
+// (dQ = dS·K in the backward: K is [keys, head dim] with the head dim contiguous.) col0 picks a
+// column window of a wider B ([K, 64] stored, N = 32 columns from col0) as the backward's
+// warpgroups do at head dim 64.
+template <int N, int K, int BCOLS>
+__global__ void wgmma_ss_transposed_b_kernel(const bf16* a, const bf16* b, float* c, int col0) {
+  __shared__ alignas(1024) bf16 a_smem[64 * K];
+  __shared__ alignas(1024) bf16 b_smem[K * BCOLS];
+  const int t = threadIdx.x;
+  char* a_base = reinterpret_cast<char*>(a_smem);
+  char* b_base = reinterpret_cast<char*>(b_smem);
+  for (int e = t; e < 64 * K; e += wg::kThreads)
+    *reinterpret_cast<bf16*>(a_base + wg::swizzled_offset<bf16>(e / K, e % K, 64 * wg::kSwizzleBytes)) = a[e];
+  for (int e = t; e < K * BCOLS; e += wg::kThreads)
+    *reinterpret_cast<bf16*>(b_base + wg::swizzled_offset<bf16>(e / BCOLS, e % BCOLS, K * wg::kSwizzleBytes)) = b[e];
+  tile::fence_async_shared();
+  __syncthreads();
+  wg::Accumulator<N> acc;
+  const bf16* b_cols = b_smem + (col0 / 64) * (K * 64) + col0 % 64;
+  const uint64_t a0 = wg::k_major_desc<bf16, 16>(a_smem, 0, 0, 64 * wg::kSwizzleBytes);
+  const uint64_t b0 = wg::mn_major_desc(b_cols, 0, K * wg::kSwizzleBytes);
+  wg::fence();
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16)
+    wg::Wgmma<bf16, N>::template ss<0, 1>(acc.d, a0 + wg::k_major_step<bf16>(k0, 64 * wg::kSwizzleBytes),
+                                          b0 + wg::mn_major_step(k0), k0 > 0 ? 1 : 0);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operand(acc.d);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < N / 4; ++j)
+      c[wg::Accumulator<N>::row(i, t) * N + wg::Accumulator<N>::col(j, t)] = acc(i, j);
+}
+
+template <int N, int K, int BCOLS>
+void check_wgmma_ss_transposed_b(int col0) {
+  const auto a = random_bf16(64 * K, 5), b = random_bf16(size_t(K) * BCOLS, 6);
+  bf16 *da = to_device(a), *db = to_device(b);
+  float* dc = nullptr;
+  ASSERT_EQ(cudaMalloc(&dc, 64 * N * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dc, 0xFF, 64 * N * sizeof(float)), cudaSuccess);
+  wgmma_ss_transposed_b_kernel<N, K, BCOLS><<<1, wg::kThreads>>>(da, db, dc, col0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto c = to_host(dc, 64 * N);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < N; ++n) {
+      double want = 0;
+      for (int k = 0; k < K; ++k) want += double(f(a[size_t(m * K + k)])) * f(b[size_t(k * BCOLS + col0 + n)]);
+      ASSERT_NEAR(c[size_t(m * N + n)], want, 1e-3 * (1 + std::fabs(want)))
+          << "N " << N << " K " << K << " col0 " << col0 << " at " << m << ", " << n;
+    }
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+}
+
+TEST(Sm90Tile, WgmmaSharedOperandsTransposedB) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  check_wgmma_ss_transposed_b<64, 128, 128>(0);   // head dim 128: warpgroup 0's columns
+  check_wgmma_ss_transposed_b<64, 128, 128>(64);  // and warpgroup 1's (the second chunk)
+  check_wgmma_ss_transposed_b<32, 128, 64>(0);    // head dim 64: half a chunk each
+  check_wgmma_ss_transposed_b<32, 128, 64>(32);
+}
+
 // ---- Named barriers and register reallocation: a producer warpgroup with few registers hands a
 // value to a consumer warpgroup with many, through shared memory and bar.arrive / bar.sync. ------
 __global__ void __launch_bounds__(256, 1) handoff_kernel(int* out) {

@@ -89,9 +89,23 @@ constexpr FwdConfig fwd_config(int head_dim, int variant) {
   return c;
 }
 
+// The backward's configuration. A block owns one tile of kBwdKeys keys of one (batch, KV head),
+// one consumer warpgroup per 64 keys, and walks the query tiles of every head of the GQA group
+// that sees them, kBwdRows query rows at a time, through a ring of kBwdStages (Q, dO, LSE, Δ)
+// stages. dK and dV stay in registers ([64, HD] fp32 each per warpgroup), which bounds the head
+// dim at 128 here.
+inline constexpr int kBwdConsumers = 2;
+inline constexpr int kBwdKeys = kBwdConsumers * kConsumerRows;  // keys per block
+inline constexpr int kBwdRows = 64;                              // query rows per step
+inline constexpr int kBwdStages = 2;
+inline constexpr int kBwdMaxHeadDim = 128;
+inline constexpr int kBwdProducerRegisters = 24;
+inline constexpr int kBwdConsumerRegisters = 240;
+
 // Named barriers (0 is __syncthreads), per consumer warpgroup w: its epilogue's, and the one it
 // waits on for its turn to issue matrix work under pingpong.
-enum class NamedBarrier : int { epilogue_first = 1, turn_first = 5 };
+// The backward uses ds_ready: both consumer warpgroups have stored their share of dS.
+enum class NamedBarrier : int { epilogue_first = 1, ds_ready = 4, turn_first = 5 };
 inline constexpr int kMaxConsumers = 3;
 static_assert(int(NamedBarrier::epilogue_first) + kMaxConsumers <= int(NamedBarrier::turn_first) &&
                   int(NamedBarrier::turn_first) + kMaxConsumers <= 16,

@@ -1,7 +1,8 @@
 // The sm90 tier's entry points: the Hopper forward (wgmma + TMA, warp-specialised, persistent)
-// for fp16 and bf16 storage on sm_90 (H100/H200), head dims 64 to 256. Calls it cannot take
-// (another GPU, fp32, the backward, head dims below 64, views TMA cannot address) are refused
-// with the reason, and auto-selection moves on to the sm80 tier.
+// for fp16 and bf16 storage on sm_90 (H100/H200), head dims 64 to 256, and the backward (wgmma +
+// TMA, warp-specialised) at head dims 64 to 128. Calls it cannot take (another GPU, fp32, head
+// dims below 64, a larger backward, the deterministic backward, views TMA cannot address) are
+// refused with the reason, and auto-selection moves on to the sm80 tier.
 //
 // FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
 // compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once.
@@ -70,8 +71,7 @@ Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
 Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   const Problem s = Problem::of(p);
   int bucket = 0;
-  if (direction == Direction::backward)
-    return unsupported("direction: the sm90 tier has no backward yet; the sm80 tier runs it");
+  const bool backward = direction == Direction::backward;
   if (p.q.dtype == DType::fp32)
     return unsupported(std::string("precision: fp32 storage (") + to_string(p.precision) +
                        ") is not on the sm90 tier yet; the sm80 tier runs tf32 and the simt tier exact fp32");
@@ -79,12 +79,21 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   if (bucket < kMinHeadDim)
     return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
                        " is below the sm90 tier's smallest head dim (64); the sm80 tier runs it");
+  if (backward && bucket > kBwdMaxHeadDim)
+    return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
+                       " is above the sm90 backward's largest head dim (" + std::to_string(kBwdMaxHeadDim) +
+                       ": dK and dV are kept in registers); the sm80 tier runs it");
+  if (backward && p.deterministic)
+    return unsupported("deterministic: the sm90 backward adds dQ with atomics and has no deterministic mode yet; "
+                       "the sm80 tier runs it");
   const struct {
     const char* name;
     const Tensor* t;
-  } views[] = {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"o", &p.o}};
-  for (const auto& v : views)
+  } views[] = {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"o", &p.o}, {"dout", &p.dout}};
+  for (const auto& v : views) {
+    if (v.t == &p.dout && !backward) continue;
     if (Status st = check_tma_view(*v.t, v.name); !st.ok()) return st;
+  }
   constexpr int64_t kMaxCoordinate = (int64_t(1) << 31) - 1;  // TMA coordinates are int32
   if (s.seqlen_q > kMaxCoordinate || s.seqlen_k > kMaxCoordinate)
     return unsupported("q: sequence lengths above 2^31 - 1 exceed TMA's coordinates (sm90 tier)");
@@ -94,6 +103,11 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
                        "; the sm90 tier runs on sm_90 (H100/H200) only");
   return with_sm90_head_dim(bucket, [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
+    if (backward) {
+      if constexpr (HD <= kBwdMaxHeadDim)
+        return check_shared_memory("sm90", direction, HD, backward_shared_bytes<bf16_t, HD>(), props);
+      return unsupported("head_dim: no sm90 backward kernel at head dim " + std::to_string(HD));
+    }
     return with_config_variant<HD>(p, props, [&](auto v) {
       return check_shared_memory("sm90", direction, HD, forward_shared_bytes<bf16_t, HD, decltype(v)::value>(), props);
     });
@@ -122,12 +136,41 @@ int l2_section(const Problem& s) {
 
 // The tier's two parts for tier_supports / tier_run (cuda/common/tier.h). launch() adds what only
 // this tier needs to the argument block: the TMA tensor maps and the tile scheduler.
+// The backward: TMA maps of Q, K, V and dO in the backward's tile shapes, then the launcher.
+Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t stream) {
+  const Problem s = Problem::of(p);
+  BwdParams params{};
+  params.args = args;
+  return with_sm90_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) -> Status {
+    constexpr int HD = decltype(hd)::value;
+    if constexpr (HD > kBwdMaxHeadDim) {
+      return unsupported("head_dim: no sm90 backward kernel at head dim " + std::to_string(HD));
+    } else {
+      if (s.batch == 0) return Status::success();
+      // Empty sides are never read (no query tiles, or no blocks), but their maps need valid
+      // addresses: the other side's. Blocks with no query tile still write dK = dV = 0.
+      Tensor queries = p.q, grads = p.dout, keys = p.k, values = p.v;
+      if (s.seqlen_q == 0) queries.data = grads.data = p.k.data;
+      if (s.seqlen_k == 0) keys.data = values.data = p.q.data;
+      if (Status st = encode_tile_map(&params.q, queries, kChunkCols, kBwdRows, "q"); !st.ok()) return st;
+      if (Status st = encode_tile_map(&params.k, keys, kChunkCols, kBwdKeys, "k"); !st.ok()) return st;
+      if (Status st = encode_tile_map(&params.v, values, kChunkCols, kBwdKeys, "v"); !st.ok()) return st;
+      if (Status st = encode_tile_map(&params.dout, grads, kChunkCols, kBwdRows, "dout"); !st.ok()) return st;
+      return with_dtype(p.q.dtype, [&](auto type) {
+        using T = decltype(type);
+        return backward<T, HD>(params, stream);
+      });
+    }
+  });
+}
+
 struct Sm90 {
   static Status check(const Params& p, Direction direction, DeviceProps& props) {
     return check_call(p, direction, props);
   }
-  static Status launch(const Params& p, Direction, const DeviceProps& props, const AttentionArgs& args,
+  static Status launch(const Params& p, Direction direction, const DeviceProps& props, const AttentionArgs& args,
                        cudaStream_t stream) {
+    if (direction == Direction::backward) return launch_backward(p, args, stream);
     const Problem s = Problem::of(p);
     FwdParams params{};
     params.args = args;

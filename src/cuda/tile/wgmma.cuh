@@ -198,4 +198,34 @@ __device__ __forceinline__ void store_swizzled(const Accumulator<N>& acc, const 
   }
 }
 
+// stmatrix.trans: as stmatrix_x4, each 8×8 matrix stored transposed (lane l addresses row l % 8
+// of the transposed matrix l / 8).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+#endif
+}
+
+// The transpose of a warpgroup's [64, N] 16-bit tile, given as a_from_acc fragments, stored as
+// an [N, 64] tile in one 128-byte swizzled column chunk at the shared-window address `tile`
+// (K-major for a later wgmma whose A is the transpose: dS from dSᵀ in the backward). The 8×8
+// block (i, g) of warp w (source rows 16w + 8i.., columns 8g..) lands, transposed, at rows
+// 8g.. and the 16-byte unit 2w + i of the destination; a lane's address then only moves by
+// whole 16-row groups (2 KiB), a constant per fragment.
+template <class T, int N>
+__device__ __forceinline__ void store_transposed_swizzled(const uint32_t (&frags)[N / 16][4], uint32_t tile,
+                                                          int thread) {
+  static_assert(sizeof(T) == 2, "stmatrix stores 16-bit 8×8 blocks");
+  constexpr uint32_t kGroupBytes = 16 * kSwizzleBytes;  // 16 destination rows
+  const int lane = thread % 32, warp = thread / 32;
+  const int row_in_block = lane % 8, half = (lane / 8) % 2, col_half = lane / 16;
+  const uint32_t addr =
+      tile + uint32_t((8 * col_half + row_in_block) * kSwizzleBytes + (((2 * warp + half) ^ row_in_block) * 16));
+#pragma unroll
+  for (int kb = 0; kb < N / 16; ++kb)
+    stmatrix_x4_trans(addr + uint32_t(kb) * kGroupBytes, frags[kb][0], frags[kb][1], frags[kb][2], frags[kb][3]);
+}
+
 }  // namespace fmha::cuda::tile::warpgroup

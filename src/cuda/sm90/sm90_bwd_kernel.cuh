@@ -1,0 +1,153 @@
+// The sm90 backward's main kernel: warp-specialised, one block per (key tile, KV head, batch).
+// Warpgroup 0 is the producer: its first warp loads the block's K and V tiles once (TMA), then,
+// for every query tile that sees those keys (every head of the GQA group), Q and dO by TMA and
+// the tile's LSE and Δ rows with ordinary loads, into a kBwdStages-deep ring; the warpgroup gives
+// its registers back. Warpgroups 1-2 are consumers of 64 keys each (sm90_bwd_mainloop.cuh); dK
+// and dV stay in their registers until the epilogue writes them. Between the shared preprocess
+// (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and convert kernels (cuda/common).
+#pragma once
+
+#include "cuda/sm90/sm90_bwd_mainloop.cuh"
+#include "cuda/sm90/sm90_bwd_params.h"
+
+namespace fmha::cuda::sm90 {
+
+template <class T, int HD>
+struct BwdKernel {
+  using Mainloop = BwdMainloop<T, HD>;
+  using Shared = typename Mainloop::Shared;
+  using Tiles = typename Mainloop::Tiles;
+  static constexpr int kThreads = (kBwdConsumers + 1) * kWarpgroupThreads;
+  static constexpr size_t kSharedBytes = sizeof(Shared) + wg::kSwizzleAtomBytes;
+  static_assert(kSharedBytes <= kSharedLimit, "the backward's tiles exceed Hopper's shared memory");
+  static_assert(padded_head_dim(HD) <= kBwdMaxHeadDim, "dK and dV of larger head dims do not fit the registers");
+
+  // The block's keys, clamped to seqlen_k.
+  __device__ __forceinline__ static Range key_tile(const AttentionArgs& args) {
+    const int64_t begin = int64_t(blockIdx.x) * kBwdKeys;
+    return {begin, begin + kBwdKeys < args.seqlen_k ? begin + kBwdKeys : args.seqlen_k};
+  }
+  // Query tiles [begin, end) whose rows see any of `keys` (the same for every head).
+  __device__ __forceinline__ static Range query_tiles(const AttentionArgs& args, Range keys) {
+    const Range rows = args.mask.queries(Range{0, args.seqlen_q}, keys);
+    if (rows.empty()) return {0, 0};
+    return {rows.begin / kBwdRows, (rows.end + kBwdRows - 1) / kBwdRows};
+  }
+
+  __device__ static void produce(const BwdParams& params, Shared& shared, int lane) {
+    const AttentionArgs& args = params.args;
+    const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
+    const Range keys = key_tile(args);
+    const Range tiles = query_tiles(args, keys);
+    // One tile of `rows` rows into `dst` (its column chunks), completing on `full`.
+    auto load_tile = [&](T* dst, const CUtensorMap* map, int rows, int64_t row0, int head, tile::MBarrier& full) {
+#pragma unroll
+      for (int c = 0; c < Shared::kChunks; ++c)
+        tile::tma::load(dst + c * rows * kChunkCols, map, c * kChunkCols, int(row0), head, batch, full);
+    };
+    if (lane == 0) {
+      tile::tma::prefetch(&params.q);
+      tile::tma::prefetch(&params.dout);
+      shared.kv_full.arrive_expect_tx(2 * Shared::kKVBytes);
+      load_tile(shared.k, &params.k, kBwdKeys, keys.begin, kv_head, shared.kv_full);
+      load_tile(shared.v, &params.v, kBwdKeys, keys.begin, kv_head, shared.kv_full);
+    }
+    tile::PipelineState<kBwdStages> pipe;
+    for (int g = 0; g < args.group; ++g) {
+      const int head = kv_head * args.group + g;
+      for (int m = int(tiles.begin); m < int(tiles.end); ++m) {
+        const int64_t row0 = int64_t(m) * kBwdRows;
+        shared.empty[pipe.index].wait(pipe.phase ^ 1);
+        for (int r = lane; r < kBwdRows; r += Shared::kProducerLanes) {
+          const int64_t row = row0 + r;
+          const bool in = row < args.seqlen_q;
+          const int64_t at = args.row_index(batch, head, in ? row : 0);
+          shared.lse[pipe.index][r] = in ? args.lse_log2[at] : __int_as_float(0x7f800000);
+          shared.delta[pipe.index][r] = in ? args.delta[at] : 0.f;
+        }
+        if (lane == 0) {
+          shared.full[pipe.index].arrive_expect_tx(2 * Shared::kRowBytes);
+          load_tile(shared.q[pipe.index], &params.q, kBwdRows, row0, head, shared.full[pipe.index]);
+          load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, row0, head, shared.full[pipe.index]);
+        } else {
+          shared.full[pipe.index].arrive();  // after this lane's LSE and Δ stores
+        }
+        pipe.advance();
+      }
+    }
+  }
+
+  __device__ static void consume(const BwdParams& params, Shared& shared, int warpgroup, int thread) {
+    const AttentionArgs& args = params.args;
+    const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
+    const Range keys = key_tile(args);
+    const Range tiles = query_tiles(args, keys);
+    Mainloop mainloop{shared, args, warpgroup, thread};
+    typename Tiles::KeyGrad dk, dv;
+    dk.fill(0.f);
+    dv.fill(0.f);
+    shared.kv_full.wait(0);
+    tile::PipelineState<kBwdStages> pipe;
+    int step = 0;
+    for (int g = 0; g < args.group; ++g) {
+      const int head = kv_head * args.group + g;
+      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
+        mainloop.step(pipe, batch, head, int64_t(m) * kBwdRows, keys, step % 2, dk, dv);
+        pipe.advance();
+      }
+    }
+    store_key_grads(args, warpgroup, thread, kv_head, batch, keys, dk, dv);
+  }
+
+  // dK = scale · acc and dV in the storage type, rows past seqlen_k and columns past the head
+  // dims dropped. Once per block: plain stores from registers.
+  __device__ static void store_key_grads(const AttentionArgs& args, int warpgroup, int thread, int kv_head, int batch,
+                                         Range keys, const typename Tiles::KeyGrad& dk,
+                                         const typename Tiles::KeyGrad& dv) {
+    using G = typename Tiles::KeyGrad;
+#pragma unroll
+    for (int i = 0; i < G::kRows; ++i) {
+      const int64_t key = keys.begin + int64_t(warpgroup) * kConsumerRows + G::row(i, thread);
+      if (key >= keys.end) continue;
+      T* dk_row = args.dk.at<T>(batch, key, kv_head);
+      T* dv_row = args.dv.at<T>(batch, key, kv_head);
+#pragma unroll
+      for (int j = 0; j < G::kCols; ++j) {
+        const int col = G::col(j, thread);
+        if (col < args.head_dim) dk_row[col] = tile::from_float<T>(dk(i, j) * args.scale);
+        if (col < args.head_dim_v) dv_row[col] = tile::from_float<T>(dv(i, j));
+      }
+    }
+  }
+};
+
+template <class T, int HD>
+__global__ void __launch_bounds__(BwdKernel<T, HD>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdParams params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using K = BwdKernel<T, HD>;
+  extern __shared__ char shared_raw[];
+  const uintptr_t base = reinterpret_cast<uintptr_t>(shared_raw);
+  auto& shared = *reinterpret_cast<typename K::Shared*>((base + wg::kSwizzleAtomBytes - 1) / wg::kSwizzleAtomBytes *
+                                                        wg::kSwizzleAtomBytes);
+  const int warpgroup = int(threadIdx.x) / wg::kThreads;
+  const int thread = int(threadIdx.x) % wg::kThreads;
+  if (threadIdx.x == 0) {
+    shared.kv_full.init(1);
+    for (int s = 0; s < kBwdStages; ++s) {
+      shared.full[s].init(K::Shared::kProducerLanes);
+      shared.empty[s].init(kBwdConsumers * K::Mainloop::kConsumerWarps);
+    }
+    tile::fence_barrier_init();
+  }
+  __syncthreads();
+  if (warpgroup == 0) {
+    tile::registers_decrease<kBwdProducerRegisters>();
+    if (thread < K::Shared::kProducerLanes) K::produce(params, shared, thread);
+  } else {
+    tile::registers_increase<kBwdConsumerRegisters>();
+    K::consume(params, shared, warpgroup - 1, thread);
+  }
+#endif
+}
+
+}  // namespace fmha::cuda::sm90

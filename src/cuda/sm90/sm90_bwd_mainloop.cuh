@@ -1,0 +1,231 @@
+// The sm90 backward's consumer mainloop: one warpgroup's 64 keys of the block's key tile against
+// one query tile of 64 rows, on wgmma. With the key tile's rows as the M side, every product
+// whose result belongs to the keys keeps its accumulator in registers across the query tiles:
+//   Sᵀ  = K·Qᵀ        [64 keys, 64 q]   SS (K and Q K-major in shared memory)
+//   dPᵀ = V·dOᵀ       [64 keys, 64 q]   SS
+//   Pᵀ  = 2^(Sᵀ·scale·log2 e − LSE)     (LSE, Δ per query column; masked only on cut tiles)
+//   dSᵀ = Pᵀ ∘ (dPᵀ − Δ)
+//   dV += Pᵀ·dO       [64 keys, D]      RS (Pᵀ converted in registers; dO MN-major)
+//   dK += dSᵀ·Q       [64 keys, D]      RS
+//   dQ  = dS·K        [64 q, D / 2]     SS: dSᵀ is stored transposed (stmatrix.trans) so that
+//                                        both warpgroups' keys form dS [64 q, 128 keys] K-major;
+//                                        warpgroup w takes the columns [w·D/2, (w+1)·D/2) of K
+// dQ is added to the fp32 accumulator in global memory (red.global.add) and converted by the
+// shared convert kernel; dK is scaled once, in the epilogue.
+#pragma once
+
+#include "cuda/common/args.h"
+#include "cuda/sm90/sm90_config.h"
+#include "cuda/tile/reduce.cuh"
+#include "cuda/tile/tma.cuh"
+#include "cuda/tile/wgmma.cuh"
+#include "fmha/mask.h"
+
+namespace fmha::cuda::sm90 {
+
+namespace wg = tile::warpgroup;
+
+// Shared memory of the backward. Tiles are HDP / 64 swizzled column chunks of [rows, 64].
+template <class T, int HD>
+struct BwdShared {
+  static constexpr int kHeadDimPadded = padded_head_dim(HD);
+  static constexpr int kChunks = kHeadDimPadded / kChunkCols;
+  static constexpr int kKVChunkBytes = kBwdKeys * wg::kSwizzleBytes;   // one [128 keys, 64] chunk
+  static constexpr int kRowChunkBytes = kBwdRows * wg::kSwizzleBytes;  // one [64 q, 64] chunk
+  static constexpr uint32_t kKVBytes = uint32_t(kKVChunkBytes) * kChunks;
+  static constexpr uint32_t kRowBytes = uint32_t(kRowChunkBytes) * kChunks;
+  static constexpr int kProducerLanes = 32;  // the producer warp writes LSE and Δ, then arrives
+
+  alignas(wg::kSwizzleAtomBytes) T k[kBwdKeys * kHeadDimPadded];               // [chunks][128, 64]
+  alignas(wg::kSwizzleAtomBytes) T v[kBwdKeys * kHeadDimPadded];               // [chunks][128, 64]
+  alignas(wg::kSwizzleAtomBytes) T q[kBwdStages][kBwdRows * kHeadDimPadded];   // [chunks][64, 64]
+  alignas(wg::kSwizzleAtomBytes) T dout[kBwdStages][kBwdRows * kHeadDimPadded];
+  // dS [64 q, 128 keys], chunk w from warpgroup w; two buffers, alternating per query tile, so a
+  // warpgroup may store the next dS while the other still multiplies the previous one.
+  alignas(wg::kSwizzleAtomBytes) T ds[2][kBwdRows * kBwdKeys];
+  float lse[kBwdStages][kBwdRows];    // LSE · log2 e of the tile's rows; +inf past seqlen_q
+  float delta[kBwdStages][kBwdRows];  // Δ = rowsum(dO ∘ O); 0 past seqlen_q
+  tile::MBarrier kv_full;
+  tile::MBarrier full[kBwdStages], empty[kBwdStages];
+};
+
+// One consumer warpgroup's accumulators across the query tiles.
+template <int HD>
+struct BwdTiles {
+  static constexpr int kHeadDimPadded = padded_head_dim(HD);
+  using Scores = wg::Accumulator<kBwdRows>;                  // [64 keys, 64 q] Sᵀ, then Pᵀ; dPᵀ, then dSᵀ
+  using KeyGrad = wg::Accumulator<kHeadDimPadded>;           // [64 keys, HDP] dK or dV, fp32
+  using QueryGrad = wg::Accumulator<kHeadDimPadded / kBwdConsumers>;  // [64 q, HDP / 2] dQ share
+  using Fragments = uint32_t[kBwdRows / 16][4];              // [64 keys, 64 q] as register-A, 16-bit
+};
+
+// A query tile as producer and consumers both see it.
+struct BwdStep {
+  int head;     // query head
+  int m_block;  // query tile index (rows m_block · 64 ..)
+};
+
+template <class T, int HD>
+struct BwdMainloop {
+  using Shared = BwdShared<T, HD>;
+  using Tiles = BwdTiles<HD>;
+  using Pipeline = tile::PipelineState<kBwdStages>;
+  static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
+  static constexpr int kK = wg::Wgmma<T, kBwdRows>::kK;
+  static constexpr int kConsumerWarps = wg::kThreads / 32;
+  static constexpr int kDqCols = kHeadDimPadded / kBwdConsumers;  // dQ columns per warpgroup
+
+  Shared& shared;
+  const AttentionArgs& args;
+  int warpgroup;  // consumer index: keys [64 · warpgroup, 64 · warpgroup + 64) of the key tile
+  int thread;     // index inside the warpgroup
+
+  // acc = A·Bᵀ for A = this warpgroup's 64 rows of a [128, HDP] key-side tile and B a [64, HDP]
+  // query-side tile, both K-major; issued, committed, not waited.
+  __device__ __forceinline__ void issue_transposed_scores(typename Tiles::Scores& acc, const T* key_side,
+                                                          const T* query_side) {
+    const uint64_t a0 = wg::k_major_desc<T, kK>(key_side, warpgroup * kConsumerRows, 0, Shared::kKVChunkBytes);
+    const uint64_t b0 = wg::k_major_desc<T, kK>(query_side, 0, 0, Shared::kRowChunkBytes);
+    wg::fence();
+#pragma unroll
+    for (int k0 = 0; k0 < HD; k0 += kK)
+      wg::Wgmma<T, kBwdRows>::ss(acc.d, a0 + wg::k_major_step<T>(k0, Shared::kKVChunkBytes),
+                                 b0 + wg::k_major_step<T>(k0, Shared::kRowChunkBytes), k0 > 0 ? 1 : 0);
+    wg::commit();
+  }
+
+  // acc += Aᵀ·B for Aᵀ given as register fragments [64 keys, 64 q] and B a [64 q, HDP] tile
+  // (MN-major: the head dim is contiguous); issued, not committed.
+  __device__ __forceinline__ void issue_key_grad(typename Tiles::KeyGrad& acc, const typename Tiles::Fragments& a,
+                                                 const T* query_side) {
+    const uint64_t b0 = wg::mn_major_desc(query_side, 0, Shared::kRowChunkBytes);
+#pragma unroll
+    for (int kb = 0; kb < kBwdRows / 16; ++kb)
+      wg::Wgmma<T, kHeadDimPadded>::template rs<1>(acc.d, a[kb], b0 + wg::mn_major_step(kb * 16), 1);
+  }
+
+  // dQ share = dS·K[:, this warpgroup's columns], dS from shared memory (K-major over the 128
+  // keys), K MN-major; issued and committed.
+  __device__ __forceinline__ void issue_query_grad(typename Tiles::QueryGrad& acc, const T* ds) {
+    constexpr int kDsChunkBytes = kBwdRows * wg::kSwizzleBytes;
+    // Column c of K lies in chunk c / 64 at element c % 64 of its rows.
+    const int col0 = warpgroup * kDqCols;
+    const T* k_cols = shared.k + (col0 / kChunkCols) * (kBwdKeys * kChunkCols) + col0 % kChunkCols;
+    const uint64_t a0 = wg::k_major_desc<T, kK>(ds, 0, 0, kDsChunkBytes);
+    const uint64_t b0 = wg::mn_major_desc(k_cols, 0, Shared::kKVChunkBytes);
+#pragma unroll
+    for (int k0 = 0; k0 < kBwdKeys; k0 += kK)
+      wg::Wgmma<T, kDqCols>::template ss<0, 1>(acc.d, a0 + wg::k_major_step<T>(k0, kDsChunkBytes),
+                                               b0 + wg::mn_major_step(k0), k0 > 0 ? 1 : 0);
+    wg::commit();
+  }
+
+  // One arrival per consumer warp: the stage may be refilled once every warp is done with it.
+  __device__ __forceinline__ void release(tile::MBarrier& empty) {
+    if (thread % 32 == 0) empty.arrive();
+  }
+
+  // One query tile: rows [row0, row0 + 64) of head `head` against this warpgroup's keys.
+  // `keys` is the block's key tile (clamped to seqlen_k); dq_buffer alternates per step.
+  __device__ void step(const Pipeline& at, int batch, int head, int64_t row0, Range keys, int dq_buffer,
+                       typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv) {
+    using Scores = typename Tiles::Scores;
+    const int stage = at.index;
+    shared.full[stage].wait(at.phase);
+    Scores s, dp;
+    issue_transposed_scores(s, shared.k, shared.q[stage]);
+    issue_transposed_scores(dp, shared.v, shared.dout[stage]);
+
+    // Pᵀ = 2^(Sᵀ · scale · log2 e − LSE), masked where the tile is cut.
+    wg::wait<1>();
+    wg::fence_operand(s.d);
+    const int64_t key0 = keys.begin + int64_t(warpgroup) * kConsumerRows;
+    const Range rows{row0, row0 + kBwdRows < args.seqlen_q ? row0 + kBwdRows : args.seqlen_q};
+    const Range my_keys{key0, key0 + kConsumerRows};
+    if (!(my_keys.end <= args.seqlen_k && args.mask.tile_is_full(rows, my_keys))) {
+#pragma unroll
+      for (int i = 0; i < Scores::kRows; ++i) {
+        const int64_t key = key0 + Scores::row(i, thread);
+        const Range seen_by = key < args.seqlen_k ? args.mask.queries(key) : Range{0, 0};
+#pragma unroll
+        for (int j = 0; j < Scores::kCols; ++j) {
+          const int64_t row = row0 + Scores::col(j, thread);
+          if (row < seen_by.begin || row >= seen_by.end) s(i, j) = tile::kNegInf;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < Scores::kCols; ++j) {
+      const float lse = shared.lse[stage][Scores::col(j, thread)];
+#pragma unroll
+      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
+    }
+    typename Tiles::Fragments p, ds;
+    wg::a_from_acc<T>(p, s);
+
+    // dSᵀ = Pᵀ ∘ (dPᵀ − Δ).
+    wg::wait<0>();
+    wg::fence_operand(dp.d);
+#pragma unroll
+    for (int j = 0; j < Scores::kCols; ++j) {
+      const float delta = shared.delta[stage][Scores::col(j, thread)];
+#pragma unroll
+      for (int i = 0; i < Scores::kRows; ++i) dp(i, j) = s(i, j) * (dp(i, j) - delta);
+    }
+    wg::a_from_acc<T>(ds, dp);
+
+    // dV += Pᵀ·dO and dK += dSᵀ·Q, in flight while dS goes to shared memory.
+    wg::fence_operand(dv.d);
+    wg::fence_operand(dk.d);
+    wg::fence();
+    issue_key_grad(dv, p, shared.dout[stage]);
+    issue_key_grad(dk, ds, shared.q[stage]);
+    wg::commit();
+    T* ds_tile = shared.ds[dq_buffer];
+    wg::store_transposed_swizzled<T, kBwdRows>(
+        ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile + warpgroup * kBwdRows * kChunkCols)), thread);
+    tile::fence_async_shared();
+    tile::named_sync(int(NamedBarrier::ds_ready), kBwdConsumers * wg::kThreads);
+
+    typename Tiles::QueryGrad dq;
+    wg::fence();
+    issue_query_grad(dq, ds_tile);
+    wg::wait<0>();
+    wg::fence_operand(dv.d);
+    wg::fence_operand(dk.d);
+    wg::fence_operand(dq.d);
+    wg::fence_operand(p);
+    wg::fence_operand(ds);
+    release(shared.empty[stage]);
+    accumulate_dq(dq, batch, head, row0);
+  }
+
+  // dQ share += into the fp32 accumulator [B, H, Sq, head_dim], rows past seqlen_q and columns
+  // past head_dim dropped.
+  __device__ __forceinline__ void accumulate_dq(const typename Tiles::QueryGrad& dq, int batch, int head,
+                                                int64_t row0) {
+    using Q = typename Tiles::QueryGrad;
+    const int col0 = warpgroup * kDqCols;
+    const bool pairs = args.head_dim % 2 == 0;  // 8-byte aligned pairs
+#pragma unroll
+    for (int i = 0; i < Q::kRows; ++i) {
+      const int64_t row = row0 + Q::row(i, thread);
+      if (row >= args.seqlen_q) continue;
+      float* out = args.dq_accum + args.row_index(batch, head, row) * args.head_dim;
+#pragma unroll
+      for (int j = 0; j < Q::kCols; j += 2) {
+        const int col = col0 + Q::col(j, thread);
+        if (col >= args.head_dim) continue;
+        if (pairs) {
+          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(out + col), "f"(dq(i, j)), "f"(dq(i, j + 1))
+                       : "memory");
+        } else {
+          atomicAdd(out + col, dq(i, j));
+          if (col + 1 < args.head_dim) atomicAdd(out + col + 1, dq(i, j + 1));
+        }
+      }
+    }
+  }
+};
+
+}  // namespace fmha::cuda::sm90

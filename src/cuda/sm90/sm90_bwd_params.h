@@ -1,0 +1,19 @@
+// The sm90 backward's kernel parameters: the argument block plus the TMA maps of the inputs it
+// reads in tiles (encoded on the host per call). Passed as one __grid_constant__ parameter.
+#pragma once
+
+#include <cuda.h>
+
+#include "cuda/common/args.h"
+
+namespace fmha::cuda::sm90 {
+
+struct BwdParams {
+  CUtensorMap q;     // [B, Sq, H, D]: boxes of 64 columns × 64 rows (kBwdRows)
+  CUtensorMap k;     // [B, Sk, Hkv, D]: 64 × 128 (kBwdKeys)
+  CUtensorMap v;     // [B, Sk, Hkv, Dv]: 64 × 128
+  CUtensorMap dout;  // [B, Sq, H, Dv]: 64 × 64
+  AttentionArgs args;
+};
+
+}  // namespace fmha::cuda::sm90
