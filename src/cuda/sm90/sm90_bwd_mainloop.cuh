@@ -121,7 +121,10 @@ struct BwdMainloop {
   }
 
   // One arrival per consumer warp: the stage may be refilled once every warp is done with it.
+  // The warp synchronises first, so that the arrival (a release) orders every lane's reads of
+  // the stage's LSE and Δ (ordinary loads) before the producer's next stores there.
   __device__ __forceinline__ void release(tile::MBarrier& empty) {
+    __syncwarp();
     if (thread % 32 == 0) empty.arrive();
   }
 
