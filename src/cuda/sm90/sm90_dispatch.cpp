@@ -4,7 +4,8 @@
 // with the reason, and auto-selection moves on to the sm80 tier.
 //
 // FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
-// compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once.
+// compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once;
+// without it, the tuning cache's winner runs (src/tune/).
 #include "cuda/sm90/sm90_dispatch.h"
 
 #include <algorithm>
@@ -29,9 +30,11 @@ constexpr int kMinHeadDim = 64;  // smaller head dims run on the sm80 tier
 // for the queries and outputs in flight.
 constexpr double kL2SectionBytes = 32.0 * 1024 * 1024;
 
-int requested_fwd_variant() {
-  static const int variant = variant_index(std::getenv(kFwdVariable), kFwdVariantNames, kFwdVariants);
-  return variant;
+// The variable's value, read once; the request per call (variant.h: tuner, variable, cache).
+int requested_fwd_variant(const Params& p) {
+  static const std::string value = std::getenv(kFwdVariable) ? std::getenv(kFwdVariable) : "";
+  return requested_variant_index(Backend::cuda_sm90, p, Direction::forward, value.c_str(), kFwdVariantNames,
+                                 kFwdVariants);
 }
 
 // f(std::integral_constant<int, HD>{}) for the sm90 buckets compiled into this build.
@@ -54,9 +57,9 @@ Status with_dtype(DType dtype, F&& f) {
 }
 
 template <int HD, class F>
-Status with_config_variant(const DeviceProps& props, F&& f) {
+Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
   return with_requested_variant<kFwdVariants, kFwdDefault, is_tuned_head_dim(HD)>(
-      requested_fwd_variant(), kFwdVariable, kFwdVariantNames,
+      requested_fwd_variant(p), kFwdVariable, kFwdVariantNames,
       [&](auto v) { return forward_shared_bytes<bf16_t, HD, decltype(v)::value>() <= props.max_shared_per_block; },
       f);
 }
@@ -88,7 +91,7 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
                        "; the sm90 tier runs on sm_90 (H100/H200) only");
   return with_sm90_head_dim(bucket, [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
-    return with_config_variant<HD>(props, [&](auto v) {
+    return with_config_variant<HD>(p, props, [&](auto v) {
       return check_shared_memory("sm90", direction, HD, forward_shared_bytes<bf16_t, HD, decltype(v)::value>(), props);
     });
   });
@@ -127,7 +130,7 @@ struct Sm90 {
     params.args = args;
     return with_sm90_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
       constexpr int HD = decltype(hd)::value;
-      return with_config_variant<HD>(props, [&](auto v) {
+      return with_config_variant<HD>(p, props, [&](auto v) {
         constexpr int V = decltype(v)::value;
         constexpr FwdConfig c = fwd_config(HD, V);
         const int64_t m_blocks = ceil_div(s.seqlen_q, c.tile_m());
@@ -163,5 +166,22 @@ struct Sm90 {
 
 Status supports(const Params& p, Direction direction) { return tier_supports<Sm90>(p, direction); }
 Status run(const Params& p, Direction direction) { return tier_run<Sm90>(p, direction); }
+
+std::vector<std::string> variants(Direction direction) {
+  if (direction == Direction::backward) return {};
+  return variant_list(kFwdVariantNames, kFwdVariants);
+}
+
+Status variant_of(const Params& p, Direction direction, std::string* name) {
+  DeviceProps props;
+  if (Status st = check_call(p, direction, props); !st.ok()) return st;
+  const Problem s = Problem::of(p);
+  return with_sm90_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
+    return with_config_variant<decltype(hd)::value>(p, props, [&](auto v) {
+      *name = kFwdVariantNames[decltype(v)::value];
+      return Status::success();
+    });
+  });
+}
 
 }  // namespace fmha::cuda::sm90
