@@ -49,13 +49,20 @@ std::string ProblemClass::key() const {
   k += to_string(direction);
   k += ' ';
   k += dtype_key(dtype, precision);
-  k += " d" + std::to_string(head_dim);
-  if (head_dim_v != head_dim) k += "v" + std::to_string(head_dim_v);
+  k += " d";
+  k += std::to_string(head_dim);
+  if (head_dim_v != head_dim) {
+    k += 'v';
+    k += std::to_string(head_dim_v);
+  }
   k += ' ';
   k += to_string(mask);
-  k += " g" + std::to_string(group);
-  k += " q" + std::to_string(seqlen_q_bucket);
-  k += " k" + std::to_string(seqlen_k_bucket);
+  k += " g";
+  k += std::to_string(group);
+  k += " q";
+  k += std::to_string(seqlen_q_bucket);
+  k += " k";
+  k += std::to_string(seqlen_k_bucket);
   if (direction == Direction::backward && deterministic) k += " deterministic";
   return k;
 }
