@@ -99,6 +99,7 @@ void add_tune_options(CLI::App* app, TuneCliOptions& o) {
   app->add_flag("--show", o.show, "Print the tuning cache");
   app->add_flag("--clear", o.clear, "Remove the tuning cache");
   app->add_flag("--dry-run", o.dry_run, "Measure and print, but write nothing to the cache");
+  app->add_flag("--list", o.list, "Print the classes that would be tuned, and measure nothing");
   app->add_flag("--no-progress", o.no_progress, "No progress bar");
 }
 
@@ -150,8 +151,9 @@ int run_tune(const TuneCliOptions& opt) {
   options.rotate = opt.rotate;
   options.write_cache = !opt.dry_run;
 
-  std::printf("fmha tune on %s; cache %s\n", device_description(device).c_str(),
-              opt.dry_run ? "(dry run: not written)" : tune_cache_path().c_str());
+  if (!opt.list)
+    std::printf("fmha tune on %s; cache %s\n", device_description(device).c_str(),
+                opt.dry_run ? "(dry run: not written)" : tune_cache_path().c_str());
   int failures = 0, tuned = 0;
   std::set<std::string> seen;  // a sweep's cases may share a class
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -164,6 +166,11 @@ int run_tune(const TuneCliOptions& opt) {
       continue;
     }
     if (!seen.insert(cls.key()).second) continue;
+    if (opt.list) {
+      std::printf("%s\n", cls.key().c_str());
+      ++tuned;
+      continue;
+    }
     const std::string label = "(" + std::to_string(i + 1) + "/" + std::to_string(cases.size()) + ") " + cls.key();
     options.progress = [&](int done, int total, const std::string& variant) {
       progress_bar(size_t(done), size_t(total), label + " " + variant, show_progress);
@@ -180,7 +187,7 @@ int run_tune(const TuneCliOptions& opt) {
     print_result(r);
     std::fflush(stdout);
   }
-  std::printf("\n%d class%s tuned, %d failed\n", tuned, tuned == 1 ? "" : "es", failures);
+  if (!opt.list) std::printf("\n%d class%s tuned, %d failed\n", tuned, tuned == 1 ? "" : "es", failures);
   return tuned == 0 ? (failures ? kExitFailed : kExitOk) : kExitOk;
 }
 

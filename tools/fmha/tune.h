@@ -16,6 +16,7 @@ struct TuneCliOptions {
   int rotate = 0;     // input sets (0: enough to exceed the L2 on a GPU)
   bool show = false, clear = false;
   bool dry_run = false;  // measure, print, write nothing
+  bool list = false;     // print the classes to tune, measure nothing
   bool no_progress = false;
   bool dtype_given = false, mode_given = false;
 };
