@@ -160,8 +160,17 @@ Status write_atomically(const std::string& path, const std::string& text) {
 std::string device_key(const Device& device) {
   const std::string version = std::string("fmha ") + fmha::version();
   if (device.type == DeviceType::cuda) {
-    const std::string gpu = cuda_device_key(device.index);
-    return gpu.empty() ? "cuda:" + std::to_string(device.index) + " (unknown), " + version : gpu + ", " + version;
+    // Asked once per device: cudaGetDeviceProperties is far too slow for every call.
+    static std::mutex mutex;
+    static std::map<int, std::string> known;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = known.find(device.index);
+    if (it == known.end()) {
+      const std::string gpu = cuda_device_key(device.index);
+      it = known.emplace(device.index, gpu.empty() ? "cuda:" + std::to_string(device.index) + " (unknown), " + version
+                                                   : gpu + ", " + version).first;
+    }
+    return it->second;
   }
   static const std::string model = cpu_model();
   cpu::Isa isa{};
