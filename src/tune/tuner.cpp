@@ -100,11 +100,14 @@ class Arena {
 
 size_t bytes_of(const Tensor& t) { return size_t(t.numel()) * dtype_size(t.dtype); }
 
-void fill_random(TuneDevice& device, const Tensor& t, std::mt19937_64& rng) {
+// Uniform values in [-1, 1] stored as t's dtype, generated once per tensor role: the rotated
+// input sets hold the same values in other memory (what rotation defeats is the L2, not the data).
+const std::vector<unsigned char>& random_values(const Tensor& t, std::vector<unsigned char>& host, std::mt19937_64& rng) {
+  if (!host.empty()) return host;
   std::uniform_real_distribution<float> uniform(-1.f, 1.f);
-  std::vector<unsigned char> host(bytes_of(t));
+  host.resize(bytes_of(t));
   for (int64_t i = 0; i < t.numel(); ++i) store_element(host.data(), t.dtype, i, uniform(rng));
-  device.upload(t.data, host.data(), host.size());
+  return host;
 }
 
 std::vector<double> read_back(TuneDevice& device, const Tensor& t) {
@@ -150,6 +153,10 @@ class Session {
       : device_(device), arena_(device), entry_(entry), direction_(direction) {
     const Problem s = Problem::of(shape);
     std::mt19937_64 rng(kInputSeed);
+    std::vector<unsigned char> host_q, host_k, host_v, host_dout;
+    auto fill = [&](const Tensor& t, std::vector<unsigned char>& host) {
+      device.upload(t.data, random_values(t, host, rng).data(), bytes_of(t));
+    };
     const Device where = shape.q.device;
     for (int i = 0; i < sets; ++i) {
       Params p = shape;
@@ -163,13 +170,15 @@ class Session {
       p.o = arena_.tensor(s.dtype, where, {s.batch, s.seqlen_q, s.heads, s.head_dim_v});
       p.lse = arena_.tensor(DType::fp32, where, {s.batch, s.heads, s.seqlen_q});
       p.dout = p.dq = p.dk = p.dv = Tensor{};
-      for (const Tensor* t : {&p.q, &p.k, &p.v}) fill_random(device, *t, rng);
+      fill(p.q, host_q);
+      fill(p.k, host_k);
+      fill(p.v, host_v);
       if (direction == Direction::backward) {
         p.dout = arena_.tensor(s.dtype, where, {s.batch, s.seqlen_q, s.heads, s.head_dim_v});
         p.dq = arena_.tensor(s.dtype, where, {s.batch, s.seqlen_q, s.heads, s.head_dim});
         p.dk = arena_.tensor(s.dtype, where, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim});
         p.dv = arena_.tensor(s.dtype, where, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim_v});
-        fill_random(device, p.dout, rng);
+        fill(p.dout, host_dout);
       }
       params_.push_back(p);
     }

@@ -16,6 +16,7 @@
 #include "bench.h"
 #include "fmha/tune.h"
 #include "harness.h"
+#include "tune/cache.h"
 
 namespace fmha::tools {
 namespace {
@@ -63,8 +64,12 @@ int show_cache() {
     std::printf("tuning cache %s: not a tuning cache (fmha ignores it; `fmha tune --clear` removes it)\n", path.c_str());
     return kExitFailed;
   }
+  const std::string version = j.contains("version") ? j["version"].dump() : "?";
   std::printf("tuning cache %s (format %s, version %s)\n", path.c_str(), j.value("format", "?").c_str(),
-              j.contains("version") ? j["version"].dump().c_str() : "?");
+              version.c_str());
+  if (j.value("format", "") != detail::kCacheFormat || version != std::to_string(detail::kCacheVersion))
+    std::printf("  (fmha %s reads format %s version %d and ignores this file)\n", fmha::version(), detail::kCacheFormat,
+                detail::kCacheVersion);
   for (const auto& [device, classes] : j["devices"].items()) {
     std::printf("\n%s\n  %-48s %-10s %10s  %-10s %10s %8s\n", device.c_str(), "class", "winner", "ms", "default",
                 "ms", "speedup");
