@@ -172,6 +172,7 @@ TEST(Cli, TuneWritesTheCacheThatRunUses) {
   const std::string cache = dir + "/tune.json";
   const std::string env = "FMHA_TUNE_CACHE=" + cache;
   std::remove(cache.c_str());
+  EXPECT_EQ(nlohmann::json::parse(fmha("info --json", false, env).out)["tune_cache"], cache);
   const std::string small = "--backend cpu --batch 1 --heads 2 --seqlen-q 256 --iters 1 --warmup 0 --no-progress";
   Result r = fmha("tune " + small, true, env);
   ASSERT_EQ(r.exit_code, 0) << r.out;

@@ -27,6 +27,8 @@ constexpr double kCheckBudgetFlops = 4e9;
 int cmd_info(bool json) {
   nlohmann::json j;
   j["version"] = version();
+  j["tune_cache"] = tune_cache_path();
+  j["autotune"] = autotune_enabled();
   for (Backend b : compiled_backends()) j["backends"].push_back(to_string(b));
   for (const DeviceInfo& d : devices()) {
     nlohmann::json dj;
@@ -72,6 +74,8 @@ int cmd_info(bool json) {
     }
   }
   if (j["devices"].size() == 1) std::cout << "  (no CUDA device found)\n";
+  std::cout << "tuning cache: " << j["tune_cache"].get<std::string>()
+            << (j["autotune"].get<bool>() ? " (autotune on)" : "") << "\n";
   return kExitOk;
 }
 
