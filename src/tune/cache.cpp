@@ -202,7 +202,8 @@ std::string cached_variant(const std::string& device, const std::string& class_k
 Status store_in_cache(const std::string& device, const std::string& class_key, const CacheEntry& entry) {
   const std::string path = tune_cache_path();
   if (path.empty())
-    return {Code::invalid_argument, std::string("tuning cache: no path (set ") + kCacheVariable + ", XDG_CACHE_HOME or HOME)"};
+    return {Code::invalid_argument,
+            std::string("tuning cache: no path (set ") + kCacheVariable + ", XDG_CACHE_HOME or HOME)"};
   std::error_code ec;
   const fs::path parent = fs::path(path).parent_path();
   if (!parent.empty()) fs::create_directories(parent, ec);

@@ -99,7 +99,8 @@ const char* to_string(VariantSource source) {
 }
 
 VariantRequest requested_variant(Backend tier, const Params& p, Direction direction, const char* variable) {
-  if (t_candidate_active && t_candidate_tier == tier && t_candidate_direction == direction) return {t_candidate_name, VariantSource::tuner};
+  if (t_candidate_active && t_candidate_tier == tier && t_candidate_direction == direction)
+    return {t_candidate_name, VariantSource::tuner};
   if (variable && *variable) return {variable, VariantSource::variable};
   if (cache_has_entries()) {
     std::string name = cached_variant(device_key(p.q.device), class_of(tier, p, direction).key());

@@ -102,7 +102,8 @@ size_t bytes_of(const Tensor& t) { return size_t(t.numel()) * dtype_size(t.dtype
 
 // Uniform values in [-1, 1] stored as t's dtype, generated once per tensor role: the rotated
 // input sets hold the same values in other memory (what rotation defeats is the L2, not the data).
-const std::vector<unsigned char>& random_values(const Tensor& t, std::vector<unsigned char>& host, std::mt19937_64& rng) {
+const std::vector<unsigned char>& random_values(const Tensor& t, std::vector<unsigned char>& host,
+                                                std::mt19937_64& rng) {
   if (!host.empty()) return host;
   std::uniform_real_distribution<float> uniform(-1.f, 1.f);
   host.resize(bytes_of(t));
@@ -233,7 +234,8 @@ class Session {
   Status run(const std::string& name, int set) {
     {
       std::lock_guard<std::mutex> lock(g_test_mutex);
-      if (g_test_candidate && g_test_candidate->name == name) return g_test_candidate->run(params_[size_t(set)], direction_);
+      if (g_test_candidate && g_test_candidate->name == name)
+        return g_test_candidate->run(params_[size_t(set)], direction_);
     }
     CandidateScope scope(entry_.id, direction_, name);
     return entry_.run(params_[size_t(set)], direction_);
@@ -368,7 +370,8 @@ Status tune_call(const Params& call, Direction direction, const TuneOptions& opt
       r.variants.push_back(v);
       continue;
     }
-    for (size_t o = 0; o < got.size(); ++o) v.difference = std::max(v.difference, relative_difference(got[o], reference[o]));
+    for (size_t o = 0; o < got.size(); ++o)
+      v.difference = std::max(v.difference, relative_difference(got[o], reference[o]));
     if (!(v.difference <= allowed)) {
       char text[96];
       std::snprintf(text, sizeof text, "disagrees with the default (difference %.3g > %.3g)", v.difference, allowed);
@@ -398,7 +401,8 @@ Status tune_call(const Params& call, Direction direction, const TuneOptions& opt
     r.default_ms = builtin->ms;
     if (best && best->ms > builtin->ms * (1.0 - kMinGain)) best = builtin;
   }
-  if (!best) return {Code::internal, "no variant of " + std::string(to_string(entry.id)) + " ran the class " + r.problem.key()};
+  if (!best)
+    return {Code::internal, "no variant of " + std::string(to_string(entry.id)) + " ran the class " + r.problem.key()};
   r.winner = best->variant;
   r.winner_ms = best->ms;
 

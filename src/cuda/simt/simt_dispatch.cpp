@@ -6,8 +6,9 @@
 // backward main kernel's (names and what they change: simt_config.h) at the head dims compiled in
 // every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by default); "compact" also at the head dims
 // where it is compiled besides (32, 96, 192); elsewhere the default runs. Each variable is read
-// once, at the first call; without it, the tuning cache's winner runs (src/tune/). A default that needs more shared memory than the GPU offers gives way
-// to a compiled variant that fits (variant.h).
+// once, at the first call; without it, the tuning cache's winner runs (src/tune/). A default
+// that needs more shared memory than the GPU offers gives way to a compiled variant that fits
+// (variant.h).
 #include "cuda/simt/simt_dispatch.h"
 
 #include <cstdlib>
