@@ -7,8 +7,8 @@
 // compiled in every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by default); "compact" also at the
 // head dims where it is compiled besides (96, 192, 256); elsewhere the default runs. Each
 // variable is read once, at the first call; without it, the tuning cache's winner runs
-// (src/tune/). A default that needs more shared memory than the GPU
-// offers gives way to a compiled variant that fits (variant.h).
+// (src/tune/). A default that needs more shared memory than the GPU offers gives way to a
+// compiled variant that fits (variant.h).
 #include "cuda/sm80/sm80_dispatch.h"
 
 #include <cstdlib>
