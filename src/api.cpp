@@ -10,6 +10,7 @@
 #include "cpu/fast_attention.h"
 #include "cpu/reference.h"
 #include "fmha/fmha.h"
+#include "tune/tuner.h"
 
 #ifndef FMHA_VERSION
 #define FMHA_VERSION "0.0.0"
@@ -66,7 +67,7 @@ Status reference_supports(const Params&, Direction) { return Status::success(); 
 
 std::vector<BackendEntry> registered_backends() {
   std::vector<BackendEntry> all = {
-      {Backend::cpu, DeviceType::cpu, cpu::supports, cpu::run, no_workspace},
+      {Backend::cpu, DeviceType::cpu, cpu::supports, cpu::run, no_workspace, cpu::variants, cpu::variant_of},
       {Backend::reference, DeviceType::cpu, reference_supports, reference::run, no_workspace},
   };
   for (const BackendEntry& e : cuda_backends()) all.push_back(e);
@@ -87,8 +88,10 @@ size_t cuda_device_count() {
   return count;
 }
 
+}  // namespace
+
 // Validates the call and picks the backend entry that will run it.
-Status choose(const Params& p, Direction direction, detail::BackendEntry* chosen) {
+Status detail::choose_backend(const Params& p, Direction direction, detail::BackendEntry* chosen) {
   if (Status s = detail::validate(p, direction); !s.ok()) return s;
   const auto entries = detail::registered_backends();
   const DeviceType device = p.q.device.type;
@@ -131,9 +134,18 @@ Status choose(const Params& p, Direction direction, detail::BackendEntry* chosen
   return {Code::unsupported, "no backend supports this call (" + reasons + ")"};
 }
 
+namespace {
+
+Status choose(const Params& p, Direction direction, detail::BackendEntry* chosen) {
+  return detail::choose_backend(p, direction, chosen);
+}
+
 Status run(const Params& p, Direction direction) {
   detail::BackendEntry entry{};
   if (Status s = choose(p, direction, &entry); !s.ok()) return s;
+  // Opt-in autotuning (include/fmha/tune.h): the first call of an untuned class tunes it, then
+  // runs with the winner it found.
+  if (entry.variants && detail::autotune_wanted(p, direction, entry.id)) detail::autotune(p, direction, entry.id);
   try {
     return entry.run(p, direction);
   } catch (const std::bad_alloc&) {

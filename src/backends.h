@@ -2,6 +2,7 @@
 // api.cpp is the only caller: it validates, picks one entry and runs it.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "fmha/fmha.h"
@@ -15,6 +16,10 @@ struct BackendEntry {
   Status (*supports)(const Params&, Direction);
   Status (*run)(const Params&, Direction);
   Status (*workspace_size)(const Params&, Direction, size_t*);
+  // Tuning (include/fmha/tune.h): the tier's variant names for a direction in the tier's order
+  // (none for the oracle), and the one a call it supports runs (src/tune/selection.h's order).
+  std::vector<std::string> (*variants)(Direction) = nullptr;
+  Status (*variant_of)(const Params&, Direction, std::string*) = nullptr;
 };
 
 // CPU backends first, then GPU tiers from the most capable down (auto-selection takes the first
@@ -24,6 +29,13 @@ std::vector<BackendEntry> registered_backends();
 // GPU tiers and devices; empty in a build without CUDA.
 std::vector<BackendEntry> cuda_backends();
 std::vector<DeviceInfo> cuda_devices();
+
+// Validates a call and picks the entry that runs it (api.cpp: the one function that chooses).
+Status choose_backend(const Params& params, Direction direction, BackendEntry* chosen);
+
+// A CUDA device as the tuning cache names it: name, multiprocessors, CUDA runtime and driver
+// versions. Empty in a build without CUDA or for a device that cannot be queried.
+std::string cuda_device_key(int ordinal);
 
 // Backend-independent checks: shapes, strides, dtypes, devices, pointers, options.
 Status validate(const Params& params, Direction direction);

@@ -1,9 +1,12 @@
 // A build without CUDA: no GPU tiers and no CUDA devices.
 #include "backends.h"
+#include "tune/device.h"
 
 namespace fmha::detail {
 
 std::vector<BackendEntry> cuda_backends() { return {}; }
 std::vector<DeviceInfo> cuda_devices() { return {}; }
+std::string cuda_device_key(int) { return {}; }
+std::unique_ptr<TuneDevice> make_cuda_tune_device(int) { return nullptr; }
 
 }  // namespace fmha::detail

@@ -7,6 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 namespace {
 
@@ -159,6 +162,102 @@ TEST(Cli, BenchSweepIsFilteredByExplicitDtypeAndMode) {
   EXPECT_EQ(j[0]["mode"], "fwd");
   EXPECT_EQ(j[0]["seqlen_q"], 4096);
   EXPECT_EQ(j[0]["status"], "ok");
+}
+
+// `fmha tune` end to end on the CPU: a class from the run flags, its table, the cache it writes
+// and that `fmha run` then uses (below an FMHA_CPU_CONFIG override), --show, --clear, and two
+// tuners writing at once.
+TEST(Cli, TuneWritesTheCacheThatRunUses) {
+  const std::string dir = ::testing::TempDir() + "fmha_cli_tune_" + std::to_string(getpid());
+  const std::string cache = dir + "/tune.json";
+  const std::string env = "FMHA_TUNE_CACHE=" + cache;
+  std::remove(cache.c_str());
+  EXPECT_EQ(nlohmann::json::parse(fmha("info --json", false, env).out)["tune_cache"], cache);
+  const std::string small = "--backend cpu --batch 1 --heads 2 --seqlen-q 256 --iters 1 --warmup 0 --no-progress";
+  Result r = fmha("tune " + small, true, env);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string key = "cpu fwd fp32 d64 none g1 q256 k256";
+  EXPECT_NE(r.out.find(key), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("<- winner"), std::string::npos) << r.out;
+  for (const char* variant : {"k2048 (def)", "k512", "k1024", "k4096", "c2", "c16"})
+    EXPECT_NE(r.out.find(variant), std::string::npos) << variant << " missing from the table:\n" << r.out;
+  auto read_cache = [&] {
+    FILE* f = fopen(cache.c_str(), "r");
+    std::string text;
+    if (!f) return nlohmann::json();
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) text.append(buf.data(), n);
+    fclose(f);
+    return nlohmann::json::parse(text);
+  };
+  nlohmann::json j = read_cache();
+  ASSERT_EQ(j["devices"].size(), 1u) << j.dump();
+  const nlohmann::json& classes = j["devices"].begin().value();
+  ASSERT_TRUE(classes.contains(key)) << j.dump();
+  const std::string winner = classes[key]["variant"];
+
+  auto run_json = [&](const std::string& extra_env) {
+    const Result run = fmha("run --backend cpu --batch 1 --heads 2 --seqlen-q 256 --iters 1 --json", false,
+                            env + (extra_env.empty() ? "" : " " + extra_env));
+    EXPECT_EQ(run.exit_code, 0);
+    return nlohmann::json::parse(run.out);
+  };
+  nlohmann::json run = run_json("");
+  EXPECT_EQ(run["variant"], winner);
+  EXPECT_EQ(run["variant_source"], "cache");
+  run = run_json("FMHA_CPU_CONFIG=c2");
+  EXPECT_EQ(run["variant"], "c2");
+  EXPECT_EQ(run["variant_source"], "variable");
+
+  r = fmha("tune --show", false, env);
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find(key), std::string::npos) << r.out;
+
+  // Two tuners at once (other classes): both winners land, the file parses.
+  const std::string both = "sh -c '" + std::string(FMHA_CLI_PATH) + " tune " + small + " --causal top-left & " +
+                           std::string(FMHA_CLI_PATH) + " tune " + small + " --head-dim 32 & wait'";
+  ASSERT_EQ(std::system(("env " + env + " " + both + " >/dev/null 2>&1").c_str()), 0);
+  j = read_cache();
+  const nlohmann::json& after = j["devices"].begin().value();
+  EXPECT_TRUE(after.contains(key));
+  EXPECT_TRUE(after.contains("cpu fwd fp32 d64 causal g1 q256 k256")) << j.dump();
+  EXPECT_TRUE(after.contains("cpu fwd fp32 d32 none g1 q256 k256")) << j.dump();
+
+  r = fmha("tune --clear", false, env);
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_FALSE(read_cache().is_object());
+  EXPECT_EQ(run_json("")["variant_source"], "default");
+  EXPECT_NE(fmha("tune --show", false, env).out.find("none yet"), std::string::npos);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(Cli, TuneSweepAndBadFlags) {
+  const std::string cache = ::testing::TempDir() + "fmha_cli_tune_sweep_" + std::to_string(getpid()) + ".json";
+  const std::string env = "FMHA_TUNE_CACHE=" + cache;
+  // The seed sweep's classes on the CPU (measuring them takes too long for CI): 3 precisions x 2
+  // directions, and --dtype / --mode cut it as they cut `fmha bench`'s.
+  Result r = fmha("tune --sweep seed --backend cpu --list", false, env);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* key : {"cpu fwd fp32 d64 none g1 q4096 k4096", "cpu bwd fp32 d64 none g1 q4096 k4096",
+                          "cpu fwd tf32 d64 none g1 q4096 k4096", "cpu bwd tf32 d64 none g1 q4096 k4096",
+                          "cpu fwd bf16 d64 none g1 q4096 k4096", "cpu bwd bf16 d64 none g1 q4096 k4096"})
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << "\n" << r.out;
+  r = fmha("tune --sweep seed --backend cpu --dtype bf16 --mode bwd --list", false, env);
+  EXPECT_EQ(r.out, "cpu bwd bf16 d64 none g1 q4096 k4096\n");
+  // A dry run measures and writes nothing.
+  r = fmha("tune --backend cpu --batch 1 --heads 1 --seqlen-q 64 --iters 1 --warmup 0 --no-progress --dry-run", false,
+           env);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("1 class tuned"), std::string::npos) << r.out;
+  FILE* f = fopen(cache.c_str(), "r");
+  EXPECT_EQ(f, nullptr) << "--dry-run writes nothing";
+  if (f) fclose(f);
+  EXPECT_EQ(fmha("tune --sweep nope", false, env).exit_code, 2);
+  EXPECT_EQ(fmha("tune --show --clear", false, env).exit_code, 2);
+  r = fmha("tune --backend reference --batch 1 --heads 1 --seqlen-q 64 --iters 1", true, env);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("no variants"), std::string::npos) << r.out;
 }
 
 }  // namespace

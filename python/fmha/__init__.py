@@ -2,14 +2,38 @@
 
     out = fmha.attention(q, k, v, causal="bottom-right")
     dq, dk, dv = fmha.attention_backward(q, k, v, out, dout, lse)
+    fmha.tune(q, k, v, causal="bottom-right")     # time every variant, cache the fastest
 
 fmha.torch.attention is the differentiable PyTorch op (autograd, torch.compile, CUDA graphs).
 """
 
-from ._api import attention, attention_backward, info, select_backend
+from ._api import (
+    attention,
+    attention_backward,
+    autotune_enabled,
+    clear_tune_cache,
+    info,
+    select_backend,
+    selected_variant,
+    set_autotune,
+    tune,
+    tune_cache_path,
+)
 
 __version__ = info()["version"]
-__all__ = ["attention", "attention_backward", "info", "select_backend", "__version__"]
+__all__ = [
+    "attention",
+    "attention_backward",
+    "autotune_enabled",
+    "clear_tune_cache",
+    "info",
+    "select_backend",
+    "selected_variant",
+    "set_autotune",
+    "tune",
+    "tune_cache_path",
+    "__version__",
+]
 
 
 def __getattr__(name):

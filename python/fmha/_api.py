@@ -278,6 +278,58 @@ def select_backend(q, k, v, *, direction="forward", causal=None, window=None, sc
     return name
 
 
+def tune(q, k, v, *, direction="forward", causal=None, window=None, scale=None, q_offset=0, precision=None,
+         backend="auto", deterministic=False, warmup=None, iters=None, write_cache=True):
+    """Tunes the class of a call on arrays shaped like q, k, v (their data are not read: the tuner
+    times every variant of the backend on inputs of its own, checks each against the default's
+    output, and records the fastest in the tuning cache, which later calls use). Returns a dict:
+    problem_class, device, default, winner, default_ms, winner_ms, and variants (one dict per
+    variant: variant, is_default, agrees, ms, difference, status)."""
+    adapter = adapter_for(q)
+    options = make_options(causal, window, scale, q_offset, precision, backend, deterministic)
+    for name, value in (("warmup", warmup), ("iters", iters)):
+        if value is not None and (not _is_int(value) or value < (1 if name == "iters" else 0)):
+            raise ValueError("%s: expected an int >= %d or None, got %r" % (name, 1 if name == "iters" else 0, value))
+    if not isinstance(write_cache, bool):
+        raise TypeError("write_cache: expected a bool, got %s" % type(write_cache).__name__)
+    return _C.tune(direction, adapter.export(q), adapter.export(k), adapter.export(v), options, adapter.raw_bf16,
+                   -1 if warmup is None else warmup, -1 if iters is None else iters, write_cache)
+
+
+def selected_variant(q, k, v, *, direction="forward", causal=None, window=None, scale=None, q_offset=0,
+                     precision=None, backend="auto", deterministic=False):
+    """(variant, source): the variant of its backend a call on these arrays runs, and what chose
+    it: 'variable' (an FMHA_*_CONFIG environment variable), 'cache' (a tuned winner) or 'default'.
+    ('', '') for the reference backend, which has no variants."""
+    adapter = adapter_for(q)
+    options = make_options(causal, window, scale, q_offset, precision, backend, deterministic)
+    return tuple(_C.selected_variant(direction, adapter.export(q), adapter.export(k), adapter.export(v), options,
+                                     adapter.raw_bf16))
+
+
+def set_autotune(enabled):
+    """Autotuning: when on, the first call of a class the cache has no winner for tunes it first
+    (then runs with the winner). Off by default; FMHA_AUTOTUNE=1 turns it on for the process."""
+    if not isinstance(enabled, bool):
+        raise TypeError("enabled: expected a bool, got %s" % type(enabled).__name__)
+    _C.set_autotune(enabled)
+
+
+def autotune_enabled():
+    """Whether autotuning is on (set_autotune, else FMHA_AUTOTUNE)."""
+    return _C.autotune_enabled()
+
+
+def tune_cache_path():
+    """The tuning cache file: $FMHA_TUNE_CACHE, $XDG_CACHE_HOME/fmha/tune.json or ~/.cache/fmha/tune.json."""
+    return _C.tune_cache_path()
+
+
+def clear_tune_cache():
+    """Removes the tuning cache file."""
+    _C.clear_tune_cache()
+
+
 def info():
     """{'version', 'backends': compiled backends, 'devices': [...], 'cuda': built with CUDA}."""
     return _C.info()

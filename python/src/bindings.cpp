@@ -26,6 +26,7 @@
 #endif
 
 #include "fmha/fmha.h"
+#include "fmha/tune.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -348,6 +349,57 @@ size_t workspace_size(const std::string& direction, nb::handle q, nb::handle k, 
   return bytes;
 }
 
+// fmha::tune on the class of a call on these arrays (their data are not read): the winner and
+// each variant's time, as a dict.
+nb::dict tune(const std::string& direction, nb::handle q, nb::handle k, nb::handle v, const Options& options,
+              bool raw_bf16, int warmup, int iters, bool write_cache) {
+  InputArray qa, ka, va;
+  const fmha::Params p = query_params(q, k, v, options, raw_bf16, qa, ka, va);
+  fmha::TuneOptions tune_options;
+  tune_options.warmup = warmup;
+  tune_options.iters = iters;
+  tune_options.write_cache = write_cache;
+  fmha::TuneResult r;
+  fmha::Status status;
+  {
+    nb::gil_scoped_release released;
+    status = fmha::tune(p, parse_direction(direction), tune_options, &r);
+  }
+  check(status);
+  nb::dict out;
+  out["problem_class"] = r.problem.key();
+  out["device"] = r.device;
+  out["default"] = r.default_variant;
+  out["winner"] = r.winner;
+  out["default_ms"] = r.default_ms;
+  out["winner_ms"] = r.winner_ms;
+  nb::list variants;
+  for (const fmha::VariantTiming& t : r.variants) {
+    nb::dict entry;
+    entry["variant"] = t.variant;
+    entry["is_default"] = t.is_default;
+    entry["agrees"] = t.agrees;
+    entry["ms"] = t.ms;
+    entry["difference"] = t.difference;
+    entry["status"] = t.status;
+    variants.append(entry);
+  }
+  out["variants"] = variants;
+  return out;
+}
+
+// (variant, source) of the call on these arrays: ("", "") for a backend without variants.
+nb::tuple selected_variant(const std::string& direction, nb::handle q, nb::handle k, nb::handle v,
+                           const Options& options, bool raw_bf16) {
+  InputArray qa, ka, va;
+  const fmha::Params p = query_params(q, k, v, options, raw_bf16, qa, ka, va);
+  fmha::VariantChoice choice;
+  check(fmha::selected_variant(p, parse_direction(direction), &choice));
+  return nb::make_tuple(choice.variant, choice.source);
+}
+
+void clear_tune_cache() { check(fmha::clear_tune_cache()); }
+
 nb::dict info() {
   nb::dict out;
   out["version"] = fmha::version();
@@ -448,6 +500,14 @@ NB_MODULE(_C, m) {
   m.def("time_forward", &time_forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "options"_a, "iterations"_a,
         "Seconds taken by each of `iterations` fmha::forward calls on these CPU arrays (C++ only).");
   m.def("info", &info, "Version, compiled backends and visible devices.");
+  m.def("tune", &tune, "direction"_a, "q"_a, "k"_a, "v"_a, "options"_a, "raw_bf16"_a, "warmup"_a, "iters"_a,
+        "write_cache"_a, "Tunes the class of a call on these arrays (include/fmha/tune.h); a dict of the results.");
+  m.def("selected_variant", &selected_variant, "direction"_a, "q"_a, "k"_a, "v"_a, "options"_a, "raw_bf16"_a = false,
+        "(variant, source) that a call on these arrays runs; source: variable, cache, default.");
+  m.def("set_autotune", &fmha::set_autotune, "enabled"_a, "Autotune the first call of each untuned class.");
+  m.def("autotune_enabled", &fmha::autotune_enabled, "Whether autotuning is on.");
+  m.def("tune_cache_path", &fmha::tune_cache_path, "The tuning cache file.");
+  m.def("clear_tune_cache", &clear_tune_cache, "Removes the tuning cache file.");
 #if FMHA_PYTHON_CUDA
   m.def("cuda_empty", &cuda_empty, "shape"_a, "dtype"_a, "device"_a,
         "An uninitialised CUDA array (cudaMalloc), freed when its last reference goes away.");

@@ -1,12 +1,20 @@
-// The `cpu` backend's entry points: which instruction-set path this CPU runs (src/cpu/isa.h), and
-// the call into that path's compilation of the kernels. Compiled for the baseline target only,
-// so that it runs on every CPU, including those that lack every path but the portable one.
+// The `cpu` backend's entry points: which instruction-set path this CPU runs (src/cpu/isa.h),
+// which block-size variant (src/cpu/cpu_config.h) a call runs, and the call into that path's
+// compilation of the kernels. Compiled for the baseline target only, so that it runs on every
+// CPU, including those that lack every path but the portable one.
+//
+// FMHA_CPU_CONFIG=<name> picks the variant; it is read at every call, like FMHA_CPU_ISA, and an
+// unknown name is refused with the list of names. Unset, the tuning cache's winner for the call's
+// class runs, else the default (src/tune/selection.h).
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "cpu/fast_attention.h"
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
+#include "tune/selection.h"
 
 namespace fmha::cpu {
 
@@ -93,7 +101,42 @@ Status selected_isa(Isa* chosen) {
   return choose_isa(compiled_isas(), cpu_isas(), std::getenv(kIsaEnvironmentVariable), chosen);
 }
 
-Status supports(const Params& p, Direction) {
+namespace {
+
+// The variant a call runs, or why the request names none.
+Status selected_config(const Params& p, Direction direction, const CpuConfig** config) {
+  const detail::VariantRequest request =
+      detail::requested_variant(Backend::cpu, p, direction, std::getenv(kCpuConfigVariable));
+  *config = &kCpuConfigs[kCpuDefaultVariant];
+  if (request.name.empty()) return Status::success();
+  for (const CpuConfig& c : kCpuConfigs)
+    if (request.name == c.name) return *config = &c, Status::success();
+  if (request.source == detail::VariantSource::cache) return Status::success();  // another build's name
+  std::string names;
+  for (const CpuConfig& c : kCpuConfigs) names += std::string(names.empty() ? "" : ", ") + c.name;
+  const std::string origin = request.source == detail::VariantSource::variable
+                                 ? std::string(kCpuConfigVariable) + "=" + request.name
+                                 : "variant '" + request.name + "'";
+  return {Code::invalid_argument, origin + " names no cpu configuration; choose one of " + names};
+}
+
+}  // namespace
+
+std::vector<std::string> variants(Direction) {
+  std::vector<std::string> names;
+  for (const CpuConfig& c : kCpuConfigs) names.emplace_back(c.name);
+  return names;
+}
+
+Status variant_of(const Params& p, Direction direction, std::string* name) {
+  const CpuConfig* config = nullptr;
+  if (Status s = cpu::supports(p, direction); !s.ok()) return s;
+  if (Status s = selected_config(p, direction, &config); !s.ok()) return s;
+  *name = config->name;
+  return Status::success();
+}
+
+Status supports(const Params& p, Direction direction) {
   if (p.q.shape[3] > kMaxHeadDim)
     return {Code::unsupported, "q: head_dim " + std::to_string(p.q.shape[3]) + " is above the cpu backend's limit of " +
                                    std::to_string(kMaxHeadDim)};
@@ -101,23 +144,27 @@ Status supports(const Params& p, Direction) {
     return {Code::unsupported, "v: head_dim_v " + std::to_string(p.v.shape[3]) +
                                    " is above the cpu backend's limit of " + std::to_string(kMaxHeadDim)};
   Isa isa{};
-  return selected_isa(&isa);
+  if (Status s = selected_isa(&isa); !s.ok()) return s;
+  const CpuConfig* config = nullptr;
+  return selected_config(p, direction, &config);
 }
 
 Status run(const Params& p, Direction direction) {
   Isa isa{};
   if (Status s = selected_isa(&isa); !s.ok()) return s;
+  const CpuConfig* config = nullptr;
+  if (Status s = selected_config(p, direction, &config); !s.ok()) return s;
   switch (isa) {
 #ifdef FMHA_CPU_HAS_AVX2
-    case Isa::avx2: return avx2::run_kernels(p, direction);
+    case Isa::avx2: return avx2::run_kernels(p, direction, *config);
 #endif
 #ifdef FMHA_CPU_HAS_AVX512
-    case Isa::avx512: return avx512::run_kernels(p, direction);
+    case Isa::avx512: return avx512::run_kernels(p, direction, *config);
 #endif
 #ifdef FMHA_CPU_HAS_AVX512BF16
-    case Isa::avx512bf16: return avx512bf16::run_kernels(p, direction);
+    case Isa::avx512bf16: return avx512bf16::run_kernels(p, direction, *config);
 #endif
-    default: return portable::run_kernels(p, direction);
+    default: return portable::run_kernels(p, direction, *config);
   }
 }
 

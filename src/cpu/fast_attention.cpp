@@ -190,17 +190,16 @@ void scale_and_mask_row(float* s, float scale_log2, int64_t col0, Range visible,
 }
 
 // How the work of one head is cut: chunks of `chunk_tiles` tiles, enough chunks overall to keep
-// every thread busy, at most kMaxChunkTiles tiles each (bounding per-chunk state).
-constexpr int64_t kMaxChunkTiles = 8;
-constexpr int64_t kKeyBlock = 2048;     // keys converted at once (a multiple of kTileN)
-constexpr int64_t kQueryBlock = 2048;   // queries converted at once in the dK/dV pass
+// every thread busy, at most config.max_chunk_tiles tiles each (bounding per-chunk state). The
+// key and query blocks (how many rows are converted at once) come from the config too
+// (src/cpu/cpu_config.h); they are multiples of both tile sizes.
 constexpr int64_t kItemsPerThread = 4;  // dynamic scheduling slack
-static_assert(kKeyBlock % kTileN == 0 && kQueryBlock % kTileM == 0);
+static_assert(kTileM == 64 && kTileN == 64, "cpu_config.h's blocks are multiples of 64");
 
-int64_t chunk_tiles(int64_t tiles_per_head, int64_t heads_total, int threads) {
+int64_t chunk_tiles(int64_t tiles_per_head, int64_t heads_total, int threads, const CpuConfig& config) {
   const int64_t wanted = kItemsPerThread * threads;
   const int64_t chunks_per_head = std::max<int64_t>(1, (wanted + heads_total - 1) / std::max<int64_t>(heads_total, 1));
-  return std::clamp<int64_t>((tiles_per_head + chunks_per_head - 1) / chunks_per_head, 1, kMaxChunkTiles);
+  return std::clamp<int64_t>((tiles_per_head + chunks_per_head - 1) / chunks_per_head, 1, config.max_chunk_tiles);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -225,7 +224,9 @@ struct ForwardScratch {
 // stored values, and O += P·V with P rounded to bf16 (as the GPU tiers' bf16 tensor-core
 // matmuls do); the softmax stays in fp32. Otherwise every operand is converted to fp32 first.
 template <bool kBf16>
-void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head, Range rows, ForwardScratch& t) {
+void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, int64_t b, int64_t kv_head, Range rows,
+                   ForwardScratch& t) {
+  const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(rows.size(), kTileM);  // chunk rows, padded
   float* acc = t.acc.reserve(s.group * n * dvp);
@@ -256,8 +257,8 @@ void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head
       for (int64_t r = 0; r < rows.size(); ++r) std::copy_n(t.q.tile(rows.begin + r), dp, dst + r * dp);
     }
 
-  for (int64_t block0 = align_down(keys.begin, kKeyBlock); block0 < keys.end; block0 += kKeyBlock) {
-    const Range block = intersect(keys, Range{block0, block0 + kKeyBlock});
+  for (int64_t block0 = align_down(keys.begin, key_block); block0 < keys.end; block0 += key_block) {
+    const Range block = intersect(keys, Range{block0, block0 + key_block});
     if constexpr (kBf16) {
       t.k_bf16.load(p.k, b, kv_head, block, s.head_dim, Bf16Layout::pairs_over_dim);
       t.v_bf16.load(p.v, b, kv_head, block, s.head_dim_v, Bf16Layout::pairs_over_rows);
@@ -463,8 +464,9 @@ struct BackwardScratch {
 
 // dK/dV pass: one item = (batch, KV head, chunk of key tiles), over every query head of the group.
 template <bool kBf16>
-void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, int64_t b, int64_t kv_head, Range keys,
-                       BackwardScratch<kBf16>& t) {
+void backward_kv_chunk(const Params& p, const Problem& s, const CpuConfig& config, const RowStats& st, int64_t b,
+                       int64_t kv_head, Range keys, BackwardScratch<kBf16>& t) {
+  const int64_t query_block = config.query_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(keys.size(), kTileN);
   float* dk = t.dk.reserve(n * dp);
@@ -472,8 +474,8 @@ void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, in
   float* scores = t.s.reserve(kTileM * kTileN);
   float* dprob = t.dprob.reserve(kTileM * kTileN);
   float* row_buffer = t.row.reserve(std::max(dp, dvp));
-  float* lse = t.lse.reserve(kQueryBlock + kTileM);
-  float* delta = t.delta.reserve(kQueryBlock + kTileM);
+  float* lse = t.lse.reserve(query_block + kTileM);
+  float* delta = t.delta.reserve(query_block + kTileM);
   std::fill_n(dk, n * dp, 0.0f);
   std::fill_n(dv, n * dvp, 0.0f);
   const Range queries = s.mask.queries(Range{0, s.seqlen_q}, keys);
@@ -483,8 +485,8 @@ void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, in
   }
   for (int64_t g = 0; g < s.group; ++g) {
     const int64_t h = kv_head * s.group + g;
-    for (int64_t qb0 = align_down(queries.begin, kQueryBlock); qb0 < queries.end; qb0 += kQueryBlock) {
-      const Range block = intersect(queries, Range{qb0, qb0 + kQueryBlock});
+    for (int64_t qb0 = align_down(queries.begin, query_block); qb0 < queries.end; qb0 += query_block) {
+      const Range block = intersect(queries, Range{qb0, qb0 + query_block});
       load_operand(t.q, p.q, b, h, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
       load_operand(t.qt, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
       load_operand(t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_rows, s.tf32, row_buffer);
@@ -532,8 +534,9 @@ void backward_kv_chunk(const Params& p, const Problem& s, const RowStats& st, in
 
 // dQ pass: one item = (batch, KV head, chunk of query tiles), over every query head of the group.
 template <bool kBf16>
-void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int64_t b, int64_t kv_head, Range rows,
-                      BackwardScratch<kBf16>& t) {
+void backward_q_chunk(const Params& p, const Problem& s, const CpuConfig& config, const RowStats& st, int64_t b,
+                      int64_t kv_head, Range rows, BackwardScratch<kBf16>& t) {
+  const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(rows.size(), kTileM);
   float* dq = t.dq.reserve(s.group * n * dp);
@@ -550,8 +553,8 @@ void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int
       delta[g * n + r] = r < rows.size() ? st.delta[idx] : 0.0f;
     }
   const Range keys = s.mask.keys(rows);
-  for (int64_t block0 = align_down(keys.begin, kKeyBlock); block0 < keys.end; block0 += kKeyBlock) {
-    const Range block = intersect(keys, Range{block0, block0 + kKeyBlock});
+  for (int64_t block0 = align_down(keys.begin, key_block); block0 < keys.end; block0 += key_block) {
+    const Range block = intersect(keys, Range{block0, block0 + key_block});
     load_operand(t.kt, p.k, b, kv_head, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
     load_operand(t.krow, p.k, b, kv_head, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
     load_operand(t.vt, p.v, b, kv_head, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
@@ -589,13 +592,13 @@ void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int
 
 }  // namespace
 
-Status run_kernels(const Params& p, Direction direction) {
+Status run_kernels(const Params& p, Direction direction, const CpuConfig& config) {
   const Problem s = Problem::of(p);
   const int threads = resolve_threads(p.num_threads);
   const int64_t heads_total = s.batch * s.kv_heads;
   // Items are (batch, KV head, chunk); chunks of one head run next to each other.
   auto for_chunks = [&](int64_t length, int64_t tile, auto&& body) {
-    const int64_t per_chunk = chunk_tiles(tiles(length, tile), heads_total, threads) * tile;
+    const int64_t per_chunk = chunk_tiles(tiles(length, tile), heads_total, threads, config) * tile;
     const int64_t chunks = tiles(length, per_chunk);
     parallel_for(heads_total * chunks, threads, [&](int worker, int64_t item) {
       const int64_t head = item / chunks, chunk = item % chunks;
@@ -607,8 +610,8 @@ Status run_kernels(const Params& p, Direction direction) {
     std::vector<ForwardScratch> scratch(static_cast<size_t>(threads));
     const bool bf16_dot = kBf16Dot && s.dtype == DType::bf16;
     for_chunks(s.seqlen_q, kTileM, [&](int worker, int64_t b, int64_t kv_head, Range rows) {
-      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, b, kv_head, rows, scratch[size_t(worker)]);
-      else forward_chunk<false>(p, s, b, kv_head, rows, scratch[size_t(worker)]);
+      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, scratch[size_t(worker)]);
+      else forward_chunk<false>(p, s, config, b, kv_head, rows, scratch[size_t(worker)]);
     });
     return Status::success();
   }
@@ -617,10 +620,10 @@ Status run_kernels(const Params& p, Direction direction) {
     constexpr bool kBf16 = decltype(bf16_tag)::value;
     std::vector<BackwardScratch<kBf16>> scratch(static_cast<size_t>(threads));
     for_chunks(s.seqlen_k, kTileN, [&](int worker, int64_t b, int64_t kv_head, Range keys) {
-      backward_kv_chunk<kBf16>(p, s, stats, b, kv_head, keys, scratch[size_t(worker)]);
+      backward_kv_chunk<kBf16>(p, s, config, stats, b, kv_head, keys, scratch[size_t(worker)]);
     });
     for_chunks(s.seqlen_q, kTileM, [&](int worker, int64_t b, int64_t kv_head, Range rows) {
-      backward_q_chunk<kBf16>(p, s, stats, b, kv_head, rows, scratch[size_t(worker)]);
+      backward_q_chunk<kBf16>(p, s, config, stats, b, kv_head, rows, scratch[size_t(worker)]);
     });
   };
   if (kBf16Dot && s.dtype == DType::bf16) backward(std::bool_constant<kBf16Dot>{});

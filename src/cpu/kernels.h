@@ -3,21 +3,22 @@
 // FMHA_CPU_HAS_<PATH> definitions that CMake gives src/cpu/dispatch.cpp.
 #pragma once
 
+#include "cpu/cpu_config.h"
 #include "fmha/fmha.h"
 
 namespace fmha::cpu {
 
 namespace portable {
-Status run_kernels(const Params& params, Direction direction);
+Status run_kernels(const Params& params, Direction direction, const CpuConfig& config);
 }
 namespace avx2 {
-Status run_kernels(const Params& params, Direction direction);
+Status run_kernels(const Params& params, Direction direction, const CpuConfig& config);
 }
 namespace avx512 {
-Status run_kernels(const Params& params, Direction direction);
+Status run_kernels(const Params& params, Direction direction, const CpuConfig& config);
 }
 namespace avx512bf16 {
-Status run_kernels(const Params& params, Direction direction);
+Status run_kernels(const Params& params, Direction direction, const CpuConfig& config);
 }
 
 }  // namespace fmha::cpu

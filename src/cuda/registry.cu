@@ -3,6 +3,8 @@
 // comes before sm80 (tensor cores, sm_80+), and that before simt (exact fp32, any GPU).
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "backends.h"
 #include "cuda/common/host.h"
 #include "cuda/instances.h"
@@ -20,14 +22,14 @@ std::vector<BackendEntry> cuda_backends() {
   std::vector<BackendEntry> out;
 #if FMHA_CUDA_SM90
   out.push_back({Backend::cuda_sm90, DeviceType::cuda, cuda::sm90::supports, cuda::sm90::run,
-                 cuda::workspace_size});
+                 cuda::workspace_size, cuda::sm90::variants, cuda::sm90::variant_of});
 #endif
 #if FMHA_CUDA_SM80_MIN_ARCH
   out.push_back({Backend::cuda_sm80, DeviceType::cuda, cuda::sm80::supports, cuda::sm80::run,
-                 cuda::workspace_size});
+                 cuda::workspace_size, cuda::sm80::variants, cuda::sm80::variant_of});
 #endif
   out.push_back({Backend::cuda_simt, DeviceType::cuda, cuda::simt::supports, cuda::simt::run,
-                 cuda::workspace_size});
+                 cuda::workspace_size, cuda::simt::variants, cuda::simt::variant_of});
   return out;
 }
 
@@ -50,6 +52,20 @@ std::vector<DeviceInfo> cuda_devices() {
     out.push_back(info);
   }
   return out;
+}
+
+std::string cuda_device_key(int ordinal) {
+  cudaDeviceProp prop{};
+  int runtime = 0, driver = 0;
+  if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess || cudaRuntimeGetVersion(&runtime) != cudaSuccess ||
+      cudaDriverGetVersion(&driver) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  // CUDA versions are 1000 * major + 10 * minor.
+  auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+  return std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, CUDA runtime " +
+         version(runtime) + ", driver " + version(driver);
 }
 
 }  // namespace fmha::detail

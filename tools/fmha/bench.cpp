@@ -20,6 +20,24 @@ constexpr int64_t kFaHidden = 2048;    // heads = hidden / head_dim
 constexpr size_t kRotateBytes = size_t(256) << 20;  // rotate inputs until they span 256 MiB (> L2)
 constexpr int kMaxInputSets = 8;
 
+size_t input_bytes(const CaseSpec& c) {
+  const CaseSpec s = c.resolved();
+  const size_t e = dtype_size(s.dtype);
+  size_t n = size_t(s.batch * s.seqlen_q * s.heads * (s.head_dim + s.head_dim_v)) +
+             size_t(s.batch * s.seqlen_k * s.kv_heads * (s.head_dim + s.head_dim_v));
+  if (s.mode == Direction::backward) n *= 2;
+  return n * e;
+}
+
+std::string label_of(const CaseSpec& c) {
+  const CaseSpec s = c.resolved();
+  return std::string(to_string(s.mode)) + " " + s.dtype_name() + " b" + std::to_string(s.batch) + " h" +
+         std::to_string(s.heads) + " s" + std::to_string(s.seqlen_q) + " d" + std::to_string(s.head_dim) +
+         (s.causal != Causal::none ? " causal" : "");
+}
+
+}  // namespace
+
 std::vector<CaseSpec> fa_sweep(const CaseSpec& base) {
   std::vector<CaseSpec> cases;
   for (const char* dtype : {"bf16", "fp16"})
@@ -64,16 +82,14 @@ std::vector<CaseSpec> seed_sweep(const CaseSpec& base) {
   return cases;
 }
 
-size_t input_bytes(const CaseSpec& c) {
-  const CaseSpec s = c.resolved();
-  const size_t e = dtype_size(s.dtype);
-  size_t n = size_t(s.batch * s.seqlen_q * s.heads * (s.head_dim + s.head_dim_v)) +
-             size_t(s.batch * s.seqlen_k * s.kv_heads * (s.head_dim + s.head_dim_v));
-  if (s.mode == Direction::backward) n *= 2;
-  return n * e;
+bool named_sweep(const std::string& name, const CaseSpec& base, std::vector<CaseSpec>* cases) {
+  if (name == "fa") *cases = fa_sweep(base);
+  else if (name == "seed") *cases = seed_sweep(base);
+  else return false;
+  return true;
 }
 
-void progress(size_t done, size_t total, const std::string& label, bool enabled) {
+void progress_bar(size_t done, size_t total, const std::string& label, bool enabled) {
   if (!enabled) return;
   constexpr int kWidth = 30;
   const int filled = total ? int(kWidth * done / total) : kWidth;
@@ -82,15 +98,6 @@ void progress(size_t done, size_t total, const std::string& label, bool enabled)
   if (done == total) std::fprintf(stderr, "\n");
   std::fflush(stderr);
 }
-
-std::string label_of(const CaseSpec& c) {
-  const CaseSpec s = c.resolved();
-  return std::string(to_string(s.mode)) + " " + s.dtype_name() + " b" + std::to_string(s.batch) + " h" +
-         std::to_string(s.heads) + " s" + std::to_string(s.seqlen_q) + " d" + std::to_string(s.head_dim) +
-         (s.causal != Causal::none ? " causal" : "");
-}
-
-}  // namespace
 
 void add_bench_options(CLI::App* app, BenchOptions& o) {
   app->add_option("--sweep", o.sweep, "Named sweep: fa (FlashAttention's) or seed (B4 H4 S4096 D64)");
@@ -109,9 +116,7 @@ int run_bench(const BenchOptions& opt) {
   }
   std::vector<CaseSpec> cases;
   if (opt.sweep.empty()) cases = {base};
-  else if (opt.sweep == "fa") cases = fa_sweep(base);
-  else if (opt.sweep == "seed") cases = seed_sweep(base);
-  else {
+  else if (!named_sweep(opt.sweep, base, &cases)) {
     std::cerr << "fmha bench: --sweep: expected fa or seed, got '" << opt.sweep << "'\n";
     return 2;
   }
@@ -146,7 +151,7 @@ int run_bench(const BenchOptions& opt) {
   int failures = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const CaseSpec c = cases[i].resolved();
-    progress(i, cases.size(), label_of(c), show_progress);
+    progress_bar(i, cases.size(), label_of(c), show_progress);
     std::string status = "ok", backend = "-";
     double ms = 0.0, tflops = 0.0;
     try {
@@ -196,7 +201,7 @@ int run_bench(const BenchOptions& opt) {
       csv.flush();  // a sweep cut short keeps the rows it finished
     }
   }
-  progress(cases.size(), cases.size(), "done", show_progress);
+  progress_bar(cases.size(), cases.size(), "done", show_progress);
   if (opt.json_out == "-") std::cout << results.dump(2) << "\n";
   else if (!opt.json_out.empty()) {
     std::ofstream out(opt.json_out);

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "cli_options.h"
 
@@ -21,6 +22,15 @@ struct BenchOptions {
 };
 
 void add_bench_options(CLI::App* app, BenchOptions& opt);
+
+// FlashAttention's sweep (fa) and the seed shape in each precision and direction (seed), built on
+// `base`; false for another name. `fmha tune` tunes the same sweeps.
+bool named_sweep(const std::string& name, const CaseSpec& base, std::vector<CaseSpec>* cases);
+std::vector<CaseSpec> fa_sweep(const CaseSpec& base);
+std::vector<CaseSpec> seed_sweep(const CaseSpec& base);
+
+// A progress bar on stderr: `done` of `total`, then `label`; a newline when done == total.
+void progress_bar(size_t done, size_t total, const std::string& label, bool enabled);
 int run_bench(const BenchOptions& opt);
 
 }  // namespace fmha::tools

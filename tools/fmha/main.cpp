@@ -1,5 +1,6 @@
 // The fmha command-line tool: `fmha info`, `fmha run` (one case, timed, optionally checked
-// against the fp64 oracle) and `fmha bench` (named sweeps to CSV/JSON).
+// against the fp64 oracle), `fmha bench` (named sweeps to CSV/JSON) and `fmha tune` (the
+// variants of a sweep's classes timed, the fastest written to the tuning cache).
 // Exit codes: 0 success, 1 a --check outside tolerance, 2 bad flags or an invalid call.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -9,7 +10,9 @@
 
 #include "bench.h"
 #include "cli_options.h"
+#include "fmha/tune.h"
 #include "harness.h"
+#include "tune.h"
 
 namespace fmha::tools {
 namespace {
@@ -24,6 +27,8 @@ constexpr double kCheckBudgetFlops = 4e9;
 int cmd_info(bool json) {
   nlohmann::json j;
   j["version"] = version();
+  j["tune_cache"] = tune_cache_path();
+  j["autotune"] = autotune_enabled();
   for (Backend b : compiled_backends()) j["backends"].push_back(to_string(b));
   for (const DeviceInfo& d : devices()) {
     nlohmann::json dj;
@@ -69,6 +74,8 @@ int cmd_info(bool json) {
     }
   }
   if (j["devices"].size() == 1) std::cout << "  (no CUDA device found)\n";
+  std::cout << "tuning cache: " << j["tune_cache"].get<std::string>()
+            << (j["autotune"].get<bool>() ? " (autotune on)" : "") << "\n";
   return kExitOk;
 }
 
@@ -103,11 +110,17 @@ int cmd_run(const RunOptions& opt) {
         return kExitCheckFailed;
       }
     const CaseSpec& c = harness.spec();
+    VariantChoice variant;  // which variant ran, and whether a variable, the cache or the default chose it
+    selected_variant(harness.params(), c.mode, &variant);
     const double tflops = ms > 0.0 ? c.flops() / (ms * 1e-3) / 1e12 : 0.0;
 
     nlohmann::json j;
     j["backend"] = to_string(harness.backend_used());
     if (harness.backend_used() == Backend::cpu) j["cpu_path"] = cpu_paths().selected;
+    if (!variant.variant.empty()) {
+      j["variant"] = variant.variant;
+      j["variant_source"] = variant.source;
+    }
     j["device"] = device_description(device);
     j["dtype"] = c.dtype_name();
     j["mode"] = to_string(c.mode);
@@ -145,7 +158,8 @@ int cmd_run(const RunOptions& opt) {
     if (opt.json) {
       std::cout << j.dump() << "\n";
     } else {
-      const std::string path = j.contains("cpu_path") ? ", " + j["cpu_path"].get<std::string>() + " path" : "";
+      std::string path = j.contains("cpu_path") ? ", " + j["cpu_path"].get<std::string>() + " path" : "";
+      if (!variant.variant.empty()) path += ", variant " + variant.variant + " (" + variant.source + ")";
       std::printf("fmha run: %s %s on %s (%s%s)\n", to_string(c.mode), c.dtype_name().c_str(), j["backend"].get<std::string>().c_str(),
                   j["device"].get<std::string>().c_str(), path.c_str());
       std::printf("  batch %lld, heads %lld/%lld, seqlen %lld x %lld, head_dim %lld/%lld, causal %s, window %lld,%lld, q_offset %lld\n",
@@ -193,6 +207,11 @@ int main(int argc, char** argv) {
   add_case_options(bench, bench_opt.run);
   add_bench_options(bench, bench_opt);
 
+  TuneCliOptions tune_opt;
+  CLI::App* tune = app.add_subcommand("tune", "Tune a sweep's classes or one class; --show / --clear the cache");
+  add_case_options(tune, tune_opt.run);
+  add_tune_options(tune, tune_opt);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -211,6 +230,11 @@ int main(int argc, char** argv) {
     bench_opt.dtype_given = bench->count("--dtype") > 0;
     bench_opt.mode_given = bench->count("--mode") > 0;
     return run_bench(bench_opt);
+  }
+  if (tune->parsed()) {
+    tune_opt.dtype_given = tune->count("--dtype") > 0;
+    tune_opt.mode_given = tune->count("--mode") > 0;
+    return run_tune(tune_opt);
   }
   return 2;
 }

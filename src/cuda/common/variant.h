@@ -1,17 +1,23 @@
-// Named kernel configurations ("variants") of a tier, and the environment override that picks one
-// for benchmarking: FMHA_SIMT_CONFIG / FMHA_SIMT_BWD_CONFIG / FMHA_SM80_FWD_CONFIG /
-// FMHA_SM80_BWD_CONFIG = <name>. The variable is read once, the first time a tier dispatches; unset means the tier's default, and an unknown name makes the
-// tier refuse the call (with the list of names) rather than silently measure something else.
+// Named kernel configurations ("variants") of a tier, and which one a call runs. The request
+// comes from src/tune/selection.h, in its order: the tuner's candidate, the tier's environment
+// variable (FMHA_SIMT_CONFIG / FMHA_SIMT_BWD_CONFIG / FMHA_SM80_FWD_CONFIG / FMHA_SM80_BWD_CONFIG
+// / FMHA_SM90_FWD_CONFIG = <name>), the tuning cache's winner for the call's class, the default.
+// The variable is read once, the first time a tier dispatches; an unknown name in it makes the
+// tier refuse the call (with the list of names) rather than silently measure something else,
+// while a cached name this build lacks is ignored (the default runs).
 #pragma once
 
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "cuda/common/host.h"
 #include "cuda/instances.h"
+#include "tune/selection.h"
 
 namespace fmha::cuda {
 
@@ -25,6 +31,21 @@ inline int variant_index(const char* value, const char* const* names, int count)
   for (int i = 0; i < count; ++i)
     if (std::strcmp(value, names[i]) == 0) return i;
   return kUnknownVariant;
+}
+
+// The variant_index a call runs before the head-dim and shared-memory rules of
+// with_requested_variant: `variable` is the tier's FMHA_*_CONFIG value (read once by the tier).
+inline int requested_variant_index(Backend tier, const Params& p, Direction direction, const char* variable,
+                                   const char* const* names, int count) {
+  const detail::VariantRequest request = detail::requested_variant(tier, p, direction, variable);
+  const int index = variant_index(request.name.c_str(), names, count);
+  // A cached winner this build does not compile (a cache written by another build) is ignored.
+  if (index == kUnknownVariant && request.source == detail::VariantSource::cache) return kDefaultVariant;
+  return index;
+}
+
+inline std::vector<std::string> variant_list(const char* const* names, int count) {
+  return std::vector<std::string>(names, names + count);
 }
 
 inline Status unknown_variant(const char* variable, const char* const* names, int count) {

@@ -6,8 +6,9 @@
 // backward main kernel's (names and what they change: simt_config.h) at the head dims compiled in
 // every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by default); "compact" also at the head dims
 // where it is compiled besides (32, 96, 192); elsewhere the default runs. Each variable is read
-// once, at the first call. A default that needs more shared memory than the GPU offers gives way
-// to a compiled variant that fits (variant.h).
+// once, at the first call; without it, the tuning cache's winner runs (src/tune/). A default
+// that needs more shared memory than the GPU offers gives way to a compiled variant that fits
+// (variant.h).
 #include "cuda/simt/simt_dispatch.h"
 
 #include <cstdlib>
@@ -27,13 +28,20 @@ static_assert(kBwdVariants == FMHA_CUDA_SIMT_BWD_VARIANTS, "cmake/cuda.cmake ins
 constexpr const char* kConfigVariable = "FMHA_SIMT_CONFIG";
 constexpr const char* kBwdVariable = "FMHA_SIMT_BWD_CONFIG";
 
-int requested_fwd_variant() {
-  static const int variant = variant_index(std::getenv(kConfigVariable), kFwdVariantNames, kFwdVariants);
-  return variant;
+// The variables' values, read once; the request per call (variant.h: tuner, variable, cache).
+const char* read_once(const char* variable) {
+  const char* value = std::getenv(variable);
+  return value ? value : "";
 }
-int requested_bwd_variant() {
-  static const int variant = variant_index(std::getenv(kBwdVariable), kBwdVariantNames, kBwdVariants);
-  return variant;
+int requested_fwd_variant(const Params& p) {
+  static const std::string value = read_once(kConfigVariable);
+  return requested_variant_index(Backend::cuda_simt, p, Direction::forward, value.c_str(), kFwdVariantNames,
+                                 kFwdVariants);
+}
+int requested_bwd_variant(const Params& p) {
+  static const std::string value = read_once(kBwdVariable);
+  return requested_variant_index(Backend::cuda_simt, p, Direction::backward, value.c_str(), kBwdVariantNames,
+                                 kBwdVariants);
 }
 
 // True where the compact variants are compiled outside the tuned head dims.
@@ -49,17 +57,17 @@ constexpr bool has_compact(int head_dim) {
 // dim HD on a device with `props` (a default that needs more shared memory than the device
 // offers gives way to one that fits).
 template <int HD, class F>
-Status with_fwd_variant(const DeviceProps& props, F&& f) {
+Status with_fwd_variant(const Params& p, const DeviceProps& props, F&& f) {
   return with_requested_variant<kFwdVariants, default_fwd_variant(HD), is_tuned_head_dim(HD),
                                 has_compact(HD) ? kFwdCompact : -1>(
-      requested_fwd_variant(), kConfigVariable, kFwdVariantNames,
+      requested_fwd_variant(p), kConfigVariable, kFwdVariantNames,
       [&](auto v) { return forward_shared_bytes<HD, decltype(v)::value>() <= props.max_shared_per_block; }, f);
 }
 template <int HD, class F>
 Status with_bwd_variant(const Params& p, const DeviceProps& props, F&& f) {
   return with_requested_variant<kBwdVariants, default_bwd_variant(HD), is_tuned_head_dim(HD),
                                 has_compact(HD) ? kBwdCompact : -1>(
-      requested_bwd_variant(), kBwdVariable, kBwdVariantNames,
+      requested_bwd_variant(p), kBwdVariable, kBwdVariantNames,
       [&](auto v) {
         return backward_shared_bytes<HD, decltype(v)::value>(p.deterministic) <= props.max_shared_per_block;
       },
@@ -89,7 +97,7 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
         return check_shared_memory("simt", direction, HD,
                                    backward_shared_bytes<HD, decltype(variant)::value>(p.deterministic), props);
       });
-    return with_fwd_variant<HD>(props, [&](auto variant) {
+    return with_fwd_variant<HD>(p, props, [&](auto variant) {
       return check_shared_memory("simt", direction, HD, forward_shared_bytes<HD, decltype(variant)::value>(), props);
     });
   });
@@ -108,8 +116,8 @@ struct Simt {
       if (direction == Direction::backward)
         return with_bwd_variant<HD>(
             p, props, [&](auto variant) { return backward<HD, decltype(variant)::value>(args, stream); });
-      return with_fwd_variant<HD>(props,
-                                  [&](auto variant) { return forward<HD, decltype(variant)::value>(args, stream); });
+      return with_fwd_variant<HD>(
+          p, props, [&](auto variant) { return forward<HD, decltype(variant)::value>(args, stream); });
     });
   }
 };
@@ -118,5 +126,26 @@ struct Simt {
 
 Status supports(const Params& p, Direction direction) { return tier_supports<Simt>(p, direction); }
 Status run(const Params& p, Direction direction) { return tier_run<Simt>(p, direction); }
+
+std::vector<std::string> variants(Direction direction) {
+  return direction == Direction::backward ? variant_list(kBwdVariantNames, kBwdVariants)
+                                          : variant_list(kFwdVariantNames, kFwdVariants);
+}
+
+Status variant_of(const Params& p, Direction direction, std::string* name) {
+  DeviceProps props;
+  if (Status st = check_call(p, direction, props); !st.ok()) return st;
+  const Problem s = Problem::of(p);
+  return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
+    constexpr int HD = decltype(hd)::value;
+    auto record = [&](const char* const* names, auto v) {
+      *name = names[decltype(v)::value];
+      return Status::success();
+    };
+    if (direction == Direction::backward)
+      return with_bwd_variant<HD>(p, props, [&](auto v) { return record(kBwdVariantNames, v); });
+    return with_fwd_variant<HD>(p, props, [&](auto v) { return record(kFwdVariantNames, v); });
+  });
+}
 
 }  // namespace fmha::cuda::simt

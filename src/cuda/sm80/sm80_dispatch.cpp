@@ -6,8 +6,9 @@
 // main kernel's configuration (names and what they change: sm80_config.h) at the head dims
 // compiled in every variant (FMHA_TUNED_HEAD_DIMS, 64 and 128 by default); "compact" also at the
 // head dims where it is compiled besides (96, 192, 256); elsewhere the default runs. Each
-// variable is read once, at the first call. A default that needs more shared memory than the GPU
-// offers gives way to a compiled variant that fits (variant.h).
+// variable is read once, at the first call; without it, the tuning cache's winner runs
+// (src/tune/). A default that needs more shared memory than the GPU offers gives way to a
+// compiled variant that fits (variant.h).
 #include "cuda/sm80/sm80_dispatch.h"
 
 #include <cstdlib>
@@ -26,13 +27,20 @@ static_assert(kBwdVariants == FMHA_CUDA_SM80_BWD_VARIANTS, "cmake/cuda.cmake ins
 constexpr const char* kFwdVariable = "FMHA_SM80_FWD_CONFIG";
 constexpr const char* kBwdVariable = "FMHA_SM80_BWD_CONFIG";
 
-int requested_fwd_variant() {
-  static const int variant = variant_index(std::getenv(kFwdVariable), kFwdVariantNames, kFwdVariants);
-  return variant;
+// The variables' values, read once; the request per call (variant.h: tuner, variable, cache).
+const char* read_once(const char* variable) {
+  const char* value = std::getenv(variable);
+  return value ? value : "";
 }
-int requested_bwd_variant() {
-  static const int variant = variant_index(std::getenv(kBwdVariable), kBwdVariantNames, kBwdVariants);
-  return variant;
+int requested_fwd_variant(const Params& p) {
+  static const std::string value = read_once(kFwdVariable);
+  return requested_variant_index(Backend::cuda_sm80, p, Direction::forward, value.c_str(), kFwdVariantNames,
+                                 kFwdVariants);
+}
+int requested_bwd_variant(const Params& p) {
+  static const std::string value = read_once(kBwdVariable);
+  return requested_variant_index(Backend::cuda_sm80, p, Direction::backward, value.c_str(), kBwdVariantNames,
+                                 kBwdVariants);
 }
 
 // True where the compact variants are compiled outside the tuned head dims.
@@ -55,11 +63,11 @@ Status with_config_variant(const Params& p, Direction direction, const DevicePro
   if (direction == Direction::forward)
     return with_requested_variant<kFwdVariants, default_fwd_variant(kBytes, HD), kTuned,
                                   has_compact(HD) ? kFwdCompact : -1>(
-        requested_fwd_variant(), kFwdVariable, kFwdVariantNames,
+        requested_fwd_variant(p), kFwdVariable, kFwdVariantNames,
         [&](auto v) { return forward_shared_bytes<T, HD, decltype(v)::value>() <= limit; }, fwd);
   return with_requested_variant<kBwdVariants, default_bwd_variant(kBytes, HD), kTuned,
                                 has_compact(HD) ? kBwdCompact : -1>(
-      requested_bwd_variant(), kBwdVariable, kBwdVariantNames,
+      requested_bwd_variant(p), kBwdVariable, kBwdVariantNames,
       [&](auto v) { return backward_shared_bytes<T, HD, decltype(v)::value>(p.deterministic) <= limit; }, bwd);
 }
 
@@ -148,5 +156,29 @@ struct Sm80 {
 
 Status supports(const Params& p, Direction direction) { return tier_supports<Sm80>(p, direction); }
 Status run(const Params& p, Direction direction) { return tier_run<Sm80>(p, direction); }
+
+std::vector<std::string> variants(Direction direction) {
+  return direction == Direction::backward ? variant_list(kBwdVariantNames, kBwdVariants)
+                                          : variant_list(kFwdVariantNames, kFwdVariants);
+}
+
+Status variant_of(const Params& p, Direction direction, std::string* name) {
+  DeviceProps props;
+  if (Status st = check_call(p, direction, props); !st.ok()) return st;
+  const Problem s = Problem::of(p);
+  return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
+    constexpr int HD = decltype(hd)::value;
+    return with_dtype(p.q.dtype, [&](auto type) {
+      using T = decltype(type);
+      auto record = [&](const char* const* names, auto v) {
+        *name = names[decltype(v)::value];
+        return Status::success();
+      };
+      return with_config_variant<T, HD>(
+          p, direction, props, [&](auto v) { return record(kFwdVariantNames, v); },
+          [&](auto v) { return record(kBwdVariantNames, v); });
+    });
+  });
+}
 
 }  // namespace fmha::cuda::sm80

@@ -5,7 +5,8 @@
 // refused with the reason, and auto-selection moves on to the sm80 tier.
 //
 // FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
-// compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once.
+// compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once;
+// without it, the tuning cache's winner runs (src/tune/).
 #include "cuda/sm90/sm90_dispatch.h"
 
 #include <algorithm>
@@ -30,9 +31,11 @@ constexpr int kMinHeadDim = 64;  // smaller head dims run on the sm80 tier
 // for the queries and outputs in flight.
 constexpr double kL2SectionBytes = 32.0 * 1024 * 1024;
 
-int requested_fwd_variant() {
-  static const int variant = variant_index(std::getenv(kFwdVariable), kFwdVariantNames, kFwdVariants);
-  return variant;
+// The variable's value, read once; the request per call (variant.h: tuner, variable, cache).
+int requested_fwd_variant(const Params& p) {
+  static const std::string value = std::getenv(kFwdVariable) ? std::getenv(kFwdVariable) : "";
+  return requested_variant_index(Backend::cuda_sm90, p, Direction::forward, value.c_str(), kFwdVariantNames,
+                                 kFwdVariants);
 }
 
 // f(std::integral_constant<int, HD>{}) for the sm90 buckets compiled into this build.
@@ -54,14 +57,19 @@ Status with_dtype(DType dtype, F&& f) {
   return f(bf16_t{});
 }
 
-// The variable's choice, else the shape's default (default_fwd_variant).
+// The forward variant a call gets when nothing requests one: default_fwd_variant of its shape
+// (kDefaultVariant where that is the tier's default).
+int shape_default_variant(int head_dim, const Params& p) {
+  const bool masked = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
+  const int v = default_fwd_variant(head_dim, Problem::of(p).seqlen_q, masked);
+  return v == kFwdDefault ? kDefaultVariant : v;
+}
+
+// The request (tuner, variable, cache), else the shape's default.
 template <int HD, class F>
 Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
-  int requested = requested_fwd_variant();
-  if (requested == kDefaultVariant) {
-    const bool masked = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
-    if (const int v = default_fwd_variant(HD, Problem::of(p).seqlen_q, masked); v != kFwdDefault) requested = v;
-  }
+  int requested = requested_fwd_variant(p);
+  if (requested == kDefaultVariant) requested = shape_default_variant(HD, p);
   return with_requested_variant<kFwdVariants, kFwdDefault, is_tuned_head_dim(HD)>(
       requested, kFwdVariable, kFwdVariantNames,
       [&](auto v) { return forward_shared_bytes<bf16_t, HD, decltype(v)::value>() <= props.max_shared_per_block; },
@@ -212,5 +220,26 @@ struct Sm90 {
 
 Status supports(const Params& p, Direction direction) { return tier_supports<Sm90>(p, direction); }
 Status run(const Params& p, Direction direction) { return tier_run<Sm90>(p, direction); }
+
+std::vector<std::string> variants(Direction direction) {
+  if (direction == Direction::backward) return {};
+  return variant_list(kFwdVariantNames, kFwdVariants);
+}
+
+Status variant_of(const Params& p, Direction direction, std::string* name) {
+  DeviceProps props;
+  if (Status st = check_call(p, direction, props); !st.ok()) return st;
+  if (direction == Direction::backward) {  // one configuration
+    *name = "default";
+    return Status::success();
+  }
+  const Problem s = Problem::of(p);
+  return with_sm90_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
+    return with_config_variant<decltype(hd)::value>(p, props, [&](auto v) {
+      *name = kFwdVariantNames[decltype(v)::value];
+      return Status::success();
+    });
+  });
+}
 
 }  // namespace fmha::cuda::sm90

@@ -1,0 +1,42 @@
+// The fast CPU path's block sizes as named variants, as the GPU tiers' tile configurations are
+// (src/cuda/common/variant.h): the tuner (src/tune/) times each of them, FMHA_CPU_CONFIG=<name>
+// forces one. The register tile itself (64 x 64 scores, src/cpu/simd.h) is fixed by the matmul
+// kernel and is not a variant; what varies is how much of K/V (or Q/dO) is converted to fp32 at
+// once, which trades the working set against L2 reuse, and how finely a head's work is cut
+// between threads, which trades load balance against per-chunk overhead.
+#pragma once
+
+#include <cstdint>
+
+namespace fmha::cpu {
+
+struct CpuConfig {
+  const char* name;
+  int64_t key_block;        // keys converted at once (forward, dQ pass); a multiple of 64
+  int64_t query_block;      // queries converted at once (dK/dV pass); a multiple of 64
+  int64_t max_chunk_tiles;  // at most this many 64-row tiles per work item
+};
+
+inline constexpr CpuConfig kCpuConfigs[] = {
+    {"k2048", 2048, 2048, 8},  // the default: 2048 keys of D = 64 are 512 KiB per K/V panel pair
+    {"k512", 512, 512, 8},     // panels that stay in a small L2
+    {"k1024", 1024, 1024, 8},
+    {"k4096", 4096, 4096, 8},  // fewer conversions of the queries in the backward
+    {"c2", 2048, 2048, 2},     // short chunks: better balance on few heads
+    {"c16", 2048, 2048, 16},   // long chunks: fewer re-conversions of K/V per head
+};
+inline constexpr int kCpuVariants = int(sizeof(kCpuConfigs) / sizeof(kCpuConfigs[0]));
+inline constexpr int kCpuDefaultVariant = 0;
+inline constexpr const char* kCpuConfigVariable = "FMHA_CPU_CONFIG";
+
+constexpr bool valid(const CpuConfig& c) {
+  return c.key_block > 0 && c.key_block % 64 == 0 && c.query_block > 0 && c.query_block % 64 == 0 &&
+         c.max_chunk_tiles > 0;
+}
+static_assert([] {
+  for (const CpuConfig& c : kCpuConfigs)
+    if (!valid(c)) return false;
+  return true;
+}());
+
+}  // namespace fmha::cpu

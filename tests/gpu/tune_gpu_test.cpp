@@ -1,0 +1,113 @@
+// The tuner on the GPU tiers (include/fmha/tune.h): every variant compiled for a class runs and
+// agrees with the default, the fastest is cached, and dispatch then runs it. Skips without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "fmha/fmha.h"
+#include "fmha/tune.h"
+#include "tune/cache.h"
+
+namespace {
+
+bool have_device() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+struct TuneCase {
+  const char* name;
+  fmha::Backend backend;
+  fmha::DType dtype;
+  fmha::Precision precision;
+  int64_t head_dim;
+  fmha::Direction direction;
+  fmha::Causal causal;
+};
+
+class GpuTune : public ::testing::TestWithParam<TuneCase> {};
+
+TEST_P(GpuTune, EveryCompiledVariantAgreesAndTheFastestIsUsed) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const TuneCase& c = GetParam();
+  const std::string path = std::filesystem::temp_directory_path().string() + "/fmha_gpu_tune_" +
+                           std::to_string(getpid()) + "_" + c.name + ".json";
+  setenv(fmha::detail::kCacheVariable, path.c_str(), 1);
+  fmha::detail::reload_tune_cache();
+  fmha::Params p;  // shapes only: the tuner allocates its own inputs
+  const fmha::Device gpu{fmha::DeviceType::cuda, 0};
+  p.q = fmha::make_tensor(nullptr, c.dtype, {2, 1000, 4, c.head_dim}, gpu);
+  p.k = p.v = fmha::make_tensor(nullptr, c.dtype, {2, 1000, 2, c.head_dim}, gpu);
+  p.precision = c.precision;
+  p.causal = c.causal;
+  p.backend = c.backend;
+  fmha::TuneOptions options;
+  options.iters = 3;
+  options.warmup = 1;
+  fmha::TuneResult r;
+  const fmha::Status s = fmha::tune(p, c.direction, options, &r);
+  if (s.code == fmha::Code::unsupported || s.code == fmha::Code::no_device) GTEST_SKIP() << s.message;
+  ASSERT_TRUE(s.ok()) << s.message;
+  int timed = 0;
+  for (const fmha::VariantTiming& v : r.variants) {
+    EXPECT_EQ(v.status.find("disagrees"), std::string::npos) << v.variant << ": " << v.status;
+    EXPECT_EQ(v.status.find("failed"), std::string::npos) << v.variant << ": " << v.status;
+    timed += v.agrees;
+  }
+  EXPECT_GE(timed, 2) << "at a tuned head dim, several variants run: " << r.problem.key();
+  // A real call of the class now runs the winner, chosen by the cache.
+  fmha::detail::reload_tune_cache();
+  void* memory = nullptr;
+  const size_t bytes = size_t(2) * 1000 * 4 * c.head_dim * 4 * 8;
+  ASSERT_EQ(cudaMalloc(&memory, bytes), cudaSuccess);
+  fmha::Params call = p;
+  char* base = static_cast<char*>(memory);
+  const size_t part = bytes / 8;
+  call.q.data = base;
+  call.k.data = base + part;
+  call.v.data = base + 2 * part;
+  call.o = fmha::make_tensor(base + 3 * part, c.dtype, {2, 1000, 4, c.head_dim}, gpu);
+  call.lse = fmha::make_tensor(base + 4 * part, fmha::DType::fp32, {2, 4, 1000}, gpu);
+  call.dout = call.o;
+  call.dq = fmha::make_tensor(base + 5 * part, c.dtype, {2, 1000, 4, c.head_dim}, gpu);
+  call.dk = fmha::make_tensor(base + 6 * part, c.dtype, {2, 1000, 2, c.head_dim}, gpu);
+  call.dv = fmha::make_tensor(base + 7 * part, c.dtype, {2, 1000, 2, c.head_dim}, gpu);
+  fmha::VariantChoice choice;
+  ASSERT_TRUE(fmha::selected_variant(call, c.direction, &choice).ok());
+  EXPECT_EQ(choice.variant, r.winner);
+  if (r.winner != r.default_variant) EXPECT_EQ(choice.source, "cache");
+  cudaFree(memory);
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + ".lock");
+  unsetenv(fmha::detail::kCacheVariable);
+  fmha::detail::reload_tune_cache();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tiers, GpuTune,
+    ::testing::Values(
+        TuneCase{"simt_fwd", fmha::Backend::cuda_simt, fmha::DType::fp32, fmha::Precision::ieee, 64,
+                 fmha::Direction::forward, fmha::Causal::none},
+        TuneCase{"simt_bwd", fmha::Backend::cuda_simt, fmha::DType::fp32, fmha::Precision::ieee, 64,
+                 fmha::Direction::backward, fmha::Causal::none},
+        TuneCase{"sm80_fwd_tf32", fmha::Backend::cuda_sm80, fmha::DType::fp32, fmha::Precision::tf32, 64,
+                 fmha::Direction::forward, fmha::Causal::bottom_right},
+        TuneCase{"sm80_fwd", fmha::Backend::cuda_sm80, fmha::DType::bf16, fmha::Precision::ieee, 64,
+                 fmha::Direction::forward, fmha::Causal::none},
+        TuneCase{"sm80_bwd", fmha::Backend::cuda_sm80, fmha::DType::fp16, fmha::Precision::ieee, 128,
+                 fmha::Direction::backward, fmha::Causal::bottom_right},
+        TuneCase{"sm90_fwd", fmha::Backend::cuda_sm90, fmha::DType::bf16, fmha::Precision::ieee, 128,
+                 fmha::Direction::forward, fmha::Causal::none},
+        TuneCase{"sm90_fwd_causal", fmha::Backend::cuda_sm90, fmha::DType::fp16, fmha::Precision::ieee, 64,
+                 fmha::Direction::forward, fmha::Causal::bottom_right}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
