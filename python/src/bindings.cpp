@@ -71,6 +71,7 @@ const char* dtype_name(fmha::DType d) {
     case fmha::DType::fp32: return "float32";
     case fmha::DType::fp16: return "float16";
     case fmha::DType::bf16: return "bfloat16";
+    case fmha::DType::int32: return "int32";
   }
   return "unknown";
 }

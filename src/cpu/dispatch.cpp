@@ -3,7 +3,10 @@
 // so that it runs on every CPU, including those that lack every path but the portable one.
 #include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "common/problem.h"
+#include "common/varlen.h"
 #include "cpu/fast_attention.h"
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
@@ -94,11 +97,12 @@ Status selected_isa(Isa* chosen) {
 }
 
 Status supports(const Params& p, Direction) {
-  if (p.q.shape[3] > kMaxHeadDim)
-    return {Code::unsupported, "q: head_dim " + std::to_string(p.q.shape[3]) + " is above the cpu backend's limit of " +
+  const Problem s = Problem::of(p);
+  if (s.head_dim > kMaxHeadDim)
+    return {Code::unsupported, "q: head_dim " + std::to_string(s.head_dim) + " is above the cpu backend's limit of " +
                                    std::to_string(kMaxHeadDim)};
-  if (p.v.shape[3] > kMaxHeadDim)
-    return {Code::unsupported, "v: head_dim_v " + std::to_string(p.v.shape[3]) +
+  if (s.head_dim_v > kMaxHeadDim)
+    return {Code::unsupported, "v: head_dim_v " + std::to_string(s.head_dim_v) +
                                    " is above the cpu backend's limit of " + std::to_string(kMaxHeadDim)};
   Isa isa{};
   return selected_isa(&isa);
@@ -107,17 +111,19 @@ Status supports(const Params& p, Direction) {
 Status run(const Params& p, Direction direction) {
   Isa isa{};
   if (Status s = selected_isa(&isa); !s.ok()) return s;
+  const std::vector<Params> calls = dense_calls(p);
+  const int64_t count = int64_t(calls.size());
   switch (isa) {
 #ifdef FMHA_CPU_HAS_AVX2
-    case Isa::avx2: return avx2::run_kernels(p, direction);
+    case Isa::avx2: return avx2::run_kernels(calls.data(), count, direction);
 #endif
 #ifdef FMHA_CPU_HAS_AVX512
-    case Isa::avx512: return avx512::run_kernels(p, direction);
+    case Isa::avx512: return avx512::run_kernels(calls.data(), count, direction);
 #endif
 #ifdef FMHA_CPU_HAS_AVX512BF16
-    case Isa::avx512bf16: return avx512bf16::run_kernels(p, direction);
+    case Isa::avx512bf16: return avx512bf16::run_kernels(calls.data(), count, direction);
 #endif
-    default: return portable::run_kernels(p, direction);
+    default: return portable::run_kernels(calls.data(), count, direction);
   }
 }
 

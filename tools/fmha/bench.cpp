@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "harness.h"
@@ -64,11 +67,54 @@ std::vector<CaseSpec> seed_sweep(const CaseSpec& base) {
   return cases;
 }
 
+// The issue's packed-batch target: 64 sequences with lengths drawn log-uniformly from 128 to 8k
+// (about 128k tokens), D128 (16 heads: hidden 2048), causal; each next to the dense batch of the
+// same count at the mean length, which is what the varlen throughput is measured against.
+constexpr int kVarlenSequences = 64;
+constexpr double kVarlenMinLength = 128, kVarlenMaxLength = 8192;
+constexpr uint64_t kVarlenLengthSeed = 13;  // the same lengths on every machine and run
+
+std::vector<int64_t> varlen_lengths() {
+  std::mt19937_64 rng(kVarlenLengthSeed);
+  std::uniform_real_distribution<double> log_length(std::log(kVarlenMinLength), std::log(kVarlenMaxLength));
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < kVarlenSequences; ++i) lengths.push_back(int64_t(std::exp(log_length(rng))));
+  return lengths;
+}
+
+std::vector<CaseSpec> varlen_sweep(const CaseSpec& base) {
+  const std::vector<int64_t> lengths = varlen_lengths();
+  const int64_t mean = std::accumulate(lengths.begin(), lengths.end(), int64_t(0)) / int64_t(lengths.size());
+  std::vector<CaseSpec> cases;
+  for (const char* dtype : {"bf16", "fp16"})
+    for (Direction mode : {Direction::forward, Direction::backward})
+      for (bool packed : {true, false}) {
+        CaseSpec c = base;
+        parse(dtype, &c.dtype);
+        c.precision = Precision::ieee;
+        c.mode = mode;
+        c.heads = c.kv_heads = kFaHidden / 128;
+        c.head_dim = c.head_dim_v = 128;
+        c.causal = Causal::bottom_right;
+        c.window_left = c.window_right = -1;
+        c.q_offset = 0;
+        c.seqlens_q = c.seqlens_k = {};
+        if (packed) {
+          c.seqlens_q = lengths;
+        } else {
+          c.batch = int64_t(lengths.size());
+          c.seqlen_q = c.seqlen_k = mean;
+        }
+        cases.push_back(c);
+      }
+  return cases;
+}
+
 size_t input_bytes(const CaseSpec& c) {
   const CaseSpec s = c.resolved();
   const size_t e = dtype_size(s.dtype);
-  size_t n = size_t(s.batch * s.seqlen_q * s.heads * (s.head_dim + s.head_dim_v)) +
-             size_t(s.batch * s.seqlen_k * s.kv_heads * (s.head_dim + s.head_dim_v));
+  size_t n = size_t(s.total_q() * s.heads * (s.head_dim + s.head_dim_v)) +
+             size_t(s.total_k() * s.kv_heads * (s.head_dim + s.head_dim_v));
   if (s.mode == Direction::backward) n *= 2;
   return n * e;
 }
@@ -87,13 +133,15 @@ std::string label_of(const CaseSpec& c) {
   const CaseSpec s = c.resolved();
   return std::string(to_string(s.mode)) + " " + s.dtype_name() + " b" + std::to_string(s.batch) + " h" +
          std::to_string(s.heads) + " s" + std::to_string(s.seqlen_q) + " d" + std::to_string(s.head_dim) +
-         (s.causal != Causal::none ? " causal" : "");
+         (s.causal != Causal::none ? " causal" : "") + (s.varlen() ? " varlen" : "");
 }
 
 }  // namespace
 
 void add_bench_options(CLI::App* app, BenchOptions& o) {
-  app->add_option("--sweep", o.sweep, "Named sweep: fa (FlashAttention's) or seed (B4 H4 S4096 D64)");
+  app->add_option("--sweep", o.sweep,
+                  "Named sweep: fa (FlashAttention's), seed (B4 H4 S4096 D64) or varlen (64 packed sequences of "
+                  "128 to 8k tokens, D128 causal, and the dense batch at their mean length)");
   app->add_option("--csv", o.csv, "Write results as CSV to this file");
   app->add_option("--json-out", o.json_out, "Write results as JSON to this file ('-' for stdout)");
   app->add_option("--rotate", o.rotate, "Input sets to rotate through (default: enough to exceed the L2 cache)");
@@ -111,8 +159,9 @@ int run_bench(const BenchOptions& opt) {
   if (opt.sweep.empty()) cases = {base};
   else if (opt.sweep == "fa") cases = fa_sweep(base);
   else if (opt.sweep == "seed") cases = seed_sweep(base);
+  else if (opt.sweep == "varlen") cases = varlen_sweep(base);
   else {
-    std::cerr << "fmha bench: --sweep: expected fa or seed, got '" << opt.sweep << "'\n";
+    std::cerr << "fmha bench: --sweep: expected fa, seed or varlen, got '" << opt.sweep << "'\n";
     return 2;
   }
   if (!opt.sweep.empty()) {
@@ -139,7 +188,7 @@ int run_bench(const BenchOptions& opt) {
       std::cerr << "fmha bench: --csv: cannot write '" << opt.csv << "'\n";
       return 2;
     }
-    csv << "backend,device,mode,dtype,batch,heads,kv_heads,seqlen_q,seqlen_k,head_dim,head_dim_v,causal,ms,tflops,status\n";
+    csv << "backend,device,mode,dtype,batch,heads,kv_heads,seqlen_q,seqlen_k,head_dim,head_dim_v,causal,ms,tflops,status,varlen_sequences,tokens_q\n";
   }
   std::printf("%-6s %-5s %-5s %6s %6s %7s %5s %-12s %10s %9s\n", "mode", "dtype", "back", "batch", "heads", "seqlen",
               "dim", "causal", "ms", "TFLOP/s");
@@ -175,6 +224,9 @@ int run_bench(const BenchOptions& opt) {
       std::printf("%-6s %-5s %-5s %6lld %6lld %7lld %5lld %-12s  n/a: %s\n", to_string(c.mode), c.dtype_name().c_str(),
                   backend.c_str(), (long long)c.batch, (long long)c.heads, (long long)c.seqlen_q, (long long)c.head_dim,
                   to_string(c.causal), status.c_str());
+    if (c.varlen())
+      std::printf("       (varlen: %zu sequences, %lld tokens, mean %lld; batch and seqlen above: count and longest)\n",
+                  c.seqlens_q.size(), (long long)c.total_q(), (long long)(c.total_q() / int64_t(c.seqlens_q.size())));
     std::fflush(stdout);
     nlohmann::json j = {{"backend", backend},      {"device", device_description(device)},
                         {"mode", to_string(c.mode)}, {"dtype", c.dtype_name()},
@@ -185,6 +237,10 @@ int run_bench(const BenchOptions& opt) {
                         {"ms", ms},                {"tflops", tflops},
                         {"status", status}};
     if (backend == "cpu") j["cpu_path"] = cpu_paths().selected;
+    if (c.varlen()) {
+      j["seqlens_q"] = c.seqlens_q;
+      j["seqlens_k"] = c.seqlens_k;
+    }
     results.push_back(j);
     if (csv) {
       std::string quoted = status;
@@ -192,7 +248,7 @@ int run_bench(const BenchOptions& opt) {
       csv << backend << ",\"" << j["device"].get<std::string>() << "\"," << to_string(c.mode) << "," << c.dtype_name()
           << "," << c.batch << "," << c.heads << "," << c.kv_heads << "," << c.seqlen_q << "," << c.seqlen_k << ","
           << c.head_dim << "," << c.head_dim_v << "," << to_string(c.causal) << "," << ms << "," << tflops << ",\""
-          << quoted << "\"\n";
+          << quoted << "\"," << c.seqlens_q.size() << "," << c.total_q() << "\n";
       csv.flush();  // a sweep cut short keeps the rows it finished
     }
   }
