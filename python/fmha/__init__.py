@@ -2,14 +2,33 @@
 
     out = fmha.attention(q, k, v, causal="bottom-right")
     dq, dk, dv = fmha.attention_backward(q, k, v, out, dout, lse)
+    out = fmha.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)   # packed sequences
+    out, lse = fmha.merge_attention(out_a, lse_a, out_b, lse_b)         # over disjoint key sets
 
 fmha.torch.attention is the differentiable PyTorch op (autograd, torch.compile, CUDA graphs).
 """
 
-from ._api import attention, attention_backward, info, select_backend
+from ._api import (
+    attention,
+    attention_backward,
+    attention_varlen,
+    attention_varlen_backward,
+    info,
+    merge_attention,
+    select_backend,
+)
 
 __version__ = info()["version"]
-__all__ = ["attention", "attention_backward", "info", "select_backend", "__version__"]
+__all__ = [
+    "attention",
+    "attention_backward",
+    "attention_varlen",
+    "attention_varlen_backward",
+    "merge_attention",
+    "info",
+    "select_backend",
+    "__version__",
+]
 
 
 def __getattr__(name):
