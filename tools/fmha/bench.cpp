@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -13,7 +15,12 @@
 #include <random>
 #include <vector>
 
+#include "common/numeric.h"
 #include "harness.h"
+
+#ifdef FMHA_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace fmha::tools {
 namespace {
@@ -136,12 +143,125 @@ std::string label_of(const CaseSpec& c) {
          (s.causal != Causal::none ? " causal" : "") + (s.varlen() ? " varlen" : "");
 }
 
+// ---- The merge sweep: fmha::merge's bandwidth next to a plain copy on the same device ----------
+
+// Rows of tokens x heads, as in split-KV decoding (few tokens) and ring attention (many); head
+// dim 128. Parts and result in the run's dtype; the lse tensors are fp32.
+constexpr int64_t kMergeHeads = 32, kMergeDim = 128;
+constexpr int64_t kMergeTokens[] = {512, 8192, 65536};
+
+double median_of(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  return ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+}
+
+// Median milliseconds of `body` (warm-up first): CUDA events on a GPU, the steady clock on the CPU.
+template <class Body>
+double time_ms(Device device, int warmup, int iters, Body&& body) {
+  for (int i = 0; i < warmup; ++i) body();
+  std::vector<double> ms;
+#ifdef FMHA_WITH_CUDA
+  if (device.type == DeviceType::cuda) {
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    for (int i = 0; i < iters; ++i) {
+      cudaEventRecord(start);
+      body();
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      float elapsed = 0.f;
+      cudaEventElapsedTime(&elapsed, start, stop);
+      ms.push_back(double(elapsed));
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return median_of(ms);
+  }
+#endif
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    body();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median_of(ms);
+}
+
+int run_merge_bench(const BenchOptions& opt, const CaseSpec& base, Device device) {
+  const bool gpu = device.type == DeviceType::cuda;
+  const int iters = opt.run.iters >= 0 ? std::max(opt.run.iters, 1) : (gpu ? 20 : 3);
+  const int warmup = opt.run.warmup >= 0 ? opt.run.warmup : (gpu ? 5 : 1);
+  const DType dtype = base.dtype;
+  std::printf("%-8s %-5s %8s %6s %5s %10s %9s %9s %7s\n", "device", "dtype", "tokens", "heads", "dim", "ms",
+              "GB/s", "copy GB/s", "ratio");
+  nlohmann::json results = nlohmann::json::array();
+  int failures = 0;
+  for (int64_t tokens : kMergeTokens) {
+    const int64_t rows = tokens * kMergeHeads, elements = rows * kMergeDim;
+    const size_t out_bytes = size_t(elements) * dtype_size(dtype), lse_bytes = size_t(rows) * sizeof(float);
+    Buffer out_a(device, out_bytes), out_b(device, out_bytes), out(device, out_bytes), copy(device, out_bytes);
+    Buffer lse_a(device, lse_bytes), lse_b(device, lse_bytes), lse(device, lse_bytes);
+    // Finite LSEs: every row reads both sides (a -inf side would skip its reads and flatter the rate).
+    std::vector<unsigned char> host_out(out_bytes);
+    std::vector<float> host_lse(static_cast<size_t>(rows));
+    std::mt19937_64 rng(base.seed);
+    std::normal_distribution<float> normal;
+    for (int64_t i = 0; i < elements; ++i) store_element(host_out.data(), dtype, i, normal(rng));
+    for (float& x : host_lse) x = normal(rng);
+    out_a.upload(host_out.data());
+    out_b.upload(host_out.data());
+    lse_a.upload(host_lse.data());
+    lse_b.upload(host_lse.data());
+    MergeParams m;
+    auto view = [&](const Buffer& b) { return make_tensor(b.data(), dtype, {1, tokens, kMergeHeads, kMergeDim}, device); };
+    auto lse_view = [&](const Buffer& b) {
+      return make_tensor(b.data(), DType::fp32, {1, kMergeHeads, tokens}, device);
+    };
+    m.out_a = view(out_a), m.out_b = view(out_b), m.out = view(out);
+    m.lse_a = lse_view(lse_a), m.lse_b = lse_view(lse_b), m.lse = lse_view(lse);
+    m.num_threads = base.num_threads;
+    Status status;
+    const double merge_ms = time_ms(device, warmup, iters, [&] {
+      if (status.ok()) status = merge(m);
+    });
+    // The copy reads and writes one output's bytes: the device's copy bandwidth for this size.
+    const double copy_ms = time_ms(device, warmup, iters, [&] {
+#ifdef FMHA_WITH_CUDA
+      if (gpu) {
+        cudaMemcpyAsync(copy.data(), out_a.data(), out_bytes, cudaMemcpyDeviceToDevice);
+        return;
+      }
+#endif
+      std::memcpy(copy.data(), out_a.data(), out_bytes);
+    });
+    const double moved = 3.0 * double(out_bytes) + 3.0 * double(lse_bytes);  // read a, b; write out
+    const double gbps = status.ok() && merge_ms > 0 ? moved / (merge_ms * 1e-3) / 1e9 : 0.0;
+    const double copy_gbps = copy_ms > 0 ? 2.0 * double(out_bytes) / (copy_ms * 1e-3) / 1e9 : 0.0;
+    if (!status.ok()) {
+      ++failures;
+      std::printf("%-8s %-5s %8lld %6lld %5lld  n/a: %s\n", gpu ? "cuda" : "cpu", to_string(dtype), (long long)tokens,
+                  (long long)kMergeHeads, (long long)kMergeDim, status.message.c_str());
+    } else {
+      std::printf("%-8s %-5s %8lld %6lld %5lld %10.4f %9.1f %9.1f %7.2f\n", gpu ? "cuda" : "cpu", to_string(dtype),
+                  (long long)tokens, (long long)kMergeHeads, (long long)kMergeDim, merge_ms, gbps, copy_gbps,
+                  copy_gbps > 0 ? gbps / copy_gbps : 0.0);
+    }
+    results.push_back({{"device", device_description(device)}, {"dtype", to_string(dtype)}, {"tokens", tokens},
+                       {"heads", kMergeHeads}, {"head_dim_v", kMergeDim}, {"ms", merge_ms}, {"gbps", gbps},
+                       {"copy_gbps", copy_gbps}, {"status", status.ok() ? "ok" : status.message}});
+  }
+  if (opt.json_out == "-") std::cout << results.dump(2) << "\n";
+  else if (!opt.json_out.empty()) std::ofstream(opt.json_out) << results.dump(2) << "\n";
+  return failures == int(std::size(kMergeTokens)) ? 1 : 0;
+}
+
 }  // namespace
 
 void add_bench_options(CLI::App* app, BenchOptions& o) {
   app->add_option("--sweep", o.sweep,
                   "Named sweep: fa (FlashAttention's), seed (B4 H4 S4096 D64) or varlen (64 packed sequences of "
-                  "128 to 8k tokens, D128 causal, and the dense batch at their mean length)");
+                  "128 to 8k tokens, D128 causal, and the dense batch at their mean length) or merge (fmha::merge's "
+                  "bandwidth next to a copy; bf16 unless --dtype says otherwise)");
   app->add_option("--csv", o.csv, "Write results as CSV to this file");
   app->add_option("--json-out", o.json_out, "Write results as JSON to this file ('-' for stdout)");
   app->add_option("--rotate", o.rotate, "Input sets to rotate through (default: enough to exceed the L2 cache)");
@@ -155,13 +275,22 @@ int run_bench(const BenchOptions& opt) {
     std::cerr << "fmha bench: " << error << "\n";
     return 2;
   }
+  if (opt.sweep == "merge") {
+    Device device;
+    if (!choose_device(base.backend, &device, &error)) {
+      std::cerr << "fmha bench: " << error << "\n";
+      return 2;
+    }
+    if (base.dtype == DType::fp32 && !opt.dtype_given) base.dtype = DType::bf16;
+    return run_merge_bench(opt, base, device);
+  }
   std::vector<CaseSpec> cases;
   if (opt.sweep.empty()) cases = {base};
   else if (opt.sweep == "fa") cases = fa_sweep(base);
   else if (opt.sweep == "seed") cases = seed_sweep(base);
   else if (opt.sweep == "varlen") cases = varlen_sweep(base);
   else {
-    std::cerr << "fmha bench: --sweep: expected fa, seed or varlen, got '" << opt.sweep << "'\n";
+    std::cerr << "fmha bench: --sweep: expected fa, seed, varlen or merge, got '" << opt.sweep << "'\n";
     return 2;
   }
   if (!opt.sweep.empty()) {
