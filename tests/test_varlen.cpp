@@ -265,6 +265,12 @@ struct VarlenCall {
 TEST(Varlen, ValidCallOfTheBadInputTestsRuns) {
   VarlenCall call;
   Params p = call.params();
+  Backend chosen{};
+  ASSERT_TRUE(select_backend(p, Direction::backward, &chosen).ok());
+  EXPECT_EQ(chosen, Backend::cpu);
+  size_t bytes = 1;
+  ASSERT_TRUE(workspace_size(p, Direction::backward, &bytes).ok());
+  EXPECT_EQ(bytes, 0u);  // the CPU backends need no workspace, packed or not
   ASSERT_TRUE(forward(p).ok());
   ASSERT_TRUE(backward(p).ok());
   EXPECT_FALSE(call.outputs_untouched());
