@@ -54,7 +54,8 @@ TEST(MergeCuda, MatchesTheCpuMerge) {
                  to_string(mc.out_dtype) + (mc.in_place ? " in place" : ""));
     std::mt19937_64 rng(test_seed());
     std::normal_distribution<float> normal(0.f, 4.f);
-    std::vector<float> out_a(size_t(elements)), out_b(size_t(elements)), lse_a(size_t(rows)), lse_b(size_t(rows));
+    std::vector<float> out_a(static_cast<size_t>(elements)), out_b(static_cast<size_t>(elements));
+    std::vector<float> lse_a(static_cast<size_t>(rows)), lse_b(static_cast<size_t>(rows));
     for (auto& x : out_a) x = normal(rng);
     for (auto& x : out_b) x = normal(rng);
     for (int64_t r = 0; r < rows; ++r) {
