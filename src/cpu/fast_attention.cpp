@@ -617,6 +617,13 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction) {
   const int threads = resolve_threads(calls[0].num_threads);
   int64_t heads_total = 0;
   for (const Problem& s : problems) heads_total += s.batch * s.kv_heads;
+  // The calls by decreasing work (longest sequences first): the threads then finish together
+  // instead of one of them taking the longest sequence last.
+  std::vector<size_t> order(static_cast<size_t>(count));
+  for (size_t c = 0; c < order.size(); ++c) order[c] = c;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return problems[x].seqlen_q * problems[x].seqlen_k > problems[y].seqlen_q * problems[y].seqlen_k;
+  });
   // Items are (call, batch, KV head, chunk); chunks of one head run next to each other.
   auto for_chunks = [&](auto length_of, int64_t tile, auto&& body) {
     std::vector<int64_t> per_chunk(static_cast<size_t>(count)), chunks(static_cast<size_t>(count)), items(static_cast<size_t>(count));
@@ -625,13 +632,13 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction) {
       const int64_t length = length_of(s);
       per_chunk[c] = chunk_tiles(tiles(length, tile), heads_total, threads) * tile;
       chunks[c] = tiles(length, per_chunk[c]);
-      items[c] = s.batch * s.kv_heads * chunks[c];
     }
+    for (size_t i = 0; i < order.size(); ++i) items[i] = problems[order[i]].batch * problems[order[i]].kv_heads * chunks[order[i]];
     const ItemPool pool(items);
     parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
-      const size_t c = pool.call(item);
+      const size_t position = pool.call(item), c = order[position];
       const Problem& s = problems[c];
-      const int64_t local = item - pool.first[c], head = local / chunks[c], chunk = local % chunks[c];
+      const int64_t local = item - pool.first[position], head = local / chunks[c], chunk = local % chunks[c];
       body(worker, calls[c], s, c, head / s.kv_heads, head % s.kv_heads,
            Range{chunk * per_chunk[c], std::min(chunk * per_chunk[c] + per_chunk[c], length_of(s))});
     });
