@@ -66,7 +66,6 @@ const char* const kPackedODims[] = {"total_q", "heads", "head_dim_v"};
 const char* const kPackedKDims[] = {"total_k", "kv_heads", "head_dim"};
 const char* const kPackedVDims[] = {"total_k", "kv_heads", "head_dim_v"};
 const char* const kPackedLseDims[] = {"heads", "total_q"};
-const char* const kTableDims[] = {"batch + 1"};
 
 // `t` must have exactly `expected` sizes; `like` names where they come from.
 Status check_shape(const char* name, const Tensor& t, const int64_t* expected, const char* const* dims,
@@ -96,7 +95,6 @@ Status check_same_kind(const char* name, const Tensor& t, const Tensor& q, bool 
     Status status_ = (expr);          \
     if (!status_.ok()) return status_; \
   } while (0)
-
 
 // The sequence tables of a varlen call: shapes always; contents when they are in CPU memory.
 Status check_tables(const Params& p) {

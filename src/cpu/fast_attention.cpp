@@ -591,9 +591,9 @@ void backward_q_chunk(const Params& p, const Problem& s, const RowStats& st, int
     }
 }
 
-// Items of all calls in one pool: item `i` of call `c` is flat item first[c] + i. A varlen batch
-// arrives as one dense call per sequence, so short sequences share the threads and no tile covers
-// padding.
+// Items of several calls in one pool: item `i` of the call at position `c` of the pool is flat
+// item first[c] + i. A varlen batch arrives as one dense call per sequence, so short sequences
+// share the threads and no tile covers padding.
 struct ItemPool {
   std::vector<int64_t> first;  // [calls + 1]
 
@@ -601,8 +601,8 @@ struct ItemPool {
     for (size_t c = 0; c < counts.size(); ++c) first[c + 1] = first[c] + counts[c];
   }
   int64_t size() const { return first.back(); }
-  // The call of flat item `item`: the last call that starts at or before it (calls without items
-  // start where the next one does, and upper_bound skips them).
+  // The position of flat item `item`: the last call that starts at or before it (calls without
+  // items start where the next one does, and upper_bound skips them).
   size_t call(int64_t item) const {
     return size_t(std::upper_bound(first.begin(), first.end(), item) - first.begin()) - 1;
   }
