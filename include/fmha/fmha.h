@@ -110,6 +110,8 @@ enum class Direction : int { forward, backward };
 // are allowed. Tables in CPU memory are checked in full (first entry 0, non-decreasing, last entry
 // = total tokens, every length <= its max_seqlen); tables in device memory cannot be read without a
 // synchronising copy, so their contents are the caller's promise and only their shape is checked.
+// Backends: reference and cpu; the GPU tiers refuse variable-length calls for now (supports()
+// says so), so CUDA tensors with tables get an `unsupported` status.
 //
 // forward writes o and (when lse is defined) lse.
 // backward reads q, k, v, o, dout, lse and writes dq, dk, dv; dk/dv are summed over the query
