@@ -239,8 +239,8 @@ if(_fmha_sm90)
   target_sources(fmha PRIVATE src/cuda/sm90/sm90_dispatch.cpp src/cuda/sm90/sm90_tma.cpp)
 endif()
 
-target_sources(fmha PRIVATE src/cuda/registry.cu src/cuda/common/host.cpp src/cuda/common/tune_device.cpp
-  src/cuda/simt/simt_dispatch.cpp)
+target_sources(fmha PRIVATE src/cuda/registry.cu src/cuda/merge.cu src/cuda/common/host.cpp
+  src/cuda/common/tune_device.cpp src/cuda/simt/simt_dispatch.cpp)
 target_include_directories(fmha PRIVATE "${_fmha_gen}")
 set_target_properties(fmha PROPERTIES CUDA_ARCHITECTURES "${FMHA_CUDA_ARCHS}")
 target_compile_definitions(fmha PUBLIC FMHA_WITH_CUDA=1)

@@ -27,7 +27,7 @@ int64_t Tensor::numel() const {
   return n;
 }
 
-size_t dtype_size(DType dtype) { return dtype == DType::fp32 ? 4 : 2; }
+size_t dtype_size(DType dtype) { return dtype == DType::fp32 || dtype == DType::int32 ? 4 : 2; }
 
 Tensor make_tensor(void* data, DType dtype, std::initializer_list<int64_t> shape, Device device) {
   Tensor t;
@@ -214,6 +214,7 @@ const char* to_string(DType d) {
     case DType::fp32: return "fp32";
     case DType::fp16: return "fp16";
     case DType::bf16: return "bf16";
+    case DType::int32: return "int32";
   }
   return "unknown";
 }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/merge.h"
 #include "fmha/fmha.h"
 
 namespace fmha::detail {
@@ -39,5 +40,11 @@ std::string cuda_device_key(int ordinal);
 
 // Backend-independent checks: shapes, strides, dtypes, devices, pointers, options.
 Status validate(const Params& params, Direction direction);
+
+// The checks of a merge; on success `rows` holds its normalised views.
+Status validate_merge(const MergeParams& params, MergeRows* rows);
+
+// The merge on CUDA tensors (src/cuda/merge.cu); an error in a build without CUDA.
+Status cuda_merge(const MergeRows& rows, void* stream);
 
 }  // namespace fmha::detail

@@ -8,5 +8,8 @@ std::vector<BackendEntry> cuda_backends() { return {}; }
 std::vector<DeviceInfo> cuda_devices() { return {}; }
 std::string cuda_device_key(int) { return {}; }
 std::unique_ptr<TuneDevice> make_cuda_tune_device(int) { return nullptr; }
+Status cuda_merge(const MergeRows&, void*) {
+  return {Code::no_device, "out: tensors are on a CUDA device but this build has no CUDA support (configure with CUDA)"};
+}
 
 }  // namespace fmha::detail

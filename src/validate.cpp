@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "backends.h"
 
@@ -59,6 +60,12 @@ const char* const kODims[] = {"batch", "seqlen_q", "heads", "head_dim_v"};
 const char* const kKDims[] = {"batch", "seqlen_k", "kv_heads", "head_dim"};
 const char* const kVDims[] = {"batch", "seqlen_k", "kv_heads", "head_dim_v"};
 const char* const kLseDims[] = {"batch", "heads", "seqlen_q"};
+// The packed (variable-length) layout.
+const char* const kPackedQDims[] = {"total_q", "heads", "head_dim"};
+const char* const kPackedODims[] = {"total_q", "heads", "head_dim_v"};
+const char* const kPackedKDims[] = {"total_k", "kv_heads", "head_dim"};
+const char* const kPackedVDims[] = {"total_k", "kv_heads", "head_dim_v"};
+const char* const kPackedLseDims[] = {"heads", "total_q"};
 
 // `t` must have exactly `expected` sizes; `like` names where they come from.
 Status check_shape(const char* name, const Tensor& t, const int64_t* expected, const char* const* dims,
@@ -89,25 +96,108 @@ Status check_same_kind(const char* name, const Tensor& t, const Tensor& q, bool 
     if (!status_.ok()) return status_; \
   } while (0)
 
+// The sequence tables of a varlen call: shapes always; contents when they are in CPU memory.
+Status check_tables(const Params& p) {
+  if (!p.cu_seqlens_q.defined())
+    return invalid("cu_seqlens_q: required with cu_seqlens_k (a variable-length call needs both tables)");
+  if (!p.cu_seqlens_k.defined())
+    return invalid("cu_seqlens_k: required with cu_seqlens_q (a variable-length call needs both tables)");
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"cu_seqlens_q", p.cu_seqlens_q},
+                                std::pair<const char*, const Tensor&>{"cu_seqlens_k", p.cu_seqlens_k}}) {
+    if (t.rank != 1)
+      return invalid(std::string(name) + ": expected a 1-d tensor [batch + 1], got rank " + std::to_string(t.rank));
+    if (t.dtype != DType::int32)
+      return invalid(std::string(name) + ": dtype must be int32, got " + to_string(t.dtype));
+    if (t.shape[0] < 1)
+      return invalid(std::string(name) + ": has " + std::to_string(t.shape[0]) +
+                     " entries, expected batch + 1 >= 1 (the first entry is 0)");
+    if (t.stride[0] < 0)
+      return invalid(std::string(name) + ": stride is " + std::to_string(t.stride[0]) + ", expected >= 0");
+    if (t.data == nullptr) return invalid(std::string(name) + ": data pointer is null");
+    if (reinterpret_cast<uintptr_t>(t.data) % sizeof(int32_t) != 0)
+      return invalid(std::string(name) + ": data pointer is not aligned to its 4-byte int32 elements");
+    FMHA_TRY(check_same_kind(name, t, p.q, false));
+  }
+  if (p.cu_seqlens_k.shape[0] != p.cu_seqlens_q.shape[0])
+    return invalid("cu_seqlens_k: has " + std::to_string(p.cu_seqlens_k.shape[0]) + " entries, expected " +
+                   std::to_string(p.cu_seqlens_q.shape[0]) + " (batch + 1, like cu_seqlens_q)");
+  if (p.max_seqlen_q < 0) return invalid("max_seqlen_q: is " + std::to_string(p.max_seqlen_q) + ", expected >= 0");
+  if (p.max_seqlen_k < 0) return invalid("max_seqlen_k: is " + std::to_string(p.max_seqlen_k) + ", expected >= 0");
+  if (p.q.device.type != DeviceType::cpu) return Status::success();  // device tables: the caller's promise
+
+  struct Table {
+    const char* name;
+    const Tensor& t;
+    int64_t total;
+    const char* total_name;
+    int64_t max_seqlen;
+    const char* max_name;
+  };
+  for (const Table& table : {Table{"cu_seqlens_q", p.cu_seqlens_q, p.q.shape[0], "total_q of q", p.max_seqlen_q,
+                                   "max_seqlen_q"},
+                             Table{"cu_seqlens_k", p.cu_seqlens_k, p.k.shape[0], "total_k of k", p.max_seqlen_k,
+                                   "max_seqlen_k"}}) {
+    const auto* cu = static_cast<const int32_t*>(table.t.data);
+    const int64_t entries = table.t.shape[0], stride = table.t.stride[0];
+    if (cu[0] != 0)
+      return invalid(std::string(table.name) + "[0]: is " + std::to_string(cu[0]) + ", expected 0");
+    for (int64_t b = 0; b + 1 < entries; ++b) {
+      const int64_t begin = cu[b * stride], end = cu[(b + 1) * stride];
+      if (end < begin)
+        return invalid(std::string(table.name) + ": not non-decreasing: entry " + std::to_string(b + 1) + " is " +
+                       std::to_string(end) + " after " + std::to_string(begin) + " (sequence " + std::to_string(b) +
+                       " would have negative length)");
+      if (end - begin > table.max_seqlen)
+        return invalid(std::string(table.name) + ": sequence " + std::to_string(b) + " has length " +
+                       std::to_string(end - begin) + ", above " + table.max_name + " = " +
+                       std::to_string(table.max_seqlen));
+    }
+    const int64_t last = cu[(entries - 1) * stride];
+    if (last != table.total)
+      return invalid(std::string(table.name) + ": last entry is " + std::to_string(last) + ", expected " +
+                     std::to_string(table.total) + " (" + table.total_name + ")");
+  }
+  return Status::success();
+}
+
 }  // namespace
 
 Status validate(const Params& p, Direction direction) {
   if (direction != Direction::forward && direction != Direction::backward)
     return invalid("direction: expected forward or backward");
-  FMHA_TRY(check_view("q", p.q, 4, kQDims));
-  FMHA_TRY(check_view("k", p.k, 4, kKDims));
-  FMHA_TRY(check_view("v", p.v, 4, kVDims));
-  FMHA_TRY(check_view("o", p.o, 4, kODims));
+  // Dense [B, S, H, D] tensors, or packed [total, H, D] ones with sequence tables (varlen).
+  const bool varlen = p.cu_seqlens_q.defined() || p.cu_seqlens_k.defined();
+  const int rank = varlen ? 3 : 4;
+  const char* const* q_dims = varlen ? kPackedQDims : kQDims;
+  const char* const* o_dims = varlen ? kPackedODims : kODims;
+  const char* const* k_dims = varlen ? kPackedKDims : kKDims;
+  const char* const* v_dims = varlen ? kPackedVDims : kVDims;
+  const char* const* lse_dims = varlen ? kPackedLseDims : kLseDims;
+  FMHA_TRY(check_view("q", p.q, rank, q_dims));
+  FMHA_TRY(check_view("k", p.k, rank, k_dims));
+  FMHA_TRY(check_view("v", p.v, rank, v_dims));
+  FMHA_TRY(check_view("o", p.o, rank, o_dims));
+  if (varlen) FMHA_TRY(check_tables(p));
 
-  const int64_t batch = p.q.shape[0], seqlen_q = p.q.shape[1], heads = p.q.shape[2], head_dim = p.q.shape[3];
-  const int64_t seqlen_k = p.k.shape[1], kv_heads = p.k.shape[2], head_dim_v = p.v.shape[3];
+  // The token dimension comes first in the packed layout, after the batch in the dense one.
+  const int tok = varlen ? 0 : 1;
+  const int64_t batch = varlen ? 1 : p.q.shape[0];  // packed tensors have no batch dimension
+  const int64_t seqlen_q = p.q.shape[tok], heads = p.q.shape[tok + 1], head_dim = p.q.shape[tok + 2];
+  const int64_t seqlen_k = p.k.shape[tok], kv_heads = p.k.shape[tok + 1], head_dim_v = p.v.shape[tok + 2];
+  // An expected shape in this call's layout, from the dense layout's four sizes.
+  struct Shape {
+    int64_t size[4];
+  };
+  auto layout = [&](int64_t b, int64_t s, int64_t h, int64_t d) {
+    return varlen ? Shape{{s, h, d, 0}} : Shape{{b, s, h, d}};
+  };
 
-  const int64_t k_expected[] = {batch, seqlen_k, kv_heads, head_dim};
-  FMHA_TRY(check_shape("k", p.k, k_expected, kKDims, "batch and head_dim of q"));
-  const int64_t v_expected[] = {batch, seqlen_k, kv_heads, head_dim_v};
-  FMHA_TRY(check_shape("v", p.v, v_expected, kVDims, "batch, seqlen_k and kv_heads of k"));
-  const int64_t o_expected[] = {batch, seqlen_q, heads, head_dim_v};
-  FMHA_TRY(check_shape("o", p.o, o_expected, kODims, "q's [batch, seqlen_q, heads] and v's head_dim_v"));
+  const Shape k_expected = layout(batch, seqlen_k, kv_heads, head_dim);
+  FMHA_TRY(check_shape("k", p.k, k_expected.size, k_dims, "batch and head_dim of q"));
+  const Shape v_expected = layout(batch, seqlen_k, kv_heads, head_dim_v);
+  FMHA_TRY(check_shape("v", p.v, v_expected.size, v_dims, "batch, seqlen_k and kv_heads of k"));
+  const Shape o_expected = layout(batch, seqlen_q, heads, head_dim_v);
+  FMHA_TRY(check_shape("o", p.o, o_expected.size, o_dims, "q's [batch, seqlen_q, heads] and v's head_dim_v"));
 
   if (head_dim < 1) return invalid("q: head_dim is " + std::to_string(head_dim) + ", expected >= 1");
   if (head_dim_v < 1) return invalid("v: head_dim_v is " + std::to_string(head_dim_v) + ", expected >= 1");
@@ -122,23 +212,23 @@ Status validate(const Params& p, Direction direction) {
 
   const bool need_lse = direction == Direction::backward;
   if (need_lse || p.lse.defined()) {
-    FMHA_TRY(check_view("lse", p.lse, 3, kLseDims));
+    FMHA_TRY(check_view("lse", p.lse, rank - 1, lse_dims));
     if (p.lse.dtype != DType::fp32) return invalid("lse: dtype must be fp32, got " + std::string(to_string(p.lse.dtype)));
-    const int64_t lse_expected[] = {batch, heads, seqlen_q};
-    FMHA_TRY(check_shape("lse", p.lse, lse_expected, kLseDims, "q's batch, heads and seqlen_q"));
+    const Shape lse_expected = varlen ? Shape{{heads, seqlen_q, 0, 0}} : Shape{{batch, heads, seqlen_q, 0}};
+    FMHA_TRY(check_shape("lse", p.lse, lse_expected.size, lse_dims, "q's batch, heads and seqlen_q"));
     FMHA_TRY(check_same_kind("lse", p.lse, p.q, false));
   }
 
   if (direction == Direction::backward) {
-    FMHA_TRY(check_view("dout", p.dout, 4, kODims));
-    FMHA_TRY(check_shape("dout", p.dout, o_expected, kODims, "the shape of o"));
-    FMHA_TRY(check_view("dq", p.dq, 4, kQDims));
-    const int64_t q_expected[] = {batch, seqlen_q, heads, head_dim};
-    FMHA_TRY(check_shape("dq", p.dq, q_expected, kQDims, "the shape of q"));
-    FMHA_TRY(check_view("dk", p.dk, 4, kKDims));
-    FMHA_TRY(check_shape("dk", p.dk, k_expected, kKDims, "the shape of k"));
-    FMHA_TRY(check_view("dv", p.dv, 4, kVDims));
-    FMHA_TRY(check_shape("dv", p.dv, v_expected, kVDims, "the shape of v"));
+    FMHA_TRY(check_view("dout", p.dout, rank, o_dims));
+    FMHA_TRY(check_shape("dout", p.dout, o_expected.size, o_dims, "the shape of o"));
+    FMHA_TRY(check_view("dq", p.dq, rank, q_dims));
+    const Shape q_expected = layout(batch, seqlen_q, heads, head_dim);
+    FMHA_TRY(check_shape("dq", p.dq, q_expected.size, q_dims, "the shape of q"));
+    FMHA_TRY(check_view("dk", p.dk, rank, k_dims));
+    FMHA_TRY(check_shape("dk", p.dk, k_expected.size, k_dims, "the shape of k"));
+    FMHA_TRY(check_view("dv", p.dv, rank, v_dims));
+    FMHA_TRY(check_shape("dv", p.dv, v_expected.size, v_dims, "the shape of v"));
     FMHA_TRY(check_same_kind("dout", p.dout, p.q, true));
     FMHA_TRY(check_same_kind("dq", p.dq, p.q, true));
     FMHA_TRY(check_same_kind("dk", p.dk, p.q, true));
@@ -163,6 +253,106 @@ Status validate(const Params& p, Direction direction) {
   if (p.num_threads < 0) return invalid("num_threads: is " + std::to_string(p.num_threads) + ", expected >= 0");
   if (p.workspace_bytes > 0 && p.workspace == nullptr)
     return invalid("workspace: null pointer with workspace_bytes > 0");
+  return Status::success();
+}
+
+namespace {
+
+// The bytes a view can touch: [begin, end); empty for an empty view.
+struct Span {
+  uintptr_t begin = 0, end = 0;
+};
+Span span_of(const Tensor& t) {
+  if (t.numel() == 0) return {};
+  int64_t last = 0;
+  for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.stride[d];
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data);
+  return {begin, begin + uintptr_t(last + 1) * dtype_size(t.dtype)};
+}
+bool same_view(const Tensor& a, const Tensor& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.rank != b.rank) return false;
+  for (int d = 0; d < a.rank; ++d)
+    if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.stride[d] != b.stride[d])) return false;
+  return true;
+}
+bool overlap(const Tensor& a, const Tensor& b) {
+  const Span x = span_of(a), y = span_of(b);
+  return x.begin < x.end && y.begin < y.end && x.begin < y.end && y.begin < x.end;
+}
+
+// A [total, H, Dv] or [H, total] view as the dense [1, total, H, Dv] or [1, H, total] one.
+Tensor with_unit_batch(const Tensor& t) {
+  Tensor out = t;
+  out.rank = t.rank + 1;
+  for (int d = t.rank; d > 0; --d) {
+    out.shape[d] = t.shape[d - 1];
+    out.stride[d] = t.stride[d - 1];
+  }
+  out.shape[0] = 1;
+  out.stride[0] = 0;
+  return out;
+}
+
+}  // namespace
+
+Status validate_merge(const MergeParams& p, MergeRows* rows) {
+  // out_a fixes the layout: dense [B, S, H, Dv] (lse [B, H, S]) or packed [total, H, Dv] (lse [H, total]).
+  if (!p.out_a.defined()) return invalid("out_a: required tensor is missing (rank 0)");
+  if (p.out_a.rank != 4 && p.out_a.rank != 3)
+    return invalid("out_a: expected a 4-d tensor [batch, seqlen, heads, head_dim_v] or a packed 3-d tensor "
+                   "[total, heads, head_dim_v], got rank " + std::to_string(p.out_a.rank));
+  const bool packed = p.out_a.rank == 3;
+  const char* const* out_dims = packed ? kPackedODims : kODims;
+  const char* const* lse_dims = packed ? kPackedLseDims : kLseDims;
+  const int rank = p.out_a.rank;
+  struct Part {
+    const char* name;
+    const Tensor& t;
+    bool is_lse;
+  };
+  const Part parts[] = {{"out_a", p.out_a, false}, {"lse_a", p.lse_a, true}, {"out_b", p.out_b, false},
+                        {"lse_b", p.lse_b, true},  {"out", p.out, false},     {"lse", p.lse, true}};
+  const int tok = packed ? 0 : 1;
+  const int64_t batch = packed ? 1 : p.out_a.shape[0];
+  const int64_t seqlen = p.out_a.shape[tok], heads = p.out_a.shape[tok + 1], head_dim_v = p.out_a.shape[tok + 2];
+  int64_t out_shape[4], lse_shape[3];
+  if (packed) {
+    out_shape[0] = seqlen, out_shape[1] = heads, out_shape[2] = head_dim_v;
+    lse_shape[0] = heads, lse_shape[1] = seqlen;
+  } else {
+    out_shape[0] = batch, out_shape[1] = seqlen, out_shape[2] = heads, out_shape[3] = head_dim_v;
+    lse_shape[0] = batch, lse_shape[1] = heads, lse_shape[2] = seqlen;
+  }
+  for (const Part& part : parts) {
+    FMHA_TRY(check_view(part.name, part.t, part.is_lse ? rank - 1 : rank, part.is_lse ? lse_dims : out_dims));
+    if (part.is_lse && part.t.dtype != DType::fp32)
+      return invalid(std::string(part.name) + ": dtype must be fp32, got " + to_string(part.t.dtype));
+    FMHA_TRY(check_shape(part.name, part.t, part.is_lse ? lse_shape : out_shape, part.is_lse ? lse_dims : out_dims,
+                         part.is_lse ? "the rows of out_a" : "the shape of out_a"));
+    if (!(part.t.device == p.out_a.device))
+      return invalid(std::string(part.name) + ": is on a different device than out_a");
+  }
+  // In place means the very same view; anything else that shares memory with an input or with the
+  // other output would read values the merge has already overwritten.
+  for (const Part& output : {parts[4], parts[5]}) {
+    for (const Part& input : {parts[0], parts[1], parts[2], parts[3]})
+      if (overlap(output.t, input.t) && !same_view(output.t, input.t))
+        return invalid(std::string(output.name) + ": overlaps " + input.name +
+                       " without being the same view; write the result in place (the same data, shape and "
+                       "strides) or to separate memory");
+  }
+  if (overlap(p.out, p.lse)) return invalid("lse: overlaps out");
+
+  rows->out_a = packed ? with_unit_batch(p.out_a) : p.out_a;
+  rows->lse_a = packed ? with_unit_batch(p.lse_a) : p.lse_a;
+  rows->out_b = packed ? with_unit_batch(p.out_b) : p.out_b;
+  rows->lse_b = packed ? with_unit_batch(p.lse_b) : p.lse_b;
+  rows->out = packed ? with_unit_batch(p.out) : p.out;
+  rows->lse = packed ? with_unit_batch(p.lse) : p.lse;
+  rows->batch = batch;
+  rows->seqlen = seqlen;
+  rows->heads = heads;
+  rows->head_dim_v = head_dim_v;
   return Status::success();
 }
 

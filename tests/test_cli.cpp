@@ -261,3 +261,35 @@ TEST(Cli, TuneSweepAndBadFlags) {
 }
 
 }  // namespace
+
+namespace {
+
+// A packed batch through the CLI: checked against the oracle per sequence, with the lengths in the
+// JSON; bad length lists are usage errors that name the flag.
+TEST(Cli, RunVarlenChecksEachSequence) {
+  for (const char* mode : {"fwd", "bwd"}) {
+    const Result r = fmha(std::string("run --backend cpu --seqlens-q 100,0,37,1 --seqlens-k 60,5,0,1 --heads 4 "
+                                      "--kv-heads 2 --head-dim 32 --causal bottom-right --iters 1 --check --json --mode ") +
+                          mode);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["check"], "pass");
+    EXPECT_EQ(j["batch"], 4);
+    EXPECT_EQ(j["seqlen_q"], 100);
+    EXPECT_EQ(j["seqlens_k"], nlohmann::json::array({60, 5, 0, 1}));
+  }
+  struct Bad {
+    const char* flags;
+    const char* mentions;
+  };
+  for (Bad bad : {Bad{"--seqlens-q 3,x", "--seqlens-q: expected comma-separated lengths"},
+                  Bad{"--seqlens-q 3,-1", "--seqlens-q: expected comma-separated lengths"},
+                  Bad{"--seqlens-q 3,4 --seqlens-k 5", "--seqlens-k: has 1 lengths, expected 2"},
+                  Bad{"--seqlens-k 5", "--seqlens-k: needs --seqlens-q"}}) {
+    const Result r = fmha(std::string("run --backend cpu --iters 1 ") + bad.flags, true);
+    EXPECT_EQ(r.exit_code, 2) << bad.flags;
+    EXPECT_NE(r.out.find(bad.mentions), std::string::npos) << r.out;
+  }
+}
+
+}  // namespace

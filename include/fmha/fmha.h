@@ -18,7 +18,8 @@ const char* version();
 // Tensor views
 // ---------------------------------------------------------------------------------------------
 
-enum class DType : int { fp32, fp16, bf16 };
+// int32 is for the sequence tables of variable-length calls (Params::cu_seqlens_q/k) only.
+enum class DType : int { fp32, fp16, bf16, int32 };
 enum class DeviceType : int { cpu, cuda };
 
 struct Device {
@@ -95,6 +96,23 @@ enum class Direction : int { forward, backward };
 // The [B, H, S, D] layout is a view with strides {H*S*D, D, S*D, 1}.
 // H must be a multiple of Hkv (GQA/MQA): query head h reads KV head h / (H / Hkv).
 //
+// Variable-length (packed) batches: when cu_seqlens_q is defined, the batch is packed sequence
+// after sequence along the token dimension, each sequence its own attention problem:
+//   q, o, dout, dq : [total_q, H, D]   (o, dout: last dim Dv)
+//   k, dk          : [total_k, Hkv, D]
+//   v, dv          : [total_k, Hkv, Dv]
+//   lse            : [H, total_q], fp32
+//   cu_seqlens_q/k : [B + 1], int32, on the tensors' device: sequence b is rows
+//                    cu_seqlens_q[b] ... cu_seqlens_q[b+1] - 1 of q (likewise k, v)
+//   max_seqlen_q/k : the longest sequence of each table (sizes the GPU grids)
+// Causal alignment, window and q_offset apply within each sequence (pos(i) counts from the
+// sequence's first query, with that sequence's own seqlen_q and seqlen_k). Sequences of length 0
+// are allowed. Tables in CPU memory are checked in full (first entry 0, non-decreasing, last entry
+// = total tokens, every length <= its max_seqlen); tables in device memory cannot be read without a
+// synchronising copy, so their contents are the caller's promise and only their shape is checked.
+// Backends: reference and cpu; the GPU tiers refuse variable-length calls for now (supports()
+// says so), so CUDA tensors with tables get an `unsupported` status.
+//
 // forward writes o and (when lse is defined) lse.
 // backward reads q, k, v, o, dout, lse and writes dq, dk, dv; dk/dv are summed over the query
 // heads that share a KV head.
@@ -103,6 +121,10 @@ struct Params {
   Tensor q, k, v;
   Tensor o, lse;
   Tensor dout, dq, dk, dv;
+
+  // Variable-length batches (see above); leave undefined for the dense [B, S, H, D] layout.
+  Tensor cu_seqlens_q, cu_seqlens_k;
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
 
   float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
   Causal causal = Causal::none;
@@ -159,6 +181,42 @@ Status select_backend(const Params& params, Direction direction, Backend* chosen
 
 // Bytes of device workspace the call needs (0 for CPU backends and most GPU calls).
 Status workspace_size(const Params& params, Direction direction, size_t* bytes);
+
+// ---------------------------------------------------------------------------------------------
+// Merging partial results
+// ---------------------------------------------------------------------------------------------
+
+// The attention of the same queries over two disjoint key sets A and B, each given as its output
+// and log-sum-exp, combined into the attention over A ∪ B (the step of split-KV decoding and of
+// ring attention):
+//
+//     lse = log(exp(lse_a) + exp(lse_b))
+//     out = exp(lse_a - lse) · out_a + exp(lse_b - lse) · out_b
+//
+// computed in fp32 for any LSE values: a row whose lse is -inf on one side takes the other side
+// unchanged (its out is not read, so it may hold anything), and a row with -inf on both sides
+// gets out = 0, lse = -inf.
+//
+// Layouts, as for attention (Params): dense out [B, S, H, Dv] with lse [B, H, S], or packed
+// (variable-length) out [total, H, Dv] with lse [H, total]. The three outputs may differ in dtype
+// (fp32, fp16, bf16; e.g. bf16 parts into an fp32 accumulator); lse tensors are fp32. All six
+// tensors are on one device. `out` and `lse` may be exactly `out_a`/`lse_a` or `out_b`/`lse_b`
+// (the same view), which is the in-place form; any other overlap is refused.
+struct MergeParams {
+  Tensor out_a, lse_a;
+  Tensor out_b, lse_b;
+  Tensor out, lse;
+  void* stream = nullptr;  // cudaStream_t for CUDA tensors; nullptr = legacy default stream
+  int num_threads = 0;     // CPU tensors: 0 = all hardware threads
+};
+
+Status merge(const MergeParams& params);
+
+// The accumulate form, for merging many parts one after another: (acc_out, acc_lse) becomes the
+// merge of itself with (part_out, part_lse). Start the accumulator with acc_lse = -inf (its out is
+// then never read) or with the first part.
+Status merge_into(const Tensor& acc_out, const Tensor& acc_lse, const Tensor& part_out, const Tensor& part_lse,
+                  void* stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Introspection and names

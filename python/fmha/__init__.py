@@ -3,6 +3,8 @@
     out = fmha.attention(q, k, v, causal="bottom-right")
     dq, dk, dv = fmha.attention_backward(q, k, v, out, dout, lse)
     fmha.tune(q, k, v, causal="bottom-right")     # time every variant, cache the fastest
+    out = fmha.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)   # packed sequences
+    out, lse = fmha.merge_attention(out_a, lse_a, out_b, lse_b)         # over disjoint key sets
 
 fmha.torch.attention is the differentiable PyTorch op (autograd, torch.compile, CUDA graphs).
 """
@@ -10,9 +12,12 @@ fmha.torch.attention is the differentiable PyTorch op (autograd, torch.compile, 
 from ._api import (
     attention,
     attention_backward,
+    attention_varlen,
+    attention_varlen_backward,
     autotune_enabled,
     clear_tune_cache,
     info,
+    merge_attention,
     select_backend,
     selected_variant,
     set_autotune,
@@ -24,9 +29,12 @@ __version__ = info()["version"]
 __all__ = [
     "attention",
     "attention_backward",
+    "attention_varlen",
+    "attention_varlen_backward",
     "autotune_enabled",
     "clear_tune_cache",
     "info",
+    "merge_attention",
     "select_backend",
     "selected_variant",
     "set_autotune",

@@ -264,6 +264,203 @@ def attention_backward(
     return adapter.wrap(dq), adapter.wrap(dk), adapter.wrap(dv)
 
 
+_PACKED_Q_DIMS = ("total_q", "heads", "head_dim")
+_PACKED_K_DIMS = ("total_k", "kv_heads", "head_dim")
+_PACKED_V_DIMS = ("total_k", "kv_heads", "head_dim_v")
+
+
+def _refuse_torch_grad(adapter, tensors, what):
+    if adapter.name == "torch" and _torch_grad_wanted(tensors):
+        raise ValueError(
+            "%s: records no gradients yet (no autograd through fmha.torch); detach the inputs and call the "
+            "backward function explicitly" % what
+        )
+
+
+def _max_seqlen(table, given, name):
+    """The longest sequence of a table: `given`, or read off a table in host memory."""
+    if given is not None:
+        if not _is_int(given) or given < 0:
+            raise ValueError("%s: expected an int >= 0, got %r" % (name, given))
+        return given
+    import numpy
+
+    try:
+        cu = numpy.asarray(table)
+    except Exception:  # a device array: reading it would synchronise, so the caller must say
+        raise ValueError("%s: required when the sequence tables are in device memory" % name) from None
+    if cu.ndim != 1:
+        raise ValueError("cu_seqlens: expected a 1-d int32 array [batch + 1], got %d-d" % cu.ndim)
+    return int(numpy.diff(cu.astype(numpy.int64)).max(initial=0))
+
+
+def _varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, export):
+    return dict(
+        cu_seqlens_q=export(cu_seqlens_q),
+        cu_seqlens_k=export(cu_seqlens_k),
+        max_seqlen_q=_max_seqlen(cu_seqlens_q, max_seqlen_q, "max_seqlen_q"),
+        max_seqlen_k=_max_seqlen(cu_seqlens_k, max_seqlen_k, "max_seqlen_k"),
+    )
+
+
+def attention_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    *,
+    causal=None,
+    window=None,
+    scale=None,
+    q_offset=0,
+    precision=None,
+    backend="auto",
+    deterministic=False,
+    return_lse=False,
+    out=None,
+    stream=None,
+    num_threads=0,
+):
+    """fmha.attention over a packed batch of sequences of different lengths.
+
+    q: [total_q, heads, head_dim]; k: [total_k, kv_heads, head_dim]; v: [total_k, kv_heads,
+    head_dim_v], the sequences one after another. cu_seqlens_q / cu_seqlens_k: int32 [batch + 1]
+    on the arrays' device, sequence b being rows cu_seqlens[b] ... cu_seqlens[b+1] - 1 (the first
+    entry 0, the last the total). max_seqlen_q / max_seqlen_k: the longest sequence of each; read
+    off host tables when None, required for tables in device memory. Each sequence is its own
+    problem: causal alignment, window and q_offset apply within it. Sequences may be empty.
+
+    Returns out [total_q, heads, head_dim_v], or (out, lse) with lse [heads, total_q] float32.
+    Runs on the reference and cpu backends; the GPU tiers do not take packed batches yet.
+    """
+    adapter = adapter_for(q)
+    _refuse_torch_grad(adapter, (q, k, v), "attention_varlen")
+    if adapter.name == "jax" and out is not None:
+        raise TypeError("out: JAX arrays are immutable; call without out= and use the returned array")
+    total_q, heads, _ = _require_rank(q, "q", _PACKED_Q_DIMS)
+    _require_rank(k, "k", _PACKED_K_DIMS)
+    head_dim_v = _require_rank(v, "v", _PACKED_V_DIMS)[2]
+    stream_handle = adapter.stream(q, stream)
+    options = make_options(causal, window, scale, q_offset, precision, backend, deterministic, stream_handle,
+                           num_threads)
+    export = adapter.export
+    varlen = _varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, export)
+    if out is None:
+        out = adapter.empty(q, (total_q, heads, head_dim_v))
+    lse = adapter.empty_f32(q, (heads, total_q)) if return_lse else None
+
+    def run(workspace):
+        args = (export(q), export(k), export(v), export(out), None if lse is None else export(lse),
+                None if workspace is None else export(workspace))
+        return _C.forward(*args, options, adapter.raw_bf16, **varlen)
+
+    needed = run(None)
+    if needed:
+        run(adapter.workspace(q, needed))
+    adapter.finish(stream_handle)
+    if return_lse:
+        return adapter.wrap(out), adapter.wrap(lse)
+    return adapter.wrap(out)
+
+
+def attention_varlen_backward(
+    q,
+    k,
+    v,
+    out,
+    dout,
+    lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    *,
+    causal=None,
+    window=None,
+    scale=None,
+    q_offset=0,
+    precision=None,
+    backend="auto",
+    deterministic=False,
+    dq=None,
+    dk=None,
+    dv=None,
+    stream=None,
+    num_threads=0,
+):
+    """Gradients of fmha.attention_varlen: returns (dq, dk, dv), packed like q, k, v.
+
+    out and lse ([heads, total_q]) are the forward's results; the tables and options must be the
+    forward's.
+    """
+    adapter = adapter_for(q)
+    if adapter.name == "jax" and any(x is not None for x in (dq, dk, dv)):
+        raise TypeError("dq: JAX arrays are immutable; call without dq=/dk=/dv= and use the returned arrays")
+    q_shape = _require_rank(q, "q", _PACKED_Q_DIMS)
+    k_shape = _require_rank(k, "k", _PACKED_K_DIMS)
+    v_shape = _require_rank(v, "v", _PACKED_V_DIMS)
+    stream_handle = adapter.stream(q, stream)
+    options = make_options(causal, window, scale, q_offset, precision, backend, deterministic, stream_handle,
+                           num_threads)
+    export = adapter.export
+    varlen = _varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, export)
+    if dq is None:
+        dq = adapter.empty(q, q_shape)
+    if dk is None:
+        dk = adapter.empty(q, k_shape)
+    if dv is None:
+        dv = adapter.empty(q, v_shape)
+
+    def run(workspace):
+        args = (export(q), export(k), export(v), export(out), export(dout), export(lse), export(dq), export(dk),
+                export(dv), None if workspace is None else export(workspace))
+        return _C.backward(*args, options, adapter.raw_bf16, **varlen)
+
+    needed = run(None)
+    if needed:
+        run(adapter.workspace(q, needed))
+    adapter.finish(stream_handle)
+    return adapter.wrap(dq), adapter.wrap(dk), adapter.wrap(dv)
+
+
+def merge_attention(out_a, lse_a, out_b, lse_b, *, out=None, lse=None, stream=None, num_threads=0):
+    """The attention over the union of two disjoint key sets, from each set's (out, lse).
+
+    out_a, out_b: [batch, seqlen, heads, head_dim_v] with lse_a, lse_b [batch, heads, seqlen]
+    (float32), or packed [total, heads, head_dim_v] with lse [heads, total], as fmha.attention
+    (return_lse=True) and fmha.attention_varlen return them. Computed in float32 for any lse: a
+    row with lse = -inf on one side takes the other side unchanged, and -inf on both sides gives
+    out = 0, lse = -inf. out / lse: write the result there; out=out_a, lse=lse_a accumulates in
+    place (the outputs may have another float dtype than the inputs, e.g. a float32 accumulator).
+
+    Returns (out, lse).
+    """
+    adapter = adapter_for(out_a)
+    _refuse_torch_grad(adapter, (out_a, lse_a, out_b, lse_b), "merge_attention")
+    if adapter.name == "jax" and (out is not None or lse is not None):
+        raise TypeError("out: JAX arrays are immutable; call without out=/lse= and use the returned arrays")
+    try:
+        out_shape, lse_shape = tuple(out_a.shape), tuple(lse_a.shape)
+    except AttributeError:
+        raise TypeError("out_a, lse_a: expected arrays, got %s and %s"
+                        % (type(out_a).__name__, type(lse_a).__name__)) from None
+    stream_handle = adapter.stream(out_a, stream)
+    if not _is_int(num_threads) or num_threads < 0:
+        raise ValueError("num_threads: expected an int >= 0 (0: all hardware threads), got %r" % (num_threads,))
+    if out is None:
+        out = adapter.empty(out_a, out_shape)
+    if lse is None:
+        lse = adapter.empty_f32(out_a, lse_shape)
+    export = adapter.export
+    _C.merge(export(out_a), export(lse_a), export(out_b), export(lse_b), export(out), export(lse),
+             stream_handle, num_threads, adapter.raw_bf16)
+    adapter.finish(stream_handle)
+    return adapter.wrap(out), adapter.wrap(lse)
+
+
 def select_backend(q, k, v, *, direction="forward", causal=None, window=None, scale=None, q_offset=0,
                    precision=None, backend="auto", deterministic=False):
     """The backend that fmha.attention (direction='forward') or fmha.attention_backward

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #ifndef FMHA_PYTHON_CUDA
@@ -72,6 +73,7 @@ const char* dtype_name(fmha::DType d) {
     case fmha::DType::fp32: return "float32";
     case fmha::DType::fp16: return "float16";
     case fmha::DType::bf16: return "bfloat16";
+    case fmha::DType::int32: return "int32";
   }
   return "unknown";
 }
@@ -80,11 +82,16 @@ std::string object_type_name(nb::handle obj) { return nb::type_name(obj.type()).
 
 // The view of an imported array. `raw_bf16`: 16-bit integer arrays carry bfloat16 bits (NumPy
 // has no bfloat16 that DLPack can export, so the Python layer passes ml_dtypes arrays that way).
+// `table`: the array is a varlen sequence table, which must be int32 (and nothing else may be).
 template <class Array>
-fmha::Tensor to_tensor(const Array& a, const std::string& name, int rank, bool raw_bf16) {
+fmha::Tensor to_tensor(const Array& a, const std::string& name, int rank, bool raw_bf16, bool table = false) {
   fmha::Tensor t;
   const nb::dlpack::dtype d = a.dtype();
-  if (d.lanes == 1 && d.bits == 32 && d.code == uint8_t(DLCode::Float)) t.dtype = fmha::DType::fp32;
+  if (table) {
+    if (!(d.lanes == 1 && d.bits == 32 && d.code == uint8_t(DLCode::Int)))
+      raise_type(name + ": dtype " + dtype_name(d) + " is not supported; expected int32");
+    t.dtype = fmha::DType::int32;
+  } else if (d.lanes == 1 && d.bits == 32 && d.code == uint8_t(DLCode::Float)) t.dtype = fmha::DType::fp32;
   else if (d.lanes == 1 && d.bits == 16 && d.code == uint8_t(DLCode::Float)) t.dtype = fmha::DType::fp16;
   else if (d.lanes == 1 && d.bits == 16 && d.code == uint8_t(DLCode::Bfloat)) t.dtype = fmha::DType::bf16;
   else if (raw_bf16 && d.lanes == 1 && d.bits == 16 &&
@@ -140,6 +147,27 @@ fmha::Tensor import_output(nb::handle obj, const char* name, int rank, bool raw_
                "DLPack object), got " + object_type_name(obj));
   }
   return to_tensor(slot, name, rank, raw_bf16);
+}
+
+// The sequence tables and longest lengths of a varlen call (all None/0 for a dense one).
+struct VarlenArgs {
+  nb::handle cu_seqlens_q, cu_seqlens_k;
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  bool varlen() const { return !cu_seqlens_q.is_none() || !cu_seqlens_k.is_none(); }
+};
+
+void import_tables(const VarlenArgs& args, fmha::Params& p, InputArray& qa, InputArray& ka) {
+  if (!args.varlen()) return;
+  if (args.cu_seqlens_q.is_none() || args.cu_seqlens_k.is_none())
+    raise_value("cu_seqlens_q, cu_seqlens_k: a variable-length call needs both tables");
+  for (auto [obj, name, slot, out] : {std::tuple{args.cu_seqlens_q, "cu_seqlens_q", &qa, &p.cu_seqlens_q},
+                                      std::tuple{args.cu_seqlens_k, "cu_seqlens_k", &ka, &p.cu_seqlens_k}}) {
+    if (!nb::try_cast(obj, *slot, false))
+      raise_type(std::string(name) + ": expected an int32 array, got " + object_type_name(obj));
+    *out = to_tensor(*slot, name, 1, false, true);
+  }
+  p.max_seqlen_q = args.max_seqlen_q;
+  p.max_seqlen_k = args.max_seqlen_k;
 }
 
 void check_dtype_like_q(const fmha::Tensor& t, const char* name, const fmha::Tensor& q) {
@@ -201,19 +229,23 @@ size_t attach_workspace(fmha::Params& p, fmha::Direction direction, nb::handle w
 }
 
 int64_t forward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, nb::handle workspace,
-                const Options& options, bool raw_bf16) {
-  InputArray qa, ka, va;
+                const Options& options, bool raw_bf16, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+                int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  const VarlenArgs varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  InputArray qa, ka, va, cqa, cka;
   OutputArray oa, la, wa;
   fmha::Params p;
-  p.q = import_input(q, "q", 4, raw_bf16, qa);
-  p.k = import_input(k, "k", 4, raw_bf16, ka);
-  p.v = import_input(v, "v", 4, raw_bf16, va);
-  p.o = import_output(o, "out", 4, raw_bf16, oa);
+  const int rank = varlen.varlen() ? 3 : 4;
+  p.q = import_input(q, "q", rank, raw_bf16, qa);
+  p.k = import_input(k, "k", rank, raw_bf16, ka);
+  p.v = import_input(v, "v", rank, raw_bf16, va);
+  p.o = import_output(o, "out", rank, raw_bf16, oa);
+  import_tables(varlen, p, cqa, cka);
   check_dtype_like_q(p.k, "k", p.q);
   check_dtype_like_q(p.v, "v", p.q);
   check_dtype_like_q(p.o, "out", p.q);
   if (!lse.is_none()) {
-    p.lse = import_output(lse, "lse", 3, false, la);
+    p.lse = import_output(lse, "lse", rank - 1, false, la);
     check_lse_dtype(p.lse);
   }
   apply(options, p);
@@ -229,19 +261,23 @@ int64_t forward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::hand
 
 int64_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle dout, nb::handle lse,
                  nb::handle dq, nb::handle dk, nb::handle dv, nb::handle workspace, const Options& options,
-                 bool raw_bf16) {
-  InputArray qa, ka, va, oa, da, la;
+                 bool raw_bf16, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q,
+                 int64_t max_seqlen_k) {
+  const VarlenArgs varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  InputArray qa, ka, va, oa, da, la, cqa, cka;
   OutputArray dqa, dka, dva, wa;
   fmha::Params p;
-  p.q = import_input(q, "q", 4, raw_bf16, qa);
-  p.k = import_input(k, "k", 4, raw_bf16, ka);
-  p.v = import_input(v, "v", 4, raw_bf16, va);
-  p.o = import_input(o, "out", 4, raw_bf16, oa);
-  p.dout = import_input(dout, "dout", 4, raw_bf16, da);
-  p.lse = import_input(lse, "lse", 3, false, la);
-  p.dq = import_output(dq, "dq", 4, raw_bf16, dqa);
-  p.dk = import_output(dk, "dk", 4, raw_bf16, dka);
-  p.dv = import_output(dv, "dv", 4, raw_bf16, dva);
+  const int rank = varlen.varlen() ? 3 : 4;
+  p.q = import_input(q, "q", rank, raw_bf16, qa);
+  p.k = import_input(k, "k", rank, raw_bf16, ka);
+  p.v = import_input(v, "v", rank, raw_bf16, va);
+  p.o = import_input(o, "out", rank, raw_bf16, oa);
+  p.dout = import_input(dout, "dout", rank, raw_bf16, da);
+  p.lse = import_input(lse, "lse", rank - 1, false, la);
+  p.dq = import_output(dq, "dq", rank, raw_bf16, dqa);
+  p.dk = import_output(dk, "dk", rank, raw_bf16, dka);
+  p.dv = import_output(dv, "dv", rank, raw_bf16, dva);
+  import_tables(varlen, p, cqa, cka);
   check_dtype_like_q(p.k, "k", p.q);
   check_dtype_like_q(p.v, "v", p.q);
   check_dtype_like_q(p.o, "out", p.q);
@@ -259,6 +295,29 @@ int64_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::han
   }
   check(status);
   return 0;
+}
+
+// fmha::merge into `out` / `lse` (which may be out_a / lse_a: the accumulate form).
+void merge(nb::handle out_a, nb::handle lse_a, nb::handle out_b, nb::handle lse_b, nb::handle out, nb::handle lse,
+           uintptr_t stream, int num_threads, bool raw_bf16) {
+  InputArray oa, la, ob, lb;
+  OutputArray o, l;
+  fmha::MergeParams m;
+  // The rank is the layout's (checked by fmha::merge); it only words the error of a 5-d array here.
+  m.out_a = import_input(out_a, "out_a", 4, raw_bf16, oa);
+  m.lse_a = import_input(lse_a, "lse_a", 3, false, la);
+  m.out_b = import_input(out_b, "out_b", 4, raw_bf16, ob);
+  m.lse_b = import_input(lse_b, "lse_b", 3, false, lb);
+  m.out = import_output(out, "out", 4, raw_bf16, o);
+  m.lse = import_output(lse, "lse", 3, false, l);
+  m.stream = reinterpret_cast<void*>(stream);
+  m.num_threads = num_threads;
+  fmha::Status status;
+  {
+    nb::gil_scoped_release released;
+    status = fmha::merge(m);
+  }
+  check(status);
 }
 
 // Times fmha::forward alone (no Python, no argument conversion) on the given arrays: the
@@ -487,12 +546,17 @@ NB_MODULE(_C, m) {
       .def_rw("num_threads", &Options::num_threads);
 
   m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "workspace"_a.none(), "options"_a,
-        "raw_bf16"_a = false,
+        "raw_bf16"_a = false, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(),
+        "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0,
         "Runs the forward pass into `out` (and `lse` unless None). Returns 0, or, for a CUDA call "
         "whose workspace is missing or too small, the bytes it needs (nothing runs then).");
   m.def("backward", &backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
-        "workspace"_a.none(), "options"_a, "raw_bf16"_a = false,
+        "workspace"_a.none(), "options"_a, "raw_bf16"_a = false, "cu_seqlens_q"_a.none() = nb::none(),
+        "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0,
         "Runs the backward pass into dq, dk, dv. Returns like forward().");
+  m.def("merge", &merge, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a, "stream"_a = 0,
+        "num_threads"_a = 0, "raw_bf16"_a = false,
+        "Merges two partial results (out, lse) over disjoint key sets into out, lse (fmha::merge).");
   m.def("select_backend", &select_backend, "direction"_a, "q"_a, "k"_a, "v"_a, "options"_a, "raw_bf16"_a = false,
         "The backend a call on these arrays would run: (name, '') or (None, reason).");
   m.def("workspace_size", &workspace_size, "direction"_a, "q"_a, "k"_a, "v"_a, "options"_a, "raw_bf16"_a = false,

@@ -22,13 +22,25 @@ struct Problem {
 
   static Problem of(const Params& p) {
     Problem s;
-    s.batch = p.q.shape[0];
-    s.seqlen_q = p.q.shape[1];
-    s.heads = p.q.shape[2];
-    s.head_dim = p.q.shape[3];
-    s.seqlen_k = p.k.shape[1];
-    s.kv_heads = p.k.shape[2];
-    s.head_dim_v = p.v.shape[3];
+    if (p.cu_seqlens_q.defined()) {
+      // Packed [total, heads, dim] tensors: the batch is the sequence table's, and seqlen_q/k are
+      // the longest sequence's (each sequence's own mask comes from common/varlen.h).
+      s.batch = p.cu_seqlens_q.shape[0] - 1;
+      s.seqlen_q = p.max_seqlen_q;
+      s.heads = p.q.shape[1];
+      s.head_dim = p.q.shape[2];
+      s.seqlen_k = p.max_seqlen_k;
+      s.kv_heads = p.k.shape[1];
+      s.head_dim_v = p.v.shape[2];
+    } else {
+      s.batch = p.q.shape[0];
+      s.seqlen_q = p.q.shape[1];
+      s.heads = p.q.shape[2];
+      s.head_dim = p.q.shape[3];
+      s.seqlen_k = p.k.shape[1];
+      s.kv_heads = p.k.shape[2];
+      s.head_dim_v = p.v.shape[3];
+    }
     s.group = s.kv_heads > 0 ? s.heads / s.kv_heads : 1;
     s.scale = p.softmax_scale != 0.f ? p.softmax_scale
                                      : float(1.0 / std::sqrt(double(s.head_dim > 0 ? s.head_dim : 1)));

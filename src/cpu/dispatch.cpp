@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "common/problem.h"
+#include "common/varlen.h"
 #include "cpu/fast_attention.h"
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
@@ -136,12 +138,13 @@ Status variant_of(const Params& p, Direction direction, std::string* name) {
   return Status::success();
 }
 
-Status supports(const Params& p, Direction direction) {
-  if (p.q.shape[3] > kMaxHeadDim)
-    return {Code::unsupported, "q: head_dim " + std::to_string(p.q.shape[3]) + " is above the cpu backend's limit of " +
+Status supports(const Params& p, Direction) {
+  const Problem s = Problem::of(p);
+  if (s.head_dim > kMaxHeadDim)
+    return {Code::unsupported, "q: head_dim " + std::to_string(s.head_dim) + " is above the cpu backend's limit of " +
                                    std::to_string(kMaxHeadDim)};
-  if (p.v.shape[3] > kMaxHeadDim)
-    return {Code::unsupported, "v: head_dim_v " + std::to_string(p.v.shape[3]) +
+  if (s.head_dim_v > kMaxHeadDim)
+    return {Code::unsupported, "v: head_dim_v " + std::to_string(s.head_dim_v) +
                                    " is above the cpu backend's limit of " + std::to_string(kMaxHeadDim)};
   Isa isa{};
   if (Status s = selected_isa(&isa); !s.ok()) return s;
@@ -154,17 +157,19 @@ Status run(const Params& p, Direction direction) {
   if (Status s = selected_isa(&isa); !s.ok()) return s;
   const CpuConfig* config = nullptr;
   if (Status s = selected_config(p, direction, &config); !s.ok()) return s;
+  const std::vector<Params> calls = dense_calls(p);
+  const int64_t count = int64_t(calls.size());
   switch (isa) {
 #ifdef FMHA_CPU_HAS_AVX2
-    case Isa::avx2: return avx2::run_kernels(p, direction, *config);
+    case Isa::avx2: return avx2::run_kernels(calls.data(), count, direction, *config);
 #endif
 #ifdef FMHA_CPU_HAS_AVX512
-    case Isa::avx512: return avx512::run_kernels(p, direction, *config);
+    case Isa::avx512: return avx512::run_kernels(calls.data(), count, direction, *config);
 #endif
 #ifdef FMHA_CPU_HAS_AVX512BF16
-    case Isa::avx512bf16: return avx512bf16::run_kernels(p, direction, *config);
+    case Isa::avx512bf16: return avx512bf16::run_kernels(calls.data(), count, direction, *config);
 #endif
-    default: return portable::run_kernels(p, direction, *config);
+    default: return portable::run_kernels(calls.data(), count, direction, *config);
   }
 }
 

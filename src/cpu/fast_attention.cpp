@@ -50,6 +50,7 @@ void read_row(const Tensor& t, int64_t offset, int64_t n, float* dst, bool tf32)
       for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
       break;
     }
+    case DType::int32: break;  // never an attention tensor (validate() refuses it)
   }
   if (tf32)
     for (int64_t i = 0; i < n; ++i) dst[i] = round_to_tf32(dst[i]);
@@ -68,6 +69,7 @@ void write_row(const Tensor& t, int64_t offset, int64_t n, const float* src) {
       for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
       break;
     }
+    case DType::int32: break;  // never an attention tensor (validate() refuses it)
   }
 }
 
@@ -348,26 +350,28 @@ struct RowStats {
   std::vector<float> delta;     // [B, H, Sq]: rowsum(dO ∘ O)
 };
 
-RowStats preprocess(const Params& p, const Problem& s, int threads) {
+RowStats allocate_stats(const Problem& s) {
   RowStats st;
   const int64_t n = s.batch * s.heads * s.seqlen_q;
   st.lse_log2.resize(size_t(n));
   st.delta.resize(size_t(n));
-  parallel_for(s.batch * s.heads, threads, [&](int, int64_t item) {
-    const int64_t b = item / s.heads, h = item % s.heads;
-    std::vector<float> o_row(size_t(s.head_dim_v)), do_row(size_t(s.head_dim_v));
-    for (int64_t i = 0; i < s.seqlen_q; ++i) {
-      const size_t idx = size_t(item * s.seqlen_q + i);
-      const float lse = static_cast<const float*>(p.lse.data)[offset3(p.lse, b, h, i)];
-      st.lse_log2[idx] = lse == kNegInf ? INFINITY : float(double(lse) * kLog2e);
-      read_row(p.o, offset4(p.o, b, i, h, 0), s.head_dim_v, o_row.data(), false);
-      read_row(p.dout, offset4(p.dout, b, i, h, 0), s.head_dim_v, do_row.data(), false);
-      float delta = 0.0f;
-      for (int64_t d = 0; d < s.head_dim_v; ++d) delta += o_row[size_t(d)] * do_row[size_t(d)];
-      st.delta[idx] = delta;
-    }
-  });
   return st;
+}
+
+// The statistics of one (batch, head) of a call: item = b * heads + h.
+void preprocess(const Params& p, const Problem& s, int64_t item, RowStats& st) {
+  const int64_t b = item / s.heads, h = item % s.heads;
+  std::vector<float> o_row(size_t(s.head_dim_v)), do_row(size_t(s.head_dim_v));
+  for (int64_t i = 0; i < s.seqlen_q; ++i) {
+    const size_t idx = size_t(item * s.seqlen_q + i);
+    const float lse = static_cast<const float*>(p.lse.data)[offset3(p.lse, b, h, i)];
+    st.lse_log2[idx] = lse == kNegInf ? INFINITY : float(double(lse) * kLog2e);
+    read_row(p.o, offset4(p.o, b, i, h, 0), s.head_dim_v, o_row.data(), false);
+    read_row(p.dout, offset4(p.dout, b, i, h, 0), s.head_dim_v, do_row.data(), false);
+    float delta = 0.0f;
+    for (int64_t d = 0; d < s.head_dim_v; ++d) delta += o_row[size_t(d)] * do_row[size_t(d)];
+    st.delta[idx] = delta;
+  }
 }
 
 // P = exp2(S·scale_log2 - lse) on a 64 x 64 score tile, masked. Not transposed: rows are queries
@@ -590,43 +594,94 @@ void backward_q_chunk(const Params& p, const Problem& s, const CpuConfig& config
     }
 }
 
+// Items of several calls in one pool: item `i` of the call at position `c` of the pool is flat
+// item first[c] + i. A varlen batch arrives as one dense call per sequence, so short sequences
+// share the threads and no tile covers padding.
+struct ItemPool {
+  std::vector<int64_t> first;  // [calls + 1]
+
+  explicit ItemPool(const std::vector<int64_t>& counts) : first(counts.size() + 1, 0) {
+    for (size_t c = 0; c < counts.size(); ++c) first[c + 1] = first[c] + counts[c];
+  }
+  int64_t size() const { return first.back(); }
+  // The position of flat item `item`: the last call that starts at or before it (calls without
+  // items start where the next one does, and upper_bound skips them).
+  size_t call(int64_t item) const {
+    return size_t(std::upper_bound(first.begin(), first.end(), item) - first.begin()) - 1;
+  }
+};
+
 }  // namespace
 
-Status run_kernels(const Params& p, Direction direction, const CpuConfig& config) {
-  const Problem s = Problem::of(p);
-  const int threads = resolve_threads(p.num_threads);
-  const int64_t heads_total = s.batch * s.kv_heads;
-  // Items are (batch, KV head, chunk); chunks of one head run next to each other.
-  auto for_chunks = [&](int64_t length, int64_t tile, auto&& body) {
-    const int64_t per_chunk = chunk_tiles(tiles(length, tile), heads_total, threads, config) * tile;
-    const int64_t chunks = tiles(length, per_chunk);
-    parallel_for(heads_total * chunks, threads, [&](int worker, int64_t item) {
-      const int64_t head = item / chunks, chunk = item % chunks;
-      body(worker, head / s.kv_heads, head % s.kv_heads,
-           Range{chunk * per_chunk, std::min(chunk * per_chunk + per_chunk, length)});
+Status run_kernels(const Params* calls, int64_t count, Direction direction, const CpuConfig& config) {
+  if (count <= 0) return Status::success();
+  std::vector<Problem> problems(static_cast<size_t>(count));
+  for (int64_t c = 0; c < count; ++c) problems[size_t(c)] = Problem::of(calls[c]);
+  const int threads = resolve_threads(calls[0].num_threads);
+  int64_t heads_total = 0;
+  for (const Problem& s : problems) heads_total += s.batch * s.kv_heads;
+  // The calls by decreasing work (longest sequences first): the threads then finish together
+  // instead of one of them taking the longest sequence last.
+  std::vector<size_t> order(static_cast<size_t>(count));
+  for (size_t c = 0; c < order.size(); ++c) order[c] = c;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return problems[x].seqlen_q * problems[x].seqlen_k > problems[y].seqlen_q * problems[y].seqlen_k;
+  });
+  // Items are (call, batch, KV head, chunk); chunks of one head run next to each other.
+  auto for_chunks = [&](auto length_of, int64_t tile, auto&& body) {
+    std::vector<int64_t> per_chunk(static_cast<size_t>(count)), chunks(static_cast<size_t>(count)), items(static_cast<size_t>(count));
+    for (size_t c = 0; c < size_t(count); ++c) {
+      const Problem& s = problems[c];
+      const int64_t length = length_of(s);
+      per_chunk[c] = chunk_tiles(tiles(length, tile), heads_total, threads, config) * tile;
+      chunks[c] = tiles(length, per_chunk[c]);
+    }
+    for (size_t i = 0; i < order.size(); ++i) items[i] = problems[order[i]].batch * problems[order[i]].kv_heads * chunks[order[i]];
+    const ItemPool pool(items);
+    parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
+      const size_t position = pool.call(item), c = order[position];
+      const Problem& s = problems[c];
+      const int64_t local = item - pool.first[position], head = local / chunks[c], chunk = local % chunks[c];
+      body(worker, calls[c], s, c, head / s.kv_heads, head % s.kv_heads,
+           Range{chunk * per_chunk[c], std::min(chunk * per_chunk[c] + per_chunk[c], length_of(s))});
     });
   };
+  const auto seqlen_q = [](const Problem& s) { return s.seqlen_q; };
+  const auto seqlen_k = [](const Problem& s) { return s.seqlen_k; };
+  const bool bf16_dot = kBf16Dot && problems[0].dtype == DType::bf16;
   if (direction == Direction::forward) {
     std::vector<ForwardScratch> scratch(static_cast<size_t>(threads));
-    const bool bf16_dot = kBf16Dot && s.dtype == DType::bf16;
-    for_chunks(s.seqlen_q, kTileM, [&](int worker, int64_t b, int64_t kv_head, Range rows) {
-      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, scratch[size_t(worker)]);
-      else forward_chunk<false>(p, s, config, b, kv_head, rows, scratch[size_t(worker)]);
-    });
+    for_chunks(seqlen_q, kTileM,
+               [&](int worker, const Params& p, const Problem& s, size_t, int64_t b, int64_t kv_head, Range rows) {
+                 if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, scratch[size_t(worker)]);
+                 else forward_chunk<false>(p, s, config, b, kv_head, rows, scratch[size_t(worker)]);
+               });
     return Status::success();
   }
-  const RowStats stats = preprocess(p, s, threads);
+  std::vector<RowStats> stats(static_cast<size_t>(count));
+  std::vector<int64_t> stat_items(static_cast<size_t>(count));
+  for (size_t c = 0; c < size_t(count); ++c) {
+    stats[c] = allocate_stats(problems[c]);
+    stat_items[c] = problems[c].batch * problems[c].heads;
+  }
+  const ItemPool stat_pool(stat_items);
+  parallel_for(stat_pool.size(), threads, [&](int, int64_t item) {
+    const size_t c = stat_pool.call(item);
+    preprocess(calls[c], problems[c], item - stat_pool.first[c], stats[c]);
+  });
   auto backward = [&](auto bf16_tag) {
     constexpr bool kBf16 = decltype(bf16_tag)::value;
     std::vector<BackwardScratch<kBf16>> scratch(static_cast<size_t>(threads));
-    for_chunks(s.seqlen_k, kTileN, [&](int worker, int64_t b, int64_t kv_head, Range keys) {
-      backward_kv_chunk<kBf16>(p, s, config, stats, b, kv_head, keys, scratch[size_t(worker)]);
-    });
-    for_chunks(s.seqlen_q, kTileM, [&](int worker, int64_t b, int64_t kv_head, Range rows) {
-      backward_q_chunk<kBf16>(p, s, config, stats, b, kv_head, rows, scratch[size_t(worker)]);
-    });
+    for_chunks(seqlen_k, kTileN,
+               [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range keys) {
+                 backward_kv_chunk<kBf16>(p, s, config, stats[c], b, kv_head, keys, scratch[size_t(worker)]);
+               });
+    for_chunks(seqlen_q, kTileM,
+               [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows) {
+                 backward_q_chunk<kBf16>(p, s, config, stats[c], b, kv_head, rows, scratch[size_t(worker)]);
+               });
   };
-  if (kBf16Dot && s.dtype == DType::bf16) backward(std::bool_constant<kBf16Dot>{});
+  if (bf16_dot) backward(std::bool_constant<kBf16Dot>{});
   else backward(std::false_type{});
   return Status::success();
 }

@@ -3,22 +3,27 @@
 // FMHA_CPU_HAS_<PATH> definitions that CMake gives src/cpu/dispatch.cpp.
 #pragma once
 
+#include <cstdint>
+
 #include "cpu/cpu_config.h"
 #include "fmha/fmha.h"
 
 namespace fmha::cpu {
 
+// Each path runs `count` dense calls as one pool of work: a dense call alone, or the sequences of
+// a variable-length call (common/varlen.h) together. The calls share their options and threads.
+
 namespace portable {
-Status run_kernels(const Params& params, Direction direction, const CpuConfig& config);
+Status run_kernels(const Params* calls, int64_t count, Direction direction, const CpuConfig& config);
 }
 namespace avx2 {
-Status run_kernels(const Params& params, Direction direction, const CpuConfig& config);
+Status run_kernels(const Params* calls, int64_t count, Direction direction, const CpuConfig& config);
 }
 namespace avx512 {
-Status run_kernels(const Params& params, Direction direction, const CpuConfig& config);
+Status run_kernels(const Params* calls, int64_t count, Direction direction, const CpuConfig& config);
 }
 namespace avx512bf16 {
-Status run_kernels(const Params& params, Direction direction, const CpuConfig& config);
+Status run_kernels(const Params* calls, int64_t count, Direction direction, const CpuConfig& config);
 }
 
 }  // namespace fmha::cpu

@@ -9,6 +9,7 @@
 #include "common/numeric.h"
 #include "common/parallel.h"
 #include "common/tensor_access.h"
+#include "common/varlen.h"
 
 namespace fmha::reference {
 namespace {
@@ -134,6 +135,17 @@ BackwardResult backward(const Params& p, int threads) {
 }
 
 Status run(const Params& p, Direction direction) {
+  if (is_varlen(p)) {
+    // Each sequence is a dense batch-1 call, run on one thread: the oracle's per-call threads
+    // would mostly idle on short sequences, so the threads take whole sequences instead.
+    const std::vector<Params> calls = dense_calls(p);
+    parallel_for(int64_t(calls.size()), resolve_threads(p.num_threads), [&](int, int64_t i) {
+      Params call = calls[size_t(i)];
+      call.num_threads = 1;
+      run(call, direction);
+    });
+    return Status::success();
+  }
   const Problem s = Problem::of(p);
   if (direction == Direction::forward) {
     const ForwardResult r = forward(p, p.num_threads);

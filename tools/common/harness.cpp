@@ -15,6 +15,8 @@
 
 #include "common/numeric.h"
 #include "common/problem.h"
+#include "common/tensor_access.h"
+#include "common/varlen.h"
 #include "common/tolerance.h"
 #include "cpu/reference.h"
 
@@ -31,9 +33,24 @@ namespace fmha::tools {
 CaseSpec CaseSpec::resolved() const {
   CaseSpec s = *this;
   if (s.kv_heads == 0) s.kv_heads = s.heads;
-  if (s.seqlen_k == 0) s.seqlen_k = s.seqlen_q;
+  if (s.varlen()) {
+    if (s.seqlens_k.empty()) s.seqlens_k = s.seqlens_q;
+    s.batch = int64_t(s.seqlens_q.size());
+    s.seqlen_q = *std::max_element(s.seqlens_q.begin(), s.seqlens_q.end());
+    s.seqlen_k = s.seqlens_k.empty() ? 0 : *std::max_element(s.seqlens_k.begin(), s.seqlens_k.end());
+  } else if (s.seqlen_k == 0) {
+    s.seqlen_k = s.seqlen_q;
+  }
   if (s.head_dim_v == 0) s.head_dim_v = s.head_dim;
   return s;
+}
+
+int64_t CaseSpec::total_q() const {
+  return varlen() ? std::accumulate(seqlens_q.begin(), seqlens_q.end(), int64_t(0)) : batch * seqlen_q;
+}
+int64_t CaseSpec::total_k() const {
+  const CaseSpec s = resolved();
+  return s.varlen() ? std::accumulate(s.seqlens_k.begin(), s.seqlens_k.end(), int64_t(0)) : s.batch * s.seqlen_k;
 }
 
 std::string CaseSpec::dtype_name() const {
@@ -44,13 +61,22 @@ std::string CaseSpec::dtype_name() const {
 double CaseSpec::flops() const {
   const CaseSpec s = resolved();
   Problem p;
-  p.batch = s.batch;
+  p.batch = s.varlen() ? 1 : s.batch;
   p.heads = s.heads;
-  p.seqlen_q = s.seqlen_q;
-  p.seqlen_k = s.seqlen_k;
   p.head_dim = s.head_dim;
   p.head_dim_v = s.head_dim_v;
-  return Problem::flops(p, s.causal, s.mode);
+  if (!s.varlen()) {
+    p.seqlen_q = s.seqlen_q;
+    p.seqlen_k = s.seqlen_k;
+    return Problem::flops(p, s.causal, s.mode);
+  }
+  double sum = 0.0;  // each sequence's own rectangle: padding is no work
+  for (size_t b = 0; b < s.seqlens_q.size(); ++b) {
+    p.seqlen_q = s.seqlens_q[b];
+    p.seqlen_k = s.seqlens_k[b];
+    sum += Problem::flops(p, s.causal, s.mode);
+  }
+  return sum;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -240,19 +266,52 @@ struct Slot {
 
 struct Harness::Set {
   Slot q, k, v, o, lse, dout, dq, dk, dv;
+  Slot cu_seqlens_q, cu_seqlens_k;  // varlen: int32 [batch + 1]
 };
+
+namespace {
+
+// The prefix sums of `lengths` as an int32 table.
+void fill_table(Slot& slot, const std::vector<int64_t>& lengths) {
+  int64_t sum = 0;
+  std::vector<int32_t> table(lengths.size() + 1, 0);
+  for (size_t b = 0; b < lengths.size(); ++b) table[b + 1] = int32_t(sum += lengths[b]);
+  std::memcpy(slot.host.data(), table.data(), table.size() * sizeof(int32_t));
+  slot.device.upload(slot.host.data());
+}
+
+}  // namespace
 
 Harness::Harness(const CaseSpec& spec, Device device, int input_sets) : spec_(spec.resolved()), device_(device) {
   const CaseSpec& s = spec_;
   uint64_t rng = s.seed;
   const bool bwd = s.mode == Direction::backward;
+  // Dense [B, S, H, D] slots, or packed [total, H, D] ones (lse [H, total_q]) with the tables.
+  const bool varlen = s.varlen();
+  if (varlen && s.seqlens_k.size() != s.seqlens_q.size())
+    throw std::invalid_argument("seqlens_k: " + std::to_string(s.seqlens_k.size()) + " sequences, expected " +
+                                std::to_string(s.seqlens_q.size()) + " like seqlens_q");
+  const int64_t total_q = s.total_q(), total_k = s.total_k();
+  auto q_like = [&](int64_t dim) {
+    return varlen ? Slot(device, s.dtype, {total_q, s.heads, dim}) : Slot(device, s.dtype, {s.batch, s.seqlen_q, s.heads, dim});
+  };
+  auto k_like = [&](int64_t dim) {
+    return varlen ? Slot(device, s.dtype, {total_k, s.kv_heads, dim})
+                  : Slot(device, s.dtype, {s.batch, s.seqlen_k, s.kv_heads, dim});
+  };
   for (int i = 0; i < std::max(input_sets, 1); ++i) {
     auto set = std::make_unique<Set>();
-    set->q = Slot(device, s.dtype, {s.batch, s.seqlen_q, s.heads, s.head_dim});
-    set->k = Slot(device, s.dtype, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim});
-    set->v = Slot(device, s.dtype, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim_v});
-    set->o = Slot(device, s.dtype, {s.batch, s.seqlen_q, s.heads, s.head_dim_v});
-    set->lse = Slot(device, DType::fp32, {s.batch, s.heads, s.seqlen_q});
+    set->q = q_like(s.head_dim);
+    set->k = k_like(s.head_dim);
+    set->v = k_like(s.head_dim_v);
+    set->o = q_like(s.head_dim_v);
+    set->lse = varlen ? Slot(device, DType::fp32, {s.heads, total_q}) : Slot(device, DType::fp32, {s.batch, s.heads, s.seqlen_q});
+    if (varlen) {
+      set->cu_seqlens_q = Slot(device, DType::int32, {s.batch + 1});
+      set->cu_seqlens_k = Slot(device, DType::int32, {s.batch + 1});
+      fill_table(set->cu_seqlens_q, s.seqlens_q);
+      fill_table(set->cu_seqlens_k, s.seqlens_k);
+    }
     if (i == 0) {
       set->q.fill_random(rng);
       set->k.fill_random(rng);
@@ -263,10 +322,10 @@ Harness::Harness(const CaseSpec& spec, Device device, int input_sets) : spec_(sp
       set->v.copy_values(sets_[0]->v);
     }
     if (bwd) {
-      set->dout = Slot(device, s.dtype, {s.batch, s.seqlen_q, s.heads, s.head_dim_v});
-      set->dq = Slot(device, s.dtype, {s.batch, s.seqlen_q, s.heads, s.head_dim});
-      set->dk = Slot(device, s.dtype, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim});
-      set->dv = Slot(device, s.dtype, {s.batch, s.seqlen_k, s.kv_heads, s.head_dim_v});
+      set->dout = q_like(s.head_dim_v);
+      set->dq = q_like(s.head_dim);
+      set->dk = k_like(s.head_dim);
+      set->dv = k_like(s.head_dim_v);
       if (i == 0) set->dout.fill_random(rng);
       else set->dout.copy_values(sets_[0]->dout);
     }
@@ -302,6 +361,12 @@ Params Harness::params(int input_set) const {
     p.dq = set.dq.view(set.dq.device.data(), device_);
     p.dk = set.dk.view(set.dk.device.data(), device_);
     p.dv = set.dv.view(set.dv.device.data(), device_);
+  }
+  if (spec_.varlen()) {
+    p.cu_seqlens_q = set.cu_seqlens_q.view(set.cu_seqlens_q.device.data(), device_);
+    p.cu_seqlens_k = set.cu_seqlens_k.view(set.cu_seqlens_k.device.data(), device_);
+    p.max_seqlen_q = spec_.seqlen_q;
+    p.max_seqlen_k = spec_.seqlen_k;
   }
   p.softmax_scale = spec_.softmax_scale;
   p.causal = spec_.causal;
@@ -463,20 +528,52 @@ CheckResult Harness::check(double budget_flops) const {
   CheckResult r;
   r.tolerance = tolerance(s.dtype, s.precision, s.mode);
 
-  // An oracle view of the same stored inputs on the CPU.
+  // An oracle view of the same stored inputs on the CPU; a varlen case is checked one sequence
+  // at a time, each as the dense batch-1 call it is (common/varlen.h).
   Params host;
   const Device cpu{};
   host.q = set.q.view(set.q.host.data(), cpu);
   host.k = set.k.view(set.k.host.data(), cpu);
   host.v = set.v.view(set.v.host.data(), cpu);
   host.o = set.o.view(set.o.host.data(), cpu);
-  if (s.mode == Direction::backward) host.dout = set.dout.view(set.dout.host.data(), cpu);
+  host.lse = set.lse.view(set.lse.host.data(), cpu);
+  if (s.mode == Direction::backward) {
+    host.dout = set.dout.view(set.dout.host.data(), cpu);
+    host.dq = set.dq.view(set.dq.host.data(), cpu);
+    host.dk = set.dk.view(set.dk.host.data(), cpu);
+    host.dv = set.dv.view(set.dv.host.data(), cpu);
+  }
+  if (s.varlen()) {
+    host.cu_seqlens_q = set.cu_seqlens_q.view(set.cu_seqlens_q.host.data(), cpu);
+    host.cu_seqlens_k = set.cu_seqlens_k.view(set.cu_seqlens_k.host.data(), cpu);
+    host.max_seqlen_q = s.seqlen_q;
+    host.max_seqlen_k = s.seqlen_k;
+  }
   host.softmax_scale = s.softmax_scale;
   host.causal = s.causal;
   host.window_left = s.window_left;
   host.window_right = s.window_right;
   host.q_offset = s.q_offset;
-  const Problem pr = Problem::of(host);
+  const std::vector<Params> calls = dense_calls(host);
+  std::vector<Problem> problems;
+  for (const Params& c : calls) problems.push_back(Problem::of(c));
+  // Index into a slot's host copy of element (b, row, h, d) of a call's view of it.
+  auto index4 = [](const Slot& slot, const Tensor& view, int64_t b, int64_t row, int64_t h, int64_t d) {
+    return (static_cast<const unsigned char*>(view.data) - slot.host.data()) / int64_t(dtype_size(slot.dtype)) +
+           offset4(view, b, row, h, d);
+  };
+  auto index3 = [](const Slot& slot, const Tensor& view, int64_t b, int64_t h, int64_t row) {
+    return (static_cast<const unsigned char*>(view.data) - slot.host.data()) / int64_t(sizeof(float)) +
+           offset3(view, b, h, row);
+  };
+  // Items of all calls numbered one after another: the call of flat item i and its local number.
+  struct Flat {
+    std::vector<int64_t> first;  // [calls + 1]
+    std::pair<size_t, int64_t> locate(int64_t item) const {
+      const size_t c = size_t(std::upper_bound(first.begin(), first.end(), item) - first.begin()) - 1;
+      return {c, item - first[c]};
+    }
+  };
   std::mt19937_64 rng(s.seed ^ 0x9e3779b97f4a7c15ull);
 
   auto fail = [&](const std::string& why) {
@@ -491,14 +588,20 @@ CheckResult Harness::check(double budget_flops) const {
       if (int64_t i = first_nan(set.lse); i >= 0) fail("lse: element " + std::to_string(i) + " is NaN (unwritten?)");
 
     // Rows to compare: all, or a sample that fits the budget (always including first and last rows).
-    const double row_cost = 2.0 * double(pr.seqlen_k) * double(pr.head_dim + pr.head_dim_v);
-    const int64_t total_rows = pr.batch * pr.heads * pr.seqlen_q;
+    Flat flat{{0}};
+    double cost = 0.0;
+    for (const Problem& pr : problems) {
+      flat.first.push_back(flat.first.back() + pr.batch * pr.heads * pr.seqlen_q);
+      cost += 2.0 * double(pr.batch * pr.heads * pr.seqlen_q) * double(pr.seqlen_k) * double(pr.head_dim + pr.head_dim_v);
+    }
+    const int64_t total_rows = flat.first.back();
     std::vector<int64_t> rows;
-    if (budget_flops <= 0.0 || row_cost * double(total_rows) <= budget_flops) {
+    if (budget_flops <= 0.0 || cost <= budget_flops) {
       rows.resize(size_t(total_rows));
       std::iota(rows.begin(), rows.end(), 0);
     } else {
       r.sampled = true;
+      const double row_cost = cost / double(std::max<int64_t>(total_rows, 1));
       const int64_t n = std::max<int64_t>(16, int64_t(budget_flops / row_cost));
       std::uniform_int_distribution<int64_t> pick(0, total_rows - 1);
       rows = {0, total_rows - 1};
@@ -506,13 +609,18 @@ CheckResult Harness::check(double budget_flops) const {
     }
     ErrorSum err;
     double lse_err = 0.0;
-    std::vector<double> ref_row(size_t(pr.head_dim_v));
+    std::vector<double> ref_row;
     for (int64_t item : rows) {
-      const int64_t row = item % pr.seqlen_q, h = (item / pr.seqlen_q) % pr.heads, b = item / (pr.seqlen_q * pr.heads);
+      const auto [c, local] = flat.locate(item);
+      const Params& call = calls[c];
+      const Problem& pr = problems[c];
+      const int64_t row = local % pr.seqlen_q, h = (local / pr.seqlen_q) % pr.heads,
+                    b = local / (pr.seqlen_q * pr.heads);
+      ref_row.assign(size_t(pr.head_dim_v), 0.0);
       double ref_lse = 0.0;
-      reference::forward_row(host, pr, b, h, row, ref_row.data(), &ref_lse);
-      const int64_t o0 = ((b * pr.seqlen_q + row) * pr.heads + h) * pr.head_dim_v;
-      const float out_lse = s.with_lse ? set.lse.at((b * pr.heads + h) * pr.seqlen_q + row) : 0.f;
+      reference::forward_row(call, pr, b, h, row, ref_row.data(), &ref_lse);
+      const int64_t o0 = index4(set.o, call.o, b, row, h, 0);
+      const float out_lse = s.with_lse ? set.lse.at(index3(set.lse, call.lse, b, h, row)) : 0.f;
       if (std::isinf(ref_lse)) {
         for (int64_t d = 0; d < pr.head_dim_v; ++d)
           if (set.o.at(o0 + d) != 0.0f) fail("o: a row that sees no key is not 0");
@@ -537,46 +645,62 @@ CheckResult Harness::check(double budget_flops) const {
   // Backward.
   for (const Slot* slot : {&set.dq, &set.dk, &set.dv})
     if (int64_t i = first_nan(*slot); i >= 0) fail("a gradient element (" + std::to_string(i) + ") is NaN (unwritten?)");
-  const double group_cost = 2.0 * double(pr.group) * double(pr.seqlen_q) * double(pr.seqlen_k) *
-                            double(2 * pr.head_dim + 3 * pr.head_dim_v);
-  const int64_t total_groups = pr.batch * pr.kv_heads;
-  std::vector<int64_t> groups;
-  if (budget_flops <= 0.0 || group_cost * double(total_groups) <= budget_flops) {
-    groups.resize(size_t(total_groups));
-    std::iota(groups.begin(), groups.end(), 0);
-  } else {
+  auto group_cost = [](const Problem& pr) {
+    return 2.0 * double(pr.group) * double(pr.seqlen_q) * double(pr.seqlen_k) * double(2 * pr.head_dim + 3 * pr.head_dim_v);
+  };
+  Flat flat{{0}};
+  double cost = 0.0;
+  for (const Problem& pr : problems) {
+    flat.first.push_back(flat.first.back() + pr.batch * pr.kv_heads);
+    cost += group_cost(pr) * double(pr.batch * pr.kv_heads);
+  }
+  const int64_t total_groups = flat.first.back();
+  std::vector<int64_t> groups(static_cast<size_t>(total_groups));
+  std::iota(groups.begin(), groups.end(), 0);
+  if (budget_flops > 0.0 && cost > budget_flops) {
+    // A random sample of groups whose oracle fits the budget (at least one).
     r.sampled = true;
-    std::vector<int64_t> all(static_cast<size_t>(total_groups));
-    std::iota(all.begin(), all.end(), 0);
-    std::shuffle(all.begin(), all.end(), rng);
-    const int64_t n = std::clamp<int64_t>(int64_t(budget_flops / group_cost), 1, total_groups);
-    groups.assign(all.begin(), all.begin() + n);
+    std::shuffle(groups.begin(), groups.end(), rng);
+    double spent = 0.0;
+    size_t n = 0;
+    while (n < groups.size()) {
+      const double g = group_cost(problems[flat.locate(groups[n]).first]);
+      if (n > 0 && spent + g > budget_flops) break;
+      spent += g;
+      ++n;
+    }
+    groups.resize(n);
   }
   ErrorSum dq_err, dk_err, dv_err;
-  std::vector<double> dq(size_t(pr.group * pr.seqlen_q * pr.head_dim)), dk(size_t(pr.seqlen_k * pr.head_dim)),
-      dv(size_t(pr.seqlen_k * pr.head_dim_v));
+  double dq_count = 0.0, dk_count = 0.0, dv_count = 0.0;
+  std::vector<double> dq, dk, dv;
   for (int64_t item : groups) {
-    const int64_t b = item / pr.kv_heads, kv_head = item % pr.kv_heads;
-    reference::backward_group(host, pr, b, kv_head, dq.data(), dk.data(), dv.data());
+    const auto [c, local] = flat.locate(item);
+    const Params& call = calls[c];
+    const Problem& pr = problems[c];
+    const int64_t b = local / pr.kv_heads, kv_head = local % pr.kv_heads;
+    dq.assign(size_t(pr.group * pr.seqlen_q * pr.head_dim), 0.0);
+    dk.assign(size_t(pr.seqlen_k * pr.head_dim), 0.0);
+    dv.assign(size_t(pr.seqlen_k * pr.head_dim_v), 0.0);
+    reference::backward_group(call, pr, b, kv_head, dq.data(), dk.data(), dv.data());
     for (int64_t g = 0; g < pr.group; ++g)
       for (int64_t row = 0; row < pr.seqlen_q; ++row)
         for (int64_t d = 0; d < pr.head_dim; ++d)
-          dq_err.add(set.dq.at(((b * pr.seqlen_q + row) * pr.heads + kv_head * pr.group + g) * pr.head_dim + d),
+          dq_err.add(set.dq.at(index4(set.dq, call.dq, b, row, kv_head * pr.group + g, d)),
                      dq[size_t((g * pr.seqlen_q + row) * pr.head_dim + d)]);
     for (int64_t j = 0; j < pr.seqlen_k; ++j) {
       for (int64_t d = 0; d < pr.head_dim; ++d)
-        dk_err.add(set.dk.at(((b * pr.seqlen_k + j) * pr.kv_heads + kv_head) * pr.head_dim + d),
-                   dk[size_t(j * pr.head_dim + d)]);
+        dk_err.add(set.dk.at(index4(set.dk, call.dk, b, j, kv_head, d)), dk[size_t(j * pr.head_dim + d)]);
       for (int64_t d = 0; d < pr.head_dim_v; ++d)
-        dv_err.add(set.dv.at(((b * pr.seqlen_k + j) * pr.kv_heads + kv_head) * pr.head_dim_v + d),
-                   dv[size_t(j * pr.head_dim_v + d)]);
+        dv_err.add(set.dv.at(index4(set.dv, call.dv, b, j, kv_head, d)), dv[size_t(j * pr.head_dim_v + d)]);
     }
+    dq_count += double(pr.group * pr.seqlen_q * pr.head_dim);
+    dk_count += double(pr.seqlen_k * pr.head_dim);
+    dv_count += double(pr.seqlen_k * pr.head_dim_v);
   }
   // dQ and dK vanish in exact arithmetic where a row sees a single key (P = 1, dP = Δ), leaving
   // only rounding; their error is measured against max(own norm, dV's rms scaled to their size).
-  const double dv_rms = std::sqrt(dv_err.ref2 / std::max<double>(1.0, double(groups.size()) * double(pr.seqlen_k * pr.head_dim_v)));
-  const double dq_count = double(groups.size()) * double(pr.group * pr.seqlen_q * pr.head_dim);
-  const double dk_count = double(groups.size()) * double(pr.seqlen_k * pr.head_dim);
+  const double dv_rms = std::sqrt(dv_err.ref2 / std::max(1.0, dv_count));
   r.rel_err_dq = dq_err.rel(dv_rms * std::sqrt(dq_count));
   r.rel_err_dk = dk_err.rel(dv_rms * std::sqrt(dk_count));
   r.rel_err_dv = dv_err.rel();

@@ -29,10 +29,17 @@ struct CaseSpec {
   bool with_lse = true;  // forward: also write LSE
   uint64_t seed = 0;
   int num_threads = 0;
+  // A variable-length (packed) batch when non-empty: one entry per sequence (batch and seqlen_q /
+  // seqlen_k are then the count and the longest); seqlens_k empty means "same as seqlens_q".
+  std::vector<int64_t> seqlens_q, seqlens_k;
 
-  CaseSpec resolved() const;  // fills the "same as" defaults
+  bool varlen() const { return !seqlens_q.empty(); }
+  int64_t total_q() const;  // query tokens of all sequences
+  int64_t total_k() const;
+
+  CaseSpec resolved() const;  // fills the "same as" defaults (and batch / seqlens of a varlen case)
   std::string dtype_name() const;  // fp32 / tf32 / fp16 / bf16
-  double flops() const;            // FlashAttention convention (see Problem::flops)
+  double flops() const;            // FlashAttention convention (see Problem::flops); varlen: real work only
 };
 
 // Host or device memory of a fixed size.

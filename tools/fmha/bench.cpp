@@ -4,13 +4,23 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
 #include <vector>
 
+#include "common/numeric.h"
 #include "harness.h"
+
+#ifdef FMHA_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace fmha::tools {
 namespace {
@@ -23,8 +33,8 @@ constexpr int kMaxInputSets = 8;
 size_t input_bytes(const CaseSpec& c) {
   const CaseSpec s = c.resolved();
   const size_t e = dtype_size(s.dtype);
-  size_t n = size_t(s.batch * s.seqlen_q * s.heads * (s.head_dim + s.head_dim_v)) +
-             size_t(s.batch * s.seqlen_k * s.kv_heads * (s.head_dim + s.head_dim_v));
+  size_t n = size_t(s.total_q() * s.heads * (s.head_dim + s.head_dim_v)) +
+             size_t(s.total_k() * s.kv_heads * (s.head_dim + s.head_dim_v));
   if (s.mode == Direction::backward) n *= 2;
   return n * e;
 }
@@ -33,7 +43,7 @@ std::string label_of(const CaseSpec& c) {
   const CaseSpec s = c.resolved();
   return std::string(to_string(s.mode)) + " " + s.dtype_name() + " b" + std::to_string(s.batch) + " h" +
          std::to_string(s.heads) + " s" + std::to_string(s.seqlen_q) + " d" + std::to_string(s.head_dim) +
-         (s.causal != Causal::none ? " causal" : "");
+         (s.causal != Causal::none ? " causal" : "") + (s.varlen() ? " varlen" : "");
 }
 
 }  // namespace
@@ -89,6 +99,53 @@ bool named_sweep(const std::string& name, const CaseSpec& base, std::vector<Case
   return true;
 }
 
+namespace {
+
+// The issue's packed-batch target: 64 sequences with lengths drawn log-uniformly from 128 to 8k
+// (about 128k tokens), D128 (16 heads: hidden 2048), causal; each next to the dense batch of the
+// same count at the mean length, which is what the varlen throughput is measured against.
+constexpr int kVarlenSequences = 64;
+constexpr double kVarlenMinLength = 128, kVarlenMaxLength = 8192;
+constexpr uint64_t kVarlenLengthSeed = 13;  // the same lengths on every machine and run
+
+std::vector<int64_t> varlen_lengths() {
+  std::mt19937_64 rng(kVarlenLengthSeed);
+  std::uniform_real_distribution<double> log_length(std::log(kVarlenMinLength), std::log(kVarlenMaxLength));
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < kVarlenSequences; ++i) lengths.push_back(int64_t(std::exp(log_length(rng))));
+  return lengths;
+}
+
+std::vector<CaseSpec> varlen_sweep(const CaseSpec& base) {
+  const std::vector<int64_t> lengths = varlen_lengths();
+  const int64_t mean = std::accumulate(lengths.begin(), lengths.end(), int64_t(0)) / int64_t(lengths.size());
+  std::vector<CaseSpec> cases;
+  for (const char* dtype : {"bf16", "fp16"})
+    for (Direction mode : {Direction::forward, Direction::backward})
+      for (bool packed : {true, false}) {
+        CaseSpec c = base;
+        parse(dtype, &c.dtype);
+        c.precision = Precision::ieee;
+        c.mode = mode;
+        c.heads = c.kv_heads = kFaHidden / 128;
+        c.head_dim = c.head_dim_v = 128;
+        c.causal = Causal::bottom_right;
+        c.window_left = c.window_right = -1;
+        c.q_offset = 0;
+        c.seqlens_q = c.seqlens_k = {};
+        if (packed) {
+          c.seqlens_q = lengths;
+        } else {
+          c.batch = int64_t(lengths.size());
+          c.seqlen_q = c.seqlen_k = mean;
+        }
+        cases.push_back(c);
+      }
+  return cases;
+}
+
+}  // namespace
+
 void progress_bar(size_t done, size_t total, const std::string& label, bool enabled) {
   if (!enabled) return;
   constexpr int kWidth = 30;
@@ -99,8 +156,127 @@ void progress_bar(size_t done, size_t total, const std::string& label, bool enab
   std::fflush(stderr);
 }
 
+namespace {
+
+// ---- The merge sweep: fmha::merge's bandwidth next to a plain copy on the same device ----------
+
+// Rows of tokens x heads, as in split-KV decoding (few tokens) and ring attention (many); head
+// dim 128. Parts and result in the run's dtype; the lse tensors are fp32.
+constexpr int64_t kMergeHeads = 32, kMergeDim = 128;
+constexpr int64_t kMergeTokens[] = {512, 8192, 65536};
+
+double median_of(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  return ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+}
+
+// Median milliseconds of `body` (warm-up first): CUDA events on a GPU, the steady clock on the CPU.
+template <class Body>
+double time_ms(Device device, int warmup, int iters, Body&& body) {
+  for (int i = 0; i < warmup; ++i) body();
+  std::vector<double> ms;
+#ifdef FMHA_WITH_CUDA
+  if (device.type == DeviceType::cuda) {
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    for (int i = 0; i < iters; ++i) {
+      cudaEventRecord(start);
+      body();
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      float elapsed = 0.f;
+      cudaEventElapsedTime(&elapsed, start, stop);
+      ms.push_back(double(elapsed));
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return median_of(ms);
+  }
+#endif
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    body();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median_of(ms);
+}
+
+int run_merge_bench(const BenchOptions& opt, const CaseSpec& base, Device device) {
+  const bool gpu = device.type == DeviceType::cuda;
+  const int iters = opt.run.iters >= 0 ? std::max(opt.run.iters, 1) : (gpu ? 20 : 3);
+  const int warmup = opt.run.warmup >= 0 ? opt.run.warmup : (gpu ? 5 : 1);
+  const DType dtype = base.dtype;
+  std::printf("%-8s %-5s %8s %6s %5s %10s %9s %9s %7s\n", "device", "dtype", "tokens", "heads", "dim", "ms",
+              "GB/s", "copy GB/s", "ratio");
+  nlohmann::json results = nlohmann::json::array();
+  int failures = 0;
+  for (int64_t tokens : kMergeTokens) {
+    const int64_t rows = tokens * kMergeHeads, elements = rows * kMergeDim;
+    const size_t out_bytes = size_t(elements) * dtype_size(dtype), lse_bytes = size_t(rows) * sizeof(float);
+    Buffer out_a(device, out_bytes), out_b(device, out_bytes), out(device, out_bytes), copy(device, out_bytes);
+    Buffer lse_a(device, lse_bytes), lse_b(device, lse_bytes), lse(device, lse_bytes);
+    // Finite LSEs: every row reads both sides (a -inf side would skip its reads and flatter the rate).
+    std::vector<unsigned char> host_out(out_bytes);
+    std::vector<float> host_lse(static_cast<size_t>(rows));
+    std::mt19937_64 rng(base.seed);
+    std::normal_distribution<float> normal;
+    for (int64_t i = 0; i < elements; ++i) store_element(host_out.data(), dtype, i, normal(rng));
+    for (float& x : host_lse) x = normal(rng);
+    out_a.upload(host_out.data());
+    out_b.upload(host_out.data());
+    lse_a.upload(host_lse.data());
+    lse_b.upload(host_lse.data());
+    MergeParams m;
+    auto view = [&](const Buffer& b) { return make_tensor(b.data(), dtype, {1, tokens, kMergeHeads, kMergeDim}, device); };
+    auto lse_view = [&](const Buffer& b) {
+      return make_tensor(b.data(), DType::fp32, {1, kMergeHeads, tokens}, device);
+    };
+    m.out_a = view(out_a), m.out_b = view(out_b), m.out = view(out);
+    m.lse_a = lse_view(lse_a), m.lse_b = lse_view(lse_b), m.lse = lse_view(lse);
+    m.num_threads = base.num_threads;
+    Status status;
+    const double merge_ms = time_ms(device, warmup, iters, [&] {
+      if (status.ok()) status = merge(m);
+    });
+    // The copy reads and writes one output's bytes: the device's copy bandwidth for this size.
+    const double copy_ms = time_ms(device, warmup, iters, [&] {
+#ifdef FMHA_WITH_CUDA
+      if (gpu) {
+        cudaMemcpyAsync(copy.data(), out_a.data(), out_bytes, cudaMemcpyDeviceToDevice);
+        return;
+      }
+#endif
+      std::memcpy(copy.data(), out_a.data(), out_bytes);
+    });
+    const double moved = 3.0 * double(out_bytes) + 3.0 * double(lse_bytes);  // read a, b; write out
+    const double gbps = status.ok() && merge_ms > 0 ? moved / (merge_ms * 1e-3) / 1e9 : 0.0;
+    const double copy_gbps = copy_ms > 0 ? 2.0 * double(out_bytes) / (copy_ms * 1e-3) / 1e9 : 0.0;
+    if (!status.ok()) {
+      ++failures;
+      std::printf("%-8s %-5s %8lld %6lld %5lld  n/a: %s\n", gpu ? "cuda" : "cpu", to_string(dtype), (long long)tokens,
+                  (long long)kMergeHeads, (long long)kMergeDim, status.message.c_str());
+    } else {
+      std::printf("%-8s %-5s %8lld %6lld %5lld %10.4f %9.1f %9.1f %7.2f\n", gpu ? "cuda" : "cpu", to_string(dtype),
+                  (long long)tokens, (long long)kMergeHeads, (long long)kMergeDim, merge_ms, gbps, copy_gbps,
+                  copy_gbps > 0 ? gbps / copy_gbps : 0.0);
+    }
+    results.push_back({{"device", device_description(device)}, {"dtype", to_string(dtype)}, {"tokens", tokens},
+                       {"heads", kMergeHeads}, {"head_dim_v", kMergeDim}, {"ms", merge_ms}, {"gbps", gbps},
+                       {"copy_gbps", copy_gbps}, {"status", status.ok() ? "ok" : status.message}});
+  }
+  if (opt.json_out == "-") std::cout << results.dump(2) << "\n";
+  else if (!opt.json_out.empty()) std::ofstream(opt.json_out) << results.dump(2) << "\n";
+  return failures == int(std::size(kMergeTokens)) ? 1 : 0;
+}
+
+}  // namespace
+
 void add_bench_options(CLI::App* app, BenchOptions& o) {
-  app->add_option("--sweep", o.sweep, "Named sweep: fa (FlashAttention's) or seed (B4 H4 S4096 D64)");
+  app->add_option("--sweep", o.sweep,
+                  "Named sweep: fa (FlashAttention's), seed (B4 H4 S4096 D64) or varlen (64 packed sequences of "
+                  "128 to 8k tokens, D128 causal, and the dense batch at their mean length) or merge (fmha::merge's "
+                  "bandwidth next to a copy; bf16 unless --dtype says otherwise)");
   app->add_option("--csv", o.csv, "Write results as CSV to this file");
   app->add_option("--json-out", o.json_out, "Write results as JSON to this file ('-' for stdout)");
   app->add_option("--rotate", o.rotate, "Input sets to rotate through (default: enough to exceed the L2 cache)");
@@ -114,10 +290,20 @@ int run_bench(const BenchOptions& opt) {
     std::cerr << "fmha bench: " << error << "\n";
     return 2;
   }
+  if (opt.sweep == "merge") {
+    Device device;
+    if (!choose_device(base.backend, &device, &error)) {
+      std::cerr << "fmha bench: " << error << "\n";
+      return 2;
+    }
+    if (base.dtype == DType::fp32 && !opt.dtype_given) base.dtype = DType::bf16;
+    return run_merge_bench(opt, base, device);
+  }
   std::vector<CaseSpec> cases;
   if (opt.sweep.empty()) cases = {base};
+  else if (opt.sweep == "varlen") cases = varlen_sweep(base);
   else if (!named_sweep(opt.sweep, base, &cases)) {
-    std::cerr << "fmha bench: --sweep: expected fa or seed, got '" << opt.sweep << "'\n";
+    std::cerr << "fmha bench: --sweep: expected fa, seed, varlen or merge, got '" << opt.sweep << "'\n";
     return 2;
   }
   if (!opt.sweep.empty()) {
@@ -144,7 +330,7 @@ int run_bench(const BenchOptions& opt) {
       std::cerr << "fmha bench: --csv: cannot write '" << opt.csv << "'\n";
       return 2;
     }
-    csv << "backend,device,mode,dtype,batch,heads,kv_heads,seqlen_q,seqlen_k,head_dim,head_dim_v,causal,ms,tflops,status\n";
+    csv << "backend,device,mode,dtype,batch,heads,kv_heads,seqlen_q,seqlen_k,head_dim,head_dim_v,causal,ms,tflops,status,varlen_sequences,tokens_q\n";
   }
   std::printf("%-6s %-5s %-5s %6s %6s %7s %5s %-12s %10s %9s\n", "mode", "dtype", "back", "batch", "heads", "seqlen",
               "dim", "causal", "ms", "TFLOP/s");
@@ -180,6 +366,9 @@ int run_bench(const BenchOptions& opt) {
       std::printf("%-6s %-5s %-5s %6lld %6lld %7lld %5lld %-12s  n/a: %s\n", to_string(c.mode), c.dtype_name().c_str(),
                   backend.c_str(), (long long)c.batch, (long long)c.heads, (long long)c.seqlen_q, (long long)c.head_dim,
                   to_string(c.causal), status.c_str());
+    if (c.varlen())
+      std::printf("       (varlen: %zu sequences, %lld tokens, mean %lld; batch and seqlen above: count and longest)\n",
+                  c.seqlens_q.size(), (long long)c.total_q(), (long long)(c.total_q() / int64_t(c.seqlens_q.size())));
     std::fflush(stdout);
     nlohmann::json j = {{"backend", backend},      {"device", device_description(device)},
                         {"mode", to_string(c.mode)}, {"dtype", c.dtype_name()},
@@ -190,6 +379,10 @@ int run_bench(const BenchOptions& opt) {
                         {"ms", ms},                {"tflops", tflops},
                         {"status", status}};
     if (backend == "cpu") j["cpu_path"] = cpu_paths().selected;
+    if (c.varlen()) {
+      j["seqlens_q"] = c.seqlens_q;
+      j["seqlens_k"] = c.seqlens_k;
+    }
     results.push_back(j);
     if (csv) {
       std::string quoted = status;
@@ -197,7 +390,7 @@ int run_bench(const BenchOptions& opt) {
       csv << backend << ",\"" << j["device"].get<std::string>() << "\"," << to_string(c.mode) << "," << c.dtype_name()
           << "," << c.batch << "," << c.heads << "," << c.kv_heads << "," << c.seqlen_q << "," << c.seqlen_k << ","
           << c.head_dim << "," << c.head_dim_v << "," << to_string(c.causal) << "," << ms << "," << tflops << ",\""
-          << quoted << "\"\n";
+          << quoted << "\"," << c.seqlens_q.size() << "," << c.total_q() << "\n";
       csv.flush();  // a sweep cut short keeps the rows it finished
     }
   }

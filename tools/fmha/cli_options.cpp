@@ -1,8 +1,12 @@
 // Flag parsing for one attention case.
 #include "cli_options.h"
 
+#include <climits>
+#include <cstdint>
 #include <random>
 #include <sstream>
+#include <stdexcept>
+#include <vector>
 
 namespace fmha::tools {
 
@@ -16,6 +20,10 @@ void add_case_options(CLI::App* app, RunOptions& o) {
   app->add_option("--kv-heads", o.kv_heads, "Key/value heads (default: heads)");
   app->add_option("--seqlen-q", o.seqlen_q, "Query sequence length")->capture_default_str();
   app->add_option("--seqlen-k", o.seqlen_k, "Key sequence length (default: seqlen-q)");
+  app->add_option("--seqlens-q", o.seqlens_q,
+                  "Variable-length (packed) batch: query length of each sequence, e.g. 100,2000,37 "
+                  "(replaces --batch and --seqlen-q)");
+  app->add_option("--seqlens-k", o.seqlens_k, "Key length of each sequence (default: seqlens-q)");
   app->add_option("--head-dim", o.head_dim, "Head dimension of q and k")->capture_default_str();
   app->add_option("--head-dim-v", o.head_dim_v, "Head dimension of v (default: head-dim)");
   app->add_option("--dtype", o.dtype, "fp32|tf32|fp16|bf16 (tf32: fp32 storage, tf32 tensor cores)")->capture_default_str();
@@ -31,6 +39,36 @@ void add_case_options(CLI::App* app, RunOptions& o) {
   app->add_flag("--deterministic", o.deterministic, "Backward without atomics (bitwise reproducible)");
   app->add_flag("--no-lse", o.no_lse, "Forward: do not write LSE");
 }
+
+namespace {
+
+// "100,2000,37" as lengths, each >= 0 and below 2^31 (the sequence tables are int32, totals too).
+bool parse_lengths(const char* flag, const std::string& text, std::vector<int64_t>* out, std::string* error) {
+  constexpr int64_t kMaxTotal = INT32_MAX;
+  std::istringstream in(text);
+  std::string item;
+  int64_t total = 0;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long value = -1;
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || value < 0)
+      return *error = std::string(flag) + ": expected comma-separated lengths >= 0, got '" + text + "'", false;
+    total += value;
+    if (total > kMaxTotal)
+      return *error = std::string(flag) + ": the lengths add up to more than 2^31 - 1 tokens (int32 tables)", false;
+    out->push_back(value);
+  }
+  if (out->empty() || text.back() == ',')
+    return *error = std::string(flag) + ": expected comma-separated lengths >= 0, got '" + text + "'", false;
+  return true;
+}
+
+}  // namespace
 
 bool RunOptions::to_case(CaseSpec* spec, std::string* error) const {
   CaseSpec s;
@@ -72,6 +110,16 @@ bool RunOptions::to_case(CaseSpec* spec, std::string* error) const {
   s.head_dim_v = head_dim_v;
   // Zero means "same as" for these three; a zero key length must be asked for explicitly.
   if (seqlen_k == 0 && seqlen_q == 0) s.seqlen_k = 0;
+  if (!seqlens_k.empty() && seqlens_q.empty())
+    return *error = "--seqlens-k: needs --seqlens-q (the query lengths of the same sequences)", false;
+  if (!seqlens_q.empty()) {
+    if (!parse_lengths("--seqlens-q", seqlens_q, &s.seqlens_q, error)) return false;
+    if (!seqlens_k.empty() && !parse_lengths("--seqlens-k", seqlens_k, &s.seqlens_k, error)) return false;
+    if (!s.seqlens_k.empty() && s.seqlens_k.size() != s.seqlens_q.size())
+      return *error = "--seqlens-k: has " + std::to_string(s.seqlens_k.size()) + " lengths, expected " +
+                      std::to_string(s.seqlens_q.size()) + " (one per sequence of --seqlens-q)",
+             false;
+  }
   s.q_offset = q_offset;
   s.softmax_scale = scale;
   s.deterministic = deterministic;

@@ -15,6 +15,7 @@ struct RunOptions {
   std::string dtype = "fp32";
   std::string causal = "none";
   std::string window;  // "L,R"
+  std::string seqlens_q, seqlens_k;  // varlen: "100,2000,37"
   int64_t q_offset = 0;
   std::string mode = "fwd";
   int iters = -1;       // -1: 20 on a GPU, 3 on the CPU

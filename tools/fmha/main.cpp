@@ -129,6 +129,10 @@ int cmd_run(const RunOptions& opt) {
     j["kv_heads"] = c.kv_heads;
     j["seqlen_q"] = c.seqlen_q;
     j["seqlen_k"] = c.seqlen_k;
+    if (c.varlen()) {
+      j["seqlens_q"] = c.seqlens_q;
+      j["seqlens_k"] = c.seqlens_k;
+    }
     j["head_dim"] = c.head_dim;
     j["head_dim_v"] = c.head_dim_v;
     j["causal"] = to_string(c.causal);
@@ -166,6 +170,9 @@ int cmd_run(const RunOptions& opt) {
                   (long long)c.batch, (long long)c.heads, (long long)c.kv_heads, (long long)c.seqlen_q,
                   (long long)c.seqlen_k, (long long)c.head_dim, (long long)c.head_dim_v, to_string(c.causal),
                   (long long)c.window_left, (long long)c.window_right, (long long)c.q_offset);
+      if (c.varlen())
+        std::printf("  varlen: %zu sequences, %lld query and %lld key tokens (seqlen above: the longest)\n",
+                    c.seqlens_q.size(), (long long)c.total_q(), (long long)c.total_k());
       if (iters > 0)
         std::printf("  %.3f ms (median of %d), %.2f TFLOP/s (%.1f GFLOP/s)\n", ms, iters, tflops, tflops * 1e3);
       if (opt.check) {

@@ -13,14 +13,25 @@
 
 namespace fmha::cuda {
 
+// Variable-length (packed) calls run on the CPU backends only for now; every GPU tier refuses
+// them here, before its own checks read the dense layout's dimensions.
+inline Status refuse_varlen(const Params& p) {
+  if (p.cu_seqlens_q.defined() || p.cu_seqlens_k.defined())
+    return {Code::unsupported, "variable-length calls (cu_seqlens_q/k) are not implemented on the GPU tiers yet; "
+                               "the reference and cpu backends run them on CPU tensors"};
+  return Status::success();
+}
+
 template <class Tier>
 Status tier_supports(const Params& p, Direction direction) {
+  if (Status st = refuse_varlen(p); !st.ok()) return st;
   DeviceProps props;
   return Tier::check(p, direction, props);
 }
 
 template <class Tier>
 Status tier_run(const Params& p, Direction direction) {
+  if (Status st = refuse_varlen(p); !st.ok()) return st;
   DeviceProps props;
   if (Status st = Tier::check(p, direction, props); !st.ok()) return st;
   const Problem s = Problem::of(p);

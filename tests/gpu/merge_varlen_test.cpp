@@ -1,0 +1,181 @@
+// fmha::merge on CUDA tensors against the CPU merge of the same parts (dense and packed layouts,
+// bf16 parts into an fp32 accumulator in place, rows with -inf on one or both sides), and the
+// GPU tiers' refusal of variable-length calls, which run on the CPU backends for now.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/numeric.h"
+#include "gpu_test_util.h"
+
+namespace fmha::test {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+Device current_device() {
+  int ordinal = 0;
+  cudaGetDevice(&ordinal);
+  return Device{DeviceType::cuda, ordinal};
+}
+
+// Host bytes of `count` elements of `dtype` from `values`.
+std::vector<uint8_t> encode(const std::vector<float>& values, DType dtype) {
+  std::vector<uint8_t> bytes(values.size() * dtype_size(dtype));
+  for (size_t i = 0; i < values.size(); ++i) store_element(bytes.data(), dtype, int64_t(i), values[i]);
+  return bytes;
+}
+
+std::vector<float> decode(const std::vector<uint8_t>& bytes, DType dtype, size_t count) {
+  std::vector<float> out(count);
+  for (size_t i = 0; i < count; ++i) out[i] = load_element(bytes.data(), dtype, int64_t(i));
+  return out;
+}
+
+struct MergeCase {
+  bool packed;
+  DType part_dtype, out_dtype;
+  bool in_place;  // out, lse are out_a, lse_a
+};
+
+TEST(MergeCuda, MatchesTheCpuMerge) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kBatch = 3, kSeqlen = 129, kHeads = 5, kDim = 72;
+  const int64_t rows = kBatch * kSeqlen * kHeads, elements = rows * kDim;
+  const Device gpu = current_device();
+  for (MergeCase mc : {MergeCase{false, DType::fp32, DType::fp32, false}, MergeCase{false, DType::bf16, DType::fp32, false},
+                       MergeCase{true, DType::fp16, DType::fp16, true}, MergeCase{true, DType::fp32, DType::fp32, true}}) {
+    SCOPED_TRACE(std::string(mc.packed ? "packed " : "dense ") + to_string(mc.part_dtype) + " -> " +
+                 to_string(mc.out_dtype) + (mc.in_place ? " in place" : ""));
+    std::mt19937_64 rng(test_seed());
+    std::normal_distribution<float> normal(0.f, 4.f);
+    std::vector<float> out_a(static_cast<size_t>(elements)), out_b(static_cast<size_t>(elements));
+    std::vector<float> lse_a(static_cast<size_t>(rows)), lse_b(static_cast<size_t>(rows));
+    for (auto& x : out_a) x = normal(rng);
+    for (auto& x : out_b) x = normal(rng);
+    for (int64_t r = 0; r < rows; ++r) {
+      lse_a[size_t(r)] = r % 5 == 0 ? -kInf : normal(rng);
+      lse_b[size_t(r)] = r % 7 == 0 ? -kInf : normal(rng);
+    }
+    const DType a_dtype = mc.in_place ? mc.out_dtype : mc.part_dtype;
+    const std::vector<uint8_t> host_oa = encode(out_a, a_dtype), host_ob = encode(out_b, mc.part_dtype);
+    const std::vector<uint8_t> host_la = encode(lse_a, DType::fp32), host_lb = encode(lse_b, DType::fp32);
+
+    auto view = [&](void* data, DType dtype, bool is_lse, Device device) {
+      if (mc.packed)
+        return is_lse ? make_tensor(data, dtype, {kHeads, kBatch * kSeqlen}, device)
+                      : make_tensor(data, dtype, {kBatch * kSeqlen, kHeads, kDim}, device);
+      return is_lse ? make_tensor(data, dtype, {kBatch, kHeads, kSeqlen}, device)
+                    : make_tensor(data, dtype, {kBatch, kSeqlen, kHeads, kDim}, device);
+    };
+
+    // The CPU merge of the same stored values.
+    std::vector<uint8_t> cpu_oa = host_oa, cpu_ob = host_ob, cpu_la = host_la, cpu_lb = host_lb;
+    std::vector<uint8_t> cpu_o(size_t(elements) * dtype_size(mc.out_dtype)), cpu_l(size_t(rows) * 4);
+    MergeParams cpu;
+    cpu.out_a = view(cpu_oa.data(), a_dtype, false, Device{});
+    cpu.lse_a = view(cpu_la.data(), DType::fp32, true, Device{});
+    cpu.out_b = view(cpu_ob.data(), mc.part_dtype, false, Device{});
+    cpu.lse_b = view(cpu_lb.data(), DType::fp32, true, Device{});
+    cpu.out = mc.in_place ? cpu.out_a : view(cpu_o.data(), mc.out_dtype, false, Device{});
+    cpu.lse = mc.in_place ? cpu.lse_a : view(cpu_l.data(), DType::fp32, true, Device{});
+    ASSERT_TRUE(merge(cpu).ok());
+
+    DeviceBuffer oa(host_oa.size()), ob(host_ob.size()), la(host_la.size()), lb(host_lb.size());
+    DeviceBuffer o(size_t(elements) * dtype_size(mc.out_dtype)), l(size_t(rows) * 4);
+    oa.upload(host_oa);
+    ob.upload(host_ob);
+    la.upload(host_la);
+    lb.upload(host_lb);
+    o.poison();
+    l.poison();
+    MergeParams dev;
+    dev.out_a = view(oa.ptr, a_dtype, false, gpu);
+    dev.lse_a = view(la.ptr, DType::fp32, true, gpu);
+    dev.out_b = view(ob.ptr, mc.part_dtype, false, gpu);
+    dev.lse_b = view(lb.ptr, DType::fp32, true, gpu);
+    dev.out = mc.in_place ? dev.out_a : view(o.ptr, mc.out_dtype, false, gpu);
+    dev.lse = mc.in_place ? dev.lse_a : view(l.ptr, DType::fp32, true, gpu);
+    const Status s = merge(dev);
+    ASSERT_TRUE(s.ok()) << s.message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+    const std::vector<float> want_o = decode(mc.in_place ? cpu_oa : cpu_o, mc.out_dtype, size_t(elements));
+    const std::vector<float> want_l = decode(mc.in_place ? cpu_la : cpu_l, DType::fp32, size_t(rows));
+    const std::vector<float> got_o = decode((mc.in_place ? oa : o).download(), mc.out_dtype, size_t(elements));
+    const std::vector<float> got_l = decode((mc.in_place ? la : l).download(), DType::fp32, size_t(rows));
+    // CUDA's expf/logf are within 2 ulp of the correctly rounded result, and the output is
+    // rounded to its dtype: a few units of that dtype's roundoff.
+    const double u = mc.out_dtype == DType::fp32 ? 0x1p-24 : mc.out_dtype == DType::fp16 ? 0x1p-11 : 0x1p-8;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (std::isinf(want_l[size_t(r)])) ASSERT_EQ(got_l[size_t(r)], want_l[size_t(r)]) << "lse row " << r;
+      else ASSERT_NEAR(got_l[size_t(r)], want_l[size_t(r)], 8 * 0x1p-24 * std::max(1.f, std::abs(want_l[size_t(r)])));
+    }
+    for (int64_t i = 0; i < elements; ++i) {
+      ASSERT_FALSE(std::isnan(got_o[size_t(i)])) << "o element " << i << " unwritten or NaN";
+      ASSERT_NEAR(got_o[size_t(i)], want_o[size_t(i)], 8 * u * std::max(1.f, std::abs(want_o[size_t(i)]))) << i;
+    }
+  }
+}
+
+TEST(MergeCuda, RefusesMixedDevices) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  DeviceBuffer buffer(4096);
+  std::vector<float> host(64);
+  MergeParams m;
+  const Device gpu = current_device();
+  m.out_a = make_tensor(buffer.ptr, DType::fp32, {1, 4, 1, 8}, gpu);
+  m.lse_a = make_tensor(static_cast<char*>(buffer.ptr) + 1024, DType::fp32, {1, 1, 4}, gpu);
+  m.out_b = make_tensor(host.data(), DType::fp32, {1, 4, 1, 8});
+  m.lse_b = m.lse_a;
+  m.out = m.out_a;
+  m.lse = m.lse_a;
+  const Status s = merge(m);
+  EXPECT_EQ(s.code, Code::invalid_argument);
+  EXPECT_NE(s.message.find("out_b: is on a different device than out_a"), std::string::npos) << s.message;
+}
+
+// Packed calls on CUDA tensors: every GPU tier says why it does not take them, and auto lists the
+// reasons, rather than running a dense kernel over packed memory.
+TEST(Refuse, VarlenOnEveryGpuTier) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kTotal = 24, kHeads = 2, kDim = 64;
+  const Device gpu = current_device();
+  const size_t bytes = size_t(kTotal * kHeads * kDim) * 2;
+  DeviceBuffer buffer(4 * bytes + 4096);
+  char* base = static_cast<char*>(buffer.ptr);
+  const std::vector<int32_t> table = {0, 10, 10, 24};
+  DeviceBuffer tables(2 * table.size() * sizeof(int32_t));
+  std::vector<uint8_t> table_bytes(2 * table.size() * sizeof(int32_t));
+  std::memcpy(table_bytes.data(), table.data(), table.size() * sizeof(int32_t));
+  std::memcpy(table_bytes.data() + table.size() * sizeof(int32_t), table.data(), table.size() * sizeof(int32_t));
+  tables.upload(table_bytes);
+  Params p;
+  p.q = make_tensor(base, DType::bf16, {kTotal, kHeads, kDim}, gpu);
+  p.k = make_tensor(base + bytes, DType::bf16, {kTotal, kHeads, kDim}, gpu);
+  p.v = make_tensor(base + 2 * bytes, DType::bf16, {kTotal, kHeads, kDim}, gpu);
+  p.o = make_tensor(base + 3 * bytes, DType::bf16, {kTotal, kHeads, kDim}, gpu);
+  p.cu_seqlens_q = make_tensor(tables.ptr, DType::int32, {int64_t(table.size())}, gpu);
+  p.cu_seqlens_k = make_tensor(static_cast<int32_t*>(tables.ptr) + table.size(), DType::int32,
+                               {int64_t(table.size())}, gpu);
+  p.max_seqlen_q = p.max_seqlen_k = 14;
+  for (Backend b : compiled_backends()) {
+    if (b == Backend::cpu || b == Backend::reference) continue;
+    p.backend = b;
+    const Status s = supports(p, Direction::forward);
+    EXPECT_EQ(s.code, Code::unsupported) << to_string(b) << ": " << s.message;
+    EXPECT_NE(s.message.find("variable-length"), std::string::npos) << s.message;
+  }
+  p.backend = Backend::auto_select;
+  const Status s = forward(p);
+  EXPECT_EQ(s.code, Code::unsupported) << s.message;
+  EXPECT_NE(s.message.find("variable-length"), std::string::npos) << s.message;
+}
+
+}  // namespace
+}  // namespace fmha::test
