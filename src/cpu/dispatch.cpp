@@ -138,7 +138,7 @@ Status variant_of(const Params& p, Direction direction, std::string* name) {
   return Status::success();
 }
 
-Status supports(const Params& p, Direction) {
+Status supports(const Params& p, Direction direction) {
   const Problem s = Problem::of(p);
   if (s.head_dim > kMaxHeadDim)
     return {Code::unsupported, "q: head_dim " + std::to_string(s.head_dim) + " is above the cpu backend's limit of " +
