@@ -129,6 +129,41 @@ def _torch_grad_wanted(tensors):
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _with_workspace(adapter, like, run):
+    """run(None) returns the workspace bytes the call needs (0: it ran); then run with one."""
+    needed = run(None)
+    if needed:
+        run(adapter.workspace(like, needed))
+
+
+def _call_forward(adapter, q, k, v, out, lse, options, stream_handle, varlen=None):
+    """The forward through the extension; returns out (and lse where one was given), wrapped."""
+    export = adapter.export
+
+    def run(workspace):
+        args = (export(q), export(k), export(v), export(out), None if lse is None else export(lse),
+                None if workspace is None else export(workspace))
+        return _C.forward(*args, options, adapter.raw_bf16, **(varlen or {}))
+
+    _with_workspace(adapter, q, run)
+    adapter.finish(stream_handle)
+    if lse is not None:
+        return adapter.wrap(out), adapter.wrap(lse)
+    return adapter.wrap(out)
+
+
+def _call_backward(adapter, inputs, grads, options, stream_handle, varlen=None):
+    """The backward through the extension: inputs (q, k, v, out, dout, lse), grads (dq, dk, dv)."""
+    export = adapter.export
+
+    def run(workspace):
+        args = tuple(export(x) for x in inputs + grads) + (None if workspace is None else export(workspace),)
+        return _C.backward(*args, options, adapter.raw_bf16, **(varlen or {}))
+
+    _with_workspace(adapter, inputs[0], run)
+    adapter.finish(stream_handle)
+    return tuple(adapter.wrap(g) for g in grads)
+
 def attention(
     q,
     k,
@@ -190,21 +225,7 @@ def attention(
     if out is None:
         out = adapter.empty(q, (batch, seqlen_q, heads, head_dim_v))
     lse = adapter.empty_f32(q, (batch, heads, seqlen_q)) if return_lse else None
-
-    export = adapter.export
-
-    def run(workspace):
-        args = (export(q), export(k), export(v), export(out), None if lse is None else export(lse),
-                None if workspace is None else export(workspace))
-        return _C.forward(*args, options, adapter.raw_bf16)
-
-    needed = run(None)
-    if needed:
-        run(adapter.workspace(q, needed))
-    adapter.finish(stream_handle)
-    if return_lse:
-        return adapter.wrap(out), adapter.wrap(lse)
-    return adapter.wrap(out)
+    return _call_forward(adapter, q, k, v, out, lse, options, stream_handle)
 
 
 def attention_backward(
@@ -250,18 +271,7 @@ def attention_backward(
     if dv is None:
         dv = adapter.empty(q, v_shape)
 
-    export = adapter.export
-
-    def run(workspace):
-        args = (export(q), export(k), export(v), export(out), export(dout), export(lse), export(dq), export(dk),
-                export(dv), None if workspace is None else export(workspace))
-        return _C.backward(*args, options, adapter.raw_bf16)
-
-    needed = run(None)
-    if needed:
-        run(adapter.workspace(q, needed))
-    adapter.finish(stream_handle)
-    return adapter.wrap(dq), adapter.wrap(dk), adapter.wrap(dv)
+    return _call_backward(adapter, (q, k, v, out, dout, lse), (dq, dk, dv), options, stream_handle)
 
 
 _PACKED_Q_DIMS = ("total_q", "heads", "head_dim")
@@ -346,24 +356,11 @@ def attention_varlen(
     stream_handle = adapter.stream(q, stream)
     options = make_options(causal, window, scale, q_offset, precision, backend, deterministic, stream_handle,
                            num_threads)
-    export = adapter.export
-    varlen = _varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, export)
+    varlen = _varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, adapter.export)
     if out is None:
         out = adapter.empty(q, (total_q, heads, head_dim_v))
     lse = adapter.empty_f32(q, (heads, total_q)) if return_lse else None
-
-    def run(workspace):
-        args = (export(q), export(k), export(v), export(out), None if lse is None else export(lse),
-                None if workspace is None else export(workspace))
-        return _C.forward(*args, options, adapter.raw_bf16, **varlen)
-
-    needed = run(None)
-    if needed:
-        run(adapter.workspace(q, needed))
-    adapter.finish(stream_handle)
-    if return_lse:
-        return adapter.wrap(out), adapter.wrap(lse)
-    return adapter.wrap(out)
+    return _call_forward(adapter, q, k, v, out, lse, options, stream_handle, varlen)
 
 
 def attention_varlen_backward(
@@ -405,25 +402,14 @@ def attention_varlen_backward(
     stream_handle = adapter.stream(q, stream)
     options = make_options(causal, window, scale, q_offset, precision, backend, deterministic, stream_handle,
                            num_threads)
-    export = adapter.export
-    varlen = _varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, export)
+    varlen = _varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, adapter.export)
     if dq is None:
         dq = adapter.empty(q, q_shape)
     if dk is None:
         dk = adapter.empty(q, k_shape)
     if dv is None:
         dv = adapter.empty(q, v_shape)
-
-    def run(workspace):
-        args = (export(q), export(k), export(v), export(out), export(dout), export(lse), export(dq), export(dk),
-                export(dv), None if workspace is None else export(workspace))
-        return _C.backward(*args, options, adapter.raw_bf16, **varlen)
-
-    needed = run(None)
-    if needed:
-        run(adapter.workspace(q, needed))
-    adapter.finish(stream_handle)
-    return adapter.wrap(dq), adapter.wrap(dk), adapter.wrap(dv)
+    return _call_backward(adapter, (q, k, v, out, dout, lse), (dq, dk, dv), options, stream_handle, varlen)
 
 
 def merge_attention(out_a, lse_a, out_b, lse_b, *, out=None, lse=None, stream=None, num_threads=0):
