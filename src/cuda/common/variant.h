@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
