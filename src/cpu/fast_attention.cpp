@@ -34,7 +34,6 @@ namespace {
 constexpr int64_t kTileM = 64;             // query rows per tile
 constexpr int64_t kTileN = kWideCols;      // keys per tile: one 64-wide register row
 constexpr int kVecsN = int(kTileN / kLanes);
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Converts n elements of one row of `t` (starting at element `offset`) to fp32.
 void read_row(const Tensor& t, int64_t offset, int64_t n, float* dst, bool tf32) {
@@ -176,16 +175,19 @@ struct Bf16Panel {
   }
 };
 
-// Scales a 64-wide score row into the exp2 domain and masks it: keys outside `visible`
-// (absolute indices; the row starts at key `col0`) get -inf.
-void scale_and_mask_row(float* s, float scale_log2, int64_t col0, Range visible, bool full) {
+float score_sign(const Problem& s) { return s.scale < 0.0f ? -1.0f : 1.0f; }
+
+// A 64-wide score row (keys col0..) made ready for the row max: x = sign(scale)·(q·k) on the keys
+// in `visible`, -inf elsewhere. Multiplying by ±1 is exact.
+void sign_and_mask_row(float* s, float sign, int64_t col0, Range visible, bool full) {
   if (full) {
-    for (int v = 0; v < kVecsN; ++v) store(s + v * kLanes, load(s + v * kLanes) * scale_log2);
+    if (sign < 0.0f)
+      for (int v = 0; v < kVecsN; ++v) store(s + v * kLanes, -load(s + v * kLanes));
     return;
   }
   for (int64_t c = 0; c < kTileN; ++c) {
     const int64_t key = col0 + c;
-    s[c] = (key >= visible.begin && key < visible.end) ? s[c] * scale_log2 : kNegInf;
+    s[c] = (key >= visible.begin && key < visible.end) ? s[c] * sign : kNegInf;
   }
 }
 
@@ -236,6 +238,7 @@ void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head
   uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kTileN / 2)) : nullptr;
   float* scores = t.s.reserve(kTileM * kTileN);
   float* row_buffer = t.row.reserve(std::max(dp, dvp));
+  const float sign = score_sign(s), scale_log2 = std::abs(s.scale_log2);
   std::fill_n(acc, s.group * n * dvp, 0.0f);
   std::fill_n(row_max, s.group * n, kNegInf);
   std::fill_n(row_sum, s.group * n, 0.0f);
@@ -289,7 +292,7 @@ void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head
             float* srow = scores + r * kTileN;
             // Mask, row max, exp2, row sum, rescale.
             const Range visible = r < tile_rows.size() ? intersect(s.mask.keys(row0 + r), block) : Range{};
-            scale_and_mask_row(srow, s.scale_log2, col0, visible, full);
+            sign_and_mask_row(srow, sign, col0, visible, full);
             vf m = load(srow);
             for (int v = 1; v < kVecsN; ++v) {
               const vf x = load(srow + v * kLanes);
@@ -299,11 +302,11 @@ void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head
             const float base = new_max == kNegInf ? 0.0f : new_max;  // nothing visible yet
             vf sum{};
             for (int v = 0; v < kVecsN; ++v) {
-              const vf prob = exp2(load(srow + v * kLanes) - base);
+              const vf prob = exp2((load(srow + v * kLanes) - base) * scale_log2);
               store(srow + v * kLanes, prob);
               sum += prob;
             }
-            const float rescale = exp2(splat(max_tile[r] - base))[0];
+            const float rescale = exp2(splat((max_tile[r] - base) * scale_log2))[0];
             sum_tile[r] = sum_tile[r] * rescale + horizontal_sum(sum);
             max_tile[r] = new_max;
             if (rescale != 1.0f) {
@@ -332,7 +335,7 @@ void forward_chunk(const Params& p, const Problem& s, int64_t b, int64_t kv_head
       for (int64_t d = 0; d < s.head_dim_v; ++d) a[d] *= inv;
       write_row(p.o, offset4(p.o, b, rows.begin + r, h, 0), s.head_dim_v, a);
       if (p.lse.defined()) {
-        const float lse = row_sum[i] > 0.0f ? (row_max[i] + std::log2(row_sum[i])) * kLn2 : kNegInf;
+        const float lse = row_sum[i] > 0.0f ? row_max[i] * std::abs(s.scale) + std::log(row_sum[i]) : kNegInf;
         static_cast<float*>(p.lse.data)[offset3(p.lse, b, h, rows.begin + r)] = lse;
       }
     }
@@ -382,22 +385,6 @@ RowStats preprocess(const Params& p, const Problem& s, int threads) {
     }
   });
   return st;
-}
-
-float score_sign(const Problem& s) { return s.scale < 0.0f ? -1.0f : 1.0f; }
-
-// A 64-wide score row (keys col0..) made ready for the row max: x = sign(scale)·(q·k) on the keys
-// in `visible`, -inf elsewhere. Multiplying by ±1 is exact.
-void sign_and_mask_row(float* s, float sign, int64_t col0, Range visible, bool full) {
-  if (full) {
-    if (sign < 0.0f)
-      for (int v = 0; v < kVecsN; ++v) store(s + v * kLanes, -load(s + v * kLanes));
-    return;
-  }
-  for (int64_t c = 0; c < kTileN; ++c) {
-    const int64_t key = col0 + c;
-    s[c] = (key >= visible.begin && key < visible.end) ? s[c] * sign : kNegInf;
-  }
 }
 
 // P^T on a 64 x 64 tile of S^T (rows are keys col0.., columns queries row0..), masked, from the
