@@ -53,8 +53,8 @@ TEST(CpuPeakedSoftmax, BackwardWithinTwiceNaiveFp32Error) {
         Config c;
         c.seed = 20261203 + uint64_t(group) + uint64_t(causal == Causal::none ? 0 : 1);
         c.backend = Backend::cpu;
-        c.batch = 1, c.kv_heads = 2, c.heads = 2 * group;
-        c.seqlen_q = 100, c.seqlen_k = 90, c.head_dim = c.head_dim_v = 128;
+        c.batch = 1, c.kv_heads = 1, c.heads = group;
+        c.seqlen_q = 256, c.seqlen_k = 200, c.head_dim = c.head_dim_v = 128;
         c.causal = causal;
         c.softmax_scale = 1.0f;
         c.magnitude = 3.0f;

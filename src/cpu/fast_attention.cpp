@@ -5,11 +5,16 @@
 //
 // Forward, per query tile: for each key tile the mask lets it see,
 //   load K tile, S = Q·K^T, mask, row max, exp2, row sum, rescale, load V, O += P·V.
+// The exp2 argument is (x - max)·|scale|·log2(e) with x = sign(scale)·(q·k): the difference of two
+// unscaled scores is exact near the max, so large logits lose nothing to the scaling.
 // Backward runs two passes so that every output has one writer (deterministic, no atomics):
+//   dQ pass, per query tile: over key tiles, online like the forward,
+//     E = exp2((x - max)·|scale_log2|), dP = dO·V^T, dS = E∘(dP - Δ), dQ += dS·K (rescaled),
+//     leaving each row's max and 1/sum (RowStats) for
 //   dK/dV pass, per key tile: over the group's query heads and query tiles,
-//     P = exp2(S - LSE), dV += P^T·dO, dP = dO·V^T, dS = P∘(dP - Δ), dK += dS^T·Q
-//   dQ pass, per query tile: over key tiles, dQ += dS·K
-// with Δ = rowsum(dO∘O) computed first (the preprocess step).
+//     P = exp2((x - max)·|scale_log2|) / sum, dV += P^T·dO, dP = dO·V^T, dS = P∘(dP - Δ), dK += dS^T·Q
+// with Δ = rowsum(dO∘O) computed first (the preprocess step). The stored LSE is not read: see
+// RowStats for why the softmax is recomputed instead.
 //
 // This file is compiled once per instruction-set path, each time with that path's flags and
 // FMHA_CPU_ISA naming its namespace (src/cpu/isa.h); src/cpu/dispatch.cpp calls the one chosen.
