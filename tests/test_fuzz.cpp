@@ -1,7 +1,8 @@
 // The fuzz suite on the CPU (tests/fuzz/fuzz.h has the generator and the rule): random calls of
 // every shape, mask, scale, magnitude, layout and dtype, forward and backward, each against the
 // fp64 oracle. Each shard is its own CTest test, so `ctest -j` spreads them over the cores.
-// FMHA_FUZZ_SEED=<seed> replays one failing case; FMHA_FUZZ_COUNT sets how many run in all.
+// FMHA_FUZZ_SEED=<seed> replays one failing case; FMHA_FUZZ_COUNT sets how many run in all;
+// FMHA_FUZZ_BASE_SEED=clock draws fresh cases instead of CI's fixed set.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -35,7 +36,7 @@ TEST_P(CpuFuzz, MatchesOracleWithinNaiveError) {
     if (!o.failure.empty()) {
       ++failed;
       ADD_FAILURE() << c.describe() << " (path " << path << ")\n" << o.failure << "  replay: FMHA_FUZZ_SEED=" << seed
-                    << " FMHA_CPU_ISA=" << path << " fmha_tests --gtest_filter='Fuzz/CpuFuzz.*'";
+                    << " fmha_tests --gtest_filter='Fuzz/CpuFuzz.*' (the seed picks the path too)";
     }
   }
   std::printf("shard %d: %lld cases, %lld failed\n", GetParam(), (long long)ran, (long long)failed);

@@ -118,8 +118,9 @@ struct Outcome {
 Outcome check(const Config& config, const Runner& runner);
 
 // The seeds of one run: FMHA_FUZZ_SEED=<seed> replays one case; otherwise `count` cases
-// (FMHA_FUZZ_COUNT overrides it) from FMHA_FUZZ_BASE_SEED or the clock. Shard `shard` of
-// `shards` takes every shards-th of them.
+// (FMHA_FUZZ_COUNT overrides it) from a fixed base, FMHA_FUZZ_BASE_SEED=<n>, or
+// FMHA_FUZZ_BASE_SEED=clock (fresh cases every run). Shard `shard` of `shards` takes every
+// shards-th of them.
 std::vector<uint64_t> seeds(int64_t count, int shard, int shards);
 
 }  // namespace fmha::fuzz
