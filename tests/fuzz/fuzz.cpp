@@ -255,9 +255,13 @@ struct NaiveMath {
   const Config& c;
   fmha::Problem s;
   bool tf32;
+  bool reverse;  // sum the dot products over the head dim last to first
 
-  NaiveMath(const Problem& problem) : pr(problem), c(problem.config), s(fmha::Problem::of(problem.params())),
-                                      tf32(problem.config.precision == Precision::tf32) {}
+  NaiveMath(const Problem& problem, bool reverse_order)
+      : pr(problem), c(problem.config), s(fmha::Problem::of(problem.params())),
+        tf32(problem.config.precision == Precision::tf32), reverse(reverse_order) {}
+
+  int64_t dim(int64_t step, int64_t n) const { return reverse ? n - 1 - step : step; }
 
   float in(float x) const { return tf32 ? round_to_tf32(x) : x; }
   // The format the matmuls' P and dS operands are rounded to.
@@ -273,7 +277,10 @@ struct NaiveMath {
     float m = -kInf;
     for (int64_t j = keys.begin; j < keys.end; ++j) {
       float dot = 0.f;
-      for (int64_t d = 0; d < c.head_dim; ++d) dot = std::fma(in(at(pr.q.view, b, i, h, d)), in(at(pr.k.view, b, j, kvh, d)), dot);
+      for (int64_t t = 0; t < c.head_dim; ++t) {
+        const int64_t d = dim(t, c.head_dim);
+        dot = std::fma(in(at(pr.q.view, b, i, h, d)), in(at(pr.k.view, b, j, kvh, d)), dot);
+      }
       const float score = dot * s.scale;
       p[size_t(j - keys.begin)] = score;
       m = std::max(m, score);
@@ -326,8 +333,10 @@ struct NaiveMath {
           float delta = 0.f;  // fp32 storage: rowsum(P ∘ dP), as the softmax's own backward forms it
           for (int64_t j = keys.begin; j < keys.end; ++j) {
             float dot = 0.f;
-            for (int64_t d = 0; d < c.head_dim_v; ++d)
+            for (int64_t t = 0; t < c.head_dim_v; ++t) {
+              const int64_t d = dim(t, c.head_dim_v);
               dot = std::fma(in(at(pr.dout.view, b, i, h, d)), in(at(pr.v.view, b, j, kvh, d)), dot);
+            }
             dp[size_t(j - keys.begin)] = dot;
             delta = std::fma(p[size_t(j - keys.begin)], dot, delta);
           }
@@ -381,8 +390,9 @@ struct Errors {
 // `out` is the kernel's strided view; `ref` and `naive` are contiguous [B, S, H, D].
 template <class ExactZero>
 Errors compare(const Tensor& out, const std::vector<double>& ref, const std::vector<double>& naive,
-               ExactZero exact_zero, const char* name) {
+               const std::vector<double>& naive_reversed, ExactZero exact_zero, const char* name) {
   Errors e;
+  double reversed2 = 0, reversed_max = 0;
   for (int64_t b = 0; b < out.shape[0]; ++b)
     for (int64_t s = 0; s < out.shape[1]; ++s)
       for (int64_t h = 0; h < out.shape[2]; ++h)
@@ -409,8 +419,14 @@ Errors compare(const Tensor& out, const std::vector<double>& ref, const std::vec
             if (e.nan == 0 && e.not_exact == 0) e.first_bad = "worst at " + where();
           }
           e.naive = std::max(e.naive, std::abs(naive[idx] - r));
+          reversed2 += (naive_reversed[idx] - r) * (naive_reversed[idx] - r);
+          reversed_max = std::max(reversed_max, std::abs(naive_reversed[idx] - r));
           e.ref_max = std::max(e.ref_max, std::abs(r));
         }
+  // The naive error is the larger of the two summation orders': one order's rounding can cancel
+  // by chance where a few rows dominate (two competing keys under large logits).
+  e.naive2 = std::max(e.naive2, reversed2);
+  e.naive = std::max(e.naive, reversed_max);
   return e;
 }
 
@@ -437,7 +453,7 @@ Outcome check(const Config& c, const Runner& runner) {
   Outcome outcome;
   Problem pr = make_problem(c);
   const fmha::Problem s = fmha::Problem::of(pr.params());
-  const NaiveMath naive(pr);
+  const NaiveMath naive(pr, false), naive_reversed(pr, true);
   const double mag = c.magnitude;
 
   // Forward.
@@ -452,11 +468,12 @@ Outcome check(const Config& c, const Runner& runner) {
     return outcome;
   }
   const reference::ForwardResult ref = reference::forward(fwd, 1);
-  const Naive nf = naive.forward();
+  const Naive nf = naive.forward(), nf_reversed = naive_reversed.forward();
   auto masked_row = [&](int64_t row) { return s.mask.keys(row).empty(); };
-  std::string msg = verdict(compare(pr.o.view, ref.o, nf.o, masked_row, "o"), c.dtype, mag, "o", outcome);
+  std::string msg = verdict(compare(pr.o.view, ref.o, nf.o, nf_reversed.o, masked_row, "o"), c.dtype, mag, "o", outcome);
   {
     Errors e;
+    double lse_naive2[2] = {0, 0};
     const float* lse = reinterpret_cast<const float*>(pr.lse.bytes.data());
     for (size_t i = 0; i < ref.lse.size(); ++i) {
       const double x = lse[i];
@@ -469,13 +486,15 @@ Outcome check(const Config& c, const Runner& runner) {
         continue;
       }
       e.kernel = std::max(e.kernel, std::abs(x - ref.lse[i]));
-      e.naive = std::max(e.naive, std::abs(nf.lse[i] - ref.lse[i]));
+      e.naive = std::max({e.naive, std::abs(nf.lse[i] - ref.lse[i]), std::abs(nf_reversed.lse[i] - ref.lse[i])});
       e.ref_max = std::max(e.ref_max, std::abs(ref.lse[i]));
       e.kernel2 += (x - ref.lse[i]) * (x - ref.lse[i]);
-      e.naive2 += (nf.lse[i] - ref.lse[i]) * (nf.lse[i] - ref.lse[i]);
+      lse_naive2[0] += (nf.lse[i] - ref.lse[i]) * (nf.lse[i] - ref.lse[i]);
+      lse_naive2[1] += (nf_reversed.lse[i] - ref.lse[i]) * (nf_reversed.lse[i] - ref.lse[i]);
       e.ref2 += ref.lse[i] * ref.lse[i];
       ++e.count;
     }
+    e.naive2 = std::max(lse_naive2[0], lse_naive2[1]);
     msg += verdict(e, DType::fp32, 1.0, "lse", outcome);
   }
   if (!msg.empty() || !c.backward) {
@@ -493,12 +512,12 @@ Outcome check(const Config& c, const Runner& runner) {
     return outcome;
   }
   const reference::BackwardResult bref = reference::backward(pr.params(), 1);
-  const Naive nb = naive.backward();
+  const Naive nb = naive.backward(), nb_reversed = naive_reversed.backward();
   auto unseen_key = [&](int64_t key) { return s.mask.queries(key).empty(); };
   const double score_grad_unit = std::abs(double(s.scale)) * mag * mag * double(c.head_dim_v) * mag;
-  msg += verdict(compare(pr.dq.view, bref.dq, nb.dq, masked_row, "dq"), c.dtype, score_grad_unit, "dq", outcome);
-  msg += verdict(compare(pr.dk.view, bref.dk, nb.dk, unseen_key, "dk"), c.dtype, score_grad_unit, "dk", outcome);
-  msg += verdict(compare(pr.dv.view, bref.dv, nb.dv, unseen_key, "dv"), c.dtype, mag, "dv", outcome);
+  msg += verdict(compare(pr.dq.view, bref.dq, nb.dq, nb_reversed.dq, masked_row, "dq"), c.dtype, score_grad_unit, "dq", outcome);
+  msg += verdict(compare(pr.dk.view, bref.dk, nb.dk, nb_reversed.dk, unseen_key, "dk"), c.dtype, score_grad_unit, "dk", outcome);
+  msg += verdict(compare(pr.dv.view, bref.dv, nb.dv, nb_reversed.dv, unseen_key, "dv"), c.dtype, mag, "dv", outcome);
   outcome.failure = msg;
   return outcome;
 }
