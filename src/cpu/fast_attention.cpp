@@ -485,6 +485,7 @@ struct BackwardScratch {
   Scratch s, dprob;            // [64, 64] probabilities then dS; dP
   Scratch operand;             // [64, 64] P or dS rounded to bf16 (kBf16)
   Scratch dk, dv, dq;          // fp32 accumulators
+  Scratch pk, delta_sum;       // dQ pass, fp16/bf16 storage: E·K and rowsum(E ∘ dP) (Δ's correction)
   Scratch row_max, inv_sum, delta;  // per-query statistics of the current block, padded
   Scratch row_sum;                  // dQ pass: running sums of exp2
   Scratch row;
@@ -578,7 +579,17 @@ void backward_q_chunk(const Params& p, const Problem& s, RowStats& st, int64_t b
   float* row_max = t.row_max.reserve(s.group * n);
   float* row_sum = t.row_sum.reserve(s.group * n);
   float* delta = t.delta.reserve(s.group * n);
+  // fp16/bf16 storage: Δ = rowsum(dO ∘ O) from O as stored is off by O's rounding (2^-9 for bf16),
+  // and where logits are large that offset swamps dS = P ∘ (dP - Δ). The pass therefore also
+  // forms Δ = rowsum(P ∘ dP) from its own P and dP, as a plain softmax backward does, and corrects
+  // dQ for the difference, which takes one more product, E·K: dQ·sum/scale = Σ E(dP - Δ_stored)K
+  // - (Δ - Δ_stored)·Σ E K. The dK/dV pass then uses the corrected Δ.
+  const bool correct_delta = s.dtype != DType::fp32;
+  float* pk = correct_delta ? t.pk.reserve(s.group * n * dp) : nullptr;
+  float* delta_sum = t.delta_sum.reserve(s.group * n);
   std::fill_n(dq, s.group * n * dp, 0.0f);
+  if (correct_delta) std::fill_n(pk, s.group * n * dp, 0.0f);
+  std::fill_n(delta_sum, s.group * n, 0.0f);
   std::fill_n(row_max, s.group * n, kNegInf);
   std::fill_n(row_sum, s.group * n, 0.0f);
   for (int64_t g = 0; g < s.group; ++g)
@@ -601,8 +612,10 @@ void backward_q_chunk(const Params& p, const Problem& s, RowStats& st, int64_t b
         const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
         const int64_t r_off = row0 - rows.begin;
         float* dq_tile = dq + (g * n + r_off) * dp;
+        float* pk_tile = correct_delta ? pk + (g * n + r_off) * dp : nullptr;
         float* max_tile = row_max + g * n + r_off;
         float* sum_tile = row_sum + g * n + r_off;
+        float* delta_sum_tile = delta_sum + g * n + r_off;
         for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
           const Range cols{col0, col0 + kTileN};
           // S = Q·K^T; mask, row max, exp2, row sum, rescale: E = exp2((x - max)·|scale_log2|)
@@ -632,10 +645,24 @@ void backward_q_chunk(const Params& p, const Problem& s, RowStats& st, int64_t b
             if (rescale != 1.0f) {
               float* a = dq_tile + r * dp;
               for (int64_t d = 0; d < dp; d += kLanes) store(a + d, load(a + d) * rescale);
+              if (correct_delta) {
+                float* c = pk_tile + r * dp;
+                for (int64_t d = 0; d < dp; d += kLanes) store(c + d, load(c + d) * rescale);
+              }
+              delta_sum_tile[r] *= rescale;
             }
           }
-          // dP = dO·V^T; dS = E ∘ (dP - Δ)
+          // dP = dO·V^T; rowsum(E ∘ dP); (E·K); dS = E ∘ (dP - Δ)
           tile_gemm(kTileM, kTileN, dvp, t.doc.tile(row0), t.doc.ld, t.vt.tile(col0), t.vt.ld, dprob, kTileN, false);
+          if (correct_delta) {
+            for (int64_t r = 0; r < kTileM; ++r) {
+              vf sum{};
+              for (int v = 0; v < kVecsN; ++v) sum += load(scores + r * kTileN + v * kLanes) * load(dprob + r * kTileN + v * kLanes);
+              delta_sum_tile[r] += horizontal_sum(sum);
+            }
+            tile_gemm(kTileM, dp, kTileN, tile_operand<kBf16>(scores, t.operand, s.tf32), kTileN, t.krow.tile(col0),
+                      t.krow.ld, pk_tile, dp, true);
+          }
           score_gradient(scores, dprob, delta + g * n + r_off, false);
           if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileM * kTileN);
           // dQ += dS·K
@@ -653,6 +680,11 @@ void backward_q_chunk(const Params& p, const Problem& s, RowStats& st, int64_t b
       st.row_max[idx] = row_max[i];
       st.inv_sum[idx] = inv;
       float* dq_row = dq + i * dp;
+      if (correct_delta) {
+        const float delta_softmax = delta_sum[i] * inv, offset = delta_softmax - delta[i];
+        for (int64_t d = 0; d < s.head_dim; ++d) dq_row[d] -= offset * pk[i * dp + d];
+        st.delta[idx] = delta_softmax;
+      }
       for (int64_t d = 0; d < s.head_dim; ++d) dq_row[d] *= inv * s.scale;
       write_row(p.dq, offset4(p.dq, b, rows.begin + r, kv_head * s.group + g, 0), s.head_dim, dq_row);
     }

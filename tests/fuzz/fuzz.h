@@ -68,10 +68,10 @@ struct Tier {
   bool backward = true;
   int64_t max_seqlen = 0;
   double max_work = 0;             // cap on batch·heads·seqlen_q·seqlen_k·(head_dim + head_dim_v)
-  // fp16/bf16 storage: cap on the typical logit |scale|·magnitude²·sqrt(head_dim). Above ~4 the
-  // backward's Δ = rowsum(dO∘O), formed from O as stored, loses dS to O's rounding and the CPU
-  // path's dQ/dK reach 3-10x the naive error (a known gap, not yet fixed): such calls are drawn
-  // with the default scale and magnitude 1 instead.
+  // fp16/bf16 storage: cap on the typical logit |scale|·magnitude²·sqrt(head_dim). Above ~4 a
+  // backward whose Δ = rowsum(dO∘O) comes from O as stored loses dS to O's rounding (dQ/dK at
+  // 3-10x the naive error; the GPU tiers' preprocess does this, a known gap): such calls are
+  // drawn with the default scale and magnitude 1 instead. The CPU path corrects Δ: no cap.
   double max_low_precision_logit = 4.0;
 };
 
