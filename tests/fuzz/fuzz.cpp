@@ -78,8 +78,8 @@ Tier cpu_tier() {
   t.backend = Backend::cpu;
   t.flavors = {{DType::fp32, Precision::ieee}, {DType::fp32, Precision::ieee}, {DType::fp32, Precision::tf32},
                {DType::fp16, Precision::ieee}, {DType::bf16, Precision::ieee}};
-  t.max_seqlen = 300;
-  t.max_work = 4e5;
+  t.max_seqlen = 520;
+  t.max_work = 1.5e6;
   t.max_low_precision_logit = std::numeric_limits<double>::infinity();  // its dQ pass corrects Δ
   return t;
 }
