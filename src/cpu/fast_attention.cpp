@@ -5,11 +5,16 @@
 //
 // Forward, per query tile: for each key tile the mask lets it see,
 //   load K tile, S = Q·K^T, mask, row max, exp2, row sum, rescale, load V, O += P·V.
+// The exp2 argument is (x - max)·|scale|·log2(e) with x = sign(scale)·(q·k): the difference of two
+// unscaled scores is exact near the max, so large logits lose nothing to the scaling.
 // Backward runs two passes so that every output has one writer (deterministic, no atomics):
+//   dQ pass, per query tile: over key tiles, online like the forward,
+//     E = exp2((x - max)·|scale_log2|), dP = dO·V^T, dS = E∘(dP - Δ), dQ += dS·K (rescaled),
+//     leaving each row's max and 1/sum (RowStats) for
 //   dK/dV pass, per key tile: over the group's query heads and query tiles,
-//     P = exp2(S - LSE), dV += P^T·dO, dP = dO·V^T, dS = P∘(dP - Δ), dK += dS^T·Q
-//   dQ pass, per query tile: over key tiles, dQ += dS·K
-// with Δ = rowsum(dO∘O) computed first (the preprocess step).
+//     P = exp2((x - max)·|scale_log2|) / sum, dV += P^T·dO, dP = dO·V^T, dS = P∘(dP - Δ), dK += dS^T·Q
+// with Δ = rowsum(dO∘O) computed first (the preprocess step). The stored LSE is not read: see
+// RowStats for why the softmax is recomputed instead.
 //
 // This file is compiled once per instruction-set path, each time with that path's flags and
 // FMHA_CPU_ISA naming its namespace (src/cpu/isa.h); src/cpu/dispatch.cpp calls the one chosen.
@@ -34,7 +39,6 @@ namespace {
 constexpr int64_t kTileM = 64;             // query rows per tile
 constexpr int64_t kTileN = kWideCols;      // keys per tile: one 64-wide register row
 constexpr int kVecsN = int(kTileN / kLanes);
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Converts n elements of one row of `t` (starting at element `offset`) to fp32.
 void read_row(const Tensor& t, int64_t offset, int64_t n, float* dst, bool tf32) {
@@ -178,16 +182,19 @@ struct Bf16Panel {
   }
 };
 
-// Scales a 64-wide score row into the exp2 domain and masks it: keys outside `visible`
-// (absolute indices; the row starts at key `col0`) get -inf.
-void scale_and_mask_row(float* s, float scale_log2, int64_t col0, Range visible, bool full) {
+float score_sign(const Problem& s) { return s.scale < 0.0f ? -1.0f : 1.0f; }
+
+// A 64-wide score row (keys col0..) made ready for the row max: x = sign(scale)·(q·k) on the keys
+// in `visible`, -inf elsewhere. Multiplying by ±1 is exact.
+void sign_and_mask_row(float* s, float sign, int64_t col0, Range visible, bool full) {
   if (full) {
-    for (int v = 0; v < kVecsN; ++v) store(s + v * kLanes, load(s + v * kLanes) * scale_log2);
+    if (sign < 0.0f)
+      for (int v = 0; v < kVecsN; ++v) store(s + v * kLanes, -load(s + v * kLanes));
     return;
   }
   for (int64_t c = 0; c < kTileN; ++c) {
     const int64_t key = col0 + c;
-    s[c] = (key >= visible.begin && key < visible.end) ? s[c] * scale_log2 : kNegInf;
+    s[c] = (key >= visible.begin && key < visible.end) ? s[c] * sign : kNegInf;
   }
 }
 
@@ -239,6 +246,7 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
   uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kTileN / 2)) : nullptr;
   float* scores = t.s.reserve(kTileM * kTileN);
   float* row_buffer = t.row.reserve(std::max(dp, dvp));
+  const float sign = score_sign(s), scale_log2 = std::abs(s.scale_log2);
   std::fill_n(acc, s.group * n * dvp, 0.0f);
   std::fill_n(row_max, s.group * n, kNegInf);
   std::fill_n(row_sum, s.group * n, 0.0f);
@@ -292,7 +300,7 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
             float* srow = scores + r * kTileN;
             // Mask, row max, exp2, row sum, rescale.
             const Range visible = r < tile_rows.size() ? intersect(s.mask.keys(row0 + r), block) : Range{};
-            scale_and_mask_row(srow, s.scale_log2, col0, visible, full);
+            sign_and_mask_row(srow, sign, col0, visible, full);
             vf m = load(srow);
             for (int v = 1; v < kVecsN; ++v) {
               const vf x = load(srow + v * kLanes);
@@ -302,11 +310,11 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
             const float base = new_max == kNegInf ? 0.0f : new_max;  // nothing visible yet
             vf sum{};
             for (int v = 0; v < kVecsN; ++v) {
-              const vf prob = exp2(load(srow + v * kLanes) - base);
+              const vf prob = exp2((load(srow + v * kLanes) - base) * scale_log2);
               store(srow + v * kLanes, prob);
               sum += prob;
             }
-            const float rescale = exp2(splat(max_tile[r] - base))[0];
+            const float rescale = exp2(splat((max_tile[r] - base) * scale_log2))[0];
             sum_tile[r] = sum_tile[r] * rescale + horizontal_sum(sum);
             max_tile[r] = new_max;
             if (rescale != 1.0f) {
@@ -335,7 +343,7 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
       for (int64_t d = 0; d < s.head_dim_v; ++d) a[d] *= inv;
       write_row(p.o, offset4(p.o, b, rows.begin + r, h, 0), s.head_dim_v, a);
       if (p.lse.defined()) {
-        const float lse = row_sum[i] > 0.0f ? (row_max[i] + std::log2(row_sum[i])) * kLn2 : kNegInf;
+        const float lse = row_sum[i] > 0.0f ? row_max[i] * std::abs(s.scale) + std::log(row_sum[i]) : kNegInf;
         static_cast<float*>(p.lse.data)[offset3(p.lse, b, h, rows.begin + r)] = lse;
       }
     }
@@ -345,52 +353,63 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
 // Backward
 // ------------------------------------------------------------------------------------------------
 
+// Per-row statistics of the backward. The softmax is not recovered from the stored LSE: an fp32
+// LSE of magnitude ~100 (peaked softmax: large logits) is off by ~|LSE|·2^-24 in the exponent,
+// an error in every P the recomputation forms, while a plain fp32 softmax gets the dominant P
+// exactly (exp(s - max) = 1). So the dQ pass, which sweeps every key of a row anyway, recomputes
+// the row's max and sum online (as the forward does) from the very scores the dK/dV pass forms
+// again bit for bit (the matmul sums over the head dim in the same order whichever operand is
+// A), and the dK/dV pass takes P = exp2((x - max)·|scale|·log2 e) / sum from them: the dominant
+// P is 1/sum exactly as in a plain softmax.
+//
+// Scores enter the exp2 as (x - max)·|scale_log2| with x = sign(scale)·(q·k), not as
+// x·scale_log2 - lse_log2: the difference of two unscaled scores is exact (Sterbenz) where it
+// matters, so the exp2 argument carries a relative error of ~2^-24 of itself, not of |x|.
 struct RowStats {
-  std::vector<float> lse_log2;  // [B, H, Sq]: LSE in the exp2 domain; +inf for rows that see nothing
-  std::vector<float> delta;     // [B, H, Sq]: rowsum(dO ∘ O)
+  std::vector<float> row_max;  // [B, H, Sq]: max of sign(scale)·(q·k) over the visible keys
+  std::vector<float> inv_sum;  // [B, H, Sq]: 1 / sum of exp2((x - max)·|scale_log2|); 0 if none visible
+  std::vector<float> delta;    // [B, H, Sq]: rowsum(dO ∘ O)
 };
 
+// Room for the statistics: Δ (preprocess) and the rows' max and sum (the dQ pass).
 RowStats allocate_stats(const Problem& s) {
   RowStats st;
   const int64_t n = s.batch * s.heads * s.seqlen_q;
-  st.lse_log2.resize(size_t(n));
+  st.row_max.assign(size_t(n), kNegInf);
+  st.inv_sum.assign(size_t(n), 0.0f);
   st.delta.resize(size_t(n));
   return st;
 }
 
-// The statistics of one (batch, head) of a call: item = b * heads + h.
+// Δ = rowsum(dO ∘ O) of one (batch, head) of a call: item = b * heads + h. dO is rounded as the
+// matmul operands are (tf32) and summed in the matmuls' order (one fused multiply-add per head
+// dim element, first to last): where a row sees one key, O is that key's V as the matmuls see it
+// and Δ equals dP bit for bit, so dS = P·(dP - Δ) is exactly 0, as it is in exact arithmetic.
 void preprocess(const Params& p, const Problem& s, int64_t item, RowStats& st) {
   const int64_t b = item / s.heads, h = item % s.heads;
   std::vector<float> o_row(size_t(s.head_dim_v)), do_row(size_t(s.head_dim_v));
   for (int64_t i = 0; i < s.seqlen_q; ++i) {
-    const size_t idx = size_t(item * s.seqlen_q + i);
-    const float lse = static_cast<const float*>(p.lse.data)[offset3(p.lse, b, h, i)];
-    st.lse_log2[idx] = lse == kNegInf ? INFINITY : float(double(lse) * kLog2e);
     read_row(p.o, offset4(p.o, b, i, h, 0), s.head_dim_v, o_row.data(), false);
-    read_row(p.dout, offset4(p.dout, b, i, h, 0), s.head_dim_v, do_row.data(), false);
+    read_row(p.dout, offset4(p.dout, b, i, h, 0), s.head_dim_v, do_row.data(), s.tf32);
     float delta = 0.0f;
-    for (int64_t d = 0; d < s.head_dim_v; ++d) delta += o_row[size_t(d)] * do_row[size_t(d)];
-    st.delta[idx] = delta;
+    for (int64_t d = 0; d < s.head_dim_v; ++d) delta = multiply_add(do_row[size_t(d)], o_row[size_t(d)], delta);
+    st.delta[size_t(item * s.seqlen_q + i)] = delta;
   }
 }
 
-// P = exp2(S·scale_log2 - lse) on a 64 x 64 score tile, masked. Not transposed: rows are queries
-// row0.., columns keys col0..; transposed: rows are keys, columns queries. Only queries in
-// `queries` and keys in `keys` count (the panels loaded); lse_log2 is indexed by query - row0.
+// P^T on a 64 x 64 tile of S^T (rows are keys col0.., columns queries row0..), masked, from the
+// rows' statistics (RowStats; row_max and inv_sum indexed by query - row0). Only queries in
+// `queries` and keys in `keys` count (the panels loaded).
 void probabilities(float* s, const Problem& pr, int64_t row0, int64_t col0, Range queries, Range keys,
-                   const float* lse_log2, bool transposed) {
+                   const float* row_max, const float* inv_sum) {
   const Range rows = intersect(queries, Range{row0, row0 + kTileM});
   const Range cols = intersect(keys, Range{col0, col0 + kTileN});
   const bool full = rows.size() == kTileM && cols.size() == kTileN && pr.mask.tile_is_full(rows, cols);
-  if (!transposed) {
-    for (int64_t r = 0; r < kTileM; ++r) {
-      float* srow = s + r * kTileN;
-      const Range visible = row0 + r < rows.end ? intersect(pr.mask.keys(row0 + r), cols) : Range{};
-      scale_and_mask_row(srow, pr.scale_log2, col0, visible, full);
-      const float lse = lse_log2[r];
-      for (int v = 0; v < kVecsN; ++v) store(srow + v * kLanes, exp2(load(srow + v * kLanes) - lse));
-    }
-    return;
+  const float sign = score_sign(pr), scale_log2 = std::abs(pr.scale_log2);
+  vf max_v[kVecsN], inv_v[kVecsN];
+  for (int v = 0; v < kVecsN; ++v) {
+    max_v[v] = load(row_max + v * kLanes);
+    inv_v[v] = load(inv_sum + v * kLanes);
   }
   for (int64_t c = 0; c < kTileN; ++c) {
     float* srow = s + c * kTileM;
@@ -398,9 +417,14 @@ void probabilities(float* s, const Problem& pr, int64_t row0, int64_t col0, Rang
     for (int64_t r = 0; r < kTileM; ++r) {
       const int64_t row = row0 + r;
       const bool on = full || (row >= visible.begin && row < visible.end);
-      srow[r] = on ? srow[r] * pr.scale_log2 - lse_log2[r] : kNegInf;
+      srow[r] = on ? srow[r] * sign : kNegInf;
     }
-    for (int v = 0; v < kVecsN; ++v) store(srow + v * kLanes, exp2(load(srow + v * kLanes)));
+    // Rows that see no key have max -inf and inv_sum 0: their masked entries give 0·0, not NaN.
+    for (int v = 0; v < kVecsN; ++v) {
+      const vf x = load(srow + v * kLanes) - max_v[v];
+      const vf arg = x == x ? x * scale_log2 : splat(kNegInf);  // -inf - -inf: no key seen
+      store(srow + v * kLanes, exp2(arg) * inv_v[v]);
+    }
   }
 }
 
@@ -440,15 +464,19 @@ void tile_gemm(int64_t rows, int64_t width, int64_t depth, const T* a, int64_t l
   else gemm(rows, width, depth, a, lda, b, ldb, c, ldc, accumulate);
 }
 
-// A [kTileM, kTileN] fp32 tile as an A operand: itself, or rounded to bf16 into `scratch`.
+// A [kTileM, kTileN] fp32 tile as an A operand: itself, or rounded to bf16 (kBf16) or to tf32
+// into `scratch`.
 template <bool kBf16>
-auto tile_operand(const float* x, Scratch& scratch) {
+auto tile_operand(const float* x, Scratch& scratch, bool tf32 = false) {
   if constexpr (kBf16) {
     uint16_t* dst = reinterpret_cast<uint16_t*>(scratch.reserve(kTileM * kTileN / 2));
     to_bf16(x, dst, kTileM * kTileN);
     return static_cast<const uint16_t*>(dst);
   } else {
-    return x;
+    if (!tf32) return x;
+    float* dst = scratch.reserve(kTileM * kTileN);
+    for (int64_t i = 0; i < kTileM * kTileN; ++i) dst[i] = round_to_tf32(x[i]);
+    return static_cast<const float*>(dst);
   }
 }
 
@@ -462,7 +490,9 @@ struct BackwardScratch {
   Scratch s, dprob;            // [64, 64] probabilities then dS; dP
   Scratch operand;             // [64, 64] P or dS rounded to bf16 (kBf16)
   Scratch dk, dv, dq;          // fp32 accumulators
-  Scratch lse, delta;          // per-query statistics of the current block, padded
+  Scratch pk, delta_sum;       // dQ pass, fp16/bf16 storage: E·K and rowsum(E ∘ dP) (Δ's correction)
+  Scratch row_max, inv_sum, delta;  // per-query statistics of the current block, padded
+  Scratch row_sum;                  // dQ pass: running sums of exp2
   Scratch row;
 };
 
@@ -478,7 +508,8 @@ void backward_kv_chunk(const Params& p, const Problem& s, const CpuConfig& confi
   float* scores = t.s.reserve(kTileM * kTileN);
   float* dprob = t.dprob.reserve(kTileM * kTileN);
   float* row_buffer = t.row.reserve(std::max(dp, dvp));
-  float* lse = t.lse.reserve(query_block + kTileM);
+  float* row_max = t.row_max.reserve(query_block + kTileM);
+  float* inv_sum = t.inv_sum.reserve(query_block + kTileM);
   float* delta = t.delta.reserve(query_block + kTileM);
   std::fill_n(dk, n * dp, 0.0f);
   std::fill_n(dv, n * dvp, 0.0f);
@@ -499,7 +530,8 @@ void backward_kv_chunk(const Params& p, const Problem& s, const CpuConfig& confi
       const size_t stat0 = size_t((b * s.heads + h) * s.seqlen_q);
       for (int64_t r = t.q.first; r < t.q.first + round_up(block.end - t.q.first, kTileM); ++r) {
         const bool in = r >= block.begin && r < block.end;
-        lse[r - t.q.first] = in ? st.lse_log2[stat0 + size_t(r)] : INFINITY;
+        row_max[r - t.q.first] = in ? st.row_max[stat0 + size_t(r)] : kNegInf;
+        inv_sum[r - t.q.first] = in ? st.inv_sum[stat0 + size_t(r)] : 0.0f;
         delta[r - t.q.first] = in ? st.delta[stat0 + size_t(r)] : 0.0f;
       }
       for (int64_t col0 = keys.begin; col0 < keys.end; col0 += kTileN) {
@@ -508,15 +540,15 @@ void backward_kv_chunk(const Params& p, const Problem& s, const CpuConfig& confi
         float* dk_tile = dk + (col0 - keys.begin) * dp;
         float* dv_tile = dv + (col0 - keys.begin) * dvp;
         for (int64_t row0 = align_down(tile_queries.begin, kTileM); row0 < tile_queries.end; row0 += kTileM) {
-          const float* lse_tile = lse + (row0 - t.q.first);
-          const float* delta_tile = delta + (row0 - t.q.first);
+          const int64_t stat = row0 - t.q.first;
+          const float* delta_tile = delta + stat;
           // S^T = K·Q^T  [kTileN keys, kTileM queries]; P^T
           tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
-          probabilities(scores, s, row0, col0, block, tile_keys, lse_tile, true);
-          if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
-          // dV += P^T·dO
-          tile_gemm(kTileN, dvp, kTileM, tile_operand<kBf16>(scores, t.operand), kTileM, t.dout.tile(row0), t.dout.ld,
-                    dv_tile, dvp, true);
+          probabilities(scores, s, row0, col0, block, tile_keys, row_max + stat, inv_sum + stat);
+          // dV += P^T·dO (P rounded to the operand format in a copy: dS below is formed from the
+          // unrounded P, so that it is rounded once, not twice)
+          tile_gemm(kTileN, dvp, kTileM, tile_operand<kBf16>(scores, t.operand, s.tf32), kTileM, t.dout.tile(row0),
+                    t.dout.ld, dv_tile, dvp, true);
           // dP^T = V·dO^T; dS^T = P^T ∘ (dP^T - Δ)
           tile_gemm(kTileN, kTileM, dvp, t.v.tile(col0), t.v.ld, t.doutt.tile(row0), t.doutt.ld, dprob, kTileM, false);
           score_gradient(scores, dprob, delta_tile, true);
@@ -537,23 +569,39 @@ void backward_kv_chunk(const Params& p, const Problem& s, const CpuConfig& confi
 }
 
 // dQ pass: one item = (batch, KV head, chunk of query tiles), over every query head of the group.
+// It runs first and computes each row's softmax statistics online, as the forward does: the
+// unnormalised dQ is rescaled whenever the row max grows, and divided by the row sum at the end.
+// The statistics go to `st` for the dK/dV pass (RowStats says why they are not taken from LSE).
 template <bool kBf16>
-void backward_q_chunk(const Params& p, const Problem& s, const CpuConfig& config, const RowStats& st, int64_t b,
+void backward_q_chunk(const Params& p, const Problem& s, const CpuConfig& config, RowStats& st, int64_t b,
                       int64_t kv_head, Range rows, BackwardScratch<kBf16>& t) {
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(rows.size(), kTileM);
+  const float sign = score_sign(s), scale_log2 = std::abs(s.scale_log2);
   float* dq = t.dq.reserve(s.group * n * dp);
   float* scores = t.s.reserve(kTileM * kTileN);
   float* dprob = t.dprob.reserve(kTileM * kTileN);
   float* row_buffer = t.row.reserve(std::max(dp, dvp));
-  float* lse = t.lse.reserve(s.group * n);
+  float* row_max = t.row_max.reserve(s.group * n);
+  float* row_sum = t.row_sum.reserve(s.group * n);
   float* delta = t.delta.reserve(s.group * n);
+  // fp16/bf16 storage: Δ = rowsum(dO ∘ O) from O as stored is off by O's rounding (2^-9 for bf16),
+  // and where logits are large that offset swamps dS = P ∘ (dP - Δ). The pass therefore also
+  // forms Δ = rowsum(P ∘ dP) from its own P and dP, as a plain softmax backward does, and corrects
+  // dQ for the difference, which takes one more product, E·K: dQ·sum/scale = Σ E(dP - Δ_stored)K
+  // - (Δ - Δ_stored)·Σ E K. The dK/dV pass then uses the corrected Δ.
+  const bool correct_delta = s.dtype != DType::fp32;
+  float* pk = correct_delta ? t.pk.reserve(s.group * n * dp) : nullptr;
+  float* delta_sum = t.delta_sum.reserve(s.group * n);
   std::fill_n(dq, s.group * n * dp, 0.0f);
+  if (correct_delta) std::fill_n(pk, s.group * n * dp, 0.0f);
+  std::fill_n(delta_sum, s.group * n, 0.0f);
+  std::fill_n(row_max, s.group * n, kNegInf);
+  std::fill_n(row_sum, s.group * n, 0.0f);
   for (int64_t g = 0; g < s.group; ++g)
     for (int64_t r = 0; r < n; ++r) {
       const size_t idx = size_t((b * s.heads + kv_head * s.group + g) * s.seqlen_q + rows.begin + r);
-      lse[g * n + r] = r < rows.size() ? st.lse_log2[idx] : INFINITY;
       delta[g * n + r] = r < rows.size() ? st.delta[idx] : 0.0f;
     }
   const Range keys = s.mask.keys(rows);
@@ -571,12 +619,57 @@ void backward_q_chunk(const Params& p, const Problem& s, const CpuConfig& config
         const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
         const int64_t r_off = row0 - rows.begin;
         float* dq_tile = dq + (g * n + r_off) * dp;
+        float* pk_tile = correct_delta ? pk + (g * n + r_off) * dp : nullptr;
+        float* max_tile = row_max + g * n + r_off;
+        float* sum_tile = row_sum + g * n + r_off;
+        float* delta_sum_tile = delta_sum + g * n + r_off;
         for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
-          // S = Q·K^T; P
+          const Range cols{col0, col0 + kTileN};
+          // S = Q·K^T; mask, row max, exp2, row sum, rescale: E = exp2((x - max)·|scale_log2|)
           tile_gemm(kTileM, kTileN, dp, t.qc.tile(row0), t.qc.ld, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
-          probabilities(scores, s, row0, col0, tile_rows, block, lse + g * n + r_off, false);
-          // dP = dO·V^T; dS = P ∘ (dP - Δ)
+          const bool full = tile_rows.size() == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
+                            s.mask.tile_is_full(tile_rows, cols);
+          for (int64_t r = 0; r < kTileM; ++r) {
+            float* srow = scores + r * kTileN;
+            const Range visible = r < tile_rows.size() ? intersect(s.mask.keys(row0 + r), block) : Range{};
+            sign_and_mask_row(srow, sign, col0, visible, full);
+            vf m = load(srow);
+            for (int v = 1; v < kVecsN; ++v) {
+              const vf x = load(srow + v * kLanes);
+              m = x > m ? x : m;
+            }
+            const float new_max = std::max(max_tile[r], horizontal_max(m));
+            const float base = new_max == kNegInf ? 0.0f : new_max;  // nothing visible yet
+            vf sum{};
+            for (int v = 0; v < kVecsN; ++v) {
+              const vf e = exp2((load(srow + v * kLanes) - base) * scale_log2);
+              store(srow + v * kLanes, e);
+              sum += e;
+            }
+            const float rescale = exp2(splat((max_tile[r] - base) * scale_log2))[0];
+            sum_tile[r] = sum_tile[r] * rescale + horizontal_sum(sum);
+            max_tile[r] = new_max;
+            if (rescale != 1.0f) {
+              float* a = dq_tile + r * dp;
+              for (int64_t d = 0; d < dp; d += kLanes) store(a + d, load(a + d) * rescale);
+              if (correct_delta) {
+                float* c = pk_tile + r * dp;
+                for (int64_t d = 0; d < dp; d += kLanes) store(c + d, load(c + d) * rescale);
+              }
+              delta_sum_tile[r] *= rescale;
+            }
+          }
+          // dP = dO·V^T; rowsum(E ∘ dP); (E·K); dS = E ∘ (dP - Δ)
           tile_gemm(kTileM, kTileN, dvp, t.doc.tile(row0), t.doc.ld, t.vt.tile(col0), t.vt.ld, dprob, kTileN, false);
+          if (correct_delta) {
+            for (int64_t r = 0; r < kTileM; ++r) {
+              vf sum{};
+              for (int v = 0; v < kVecsN; ++v) sum += load(scores + r * kTileN + v * kLanes) * load(dprob + r * kTileN + v * kLanes);
+              delta_sum_tile[r] += horizontal_sum(sum);
+            }
+            tile_gemm(kTileM, dp, kTileN, tile_operand<kBf16>(scores, t.operand, s.tf32), kTileN, t.krow.tile(col0),
+                      t.krow.ld, pk_tile, dp, true);
+          }
           score_gradient(scores, dprob, delta + g * n + r_off, false);
           if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileM * kTileN);
           // dQ += dS·K
@@ -588,8 +681,18 @@ void backward_q_chunk(const Params& p, const Problem& s, const CpuConfig& config
   }
   for (int64_t g = 0; g < s.group; ++g)
     for (int64_t r = 0; r < rows.size(); ++r) {
-      float* dq_row = dq + (g * n + r) * dp;
-      for (int64_t d = 0; d < s.head_dim; ++d) dq_row[d] *= s.scale;
+      const int64_t i = g * n + r;
+      const float inv = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
+      const size_t idx = size_t((b * s.heads + kv_head * s.group + g) * s.seqlen_q + rows.begin + r);
+      st.row_max[idx] = row_max[i];
+      st.inv_sum[idx] = inv;
+      float* dq_row = dq + i * dp;
+      if (correct_delta) {
+        const float delta_softmax = delta_sum[i] * inv, offset = delta_softmax - delta[i];
+        for (int64_t d = 0; d < s.head_dim; ++d) dq_row[d] -= offset * pk[i * dp + d];
+        st.delta[idx] = delta_softmax;
+      }
+      for (int64_t d = 0; d < s.head_dim; ++d) dq_row[d] *= inv * s.scale;
       write_row(p.dq, offset4(p.dq, b, rows.begin + r, kv_head * s.group + g, 0), s.head_dim, dq_row);
     }
 }
@@ -672,13 +775,14 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
   auto backward = [&](auto bf16_tag) {
     constexpr bool kBf16 = decltype(bf16_tag)::value;
     std::vector<BackwardScratch<kBf16>> scratch(static_cast<size_t>(threads));
-    for_chunks(seqlen_k, kTileN,
-               [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range keys) {
-                 backward_kv_chunk<kBf16>(p, s, config, stats[c], b, kv_head, keys, scratch[size_t(worker)]);
-               });
+    // The dQ pass first: it leaves the rows' softmax statistics for the dK/dV pass.
     for_chunks(seqlen_q, kTileM,
                [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows) {
                  backward_q_chunk<kBf16>(p, s, config, stats[c], b, kv_head, rows, scratch[size_t(worker)]);
+               });
+    for_chunks(seqlen_k, kTileN,
+               [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range keys) {
+                 backward_kv_chunk<kBf16>(p, s, config, stats[c], b, kv_head, keys, scratch[size_t(worker)]);
                });
   };
   if (bf16_dot) backward(std::bool_constant<kBf16Dot>{});

@@ -67,6 +67,18 @@ inline vf load(const float* p) { return *reinterpret_cast<const vf*>(p); }
 inline void store(float* p, vf x) { *reinterpret_cast<vf*>(p) = x; }
 inline vf splat(float x) { return vf{} + x; }
 
+// a·b + c rounded as one lane of gemm() rounds it: fused where the path has FMA (the matmuls'
+// `acc += a * b` is contracted to it there), a product and a sum where it has not. Written out
+// because the compiler may vectorise a scalar dot product into products and separate sums.
+inline float multiply_add(float a, float b, float c) {
+#if FMHA_CPU_LEVEL >= 1 || defined(__FMA__) || defined(__aarch64__)
+  return __builtin_fmaf(a, b, c);
+#else
+  const volatile float product = a * b;  // kept apart from the sum
+  return product + c;
+#endif
+}
+
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // 2^x for x <= 127, flushing results below 2^-126 to 0 (so exp2(-inf) = 0). Relative error

@@ -450,6 +450,70 @@ std::string check_backward(const Case& c, uint64_t seed) {
   return msg;
 }
 
+std::string check_single_key_rows_cancel(const Case& c, uint64_t seed) {
+  constexpr double kCancelUlps = 16.0;
+  const HostProblem hp = make_problem(c, seed);
+  const Layouts L = layouts(c);
+  DeviceProblem d = upload(hp, true);
+  // O and LSE from the tier's own forward.
+  Params fwd = d.params;
+  fwd.dout = fwd.dq = fwd.dk = fwd.dv = Tensor{};
+  fwd.workspace = nullptr, fwd.workspace_bytes = 0;
+  d.o.poison();
+  d.lse.poison();
+  if (std::string err = run_and_sync(fwd, Direction::forward); !err.empty()) return err;
+  d.dq.poison();
+  d.dk.poison();
+  d.dv.poison();
+  if (std::string err = run_and_sync(d.params, Direction::backward); !err.empty()) return err;
+  const std::vector<uint8_t> dq = d.dq.download(), dk = d.dk.download();
+  const Problem s = Problem::of(hp.params());
+  std::vector<double> dk_bound(size_t(c.batch * c.seqlen_k * c.kv_heads), 0.0);
+  std::vector<bool> dk_checked(dk_bound.size(), true);
+  std::ostringstream out;
+  int64_t bad = 0;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.heads; ++h)
+      for (int64_t i = 0; i < c.seqlen_q; ++i) {
+        const Range keys = s.mask.keys(i);
+        const int64_t kvh = h / s.group;
+        if (keys.size() != 1) {
+          for (int64_t j = keys.begin; j < keys.end; ++j) dk_checked[size_t((b * c.seqlen_k + j) * c.kv_heads + kvh)] = false;
+          continue;
+        }
+        const int64_t j = keys.begin;
+        double terms = 0.0, k_max = 0.0, q_max = 0.0;  // sum_d |dO·V|; max|K_j|; max|Q_i|
+        for (int64_t e = 0; e < c.head_dim_v; ++e)
+          terms += std::abs(double(at(hp.dout, c.dtype, L.o, b, i, h, e)) * at(hp.v, c.dtype, L.v, b, j, kvh, e));
+        for (int64_t e = 0; e < c.head_dim; ++e) {
+          k_max = std::max(k_max, std::abs(double(at(hp.k, c.dtype, L.k, b, j, kvh, e))));
+          q_max = std::max(q_max, std::abs(double(at(hp.q, c.dtype, L.q, b, i, h, e))));
+        }
+        const double unit = kCancelUlps * std::ldexp(1.0, -24) * std::abs(double(s.scale)) * terms;
+        dk_bound[size_t((b * c.seqlen_k + j) * c.kv_heads + kvh)] += unit * q_max;
+        for (int64_t e = 0; e < c.head_dim; ++e) {
+          const double x = at(dq, c.dtype, L.q, b, i, h, e);
+          if (!(std::abs(x) <= unit * k_max) && bad++ == 0)
+            out << "dq[" << b << "," << i << "," << h << "," << e << "] = " << x << ", bound " << unit * k_max
+                << " (a row that sees one key)\n";
+        }
+      }
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t j = 0; j < c.seqlen_k; ++j)
+      for (int64_t kvh = 0; kvh < c.kv_heads; ++kvh) {
+        const size_t idx = size_t((b * c.seqlen_k + j) * c.kv_heads + kvh);
+        if (!dk_checked[idx]) continue;
+        for (int64_t e = 0; e < c.head_dim; ++e) {
+          const double x = at(dk, c.dtype, L.k, b, j, kvh, e);
+          if (!(std::abs(x) <= dk_bound[idx]) && bad++ == 0)
+            out << "dk[" << b << "," << j << "," << kvh << "," << e << "] = " << x << ", bound " << dk_bound[idx]
+                << " (a key that only one-key rows see)\n";
+        }
+      }
+  if (bad > 0) out << bad << " elements above the bound\n";
+  return out.str();
+}
+
 std::string check_deterministic(const Case& c, uint64_t seed) {
   Case det = c;
   det.deterministic = true;

@@ -78,6 +78,12 @@ struct Errors {
 // (empty on success).
 std::string check_forward(const Case& c, uint64_t seed);
 std::string check_backward(const Case& c, uint64_t seed);
+// Rows that see exactly one key (P = 1): dS = P·(dP - Δ) is 0 in exact arithmetic, so dQ of such
+// a row, and dK of a key that only such rows see, must be 0 up to fp32 rounding of the dP and Δ
+// sums: |x| <= kCancelUlps · 2^-24 · |scale| · sum_d |dO·V| · max|K (or Q)|, with O and LSE from
+// the tier's own forward (O = V as its matmuls saw it). Empty when they are.
+std::string check_single_key_rows_cancel(const Case& c, uint64_t seed);
+
 // Two deterministic backward runs; empty when dq, dk, dv are bitwise identical.
 std::string check_deterministic(const Case& c, uint64_t seed);
 

@@ -190,6 +190,40 @@ INSTANTIATE_TEST_SUITE_P(Tiers, Deterministic, ::testing::ValuesIn(kFlavors),
                                   (info.param.precision == Precision::tf32 ? "tf32" : to_string(info.param.dtype));
                          });
 
+// ---- Rows that see one key, and rows that see two ------------------------------------------------
+// One key: P = 1 and dS = 0 exactly, so dQ and dK must cancel to fp32 rounding (the tf32 backward
+// used to leave residues of ~50 tf32 units: Δ was formed from dO unrounded, dP from dO in tf32).
+// Two keys: the usual rule against the oracle. Causal top-left with a window of 0 (or 1) keys to
+// the left: row i sees key i (and i - 1).
+
+class FewKeys : public ::testing::TestWithParam<Flavor> {};
+
+TEST_P(FewKeys, SmallRowsSeeingOneOrTwoKeys) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  const Flavor& f = GetParam();
+  if (!tier_available(f.backend)) GTEST_SKIP() << "tier not available";
+  if (!has_backward(f.backend)) GTEST_SKIP() << "the sm90 tier has no backward yet";
+  const std::vector<int> dims = compiled_head_dims();
+  for (int hd : {dims.front(), dims.back()})
+    for (bool deterministic : {false, true}) {
+      Case c = base(f, hd);
+      c.batch = 2, c.seqlen_q = 77, c.seqlen_k = 90, c.heads = 4, c.kv_heads = 2;
+      c.causal = Causal::top_left, c.window_left = 0, c.deterministic = deterministic;
+      const uint64_t seed = test_seed();
+      const std::string one = check_single_key_rows_cancel(c, seed);
+      EXPECT_TRUE(one.empty()) << c.name() << " (seed " << seed << ", FMHA_TEST_SEED to repeat)\n" << one;
+      c.window_left = 1;
+      const std::string two = check_backward(c, seed);
+      EXPECT_TRUE(two.empty()) << c.name() << " (seed " << seed << ", FMHA_TEST_SEED to repeat)\n" << two;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, FewKeys, ::testing::ValuesIn(kFlavors),
+                         [](const ::testing::TestParamInfo<Flavor>& info) {
+                           return std::string(to_string(info.param.backend)) + "_" +
+                                  (info.param.precision == Precision::tf32 ? "tf32" : to_string(info.param.dtype));
+                         });
+
 // ---- Empty problems: nothing to compute, but backward with Sq = 0 still zeroes dK/dV -------------
 
 TEST(Edge, SmallEmptySequences) {

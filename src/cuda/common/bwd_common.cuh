@@ -1,6 +1,7 @@
 // The two backward kernels every tier shares, before and after its main kernel:
-//   preprocess: Δ = rowsum(dO ∘ O), LSE into the exp2 domain (+inf for rows that see no key, so
-//               that P = 2^(S - LSE) is 0 there), and the fp32 dQ accumulator zeroed;
+//   preprocess: Δ = rowsum(dO ∘ O) (dO rounded as the tier's dP product rounds it), LSE into the
+//               exp2 domain (+inf for rows that see no key, so that P = 2^(S - LSE) is 0 there),
+//               and the fp32 dQ accumulator zeroed;
 //   convert:    dQ = scale · accumulator, stored in the tensors' dtype.
 // Both are memory-bound and use one warp per row / a grid-stride loop.
 #pragma once
@@ -15,7 +16,11 @@ inline constexpr int kRowKernelThreads = 256;
 inline constexpr int kWarpSize = 32;
 inline constexpr float kLog2eF = 1.4426950408889634f;
 
-template <class T>
+// kTf32Operands: the tier forms dP = dO·V^T on tf32 tensor cores, so Δ is formed from dO rounded
+// the same way (cvt.rna). Where a row sees one key, O is that key's V as the tensor cores saw it
+// (P = 1), and Δ and dP are then sums of the same products, each exact in fp32: dS = P·(dP - Δ)
+// cancels to fp32 rounding instead of leaving tf32-sized residues in dQ and dK.
+template <class T, bool kTf32Operands = false>
 __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const AttentionArgs args) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t total = int64_t(args.batch) * args.heads * args.seqlen_q;
@@ -27,7 +32,11 @@ __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const
     const T* o = args.o.at<const T>(b, s, h);
     const T* dout = args.dout.at<const T>(b, s, h);
     float dot = 0.f;
-    for (int d = lane; d < args.head_dim_v; d += kWarpSize) dot += tile::to_float(o[d]) * tile::to_float(dout[d]);
+    for (int d = lane; d < args.head_dim_v; d += kWarpSize) {
+      float g = tile::to_float(dout[d]);
+      if constexpr (kTf32Operands) g = __uint_as_float(tile::to_tf32(g));
+      dot += tile::to_float(o[d]) * g;
+    }
     dot = tile::warp::row_sum<kWarpSize>(dot);
     if (lane == 0) {
       args.delta[w] = dot;
