@@ -41,10 +41,6 @@ struct AttentionArgs {
   float* dq_accum = nullptr;  // [B, H, Sq, head_dim], unscaled dS·K (non-deterministic backward)
   float* lse_log2 = nullptr;  // [B, H, Sq]: LSE · log2(e); +inf for rows that see no key
   float* delta = nullptr;     // [B, H, Sq]: rowsum(dO ∘ O)
-  // [B, H, Sq], the simt tier's recomputed softmax statistics (bwd_row_stats_kernel): max of the
-  // scores in the exp2 domain (-inf for rows that see no key) and 1 / sum of 2^(score - max).
-  float* row_max = nullptr;
-  float* inv_sum = nullptr;
 
   FMHA_HOST_DEVICE int64_t row_index(int64_t b, int64_t h, int64_t s) const {
     return (b * heads + h) * seqlen_q + s;
