@@ -115,9 +115,9 @@ enum class Direction : int { forward, backward };
 //
 // forward writes o and (when lse is defined) lse.
 // backward reads q, k, v, o, dout, lse and writes dq, dk, dv; dk/dv are summed over the query
-// heads that share a KV head. (The cpu and simt backends recompute each row's softmax max and sum
-// from q and k rather than taking them from lse, whose fp32 rounding costs accuracy when logits
-// are large; lse must still be given.)
+// heads that share a KV head. (The cpu backend recomputes each row's softmax max and sum from q
+// and k rather than taking them from lse, whose fp32 rounding costs accuracy when logits are
+// large; lse must still be given.)
 // A query row that sees no key gets o = 0, lse = -inf and zero gradients.
 struct Params {
   Tensor q, k, v;
