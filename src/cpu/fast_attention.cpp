@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -568,6 +569,22 @@ void backward_kv_chunk(const Params& p, const Problem& s, const CpuConfig& confi
   }
 }
 
+// The factor that turns this call's own softmax (the row's recomputed max and sum) into the one
+// the given LSE defines: P = exp(S - lse). It is 1 where lse is this call's own (equal to
+// max·|scale| + log(sum) within a few fp32 units of lse: the precise path, RowStats says why),
+// and exp(own - lse) where lse is larger, as when the call is one part of the keys and lse the
+// merged one (fmha::merge; ring attention's backward): P is then the part's share of the whole
+// softmax. A row whose lse is -inf sees nothing and gets zero gradients.
+float lse_factor(float row_max, float row_sum, float abs_scale, float lse) {
+  constexpr float kOwnUlps = 4.0f;
+  if (!(row_sum > 0.0f)) return 1.0f;  // P is 0 anyway
+  if (lse == kNegInf) return 0.0f;
+  const double own = double(row_max) * abs_scale + std::log(double(row_sum));
+  const double tolerance = kOwnUlps * std::numeric_limits<float>::epsilon() * std::max(1.0, std::abs(double(lse)));
+  if (std::abs(own - double(lse)) <= tolerance) return 1.0f;
+  return float(std::exp(own - double(lse)));
+}
+
 // dQ pass: one item = (batch, KV head, chunk of query tiles), over every query head of the group.
 // It runs first and computes each row's softmax statistics online, as the forward does: the
 // unnormalised dQ is rescaled whenever the row max grows, and divided by the row sum at the end.
@@ -681,13 +698,17 @@ void backward_q_chunk(const Params& p, const Problem& s, const CpuConfig& config
   }
   for (int64_t g = 0; g < s.group; ++g)
     for (int64_t r = 0; r < rows.size(); ++r) {
-      const int64_t i = g * n + r;
-      const float inv = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
-      const size_t idx = size_t((b * s.heads + kv_head * s.group + g) * s.seqlen_q + rows.begin + r);
+      const int64_t i = g * n + r, h = kv_head * s.group + g;
+      const float given = static_cast<const float*>(p.lse.data)[offset3(p.lse, b, h, rows.begin + r)];
+      const float normalisation = lse_factor(row_max[i], row_sum[i], std::abs(s.scale), given);
+      const float inv = row_sum[i] > 0.0f ? normalisation / row_sum[i] : 0.0f;
+      const size_t idx = size_t((b * s.heads + h) * s.seqlen_q + rows.begin + r);
       st.row_max[idx] = row_max[i];
       st.inv_sum[idx] = inv;
       float* dq_row = dq + i * dp;
-      if (correct_delta) {
+      // Δ from this call's own P and dP only where P is this call's own softmax (not a part of a
+      // larger one: there Δ belongs to the merged O, as stored).
+      if (correct_delta && normalisation == 1.0f) {
         const float delta_softmax = delta_sum[i] * inv, offset = delta_softmax - delta[i];
         for (int64_t d = 0; d < s.head_dim; ++d) dq_row[d] -= offset * pk[i * dp + d];
         st.delta[idx] = delta_softmax;
