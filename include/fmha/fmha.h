@@ -115,9 +115,11 @@ enum class Direction : int { forward, backward };
 //
 // forward writes o and (when lse is defined) lse.
 // backward reads q, k, v, o, dout, lse and writes dq, dk, dv; dk/dv are summed over the query
-// heads that share a KV head. (The cpu backend recomputes each row's softmax max and sum from q
-// and k rather than taking them from lse, whose fp32 rounding costs accuracy when logits are
-// large; lse must still be given.)
+// heads that share a KV head. lse defines the softmax the gradients are of, P = exp(S - lse): the
+// call's own lse, or a larger one merged over more keys (fmha::merge), for which the gradients are
+// those of this part of the keys. (Where lse is the call's own, the cpu backend takes P from each
+// row's recomputed max and sum instead, as a plain softmax does: an fp32 lse's rounding costs
+// accuracy when logits are large.)
 // A query row that sees no key gets o = 0, lse = -inf and zero gradients.
 struct Params {
   Tensor q, k, v;
