@@ -17,7 +17,7 @@ namespace fmha::cuda {
 // them here, before its own checks read the dense layout's dimensions.
 inline Status refuse_varlen(const Params& p) {
   if (p.cu_seqlens_q.defined() || p.cu_seqlens_k.defined())
-    return {Code::unsupported, "variable-length calls (cu_seqlens_q/k) are not implemented on the GPU tiers yet; "
+    return {Code::unsupported, "cu_seqlens_q: variable-length calls are not implemented on the GPU tiers yet; "
                                "the reference and cpu backends run them on CPU tensors"};
   return Status::success();
 }
