@@ -5,8 +5,9 @@
 #   tests    tile ops, then the kernel suite's sm90 cases vs the fp64 oracle, the refusals, the
 #            edge cases and the 2^31-element view                         -> $OUT/sm90_tests.log
 #   variants the sm90 kernel cases again under each non-default FMHA_SM90_FWD_CONFIG
-#   sanitize compute-sanitizer memcheck, racecheck, synccheck on the small sm90 cases
-#   bench    `fmha bench --sweep fa` forward on sm90 and sm80, bf16 and fp16 -> $OUT/bench_*.csv
+#   sanitize compute-sanitizer memcheck, racecheck, synccheck on the small sm90 cases (both directions)
+#   bench    `fmha bench --sweep fa`, bf16, forward and backward (BENCH_MODES), on sm90 and sm80
+#            (BENCH_BACKENDS; the sm90 backward covers head dims up to 128) -> $OUT/bench_*.csv
 # Environment: BENCH_BACKENDS (default "sm90 sm80"), BENCH_VARIANTS (sm90 forward variants benched
 # besides the default, default none), OUT (default ./out), BUILD (default ./build-sm90), HEAD_DIMS (default all),
 # STEPS (default "build sass tests variants sanitize bench"), JOBS (default nproc), VARIANTS (the
@@ -67,7 +68,7 @@ if want sanitize; then
   for tool in memcheck racecheck synccheck; do
     echo "---- $tool" >> "$OUT/sanitize.log"
     timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 1 "$TESTS" --gtest_color=no \
-      --gtest_filter='*Forward/Small_sm90*_q15_k63_*:*Forward/Small_sm90*_q65_k63_*' >> "$OUT/sanitize.log" 2>&1 \
+      --gtest_filter='*Small_sm90*_q15_k63_*:*Small_sm90*_q65_k63_*' >> "$OUT/sanitize.log" 2>&1 \
       || { status=1; echo "   $tool: FAILED"; }
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran" "$OUT/sanitize.log" | tail -2
   done
@@ -76,15 +77,17 @@ fi
 if want bench; then
   step "fmha bench --sweep fa, forward -> $OUT/bench_*.csv"
   for backend in ${BENCH_BACKENDS:-sm90 sm80}; do
-    "$BUILD/fmha" bench --sweep fa --backend "$backend" --mode fwd --dtype bf16 --iters 10 \
-      > "$OUT/bench_fa_fwd_${backend}.csv" 2> "$OUT/bench_${backend}.err" || status=1
+    for mode in ${BENCH_MODES:-fwd bwd}; do
+      "$BUILD/fmha" bench --sweep fa --backend "$backend" --mode "$mode" --dtype bf16 --iters 10 \
+        > "$OUT/bench_fa_${mode}_${backend}.csv" 2>> "$OUT/bench.err" || status=1
+    done
   done
   for v in ${BENCH_VARIANTS:-}; do
     FMHA_SM90_FWD_CONFIG=$v "$BUILD/fmha" bench --sweep fa --backend sm90 --mode fwd --dtype bf16 --iters 10 \
       > "$OUT/bench_fa_fwd_sm90_${v}.csv" 2> "$OUT/bench_sm90_${v}.err" || status=1
   done
   "$BUILD/fmha" bench --sweep seed --backend sm90 --mode fwd --dtype bf16 --iters 20 > "$OUT/bench_seed_sm90.csv" 2>&1
-  for f in "$OUT"/bench_fa_fwd_*.csv; do echo "-- $f"; head -40 "$f"; done
+  for f in "$OUT"/bench_fa_*.csv; do echo "-- $f"; head -40 "$f"; done
 fi
 
 exit $status
