@@ -9,14 +9,17 @@
 #   5. `fmha bench`: the seed sweep and FlashAttention's bf16 sweep -> $OUT/bench_*.csv
 # Environment: OUT (output dir, default ./out), ARCHS (default 90), JOBS (default nproc),
 # FMHA_TEST_SEED (repeat a failing run's inputs), STEPS (default "build tests cli sanitize bench"),
-# SIMT_BWD_VARIANTS (the non-default simt backward variants to test, default "micro").
+# SIMT_BWD_VARIANTS (the non-default simt backward variants to test, default "micro"; empty: none),
+# SHARDS (test processes run at once, default 8), TEST_TIMEOUT (seconds per shard, default 300).
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}
 ARCHS=${ARCHS:-90}
 JOBS=${JOBS:-$(nproc)}
 BUILD=${BUILD:-$PWD/build-gpu-check}
 STEPS=${STEPS:-"build tests cli sanitize bench"}
-SIMT_BWD_VARIANTS=${SIMT_BWD_VARIANTS:-"micro"}
+SIMT_BWD_VARIANTS=${SIMT_BWD_VARIANTS-"micro"}
+SHARDS=${SHARDS:-8}
+TEST_TIMEOUT=${TEST_TIMEOUT:-300}
 SIMT_BWD_FILTER='*Kernel.Backward/*_simt_*:*Deterministic*'
 mkdir -p "$OUT"
 status=0
@@ -40,7 +43,18 @@ fi
 if want tests; then
   step "GPU tests -> $OUT/gpu_tests.log"
   "$BUILD/tests/gpu/fmha_tile_tests" --gtest_color=no > "$OUT/gpu_tests.log" 2>&1 || status=1
-  timeout 300 "$TESTS" --gtest_color=no >> "$OUT/gpu_tests.log" 2>&1 || status=1
+  # The suite in SHARDS processes at once: the fp64 oracle on the host is most of its time.
+  pids=()
+  for ((i = 0; i < SHARDS; ++i)); do
+    GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$i timeout "$TEST_TIMEOUT" "$TESTS" --gtest_color=no \
+      > "$OUT/gpu_tests.shard$i" 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 0; i < SHARDS; ++i)); do
+    wait "${pids[$i]}" || { status=1; echo "   shard $i: exit $?"; }
+    cat "$OUT/gpu_tests.shard$i" >> "$OUT/gpu_tests.log"
+    rm -f "$OUT/gpu_tests.shard$i"
+  done
   for v in $SIMT_BWD_VARIANTS; do
     echo "---- FMHA_SIMT_BWD_CONFIG=$v" >> "$OUT/gpu_tests.log"
     FMHA_SIMT_BWD_CONFIG=$v timeout 300 "$TESTS" --gtest_color=no --gtest_filter="$SIMT_BWD_FILTER" \

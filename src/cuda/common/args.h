@@ -24,6 +24,9 @@ struct View4 {
   }
 };
 
+// Row statistics (lse_log2, delta) are stored in runs of this many rows per (batch, head).
+inline constexpr int64_t kStatRowAlign = 64;
+
 struct AttentionArgs {
   View4 q, k, v, o;
   View4 dout, dq, dk, dv;
@@ -39,11 +42,19 @@ struct AttentionArgs {
 
   // Backward workspace, all fp32 and contiguous:
   float* dq_accum = nullptr;  // [B, H, Sq, head_dim], unscaled dS·K (non-deterministic backward)
-  float* lse_log2 = nullptr;  // [B, H, Sq]: LSE · log2(e); +inf for rows that see no key
-  float* delta = nullptr;     // [B, H, Sq]: rowsum(dO ∘ O)
+  float* lse_log2 = nullptr;  // [B, H, stat_rows]: LSE · log2(e); +inf for rows that see no key
+  float* delta = nullptr;     // [B, H, stat_rows]: rowsum(dO ∘ O)
+  // seqlen_q rounded up to kStatRowAlign: each (batch, head) of the row statistics starts on a
+  // 256-byte boundary and its padding rows hold LSE = +inf, Δ = 0, so that a kernel may copy a
+  // whole tile of them in one bulk copy without bounds checks.
+  int64_t stat_rows = 0;
 
   FMHA_HOST_DEVICE int64_t row_index(int64_t b, int64_t h, int64_t s) const {
     return (b * heads + h) * seqlen_q + s;
+  }
+  // Index of row s of (b, h) in lse_log2 and delta.
+  FMHA_HOST_DEVICE int64_t stat_index(int64_t b, int64_t h, int64_t s) const {
+    return (b * heads + h) * stat_rows + s;
   }
 };
 

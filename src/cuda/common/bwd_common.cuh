@@ -23,12 +23,20 @@ inline constexpr float kLog2eF = 1.4426950408889634f;
 template <class T, bool kTf32Operands = false>
 __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const AttentionArgs args) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t total = int64_t(args.batch) * args.heads * args.seqlen_q;
+  // One warp per row of the padded statistics: rows past seqlen_q get LSE = +inf and Δ = 0.
+  const int64_t total = int64_t(args.batch) * args.heads * args.stat_rows;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
   for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize; w < total; w += warps) {
-    const int64_t s = w % args.seqlen_q;
-    const int64_t h = (w / args.seqlen_q) % args.heads;
-    const int64_t b = w / (args.seqlen_q * args.heads);
+    const int64_t s = w % args.stat_rows;
+    const int64_t h = (w / args.stat_rows) % args.heads;
+    const int64_t b = w / (args.stat_rows * args.heads);
+    if (s >= args.seqlen_q) {
+      if (lane == 0) {
+        args.delta[w] = 0.f;
+        args.lse_log2[w] = __int_as_float(0x7f800000);
+      }
+      continue;
+    }
     const T* o = args.o.at<const T>(b, s, h);
     const T* dout = args.dout.at<const T>(b, s, h);
     float dot = 0.f;
@@ -43,8 +51,10 @@ __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const
       const float lse = args.lse[b * args.lse_batch_stride + h * args.lse_head_stride + s * args.lse_seq_stride];
       args.lse_log2[w] = lse == tile::kNegInf ? __int_as_float(0x7f800000) : lse * kLog2eF;
     }
-    if (args.dq_accum != nullptr)
-      for (int d = lane; d < args.head_dim; d += kWarpSize) args.dq_accum[w * args.head_dim + d] = 0.f;
+    if (args.dq_accum != nullptr) {
+      float* accum = args.dq_accum + args.row_index(b, h, s) * args.head_dim;
+      for (int d = lane; d < args.head_dim; d += kWarpSize) accum[d] = 0.f;
+    }
   }
 }
 

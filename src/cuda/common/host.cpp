@@ -21,6 +21,8 @@ constexpr size_t kWorkspaceAlign = 256;  // bytes: every part starts on a fresh 
 
 size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
+int64_t stat_rows(int64_t seqlen_q) { return (seqlen_q + kStatRowAlign - 1) / kStatRowAlign * kStatRowAlign; }
+
 }  // namespace
 
 Status unsupported(const std::string& message) { return {Code::unsupported, message}; }
@@ -55,6 +57,7 @@ AttentionArgs make_args(const Params& p, const Problem& s) {
   a.head_dim = int(s.head_dim);
   a.head_dim_v = int(s.head_dim_v);
   a.seqlen_q = s.seqlen_q;
+  a.stat_rows = stat_rows(s.seqlen_q);
   a.seqlen_k = s.seqlen_k;
   a.scale = s.scale;
   a.scale_log2 = s.scale_log2;
@@ -65,6 +68,7 @@ AttentionArgs make_args(const Params& p, const Problem& s) {
 WorkspaceLayout workspace_layout(const Problem& s, bool deterministic) {
   WorkspaceLayout w;
   const size_t rows = size_t(s.batch) * size_t(s.heads) * size_t(s.seqlen_q);
+  const size_t padded_rows = size_t(s.batch) * size_t(s.heads) * size_t(stat_rows(s.seqlen_q));
   size_t at = 0;
   w.has_dq_accum = !deterministic;
   if (w.has_dq_accum) {
@@ -72,9 +76,9 @@ WorkspaceLayout workspace_layout(const Problem& s, bool deterministic) {
     at = align_up(at + rows * size_t(s.head_dim) * sizeof(float));
   }
   w.lse_log2 = at;
-  at = align_up(at + rows * sizeof(float));
+  at = align_up(at + padded_rows * sizeof(float));
   w.delta = at;
-  at = align_up(at + rows * sizeof(float));
+  at = align_up(at + padded_rows * sizeof(float));
   w.total = rows == 0 ? 0 : at;
   return w;
 }

@@ -116,7 +116,7 @@ __device__ __forceinline__ void load_micro_query_side(const AttentionArgs& args,
                   args.head_dim, vec);
   load_micro_tile(shared.dout.tile(), args.dout.at<const float>(b, rows.begin, h), args.dout.seq_stride, valid,
                   args.head_dim_v, vec);
-  const int64_t stat0 = args.row_index(b, h, rows.begin);
+  const int64_t stat0 = args.stat_index(b, h, rows.begin);
   tile::block::load_vector_async<BM, kThreads>(shared.lse_log2, args.lse_log2 + stat0, valid,
                                                __int_as_float(0x7f800000));
   tile::block::load_vector_async<BM, kThreads>(shared.delta, args.delta + stat0, valid, 0.f);

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const Atte
     tile::block::load_async<Tiles::kVec, kThreads>(shared.dout.tile(), args.dout.at<const T>(b, rows.begin, h),
                                                    args.dout.seq_stride, valid, args.head_dim_v);
     tile::block::commit();
-    const int64_t stat0 = args.row_index(b, h, rows.begin);
+    const int64_t stat0 = args.stat_index(b, h, rows.begin);
     tile::block::load_vector<Tiles::kRows, kThreads>(shared.lse_log2, args.lse_log2 + stat0, valid, kPosInf);
     tile::block::load_vector<Tiles::kRows, kThreads>(shared.delta, args.delta + stat0, valid, 0.f);
     dq_mainloop<T, Tiles, HD, BN, STAGES>(args, shared, b, kv_head, rows, keys, dq);

@@ -110,7 +110,7 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
                                                 args.q.seq_stride, valid, args.head_dim);
       block::load_async<Tiles::kVec, Tiles::kThreads>(shared.dout[stage].tile(), args.dout.at<const T>(b, rows.begin, h),
                                                 args.dout.seq_stride, valid, args.head_dim_v);
-      const int64_t stat0 = args.row_index(b, h, rows.begin);
+      const int64_t stat0 = args.stat_index(b, h, rows.begin);
       block::load_vector_async<BM, Tiles::kThreads>(shared.lse_log2[stage], args.lse_log2 + stat0, valid, kPosInf);
       block::load_vector_async<BM, Tiles::kThreads>(shared.delta[stage], args.delta + stat0, valid, 0.f);
     }

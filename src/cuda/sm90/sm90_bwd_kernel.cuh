@@ -1,7 +1,7 @@
 // The sm90 backward's main kernel: warp-specialised, one block per (key tile, KV head, batch).
-// Warpgroup 0 is the producer: its first warp loads the block's K and V tiles once (TMA), then,
-// for every query tile that sees those keys (every head of the GQA group), Q and dO by TMA and
-// the tile's LSE and Δ rows with ordinary loads, into a kBwdStages-deep ring; the warpgroup gives
+// Warpgroup 0 is the producer: one of its threads loads the block's K and V tiles once (TMA),
+// then, for every query tile that sees those keys (every head of the GQA group), Q and dO by TMA
+// and the tile's LSE and Δ rows by bulk copies, into a kBwdStages-deep ring; the warpgroup gives
 // its registers back. Warpgroups 1-2 are consumers of 64 keys each (sm90_bwd_mainloop.cuh); dK
 // and dV stay in their registers until the epilogue writes them. Between the shared preprocess
 // (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and convert kernels (cuda/common).
@@ -34,7 +34,7 @@ struct BwdKernel {
     return {rows.begin / kBwdRows, (rows.end + kBwdRows - 1) / kBwdRows};
   }
 
-  __device__ static void produce(const BwdParams& params, Shared& shared, int lane) {
+  __device__ static void produce(const BwdParams& params, Shared& shared) {
     const AttentionArgs& args = params.args;
     const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
     const Range keys = key_tile(args);
@@ -45,33 +45,25 @@ struct BwdKernel {
       for (int c = 0; c < Shared::kChunks; ++c)
         tile::tma::load(dst + c * rows * kChunkCols, map, c * kChunkCols, int(row0), head, batch, full);
     };
-    if (lane == 0) {
-      tile::tma::prefetch(&params.q);
-      tile::tma::prefetch(&params.dout);
-      shared.kv_full.arrive_expect_tx(2 * Shared::kKVBytes);
-      load_tile(shared.k, &params.k, kBwdKeys, keys.begin, kv_head, shared.kv_full);
-      load_tile(shared.v, &params.v, kBwdKeys, keys.begin, kv_head, shared.kv_full);
-    }
+    tile::tma::prefetch(&params.q);
+    tile::tma::prefetch(&params.dout);
+    shared.kv_full.arrive_expect_tx(2 * Shared::kKVBytes);
+    load_tile(shared.k, &params.k, kBwdKeys, keys.begin, kv_head, shared.kv_full);
+    load_tile(shared.v, &params.v, kBwdKeys, keys.begin, kv_head, shared.kv_full);
+    // Q, dO and the rows' LSE and Δ (padded to whole tiles by the preprocess) per query tile.
     tile::PipelineState<kBwdStages> pipe;
     for (int g = 0; g < args.group; ++g) {
       const int head = kv_head * args.group + g;
       for (int m = int(tiles.begin); m < int(tiles.end); ++m) {
         const int64_t row0 = int64_t(m) * kBwdRows;
+        const int64_t stat = args.stat_index(batch, head, row0);
+        tile::MBarrier& full = shared.full[pipe.index];
         shared.empty[pipe.index].wait(pipe.phase ^ 1);
-        for (int r = lane; r < kBwdRows; r += Shared::kProducerLanes) {
-          const int64_t row = row0 + r;
-          const bool in = row < args.seqlen_q;
-          const int64_t at = args.row_index(batch, head, in ? row : 0);
-          shared.lse[pipe.index][r] = in ? args.lse_log2[at] : __int_as_float(0x7f800000);
-          shared.delta[pipe.index][r] = in ? args.delta[at] : 0.f;
-        }
-        if (lane == 0) {
-          shared.full[pipe.index].arrive_expect_tx(2 * Shared::kRowBytes);
-          load_tile(shared.q[pipe.index], &params.q, kBwdRows, row0, head, shared.full[pipe.index]);
-          load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, row0, head, shared.full[pipe.index]);
-        } else {
-          shared.full[pipe.index].arrive();  // after this lane's LSE and Δ stores
-        }
+        full.arrive_expect_tx(2 * Shared::kRowBytes + 2 * Shared::kStatBytes);
+        load_tile(shared.q[pipe.index], &params.q, kBwdRows, row0, head, full);
+        load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, row0, head, full);
+        tile::tma::load_bytes(shared.lse[pipe.index], args.lse_log2 + stat, Shared::kStatBytes, full);
+        tile::tma::load_bytes(shared.delta[pipe.index], args.delta + stat, Shared::kStatBytes, full);
         pipe.advance();
       }
     }
@@ -134,7 +126,7 @@ __global__ void __launch_bounds__(BwdKernel<T, HD>::kThreads, 1) bwd_kernel(cons
   if (threadIdx.x == 0) {
     shared.kv_full.init(1);
     for (int s = 0; s < kBwdStages; ++s) {
-      shared.full[s].init(K::Shared::kProducerLanes);
+      shared.full[s].init(1);
       shared.empty[s].init(kBwdConsumers * K::Mainloop::kConsumerWarps);
     }
     tile::fence_barrier_init();
@@ -142,7 +134,7 @@ __global__ void __launch_bounds__(BwdKernel<T, HD>::kThreads, 1) bwd_kernel(cons
   __syncthreads();
   if (warpgroup == 0) {
     tile::registers_decrease<kBwdProducerRegisters>();
-    if (thread < K::Shared::kProducerLanes) K::produce(params, shared, thread);
+    if (thread == 0) K::produce(params, shared);
   } else {
     tile::registers_increase<kBwdConsumerRegisters>();
     K::consume(params, shared, warpgroup - 1, thread);

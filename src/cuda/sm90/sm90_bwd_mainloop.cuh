@@ -34,7 +34,8 @@ struct BwdShared {
   static constexpr int kRowChunkBytes = kBwdRows * wg::kSwizzleBytes;  // one [64 q, 64] chunk
   static constexpr uint32_t kKVBytes = uint32_t(kKVChunkBytes) * kChunks;
   static constexpr uint32_t kRowBytes = uint32_t(kRowChunkBytes) * kChunks;
-  static constexpr int kProducerLanes = 32;  // the producer warp writes LSE and Δ, then arrives
+  static constexpr uint32_t kStatBytes = kBwdRows * sizeof(float);  // one tile's LSE or Δ
+  static_assert(kStatRowAlign % kBwdRows == 0, "a tile's row statistics must not straddle a (batch, head)");
 
   alignas(wg::kSwizzleAtomBytes) T k[kBwdKeys * kHeadDimPadded];               // [chunks][128, 64]
   alignas(wg::kSwizzleAtomBytes) T v[kBwdKeys * kHeadDimPadded];               // [chunks][128, 64]
@@ -43,8 +44,8 @@ struct BwdShared {
   // dS [64 q, 128 keys], chunk w from warpgroup w; two buffers, alternating per query tile, so a
   // warpgroup may store the next dS while the other still multiplies the previous one.
   alignas(wg::kSwizzleAtomBytes) T ds[2][kBwdRows * kBwdKeys];
-  float lse[kBwdStages][kBwdRows];    // LSE · log2 e of the tile's rows; +inf past seqlen_q
-  float delta[kBwdStages][kBwdRows];  // Δ = rowsum(dO ∘ O); 0 past seqlen_q
+  alignas(16) float lse[kBwdStages][kBwdRows];    // LSE · log2 e of the tile's rows; +inf past seqlen_q
+  alignas(16) float delta[kBwdStages][kBwdRows];  // Δ = rowsum(dO ∘ O); 0 past seqlen_q
   tile::MBarrier kv_full;
   tile::MBarrier full[kBwdStages], empty[kBwdStages];
 };
@@ -121,8 +122,7 @@ struct BwdMainloop {
   }
 
   // One arrival per consumer warp: the stage may be refilled once every warp is done with it.
-  // The warp synchronises first, so that the arrival (a release) orders every lane's reads of
-  // the stage's LSE and Δ (ordinary loads) before the producer's next stores there.
+  // The warp synchronises first, so that every lane's reads of the stage are done before it.
   __device__ __forceinline__ void release(tile::MBarrier& empty) {
     __syncwarp();
     if (thread % 32 == 0) empty.arrive();
@@ -146,16 +146,14 @@ struct BwdMainloop {
     const Range rows{row0, row0 + kBwdRows < args.seqlen_q ? row0 + kBwdRows : args.seqlen_q};
     const Range my_keys{key0, key0 + kConsumerRows};
     if (!(my_keys.end <= args.seqlen_k && args.mask.tile_is_full(rows, my_keys))) {
-#pragma unroll
-      for (int i = 0; i < Scores::kRows; ++i) {
-        const int64_t key = key0 + Scores::row(i, thread);
-        const Range seen_by = key < args.seqlen_k ? args.mask.queries(key) : Range{0, 0};
-#pragma unroll
-        for (int j = 0; j < Scores::kCols; ++j) {
-          const int64_t row = row0 + Scores::col(j, thread);
-          if (row < seen_by.begin || row >= seen_by.end) s(i, j) = tile::kNegInf;
-        }
-      }
+      // Rows are keys here, columns query rows: key i is seen by the queries mask.queries(key).
+      tile::thread::mask_outside(
+          s,
+          [&](int i) {
+            const int64_t key = key0 + Scores::row(i, thread);
+            return key < args.seqlen_k ? args.mask.queries(key) : Range{0, 0};
+          },
+          row0, [&](int j) { return Scores::col(j, thread); });
     }
 #pragma unroll
     for (int j = 0; j < Scores::kCols; ++j) {
@@ -189,26 +187,42 @@ struct BwdMainloop {
         ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile + warpgroup * kBwdRows * kChunkCols)), thread);
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::ds_ready), kBwdConsumers * wg::kThreads);
+    // dV and dK complete before dQ is issued: P and dS leave the registers before the dQ
+    // accumulator enters them (both at once spill at head dim 128); the tensor cores run the
+    // GEMMs in issue order regardless.
+    wg::wait<0>();
+    wg::fence_operand(dv.d);
+    wg::fence_operand(dk.d);
+    wg::fence_operand(p);
+    wg::fence_operand(ds);
 
     typename Tiles::QueryGrad dq;
     wg::fence();
     issue_query_grad(dq, ds_tile);
     wg::wait<0>();
-    wg::fence_operand(dv.d);
-    wg::fence_operand(dk.d);
     wg::fence_operand(dq.d);
-    wg::fence_operand(p);
-    wg::fence_operand(ds);
     release(shared.empty[stage]);
     accumulate_dq(dq, batch, head, row0);
   }
 
   // dQ share += into the fp32 accumulator [B, H, Sq, head_dim], rows past seqlen_q and columns
-  // past head_dim dropped.
+  // past head_dim dropped. When head_dim fills the padded tile (the common case) no column needs
+  // a test: that path keeps no per-column state in registers.
   __device__ __forceinline__ void accumulate_dq(const typename Tiles::QueryGrad& dq, int batch, int head,
                                                 int64_t row0) {
     using Q = typename Tiles::QueryGrad;
     const int col0 = warpgroup * kDqCols;
+    if (args.head_dim == kHeadDimPadded) {
+#pragma unroll
+      for (int i = 0; i < Q::kRows; ++i) {
+        const int64_t row = row0 + Q::row(i, thread);
+        if (row >= args.seqlen_q) continue;
+        float* out = args.dq_accum + args.row_index(batch, head, row) * kHeadDimPadded + col0;
+#pragma unroll
+        for (int j = 0; j < Q::kCols; j += 2) add_pair(out + Q::col(j, thread), dq(i, j), dq(i, j + 1));
+      }
+      return;
+    }
     const bool pairs = args.head_dim % 2 == 0;  // 8-byte aligned pairs
 #pragma unroll
     for (int i = 0; i < Q::kRows; ++i) {
@@ -220,14 +234,18 @@ struct BwdMainloop {
         const int col = col0 + Q::col(j, thread);
         if (col >= args.head_dim) continue;
         if (pairs) {
-          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(out + col), "f"(dq(i, j)), "f"(dq(i, j + 1))
-                       : "memory");
+          add_pair(out + col, dq(i, j), dq(i, j + 1));
         } else {
           atomicAdd(out + col, dq(i, j));
           if (col + 1 < args.head_dim) atomicAdd(out + col + 1, dq(i, j + 1));
         }
       }
     }
+  }
+
+  // out[0] += a, out[1] += b, one 8-byte reduction (out 8-byte aligned).
+  __device__ __forceinline__ static void add_pair(float* out, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(out), "f"(a), "f"(b) : "memory");
   }
 };
 

@@ -140,9 +140,9 @@ struct FwdMainloop {
                                                int64_t keys_end) {
     const Range cols{col0, col0 + BN < keys_end ? col0 + BN : keys_end};
     if (!(cols.size() == BN && args.mask.tile_is_full(rows, cols)))
-      tile::thread::mask_scores(
-          s, args.mask, [&](int i) { return rows.begin + Tiles::Scores::row(i, thread); },
-          [&](int j) { return col0 + Tiles::Scores::col(j, thread); });
+      tile::thread::mask_outside(
+          s, [&](int i) { return args.mask.keys(rows.begin + Tiles::Scores::row(i, thread)); }, col0,
+          [&](int j) { return Tiles::Scores::col(j, thread); });
     if (FOLD_SCALE && args.scale_log2 > 0.f) {
       softmax.template update_scaled<true>(s, args.scale_log2, rescale);
     } else {

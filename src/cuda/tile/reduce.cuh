@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <cstdint>
 
 #include "cuda/tile/tile.cuh"
 #include "fmha/mask.h"
@@ -75,6 +76,28 @@ __device__ __forceinline__ void mask_scores(Reg& s, const Mask& mask, RowOf row_
     for (int j = 0; j < Reg::kCols; ++j) {
       const int64_t key = col_of(j);
       if (key < keys.begin || key >= keys.end) s(i, j) = kNegInf;
+    }
+  }
+}
+
+// s(i, j) = -inf unless column col0 + col_of(j) lies in visible_of(i) (a Range of absolute
+// indices), for 0 <= col_of(j) < 2^31. Each row's interval is made relative to col0 once, so the
+// per-element test is two 32-bit compares against col_of(j), which the caller's layout knows up
+// to a lane offset: 64-bit indices per element cost registers that wgmma's wide tiles lack.
+template <class Reg, class VisibleOf, class ColOf>
+__device__ __forceinline__ void mask_outside(Reg& s, VisibleOf visible_of, int64_t col0, ColOf col_of) {
+  auto relative = [col0](int64_t x) {
+    const int64_t r = x - col0;
+    return r < 0 ? 0 : (r > INT32_MAX ? INT32_MAX : int(r));
+  };
+#pragma unroll
+  for (int i = 0; i < Reg::kRows; ++i) {
+    const Range visible = visible_of(i);
+    const int begin = relative(visible.begin), end = relative(visible.end);
+#pragma unroll
+    for (int j = 0; j < Reg::kCols; ++j) {
+      const int col = col_of(j);
+      if (col < begin || col >= end) s(i, j) = kNegInf;
     }
   }
 }

@@ -61,6 +61,12 @@ __device__ __forceinline__ void load(void* dst, const CUtensorMap* map, int c0, 
   ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, map, coords, &bar.word);
 }
 
+// `bytes` contiguous bytes from global into shared memory, completing on `bar` (one thread
+// issues it). Both addresses 16-byte aligned, `bytes` a multiple of 16.
+__device__ __forceinline__ void load_bytes(void* dst, const void* src, uint32_t bytes, MBarrier& bar) {
+  ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, dst, src, bytes, &bar.word);
+}
+
 // A 4-D box from shared into global memory; elements outside the tensor are dropped.
 __device__ __forceinline__ void store(const CUtensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
   const int32_t coords[4] = {c0, c1, c2, c3};
