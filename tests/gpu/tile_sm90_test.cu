@@ -66,7 +66,7 @@ constexpr int kChunk = wg::kChunkCols<bf16>;  // 64 columns per swizzled chunk
 // f(e, element) for every element e of a row-major [ROWS, COLS] bf16 tile that `smem` holds in
 // swizzled chunks (wg::swizzled_offset), the block's threads taking every blockDim.x-th.
 template <int ROWS, int COLS, class F>
-__device__ void for_each_swizzled(bf16* smem, F&& f) {
+__device__ __forceinline__ void for_each_swizzled(bf16* smem, F&& f) {
   char* base = reinterpret_cast<char*>(smem);
   for (int e = threadIdx.x; e < ROWS * COLS; e += blockDim.x)
     f(e, *reinterpret_cast<bf16*>(base + wg::swizzled_offset<bf16>(e / COLS, e % COLS, ROWS * wg::kSwizzleBytes)));
@@ -75,18 +75,18 @@ __device__ void for_each_swizzled(bf16* smem, F&& f) {
 // The row-major [ROWS, COLS] `src` (global memory) into `smem`'s swizzled chunks, by ordinary
 // stores; the caller fences them for the async proxy.
 template <int ROWS, int COLS>
-__device__ void stage_swizzled(bf16* smem, const bf16* src) {
+__device__ __forceinline__ void stage_swizzled(bf16* smem, const bf16* src) {
   for_each_swizzled<ROWS, COLS>(smem, [&](int e, bf16& element) { element = src[e]; });
 }
 
 // A row-major [64, N] fp32 matrix to and from thread t's elements of a warpgroup accumulator.
 template <int N>
-__device__ void load_accumulator(wg::Accumulator<N>& acc, const float* src, int t) {
+__device__ __forceinline__ void load_accumulator(wg::Accumulator<N>& acc, const float* src, int t) {
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < N / 4; ++j) acc(i, j) = src[wg::Accumulator<N>::row(i, t) * N + wg::Accumulator<N>::col(j, t)];
 }
 template <int N>
-__device__ void store_accumulator(float* dst, const wg::Accumulator<N>& acc, int t) {
+__device__ __forceinline__ void store_accumulator(float* dst, const wg::Accumulator<N>& acc, int t) {
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < N / 4; ++j) dst[wg::Accumulator<N>::row(i, t) * N + wg::Accumulator<N>::col(j, t)] = acc(i, j);
 }
