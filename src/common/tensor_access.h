@@ -1,6 +1,6 @@
 // Element offsets into the 4-d [batch, seqlen, heads, dim] and 3-d [batch, heads, seqlen] views,
-// and the fp32 reads and writes of one contiguous row that the CPU paths share. All index
-// arithmetic is int64.
+// and the fp32 reads and writes of one contiguous row that the fast CPU path and the CPU merge
+// share. All index arithmetic is int64.
 #pragma once
 
 #include <cstdint>
