@@ -18,40 +18,6 @@ namespace {
 // Rows of one work item: enough that a thread's start-up is paid back, few enough to balance.
 constexpr int64_t kRowsPerItem = 256;
 
-// One contiguous row of `n` elements at element `offset`, converted to fp32; the dtype switch
-// sits outside the loop so that the conversion vectorises.
-void load_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
-  switch (t.dtype) {
-    case DType::fp16: {
-      const uint16_t* src = static_cast<const uint16_t*>(t.data) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_float(src[i]);
-      break;
-    }
-    case DType::bf16: {
-      const uint16_t* src = static_cast<const uint16_t*>(t.data) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
-      break;
-    }
-    default: std::copy_n(static_cast<const float*>(t.data) + offset, n, dst); break;
-  }
-}
-
-void store_row(const Tensor& t, int64_t offset, int64_t n, const float* src) {
-  switch (t.dtype) {
-    case DType::fp16: {
-      uint16_t* dst = static_cast<uint16_t*>(t.data) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = float_to_fp16(src[i]);
-      break;
-    }
-    case DType::bf16: {
-      uint16_t* dst = static_cast<uint16_t*>(t.data) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
-      break;
-    }
-    default: std::copy_n(src, n, static_cast<float*>(t.data) + offset); break;
-  }
-}
-
 void merge_cpu(const MergeRows& m, int threads) {
   const int64_t rows = m.rows(), dim = m.head_dim_v;
   const int64_t items = (rows + kRowsPerItem - 1) / kRowsPerItem;
@@ -68,14 +34,14 @@ void merge_cpu(const MergeRows& m, int threads) {
       // A side of weight 0 is not read: it may hold anything (an unstarted accumulator).
       std::fill(out.begin(), out.end(), 0.f);
       if (w.a != 0.f) {
-        load_row(m.out_a, offset4(m.out_a, batch, s, h, 0), dim, a.data());
+        read_row(m.out_a, offset4(m.out_a, batch, s, h, 0), dim, a.data());
         for (int64_t d = 0; d < dim; ++d) out[size_t(d)] += w.a * a[size_t(d)];
       }
       if (w.b != 0.f) {
-        load_row(m.out_b, offset4(m.out_b, batch, s, h, 0), dim, b.data());
+        read_row(m.out_b, offset4(m.out_b, batch, s, h, 0), dim, b.data());
         for (int64_t d = 0; d < dim; ++d) out[size_t(d)] += w.b * b[size_t(d)];
       }
-      store_row(m.out, offset4(m.out, batch, s, h, 0), dim, out.data());
+      write_row(m.out, offset4(m.out, batch, s, h, 0), dim, out.data());
       static_cast<float*>(m.lse.data)[offset3(m.lse, batch, h, s)] = w.lse;
     }
   });

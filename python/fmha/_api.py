@@ -70,6 +70,11 @@ def parse_options(causal, window, scale, q_offset, precision, backend, determini
     return (causal_code, window_left, window_right, scale_value, q_offset, precision_code, backend, deterministic)
 
 
+def _check_num_threads(num_threads):
+    if not _is_int(num_threads) or num_threads < 0:
+        raise ValueError("num_threads: expected an int >= 0 (0: all hardware threads), got %r" % (num_threads,))
+
+
 def make_options(causal, window, scale, q_offset, precision, backend, deterministic, stream=0, num_threads=0):
     """The compiled core's Options for these keyword arguments (cached)."""
     try:
@@ -78,8 +83,7 @@ def make_options(causal, window, scale, q_offset, precision, backend, determinis
     except (KeyError, TypeError):
         pass
     parsed = parse_options(causal, window, scale, q_offset, precision, backend, deterministic)
-    if not _is_int(num_threads) or num_threads < 0:
-        raise ValueError("num_threads: expected an int >= 0 (0: all hardware threads), got %r" % (num_threads,))
+    _check_num_threads(num_threads)
     options = options_from_parsed(parsed, stream, num_threads)
     try:
         if len(_options_cache) >= _OPTIONS_CACHE_LIMIT:
@@ -118,9 +122,17 @@ def _require_rank(array, name, dims):
     return shape
 
 
-_Q_DIMS = ("batch", "seqlen_q", "heads", "head_dim")
-_K_DIMS = ("batch", "seqlen_k", "kv_heads", "head_dim")
-_V_DIMS = ("batch", "seqlen_k", "kv_heads", "head_dim_v")
+# The dims of q, k and v, dense and packed (varlen).
+_DENSE_LAYOUT = (
+    ("q", ("batch", "seqlen_q", "heads", "head_dim")),
+    ("k", ("batch", "seqlen_k", "kv_heads", "head_dim")),
+    ("v", ("batch", "seqlen_k", "kv_heads", "head_dim_v")),
+)
+_PACKED_LAYOUT = (
+    ("q", ("total_q", "heads", "head_dim")),
+    ("k", ("total_k", "kv_heads", "head_dim")),
+    ("v", ("total_k", "kv_heads", "head_dim_v")),
+)
 
 
 def _torch_grad_wanted(tensors):
@@ -163,6 +175,50 @@ def _call_backward(adapter, inputs, grads, options, stream_handle, varlen=None):
     _with_workspace(adapter, inputs[0], run)
     adapter.finish(stream_handle)
     return tuple(adapter.wrap(g) for g in grads)
+
+
+def _refuse_jax_outputs(adapter, outputs):
+    """JAX arrays are immutable: output arguments ((name, value) pairs) must not be given."""
+    if adapter.name == "jax" and any(value is not None for _, value in outputs):
+        names = [name for name, _ in outputs]
+        raise TypeError("%s: JAX arrays are immutable; call without %s and use the returned array%s"
+                        % (names[0], "/".join(name + "=" for name in names), "s" if len(names) > 1 else ""))
+
+
+def _check_call(adapter, q, k, v, layout, options, stream, num_threads, tables):
+    """What every attention entry point checks, in one order: the ranks of q, k and v against the
+    layout, the stream, the options (make_options' keyword arguments before the stream) and, for
+    a packed batch, the sequence tables (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k).
+    Returns (shapes of q, k, v; stream handle; Options; the extension's varlen arguments or None)."""
+    shapes = tuple(_require_rank(x, name, dims) for x, (name, dims) in zip((q, k, v), layout))
+    stream_handle = adapter.stream(q, stream)
+    options = make_options(*options, stream_handle, num_threads)
+    varlen = None if tables is None else _varlen_args(*tables, adapter.export)
+    return shapes, stream_handle, options, varlen
+
+
+def _forward(adapter, q, k, v, out, return_lse, layout, options, stream, num_threads, tables=None):
+    """attention and attention_varlen after their framework checks."""
+    _refuse_jax_outputs(adapter, (("out", out),))
+    (q_shape, _, v_shape), stream_handle, options, varlen = _check_call(adapter, q, k, v, layout, options, stream,
+                                                                        num_threads, tables)
+    if out is None:  # q's shape with v's head_dim_v
+        out = adapter.empty(q, q_shape[:-1] + v_shape[-1:])
+    # lse: q's shape without head_dim, heads before the query rows ([batch, heads, seqlen_q] or
+    # [heads, total_q]).
+    lse = adapter.empty_f32(q, q_shape[:-3] + (q_shape[-2], q_shape[-3])) if return_lse else None
+    return _call_forward(adapter, q, k, v, out, lse, options, stream_handle, varlen)
+
+
+def _backward(q, k, v, out, dout, lse, grads, layout, options, stream, num_threads, tables=None):
+    """attention_backward and attention_varlen_backward: grads (dq, dk, dv), each None for a new
+    array shaped like q, k or v."""
+    adapter = adapter_for(q)
+    _refuse_jax_outputs(adapter, tuple(zip(("dq", "dk", "dv"), grads)))
+    shapes, stream_handle, options, varlen = _check_call(adapter, q, k, v, layout, options, stream, num_threads,
+                                                         tables)
+    grads = tuple(adapter.empty(q, shape) if grad is None else grad for grad, shape in zip(grads, shapes))
+    return _call_backward(adapter, (q, k, v, out, dout, lse), grads, options, stream_handle, varlen)
 
 def attention(
     q,
@@ -213,19 +269,8 @@ def attention(
                 "out: calls with out=, stream= or num_threads= do not record gradients; detach the inputs, or "
                 "drop those arguments to get autograd through fmha.torch.attention"
             )
-    if adapter.name == "jax" and out is not None:
-        raise TypeError("out: JAX arrays are immutable; call without out= and use the returned array")
-
-    batch, seqlen_q, heads, _ = _require_rank(q, "q", _Q_DIMS)
-    _require_rank(k, "k", _K_DIMS)
-    head_dim_v = _require_rank(v, "v", _V_DIMS)[3]
-    stream_handle = adapter.stream(q, stream)
-    options = make_options(causal, window, scale, q_offset, precision, backend, deterministic, stream_handle,
-                           num_threads)
-    if out is None:
-        out = adapter.empty(q, (batch, seqlen_q, heads, head_dim_v))
-    lse = adapter.empty_f32(q, (batch, heads, seqlen_q)) if return_lse else None
-    return _call_forward(adapter, q, k, v, out, lse, options, stream_handle)
+    return _forward(adapter, q, k, v, out, return_lse, _DENSE_LAYOUT,
+                    (causal, window, scale, q_offset, precision, backend, deterministic), stream, num_threads)
 
 
 def attention_backward(
@@ -255,28 +300,8 @@ def attention_backward(
     the forward's. dk/dv are summed over the query heads that share a KV head. dq, dk, dv: write
     the gradients there (not for JAX). deterministic: bitwise reproducible (no atomics).
     """
-    adapter = adapter_for(q)
-    if adapter.name == "jax" and any(x is not None for x in (dq, dk, dv)):
-        raise TypeError("dq: JAX arrays are immutable; call without dq=/dk=/dv= and use the returned arrays")
-    q_shape = _require_rank(q, "q", _Q_DIMS)
-    k_shape = _require_rank(k, "k", _K_DIMS)
-    v_shape = _require_rank(v, "v", _V_DIMS)
-    stream_handle = adapter.stream(q, stream)
-    options = make_options(causal, window, scale, q_offset, precision, backend, deterministic, stream_handle,
-                           num_threads)
-    if dq is None:
-        dq = adapter.empty(q, q_shape)
-    if dk is None:
-        dk = adapter.empty(q, k_shape)
-    if dv is None:
-        dv = adapter.empty(q, v_shape)
-
-    return _call_backward(adapter, (q, k, v, out, dout, lse), (dq, dk, dv), options, stream_handle)
-
-
-_PACKED_Q_DIMS = ("total_q", "heads", "head_dim")
-_PACKED_K_DIMS = ("total_k", "kv_heads", "head_dim")
-_PACKED_V_DIMS = ("total_k", "kv_heads", "head_dim_v")
+    return _backward(q, k, v, out, dout, lse, (dq, dk, dv), _DENSE_LAYOUT,
+                     (causal, window, scale, q_offset, precision, backend, deterministic), stream, num_threads)
 
 
 def _refuse_torch_grad(adapter, tensors, what):
@@ -348,19 +373,9 @@ def attention_varlen(
     """
     adapter = adapter_for(q)
     _refuse_torch_grad(adapter, (q, k, v), "attention_varlen")
-    if adapter.name == "jax" and out is not None:
-        raise TypeError("out: JAX arrays are immutable; call without out= and use the returned array")
-    total_q, heads, _ = _require_rank(q, "q", _PACKED_Q_DIMS)
-    _require_rank(k, "k", _PACKED_K_DIMS)
-    head_dim_v = _require_rank(v, "v", _PACKED_V_DIMS)[2]
-    stream_handle = adapter.stream(q, stream)
-    options = make_options(causal, window, scale, q_offset, precision, backend, deterministic, stream_handle,
-                           num_threads)
-    varlen = _varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, adapter.export)
-    if out is None:
-        out = adapter.empty(q, (total_q, heads, head_dim_v))
-    lse = adapter.empty_f32(q, (heads, total_q)) if return_lse else None
-    return _call_forward(adapter, q, k, v, out, lse, options, stream_handle, varlen)
+    return _forward(adapter, q, k, v, out, return_lse, _PACKED_LAYOUT,
+                    (causal, window, scale, q_offset, precision, backend, deterministic), stream, num_threads,
+                    (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
 
 
 def attention_varlen_backward(
@@ -393,23 +408,9 @@ def attention_varlen_backward(
     out and lse ([heads, total_q]) are the forward's results; the tables and options must be the
     forward's.
     """
-    adapter = adapter_for(q)
-    if adapter.name == "jax" and any(x is not None for x in (dq, dk, dv)):
-        raise TypeError("dq: JAX arrays are immutable; call without dq=/dk=/dv= and use the returned arrays")
-    q_shape = _require_rank(q, "q", _PACKED_Q_DIMS)
-    k_shape = _require_rank(k, "k", _PACKED_K_DIMS)
-    v_shape = _require_rank(v, "v", _PACKED_V_DIMS)
-    stream_handle = adapter.stream(q, stream)
-    options = make_options(causal, window, scale, q_offset, precision, backend, deterministic, stream_handle,
-                           num_threads)
-    varlen = _varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, adapter.export)
-    if dq is None:
-        dq = adapter.empty(q, q_shape)
-    if dk is None:
-        dk = adapter.empty(q, k_shape)
-    if dv is None:
-        dv = adapter.empty(q, v_shape)
-    return _call_backward(adapter, (q, k, v, out, dout, lse), (dq, dk, dv), options, stream_handle, varlen)
+    return _backward(q, k, v, out, dout, lse, (dq, dk, dv), _PACKED_LAYOUT,
+                     (causal, window, scale, q_offset, precision, backend, deterministic), stream, num_threads,
+                     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
 
 
 def merge_attention(out_a, lse_a, out_b, lse_b, *, out=None, lse=None, stream=None, num_threads=0):
@@ -426,16 +427,14 @@ def merge_attention(out_a, lse_a, out_b, lse_b, *, out=None, lse=None, stream=No
     """
     adapter = adapter_for(out_a)
     _refuse_torch_grad(adapter, (out_a, lse_a, out_b, lse_b), "merge_attention")
-    if adapter.name == "jax" and (out is not None or lse is not None):
-        raise TypeError("out: JAX arrays are immutable; call without out=/lse= and use the returned arrays")
+    _refuse_jax_outputs(adapter, (("out", out), ("lse", lse)))
     try:
         out_shape, lse_shape = tuple(out_a.shape), tuple(lse_a.shape)
     except AttributeError:
         raise TypeError("out_a, lse_a: expected arrays, got %s and %s"
                         % (type(out_a).__name__, type(lse_a).__name__)) from None
     stream_handle = adapter.stream(out_a, stream)
-    if not _is_int(num_threads) or num_threads < 0:
-        raise ValueError("num_threads: expected an int >= 0 (0: all hardware threads), got %r" % (num_threads,))
+    _check_num_threads(num_threads)
     if out is None:
         out = adapter.empty(out_a, out_shape)
     if lse is None:

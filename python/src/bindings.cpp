@@ -52,6 +52,18 @@ void check(const fmha::Status& status) {
   }
 }
 
+// call(), an fmha function that returns a Status, with the GIL released (other Python threads
+// run meanwhile), then its error raised.
+template <class Call>
+void check_without_gil(Call&& call) {
+  fmha::Status status;
+  {
+    nb::gil_scoped_release released;
+    status = call();
+  }
+  check(status);
+}
+
 std::string dtype_name(nb::dlpack::dtype d) {
   std::string kind;
   switch (DLCode(d.code)) {
@@ -228,6 +240,16 @@ size_t attach_workspace(fmha::Params& p, fmha::Direction direction, nb::handle w
   return needed > p.workspace_bytes ? needed : 0;
 }
 
+// The options applied and the workspace attached, the call in `direction` without the GIL.
+// Returns 0 when it ran, else the workspace bytes it needs (more than it was given; nothing ran).
+int64_t run(fmha::Params& p, const Options& options, fmha::Direction direction, nb::handle workspace,
+            OutputArray& workspace_slot) {
+  apply(options, p);
+  if (size_t needed = attach_workspace(p, direction, workspace, workspace_slot)) return int64_t(needed);
+  check_without_gil([&] { return direction == fmha::Direction::forward ? fmha::forward(p) : fmha::backward(p); });
+  return 0;
+}
+
 int64_t forward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, nb::handle workspace,
                 const Options& options, bool raw_bf16, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
                 int64_t max_seqlen_q, int64_t max_seqlen_k) {
@@ -248,15 +270,7 @@ int64_t forward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::hand
     p.lse = import_output(lse, "lse", rank - 1, false, la);
     check_lse_dtype(p.lse);
   }
-  apply(options, p);
-  if (size_t needed = attach_workspace(p, fmha::Direction::forward, workspace, wa)) return int64_t(needed);
-  fmha::Status status;
-  {
-    nb::gil_scoped_release released;
-    status = fmha::forward(p);
-  }
-  check(status);
-  return 0;
+  return run(p, options, fmha::Direction::forward, workspace, wa);
 }
 
 int64_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle dout, nb::handle lse,
@@ -286,15 +300,7 @@ int64_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::han
   check_dtype_like_q(p.dk, "dk", p.q);
   check_dtype_like_q(p.dv, "dv", p.q);
   check_lse_dtype(p.lse);
-  apply(options, p);
-  if (size_t needed = attach_workspace(p, fmha::Direction::backward, workspace, wa)) return int64_t(needed);
-  fmha::Status status;
-  {
-    nb::gil_scoped_release released;
-    status = fmha::backward(p);
-  }
-  check(status);
-  return 0;
+  return run(p, options, fmha::Direction::backward, workspace, wa);
 }
 
 // fmha::merge into `out` / `lse` (which may be out_a / lse_a: the accumulate form).
@@ -312,12 +318,7 @@ void merge(nb::handle out_a, nb::handle lse_a, nb::handle out_b, nb::handle lse_
   m.lse = import_output(lse, "lse", 3, false, l);
   m.stream = reinterpret_cast<void*>(stream);
   m.num_threads = num_threads;
-  fmha::Status status;
-  {
-    nb::gil_scoped_release released;
-    status = fmha::merge(m);
-  }
-  check(status);
+  check_without_gil([&] { return fmha::merge(m); });
 }
 
 // Times fmha::forward alone (no Python, no argument conversion) on the given arrays: the
@@ -419,12 +420,7 @@ nb::dict tune(const std::string& direction, nb::handle q, nb::handle k, nb::hand
   tune_options.iters = iters;
   tune_options.write_cache = write_cache;
   fmha::TuneResult r;
-  fmha::Status status;
-  {
-    nb::gil_scoped_release released;
-    status = fmha::tune(p, parse_direction(direction), tune_options, &r);
-  }
-  check(status);
+  check_without_gil([&] { return fmha::tune(p, parse_direction(direction), tune_options, &r); });
   nb::dict out;
   out["problem_class"] = r.problem.key();
   out["device"] = r.device;

@@ -41,43 +41,6 @@ constexpr int64_t kTileM = 64;             // query rows per tile
 constexpr int64_t kTileN = kWideCols;      // keys per tile: one 64-wide register row
 constexpr int kVecsN = int(kTileN / kLanes);
 
-// Converts n elements of one row of `t` (starting at element `offset`) to fp32.
-void read_row(const Tensor& t, int64_t offset, int64_t n, float* dst, bool tf32) {
-  switch (t.dtype) {
-    case DType::fp32: std::memcpy(dst, static_cast<const float*>(t.data) + offset, size_t(n) * sizeof(float)); break;
-    case DType::fp16: {
-      const uint16_t* src = static_cast<const uint16_t*>(t.data) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_float(src[i]);
-      break;
-    }
-    case DType::bf16: {
-      const uint16_t* src = static_cast<const uint16_t*>(t.data) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
-      break;
-    }
-    case DType::int32: break;  // never an attention tensor (validate() refuses it)
-  }
-  if (tf32)
-    for (int64_t i = 0; i < n; ++i) dst[i] = round_to_tf32(dst[i]);
-}
-
-void write_row(const Tensor& t, int64_t offset, int64_t n, const float* src) {
-  switch (t.dtype) {
-    case DType::fp32: std::memcpy(static_cast<float*>(t.data) + offset, src, size_t(n) * sizeof(float)); break;
-    case DType::fp16: {
-      uint16_t* dst = static_cast<uint16_t*>(t.data) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = float_to_fp16(src[i]);
-      break;
-    }
-    case DType::bf16: {
-      uint16_t* dst = static_cast<uint16_t*>(t.data) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
-      break;
-    }
-    case DType::int32: break;  // never an attention tensor (validate() refuses it)
-  }
-}
-
 void round_tile_to_tf32(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = round_to_tf32(x[i]);
 }

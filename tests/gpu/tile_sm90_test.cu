@@ -63,6 +63,44 @@ Tensor view(void* data, int64_t seqlen, int64_t head_dim, int64_t row_stride) {
 
 constexpr int kChunk = wg::kChunkCols<bf16>;  // 64 columns per swizzled chunk
 
+// f(e, element) for every element e of a row-major [ROWS, COLS] bf16 tile that `smem` holds in
+// swizzled chunks (wg::swizzled_offset), the block's threads taking every blockDim.x-th.
+template <int ROWS, int COLS, class F>
+__device__ __forceinline__ void for_each_swizzled(bf16* smem, F&& f) {
+  char* base = reinterpret_cast<char*>(smem);
+  for (int e = threadIdx.x; e < ROWS * COLS; e += blockDim.x)
+    f(e, *reinterpret_cast<bf16*>(base + wg::swizzled_offset<bf16>(e / COLS, e % COLS, ROWS * wg::kSwizzleBytes)));
+}
+
+// The row-major [ROWS, COLS] `src` (global memory) into `smem`'s swizzled chunks, by ordinary
+// stores; the caller fences them for the async proxy.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void stage_swizzled(bf16* smem, const bf16* src) {
+  for_each_swizzled<ROWS, COLS>(smem, [&](int e, bf16& element) { element = src[e]; });
+}
+
+// A row-major [64, N] fp32 matrix to and from thread t's elements of a warpgroup accumulator.
+template <int N>
+__device__ __forceinline__ void load_accumulator(wg::Accumulator<N>& acc, const float* src, int t) {
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < N / 4; ++j) acc(i, j) = src[wg::Accumulator<N>::row(i, t) * N + wg::Accumulator<N>::col(j, t)];
+}
+template <int N>
+__device__ __forceinline__ void store_accumulator(float* dst, const wg::Accumulator<N>& acc, int t) {
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < N / 4; ++j) dst[wg::Accumulator<N>::row(i, t) * N + wg::Accumulator<N>::col(j, t)] = acc(i, j);
+}
+
+// n elements of device memory, every byte 0xFF, so that an element the kernel leaves unwritten
+// shows (NaN for floats).
+template <class T>
+T* poisoned_device(size_t n) {
+  T* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, n * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemset(d, 0xFF, n * sizeof(T)), cudaSuccess);
+  return d;
+}
+
 // ---- TMA load into a swizzled chunk, zero fill past the tensor ----------------------------------
 template <int ROWS>
 __global__ void tma_load_kernel(const __grid_constant__ CUtensorMap map, int col0, int row0, bf16* out) {
@@ -78,11 +116,7 @@ __global__ void tma_load_kernel(const __grid_constant__ CUtensorMap map, int col
     tile::tma::load(tile_smem, &map, col0, row0, 0, 0, bar);
   }
   bar.wait(0);
-  const char* base = reinterpret_cast<const char*>(tile_smem);
-  for (int e = threadIdx.x; e < ROWS * kChunk; e += blockDim.x) {
-    const int r = e / kChunk, c = e % kChunk;
-    out[e] = *reinterpret_cast<const bf16*>(base + wg::swizzled_offset<bf16>(r, c, ROWS * wg::kSwizzleBytes));
-  }
+  for_each_swizzled<ROWS, kChunk>(tile_smem, [&](int e, bf16& element) { out[e] = element; });
 }
 
 TEST(Sm90Tile, TmaLoadSwizzledWithZeroFill) {
@@ -114,12 +148,9 @@ TEST(Sm90Tile, TmaLoadSwizzledWithZeroFill) {
 template <int ROWS>
 __global__ void tma_store_kernel(const __grid_constant__ CUtensorMap map, int col0, int row0) {
   __shared__ alignas(1024) bf16 tile_smem[ROWS * kChunk];
-  char* base = reinterpret_cast<char*>(tile_smem);
-  for (int e = threadIdx.x; e < ROWS * kChunk; e += blockDim.x) {
-    const int r = e / kChunk, c = e % kChunk;
-    *reinterpret_cast<bf16*>(base + wg::swizzled_offset<bf16>(r, c, ROWS * wg::kSwizzleBytes)) =
-        __float2bfloat16(float(r * 100 + c));
-  }
+  for_each_swizzled<ROWS, kChunk>(tile_smem, [](int e, bf16& element) {
+    element = __float2bfloat16(float((e / kChunk) * 100 + e % kChunk));  // row * 100 + column
+  });
   tile::fence_async_shared();
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -158,12 +189,8 @@ __global__ void wgmma_ss_kernel(const bf16* a, const bf16* b, float* c) {
   __shared__ alignas(1024) bf16 a_smem[64 * K];
   __shared__ alignas(1024) bf16 b_smem[N * K];
   const int t = threadIdx.x;
-  char* a_base = reinterpret_cast<char*>(a_smem);
-  char* b_base = reinterpret_cast<char*>(b_smem);
-  for (int e = t; e < 64 * K; e += wg::kThreads)
-    *reinterpret_cast<bf16*>(a_base + wg::swizzled_offset<bf16>(e / K, e % K, 64 * wg::kSwizzleBytes)) = a[e];
-  for (int e = t; e < N * K; e += wg::kThreads)
-    *reinterpret_cast<bf16*>(b_base + wg::swizzled_offset<bf16>(e / K, e % K, N * wg::kSwizzleBytes)) = b[e];
+  stage_swizzled<64, K>(a_smem, a);
+  stage_swizzled<N, K>(b_smem, b);
   tile::fence_async_shared();
   __syncthreads();
   wg::Accumulator<N> acc;
@@ -177,18 +204,14 @@ __global__ void wgmma_ss_kernel(const bf16* a, const bf16* b, float* c) {
   wg::commit();
   wg::wait<0>();
   wg::fence_operand(acc.d);
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < N / 4; ++j)
-      c[wg::Accumulator<N>::row(i, t) * N + wg::Accumulator<N>::col(j, t)] = acc(i, j);
+  store_accumulator(c, acc, t);
 }
 
 template <int N, int K>
 void check_wgmma_ss() {
   const auto a = random_bf16(64 * K, 1), b = random_bf16(size_t(N) * K, 2);
   bf16 *da = to_device(a), *db = to_device(b);
-  float* dc = nullptr;
-  ASSERT_EQ(cudaMalloc(&dc, 64 * N * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dc, 0xFF, 64 * N * sizeof(float)), cudaSuccess);
+  float* dc = poisoned_device<float>(64 * N);
   wgmma_ss_kernel<N, K><<<1, wg::kThreads>>>(da, db, dc);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto c = to_host(dc, 64 * N);
@@ -218,15 +241,11 @@ template <int N, int K>
 __global__ void wgmma_rs_kernel(const float* p, const bf16* v, float* o) {
   __shared__ alignas(1024) bf16 v_smem[K * N];
   const int t = threadIdx.x;
-  char* v_base = reinterpret_cast<char*>(v_smem);
-  for (int e = t; e < K * N; e += wg::kThreads)
-    *reinterpret_cast<bf16*>(v_base + wg::swizzled_offset<bf16>(e / N, e % N, K * wg::kSwizzleBytes)) = v[e];
+  stage_swizzled<K, N>(v_smem, v);
   tile::fence_async_shared();
   __syncthreads();
   wg::Accumulator<K> scores;
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < K / 4; ++j)
-      scores(i, j) = p[wg::Accumulator<K>::row(i, t) * K + wg::Accumulator<K>::col(j, t)];
+  load_accumulator(scores, p, t);
   uint32_t a[K / 16][4];
   wg::a_from_acc<bf16>(a, scores);
   wg::Accumulator<N> acc;
@@ -240,9 +259,7 @@ __global__ void wgmma_rs_kernel(const float* p, const bf16* v, float* o) {
   wg::wait<0>();
   wg::fence_operand(acc.d);
   wg::fence_operand(a);
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < N / 4; ++j)
-      o[wg::Accumulator<N>::row(i, t) * N + wg::Accumulator<N>::col(j, t)] = acc(i, j);
+  store_accumulator(o, acc, t);
 }
 
 template <int N, int K>
@@ -255,9 +272,7 @@ void check_wgmma_rs() {
   const auto v = random_bf16(size_t(K) * N, 4);
   float* dp = to_device(p);
   bf16* dv = to_device(v);
-  float* dout = nullptr;
-  ASSERT_EQ(cudaMalloc(&dout, 64 * N * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dout, 0xFF, 64 * N * sizeof(float)), cudaSuccess);
+  float* dout = poisoned_device<float>(64 * N);
   wgmma_rs_kernel<N, K><<<1, wg::kThreads>>>(dp, dv, dout);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto o = to_host(dout, 64 * N);
@@ -287,9 +302,7 @@ __global__ void store_swizzled_kernel(const float* values, bf16* raw) {
   __shared__ alignas(1024) bf16 tile_smem[64 * N];
   const int t = threadIdx.x;
   wg::Accumulator<N> acc;
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < N / 4; ++j)
-      acc(i, j) = values[wg::Accumulator<N>::row(i, t) * N + wg::Accumulator<N>::col(j, t)];
+  load_accumulator(acc, values, t);
   const float row_scale[2] = {1.f, 0.5f};  // rows r0 and r0 + 8 of each thread
   wg::store_swizzled<bf16>(acc, row_scale, static_cast<uint32_t>(__cvta_generic_to_shared(tile_smem)),
                            64 * wg::kSwizzleBytes, t);
@@ -302,9 +315,7 @@ void check_store_swizzled() {
   std::vector<float> values(64 * N);
   for (size_t e = 0; e < values.size(); ++e) values[e] = float(int(e * 7 % 251) - 125);  // exact in bf16, halved too
   float* dv = to_device(values);
-  bf16* draw = nullptr;
-  ASSERT_EQ(cudaMalloc(&draw, 64 * N * sizeof(bf16)), cudaSuccess);
-  ASSERT_EQ(cudaMemset(draw, 0xFF, 64 * N * sizeof(bf16)), cudaSuccess);
+  bf16* draw = poisoned_device<bf16>(64 * N);
   store_swizzled_kernel<N><<<1, wg::kThreads>>>(dv, draw);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto raw = to_host(draw, 64 * N);
@@ -333,8 +344,7 @@ __global__ void store_transposed_kernel(const float* values, bf16* raw) {
   __shared__ alignas(1024) bf16 tile_smem[64 * 64];
   const int t = threadIdx.x;
   wg::Accumulator<64> acc;
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 16; ++j) acc(i, j) = values[wg::Accumulator<64>::row(i, t) * 64 + wg::Accumulator<64>::col(j, t)];
+  load_accumulator(acc, values, t);
   uint32_t frags[4][4];
   wg::a_from_acc<bf16>(frags, acc);
   wg::store_transposed_swizzled<bf16, 64>(frags, static_cast<uint32_t>(__cvta_generic_to_shared(tile_smem)), t);
@@ -347,9 +357,7 @@ TEST(Sm90Tile, StmatrixTransposedStore) {
   std::vector<float> values(64 * 64);
   for (size_t e = 0; e < values.size(); ++e) values[e] = float(int(e * 13 % 241) - 120);
   float* dv = to_device(values);
-  bf16* draw = nullptr;
-  ASSERT_EQ(cudaMalloc(&draw, 64 * 64 * sizeof(bf16)), cudaSuccess);
-  ASSERT_EQ(cudaMemset(draw, 0xFF, 64 * 64 * sizeof(bf16)), cudaSuccess);
+  bf16* draw = poisoned_device<bf16>(64 * 64);
   store_transposed_kernel<<<1, wg::kThreads>>>(dv, draw);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto raw = to_host(draw, 64 * 64);
@@ -373,12 +381,8 @@ __global__ void wgmma_ss_transposed_b_kernel(const bf16* a, const bf16* b, float
   __shared__ alignas(1024) bf16 a_smem[64 * K];
   __shared__ alignas(1024) bf16 b_smem[K * BCOLS];
   const int t = threadIdx.x;
-  char* a_base = reinterpret_cast<char*>(a_smem);
-  char* b_base = reinterpret_cast<char*>(b_smem);
-  for (int e = t; e < 64 * K; e += wg::kThreads)
-    *reinterpret_cast<bf16*>(a_base + wg::swizzled_offset<bf16>(e / K, e % K, 64 * wg::kSwizzleBytes)) = a[e];
-  for (int e = t; e < K * BCOLS; e += wg::kThreads)
-    *reinterpret_cast<bf16*>(b_base + wg::swizzled_offset<bf16>(e / BCOLS, e % BCOLS, K * wg::kSwizzleBytes)) = b[e];
+  stage_swizzled<64, K>(a_smem, a);
+  stage_swizzled<K, BCOLS>(b_smem, b);
   tile::fence_async_shared();
   __syncthreads();
   wg::Accumulator<N> acc;
@@ -393,18 +397,14 @@ __global__ void wgmma_ss_transposed_b_kernel(const bf16* a, const bf16* b, float
   wg::commit();
   wg::wait<0>();
   wg::fence_operand(acc.d);
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < N / 4; ++j)
-      c[wg::Accumulator<N>::row(i, t) * N + wg::Accumulator<N>::col(j, t)] = acc(i, j);
+  store_accumulator(c, acc, t);
 }
 
 template <int N, int K, int BCOLS>
 void check_wgmma_ss_transposed_b(int col0) {
   const auto a = random_bf16(64 * K, 5), b = random_bf16(size_t(K) * BCOLS, 6);
   bf16 *da = to_device(a), *db = to_device(b);
-  float* dc = nullptr;
-  ASSERT_EQ(cudaMalloc(&dc, 64 * N * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dc, 0xFF, 64 * N * sizeof(float)), cudaSuccess);
+  float* dc = poisoned_device<float>(64 * N);
   wgmma_ss_transposed_b_kernel<N, K, BCOLS><<<1, wg::kThreads>>>(da, db, dc, col0);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto c = to_host(dc, 64 * N);
@@ -447,9 +447,7 @@ __global__ void __launch_bounds__(256, 1) handoff_kernel(int* out) {
 
 TEST(Sm90Tile, NamedBarrierHandoffAcrossRegisterBudgets) {
   if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
-  int* out = nullptr;
-  ASSERT_EQ(cudaMalloc(&out, wg::kThreads * sizeof(int)), cudaSuccess);
-  ASSERT_EQ(cudaMemset(out, 0xFF, wg::kThreads * sizeof(int)), cudaSuccess);
+  int* out = poisoned_device<int>(wg::kThreads);
   handoff_kernel<<<1, 2 * wg::kThreads>>>(out);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto got = to_host(out, wg::kThreads);

@@ -348,23 +348,28 @@ Harness::~Harness() {
 #endif
 }
 
-Params Harness::params(int input_set) const {
-  const Set& set = *sets_[size_t(input_set)];
+// What the call and the oracle share: the set's slots as views of their device copies (or of
+// their host copies, on the CPU), lse where `with_lse`, and the spec's mask and scale.
+Params Harness::views(const Set& set, bool host_copies, bool with_lse) const {
+  const Device device = host_copies ? Device{} : device_;
+  auto view = [&](const Slot& slot) {
+    return slot.view(host_copies ? static_cast<const void*>(slot.host.data()) : slot.device.data(), device);
+  };
   Params p;
-  p.q = set.q.view(set.q.device.data(), device_);
-  p.k = set.k.view(set.k.device.data(), device_);
-  p.v = set.v.view(set.v.device.data(), device_);
-  p.o = set.o.view(set.o.device.data(), device_);
-  if (spec_.with_lse || spec_.mode == Direction::backward) p.lse = set.lse.view(set.lse.device.data(), device_);
+  p.q = view(set.q);
+  p.k = view(set.k);
+  p.v = view(set.v);
+  p.o = view(set.o);
+  if (with_lse) p.lse = view(set.lse);
   if (spec_.mode == Direction::backward) {
-    p.dout = set.dout.view(set.dout.device.data(), device_);
-    p.dq = set.dq.view(set.dq.device.data(), device_);
-    p.dk = set.dk.view(set.dk.device.data(), device_);
-    p.dv = set.dv.view(set.dv.device.data(), device_);
+    p.dout = view(set.dout);
+    p.dq = view(set.dq);
+    p.dk = view(set.dk);
+    p.dv = view(set.dv);
   }
   if (spec_.varlen()) {
-    p.cu_seqlens_q = set.cu_seqlens_q.view(set.cu_seqlens_q.device.data(), device_);
-    p.cu_seqlens_k = set.cu_seqlens_k.view(set.cu_seqlens_k.device.data(), device_);
+    p.cu_seqlens_q = view(set.cu_seqlens_q);
+    p.cu_seqlens_k = view(set.cu_seqlens_k);
     p.max_seqlen_q = spec_.seqlen_q;
     p.max_seqlen_k = spec_.seqlen_k;
   }
@@ -373,6 +378,11 @@ Params Harness::params(int input_set) const {
   p.window_left = spec_.window_left;
   p.window_right = spec_.window_right;
   p.q_offset = spec_.q_offset;
+  return p;
+}
+
+Params Harness::params(int input_set) const {
+  Params p = views(*sets_[size_t(input_set)], false, spec_.with_lse || spec_.mode == Direction::backward);
   p.precision = spec_.precision;
   p.deterministic = spec_.deterministic;
   p.backend = spec_.backend;
@@ -530,30 +540,7 @@ CheckResult Harness::check(double budget_flops) const {
 
   // An oracle view of the same stored inputs on the CPU; a varlen case is checked one sequence
   // at a time, each as the dense batch-1 call it is (common/varlen.h).
-  Params host;
-  const Device cpu{};
-  host.q = set.q.view(set.q.host.data(), cpu);
-  host.k = set.k.view(set.k.host.data(), cpu);
-  host.v = set.v.view(set.v.host.data(), cpu);
-  host.o = set.o.view(set.o.host.data(), cpu);
-  host.lse = set.lse.view(set.lse.host.data(), cpu);
-  if (s.mode == Direction::backward) {
-    host.dout = set.dout.view(set.dout.host.data(), cpu);
-    host.dq = set.dq.view(set.dq.host.data(), cpu);
-    host.dk = set.dk.view(set.dk.host.data(), cpu);
-    host.dv = set.dv.view(set.dv.host.data(), cpu);
-  }
-  if (s.varlen()) {
-    host.cu_seqlens_q = set.cu_seqlens_q.view(set.cu_seqlens_q.host.data(), cpu);
-    host.cu_seqlens_k = set.cu_seqlens_k.view(set.cu_seqlens_k.host.data(), cpu);
-    host.max_seqlen_q = s.seqlen_q;
-    host.max_seqlen_k = s.seqlen_k;
-  }
-  host.softmax_scale = s.softmax_scale;
-  host.causal = s.causal;
-  host.window_left = s.window_left;
-  host.window_right = s.window_right;
-  host.q_offset = s.q_offset;
+  const Params host = views(set, true, true);
   const std::vector<Params> calls = dense_calls(host);
   std::vector<Problem> problems;
   for (const Params& c : calls) problems.push_back(Problem::of(c));

@@ -105,6 +105,7 @@ class Harness {
 
  private:
   struct Set;
+  Params views(const Set& set, bool host_copies, bool with_lse) const;
   Status prepare_backward_inputs(int set);
   Status run(int set, Direction direction);
 

@@ -2,6 +2,7 @@
 // phrases the refusals every tier shares (bucket not compiled, architecture, shared memory).
 #pragma once
 
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -9,6 +10,15 @@
 #include "cuda/instances.h"
 
 namespace fmha::cuda {
+
+// True when `head_dim` is in `dims`, a list of instances.h spelled out by FMHA_CUDA_LIST_ITEM:
+// in_head_dims(hd, {FMHA_CUDA_HEAD_DIMS(FMHA_CUDA_LIST_ITEM)}). An empty list holds none.
+#define FMHA_CUDA_LIST_ITEM(hd) hd,
+constexpr bool in_head_dims(int head_dim, std::initializer_list<int> dims) {
+  for (int dim : dims)
+    if (dim == head_dim) return true;
+  return false;
+}
 
 // f(std::integral_constant<int, HD>{}) for the compiled bucket HD; `unsupported` when the bucket
 // is not compiled into this build.
@@ -31,11 +41,7 @@ inline Status head_dim_of(const Problem& s, int* bucket) {
   if (*bucket == 0)
     return unsupported("q: head_dim " + std::to_string(s.head_dim) + " / head_dim_v " + std::to_string(s.head_dim_v) +
                        " is above the GPU tiers' limit of 256");
-  bool compiled = false;
-#define FMHA_CUDA_HEAD_DIM_FOUND(hd) compiled = compiled || *bucket == hd;
-  FMHA_CUDA_HEAD_DIMS(FMHA_CUDA_HEAD_DIM_FOUND)
-#undef FMHA_CUDA_HEAD_DIM_FOUND
-  if (!compiled) {
+  if (!in_head_dims(*bucket, {FMHA_CUDA_HEAD_DIMS(FMHA_CUDA_LIST_ITEM)})) {
     const std::string dims = s.head_dim == s.head_dim_v
                                  ? "head_dim " + std::to_string(s.head_dim)
                                  : "head_dim " + std::to_string(s.head_dim) + " / head_dim_v " +

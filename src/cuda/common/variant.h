@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/common/dispatch_util.h"
 #include "cuda/common/host.h"
 #include "cuda/instances.h"
 #include "tune/selection.h"
@@ -32,11 +33,17 @@ inline int variant_index(const char* value, const char* const* names, int count)
   return kUnknownVariant;
 }
 
-// The variant_index a call runs before the head-dim and shared-memory rules of
-// with_requested_variant: `variable` is the tier's FMHA_*_CONFIG value (read once by the tier).
-inline int requested_variant_index(Backend tier, const Params& p, Direction direction, const char* variable,
-                                   const char* const* names, int count) {
-  const detail::VariantRequest request = detail::requested_variant(tier, p, direction, variable);
+// The variant_index a call of TIER in DIRECTION requests (tune/selection.h's order: the tuner's
+// candidate, the tier's FMHA_*_CONFIG `variable`, the cache's winner), before the head-dim and
+// shared-memory rules of with_requested_variant. The variable is read once per TIER and
+// DIRECTION, at the first call (what the tiers document), and then kept.
+template <Backend TIER, Direction DIRECTION>
+int requested_variant_index(const Params& p, const char* variable, const char* const* names, int count) {
+  static const std::string value = [variable] {
+    const char* set = std::getenv(variable);
+    return std::string(set ? set : "");
+  }();
+  const detail::VariantRequest request = detail::requested_variant(TIER, p, DIRECTION, value.c_str());
   const int index = variant_index(request.name.c_str(), names, count);
   // A cached winner this build does not compile (a cache written by another build) is ignored.
   if (index == kUnknownVariant && request.source == detail::VariantSource::cache) return kDefaultVariant;
@@ -57,11 +64,7 @@ inline Status unknown_variant(const char* variable, const char* const* names, in
 
 // True for the head-dim buckets compiled in every variant (FMHA_CUDA_TUNED_HEAD_DIMS).
 constexpr bool is_tuned_head_dim(int head_dim) {
-  bool tuned = false;
-#define FMHA_CUDA_TUNED_HEAD_DIM_FOUND(hd) tuned = tuned || head_dim == hd;
-  FMHA_CUDA_TUNED_HEAD_DIMS(FMHA_CUDA_TUNED_HEAD_DIM_FOUND)
-#undef FMHA_CUDA_TUNED_HEAD_DIM_FOUND
-  return tuned;
+  return in_head_dims(head_dim, {FMHA_CUDA_TUNED_HEAD_DIMS(FMHA_CUDA_LIST_ITEM)});
 }
 
 // f(std::integral_constant<int, V>{}) for the runtime index `variant` in [0, COUNT).

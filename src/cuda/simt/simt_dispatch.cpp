@@ -11,8 +11,6 @@
 // (variant.h).
 #include "cuda/simt/simt_dispatch.h"
 
-#include <cstdlib>
-
 #include "cuda/common/dispatch_util.h"
 #include "cuda/common/tier.h"
 #include "cuda/common/variant.h"
@@ -28,29 +26,9 @@ static_assert(kBwdVariants == FMHA_CUDA_SIMT_BWD_VARIANTS, "cmake/cuda.cmake ins
 constexpr const char* kConfigVariable = "FMHA_SIMT_CONFIG";
 constexpr const char* kBwdVariable = "FMHA_SIMT_BWD_CONFIG";
 
-// The variables' values, read once; the request per call (variant.h: tuner, variable, cache).
-const char* read_once(const char* variable) {
-  const char* value = std::getenv(variable);
-  return value ? value : "";
-}
-int requested_fwd_variant(const Params& p) {
-  static const std::string value = read_once(kConfigVariable);
-  return requested_variant_index(Backend::cuda_simt, p, Direction::forward, value.c_str(), kFwdVariantNames,
-                                 kFwdVariants);
-}
-int requested_bwd_variant(const Params& p) {
-  static const std::string value = read_once(kBwdVariable);
-  return requested_variant_index(Backend::cuda_simt, p, Direction::backward, value.c_str(), kBwdVariantNames,
-                                 kBwdVariants);
-}
-
 // True where the compact variants are compiled outside the tuned head dims.
 constexpr bool has_compact(int head_dim) {
-  bool found = false;
-#define FMHA_CUDA_SIMT_COMPACT_FOUND(hd) found = found || head_dim == hd;
-  FMHA_CUDA_SIMT_COMPACT_HEAD_DIMS(FMHA_CUDA_SIMT_COMPACT_FOUND)
-#undef FMHA_CUDA_SIMT_COMPACT_FOUND
-  return found;
+  return in_head_dims(head_dim, {FMHA_CUDA_SIMT_COMPACT_HEAD_DIMS(FMHA_CUDA_LIST_ITEM)});
 }
 
 // f(std::integral_constant<int, V>{}) for the forward / backward variant this call runs at head
@@ -60,14 +38,18 @@ template <int HD, class F>
 Status with_fwd_variant(const Params& p, const DeviceProps& props, F&& f) {
   return with_requested_variant<kFwdVariants, default_fwd_variant(HD), is_tuned_head_dim(HD),
                                 has_compact(HD) ? kFwdCompact : -1>(
-      requested_fwd_variant(p), kConfigVariable, kFwdVariantNames,
+      requested_variant_index<Backend::cuda_simt, Direction::forward>(p, kConfigVariable, kFwdVariantNames,
+                                                                      kFwdVariants),
+      kConfigVariable, kFwdVariantNames,
       [&](auto v) { return forward_shared_bytes<HD, decltype(v)::value>() <= props.max_shared_per_block; }, f);
 }
 template <int HD, class F>
 Status with_bwd_variant(const Params& p, const DeviceProps& props, F&& f) {
   return with_requested_variant<kBwdVariants, default_bwd_variant(HD), is_tuned_head_dim(HD),
                                 has_compact(HD) ? kBwdCompact : -1>(
-      requested_bwd_variant(p), kBwdVariable, kBwdVariantNames,
+      requested_variant_index<Backend::cuda_simt, Direction::backward>(p, kBwdVariable, kBwdVariantNames,
+                                                                       kBwdVariants),
+      kBwdVariable, kBwdVariantNames,
       [&](auto v) {
         return backward_shared_bytes<HD, decltype(v)::value>(p.deterministic) <= props.max_shared_per_block;
       },

@@ -11,8 +11,6 @@
 // compiled variant that fits (variant.h).
 #include "cuda/sm80/sm80_dispatch.h"
 
-#include <cstdlib>
-
 #include "cuda/common/dispatch_util.h"
 #include "cuda/common/tier.h"
 #include "cuda/common/variant.h"
@@ -27,29 +25,9 @@ static_assert(kBwdVariants == FMHA_CUDA_SM80_BWD_VARIANTS, "cmake/cuda.cmake ins
 constexpr const char* kFwdVariable = "FMHA_SM80_FWD_CONFIG";
 constexpr const char* kBwdVariable = "FMHA_SM80_BWD_CONFIG";
 
-// The variables' values, read once; the request per call (variant.h: tuner, variable, cache).
-const char* read_once(const char* variable) {
-  const char* value = std::getenv(variable);
-  return value ? value : "";
-}
-int requested_fwd_variant(const Params& p) {
-  static const std::string value = read_once(kFwdVariable);
-  return requested_variant_index(Backend::cuda_sm80, p, Direction::forward, value.c_str(), kFwdVariantNames,
-                                 kFwdVariants);
-}
-int requested_bwd_variant(const Params& p) {
-  static const std::string value = read_once(kBwdVariable);
-  return requested_variant_index(Backend::cuda_sm80, p, Direction::backward, value.c_str(), kBwdVariantNames,
-                                 kBwdVariants);
-}
-
 // True where the compact variants are compiled outside the tuned head dims.
 constexpr bool has_compact(int head_dim) {
-  bool found = false;
-#define FMHA_CUDA_SM80_COMPACT_FOUND(hd) found = found || head_dim == hd;
-  FMHA_CUDA_SM80_COMPACT_HEAD_DIMS(FMHA_CUDA_SM80_COMPACT_FOUND)
-#undef FMHA_CUDA_SM80_COMPACT_FOUND
-  return found;
+  return in_head_dims(head_dim, {FMHA_CUDA_SM80_COMPACT_HEAD_DIMS(FMHA_CUDA_LIST_ITEM)});
 }
 
 // fwd(std::integral_constant<int, V>{}) or bwd(...) for the variant this call runs in `direction`
@@ -63,11 +41,15 @@ Status with_config_variant(const Params& p, Direction direction, const DevicePro
   if (direction == Direction::forward)
     return with_requested_variant<kFwdVariants, default_fwd_variant(kBytes, HD), kTuned,
                                   has_compact(HD) ? kFwdCompact : -1>(
-        requested_fwd_variant(p), kFwdVariable, kFwdVariantNames,
+        requested_variant_index<Backend::cuda_sm80, Direction::forward>(p, kFwdVariable, kFwdVariantNames,
+                                                                        kFwdVariants),
+        kFwdVariable, kFwdVariantNames,
         [&](auto v) { return forward_shared_bytes<T, HD, decltype(v)::value>() <= limit; }, fwd);
   return with_requested_variant<kBwdVariants, default_bwd_variant(kBytes, HD), kTuned,
                                 has_compact(HD) ? kBwdCompact : -1>(
-      requested_bwd_variant(p), kBwdVariable, kBwdVariantNames,
+      requested_variant_index<Backend::cuda_sm80, Direction::backward>(p, kBwdVariable, kBwdVariantNames,
+                                                                       kBwdVariants),
+      kBwdVariable, kBwdVariantNames,
       [&](auto v) { return backward_shared_bytes<T, HD, decltype(v)::value>(p.deterministic) <= limit; }, bwd);
 }
 

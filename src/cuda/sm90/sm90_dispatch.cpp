@@ -10,7 +10,6 @@
 #include "cuda/sm90/sm90_dispatch.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/common/dispatch_util.h"
@@ -30,13 +29,6 @@ constexpr int kMinHeadDim = 64;  // smaller head dims run on the sm80 tier
 // K/V bytes of one L2 section of heads: a share of the H100/H200's 50/60 MB L2 that leaves room
 // for the queries and outputs in flight.
 constexpr double kL2SectionBytes = 32.0 * 1024 * 1024;
-
-// The variable's value, read once; the request per call (variant.h: tuner, variable, cache).
-int requested_fwd_variant(const Params& p) {
-  static const std::string value = std::getenv(kFwdVariable) ? std::getenv(kFwdVariable) : "";
-  return requested_variant_index(Backend::cuda_sm90, p, Direction::forward, value.c_str(), kFwdVariantNames,
-                                 kFwdVariants);
-}
 
 // f(std::integral_constant<int, HD>{}) for the sm90 buckets compiled into this build.
 template <class F>
@@ -68,7 +60,8 @@ int shape_default_variant(int head_dim, const Params& p) {
 // The request (tuner, variable, cache), else the shape's default.
 template <int HD, class F>
 Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
-  int requested = requested_fwd_variant(p);
+  int requested = requested_variant_index<Backend::cuda_sm90, Direction::forward>(p, kFwdVariable, kFwdVariantNames,
+                                                                                 kFwdVariants);
   if (requested == kDefaultVariant) requested = shape_default_variant(HD, p);
   return with_requested_variant<kFwdVariants, kFwdDefault, is_tuned_head_dim(HD)>(
       requested, kFwdVariable, kFwdVariantNames,
