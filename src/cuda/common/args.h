@@ -48,6 +48,10 @@ struct AttentionArgs {
   // 256-byte boundary and its padding rows hold LSE = +inf, Δ = 0, so that a kernel may copy a
   // whole tile of them in one bulk copy without bounds checks.
   int64_t stat_rows = 0;
+  // [B, H, stat_rows], the simt tier's recomputed softmax statistics (bwd_row_stats_kernel): max
+  // of the scores in the exp2 domain (-inf for rows that see no key) and 1 / sum of 2^(score - max).
+  float* row_max = nullptr;
+  float* inv_sum = nullptr;
 
   FMHA_HOST_DEVICE int64_t row_index(int64_t b, int64_t h, int64_t s) const {
     return (b * heads + h) * seqlen_q + s;

@@ -79,6 +79,10 @@ WorkspaceLayout workspace_layout(const Problem& s, bool deterministic) {
   at = align_up(at + padded_rows * sizeof(float));
   w.delta = at;
   at = align_up(at + padded_rows * sizeof(float));
+  w.row_max = at;
+  at = align_up(at + padded_rows * sizeof(float));
+  w.inv_sum = at;
+  at = align_up(at + padded_rows * sizeof(float));
   w.total = rows == 0 ? 0 : at;
   return w;
 }
@@ -98,6 +102,8 @@ Status bind_workspace(const Params& p, const WorkspaceLayout& w, AttentionArgs* 
   a->dq_accum = w.has_dq_accum ? reinterpret_cast<float*>(base + w.dq_accum) : nullptr;
   a->lse_log2 = reinterpret_cast<float*>(base + w.lse_log2);
   a->delta = reinterpret_cast<float*>(base + w.delta);
+  a->row_max = reinterpret_cast<float*>(base + w.row_max);
+  a->inv_sum = reinterpret_cast<float*>(base + w.inv_sum);
   return Status::success();
 }
 
