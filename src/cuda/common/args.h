@@ -48,6 +48,10 @@ struct AttentionArgs {
   // 256-byte boundary and its padding rows hold LSE = +inf, Δ = 0, so that a kernel may copy a
   // whole tile of them in one bulk copy without bounds checks.
   int64_t stat_rows = 0;
+  // Deterministic backward of a tier that orders its dQ additions (sm90): turn counters
+  // [B, H, dq_turn_tiles, parts], zeroed before the main kernel; null otherwise.
+  int* dq_turns = nullptr;
+  int64_t dq_turn_tiles = 0;  // query tiles per (batch, head)
   // [B, H, stat_rows], the simt tier's recomputed softmax statistics (bwd_row_stats_kernel): max
   // of the scores in the exp2 domain (-inf for rows that see no key) and 1 / sum of 2^(score - max).
   float* row_max = nullptr;

@@ -65,12 +65,12 @@ AttentionArgs make_args(const Params& p, const Problem& s) {
   return a;
 }
 
-WorkspaceLayout workspace_layout(const Problem& s, bool deterministic) {
+WorkspaceLayout workspace_layout(const Problem& s, bool deterministic, OrderedDq ordered) {
   WorkspaceLayout w;
   const size_t rows = size_t(s.batch) * size_t(s.heads) * size_t(s.seqlen_q);
   const size_t padded_rows = size_t(s.batch) * size_t(s.heads) * size_t(stat_rows(s.seqlen_q));
   size_t at = 0;
-  w.has_dq_accum = !deterministic;
+  w.has_dq_accum = !deterministic || ordered.rows > 0;
   if (w.has_dq_accum) {
     w.dq_accum = at;
     at = align_up(at + rows * size_t(s.head_dim) * sizeof(float));
@@ -83,6 +83,13 @@ WorkspaceLayout workspace_layout(const Problem& s, bool deterministic) {
   at = align_up(at + padded_rows * sizeof(float));
   w.inv_sum = at;
   at = align_up(at + padded_rows * sizeof(float));
+  if (deterministic && ordered.rows > 0) {
+    w.has_dq_turns = true;
+    w.dq_turn_tiles = (s.seqlen_q + ordered.rows - 1) / ordered.rows;
+    w.dq_turns = at;
+    at = align_up(at + size_t(s.batch) * size_t(s.heads) * size_t(w.dq_turn_tiles) * size_t(ordered.parts) *
+                           sizeof(int32_t));
+  }
   w.total = rows == 0 ? 0 : at;
   return w;
 }
@@ -102,14 +109,20 @@ Status bind_workspace(const Params& p, const WorkspaceLayout& w, AttentionArgs* 
   a->dq_accum = w.has_dq_accum ? reinterpret_cast<float*>(base + w.dq_accum) : nullptr;
   a->lse_log2 = reinterpret_cast<float*>(base + w.lse_log2);
   a->delta = reinterpret_cast<float*>(base + w.delta);
+  a->dq_turns = w.has_dq_turns ? reinterpret_cast<int*>(base + w.dq_turns) : nullptr;
+  a->dq_turn_tiles = w.dq_turn_tiles;
   a->row_max = reinterpret_cast<float*>(base + w.row_max);
   a->inv_sum = reinterpret_cast<float*>(base + w.inv_sum);
   return Status::success();
 }
 
-Status workspace_size(const Params& p, Direction direction, size_t* bytes) {
-  *bytes = direction == Direction::backward ? workspace_layout(Problem::of(p), p.deterministic).total : 0;
+Status workspace_size(const Params& p, Direction direction, size_t* bytes, OrderedDq ordered) {
+  *bytes = direction == Direction::backward ? workspace_layout(Problem::of(p), p.deterministic, ordered).total : 0;
   return Status::success();
+}
+
+Status workspace_size(const Params& p, Direction direction, size_t* bytes) {
+  return workspace_size(p, direction, bytes, OrderedDq{});
 }
 
 Status current_device(const Params& p, Direction direction, DeviceProps* props) {

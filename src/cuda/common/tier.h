@@ -22,6 +22,13 @@ inline Status refuse_varlen(const Params& p) {
   return Status::success();
 }
 
+// The tier's deterministic dQ scheme: Tier::kOrderedDq where it declares one.
+template <class Tier>
+constexpr OrderedDq ordered_dq() {
+  if constexpr (requires { Tier::kOrderedDq; }) return Tier::kOrderedDq;
+  else return OrderedDq{};
+}
+
 template <class Tier>
 Status tier_supports(const Params& p, Direction direction) {
   if (Status st = refuse_varlen(p); !st.ok()) return st;
@@ -37,7 +44,8 @@ Status tier_run(const Params& p, Direction direction) {
   const Problem s = Problem::of(p);
   AttentionArgs args = make_args(p, s);
   if (direction == Direction::backward) {
-    if (Status st = bind_workspace(p, workspace_layout(s, p.deterministic), &args); !st.ok()) return st;
+    if (Status st = bind_workspace(p, workspace_layout(s, p.deterministic, ordered_dq<Tier>()), &args); !st.ok())
+      return st;
   }
   return Tier::launch(p, direction, props, args, static_cast<cudaStream_t>(p.stream));
 }
