@@ -140,7 +140,7 @@ struct Params {
   int64_t q_offset = 0;
 
   Precision precision = Precision::ieee;
-  bool deterministic = false;  // backward: bitwise reproducible results (no atomics)
+  bool deterministic = false;  // backward: bitwise reproducible results (dQ summed in a fixed order)
   Backend backend = Backend::auto_select;
 
   void* stream = nullptr;      // cudaStream_t for GPU backends; nullptr = legacy default stream
