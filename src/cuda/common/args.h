@@ -52,10 +52,6 @@ struct AttentionArgs {
   // [B, H, dq_turn_tiles, parts], zeroed before the main kernel; null otherwise.
   int* dq_turns = nullptr;
   int64_t dq_turn_tiles = 0;  // query tiles per (batch, head)
-  // [B, H, stat_rows], the simt tier's recomputed softmax statistics (bwd_row_stats_kernel): max
-  // of the scores in the exp2 domain (-inf for rows that see no key) and 1 / sum of 2^(score - max).
-  float* row_max = nullptr;
-  float* inv_sum = nullptr;
 
   FMHA_HOST_DEVICE int64_t row_index(int64_t b, int64_t h, int64_t s) const {
     return (b * heads + h) * seqlen_q + s;

@@ -79,10 +79,6 @@ WorkspaceLayout workspace_layout(const Problem& s, bool deterministic, OrderedDq
   at = align_up(at + padded_rows * sizeof(float));
   w.delta = at;
   at = align_up(at + padded_rows * sizeof(float));
-  w.row_max = at;
-  at = align_up(at + padded_rows * sizeof(float));
-  w.inv_sum = at;
-  at = align_up(at + padded_rows * sizeof(float));
   if (deterministic && ordered.rows > 0) {
     w.has_dq_turns = true;
     w.dq_turn_tiles = (s.seqlen_q + ordered.rows - 1) / ordered.rows;
@@ -111,8 +107,6 @@ Status bind_workspace(const Params& p, const WorkspaceLayout& w, AttentionArgs* 
   a->delta = reinterpret_cast<float*>(base + w.delta);
   a->dq_turns = w.has_dq_turns ? reinterpret_cast<int*>(base + w.dq_turns) : nullptr;
   a->dq_turn_tiles = w.dq_turn_tiles;
-  a->row_max = reinterpret_cast<float*>(base + w.row_max);
-  a->inv_sum = reinterpret_cast<float*>(base + w.inv_sum);
   return Status::success();
 }
 

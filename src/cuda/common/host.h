@@ -29,8 +29,6 @@ struct WorkspaceLayout {
   size_t dq_accum = 0;  // [B, H, Sq, head_dim] fp32; absent (size 0) when deterministic
   size_t lse_log2 = 0;  // [B, H, Sq rounded up to kStatRowAlign] fp32
   size_t delta = 0;     // [B, H, Sq rounded up to kStatRowAlign] fp32
-  size_t row_max = 0;   // [B, H, Sq rounded up to kStatRowAlign] fp32
-  size_t inv_sum = 0;   // [B, H, Sq rounded up to kStatRowAlign] fp32
   size_t dq_turns = 0;  // [B, H, ceil(Sq / rows), parts] int32 (OrderedDq); absent otherwise
   size_t total = 0;
   bool has_dq_accum = false;

@@ -1,7 +1,4 @@
 // The simt backward kernels: exact fp32 arithmetic from fp32, fp16 or bf16 storage (T).
-//   bwd_row_stats_kernel: one block per (query tile, head, batch), before the others: each row's
-//                  softmax max and 1/sum recomputed from S = Q·K^T (simt_bwd_mainloop.cuh says why
-//                  not from LSE), online over the key tiles like the forward, without P·V.
 //   bwd_kernel:    one block per (key tile, KV head, batch). Loops over the group's query heads and
 //                  the query tiles that see the key tile, accumulating dK and dV in registers (no
 //                  atomics, GQA sums included); adds dS·K into the fp32 dQ accumulator with
@@ -16,55 +13,6 @@
 #include "cuda/simt/simt_bwd_micro_mainloop.cuh"
 
 namespace fmha::cuda::simt {
-
-template <class T, int HD, int BM, int BN, int MIN_BLOCKS>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_row_stats_kernel(const AttentionArgs args) {
-  using Tiles = BwdTiles<HD, BM, BN>;
-  extern __shared__ float4 shared_raw[];
-  auto& shared = *reinterpret_cast<typename Tiles::StatsStorage*>(shared_raw);
-  const tile::Grid16 g = tile::Grid16::of_thread();
-  const int64_t b = blockIdx.z;
-  const int h = blockIdx.y;
-  const int kv_head = h / args.group;
-  const int64_t row0 = int64_t(blockIdx.x) * BM;
-  const Range rows{row0, row0 + BM < args.seqlen_q ? row0 + BM : args.seqlen_q};
-  const Range keys = args.mask.keys(rows);
-
-  tile::OnlineSoftmax<BM / 16, tile::Grid16::kSide> softmax;
-  softmax.init();
-  if (!keys.empty()) {
-    load_fp32_tile(shared.q.tile(), args.q.at<const T>(b, rows.begin, h), args.q.seq_stride, int(rows.size()),
-                   args.head_dim);
-    for (int64_t col0 = keys.begin; col0 < keys.end; col0 += BN) {
-      const Range cols{col0, col0 + BN < keys.end ? col0 + BN : keys.end};
-      load_fp32_tile(shared.k.tile(), args.k.at<const T>(b, cols.begin, kv_head), args.k.seq_stride,
-                     int(cols.size()), args.head_dim);
-      tile::block::commit();
-      tile::block::wait<0>();
-      __syncthreads();
-      // S = Q·K^T, scaled and masked exactly as score_gradients forms it; then row max and sum.
-      typename Tiles::Scores s;  // [BM, BN]
-      s.fill(0.f);
-      tile::thread::mma_nt<HD>(s, shared.q.tile(), shared.k.tile(), g);
-      tile::thread::scale(s, args.scale_log2);
-      if (!(rows.size() == BM && cols.size() == BN && args.mask.tile_is_full(rows, cols)))
-        tile::thread::mask_scores(
-            s, args.mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
-      float rescale[BM / 16];
-      softmax.template update<false>(s, rescale);
-      __syncthreads();  // K is overwritten by the next key tile
-    }
-  }
-  softmax.finish();
-#pragma unroll
-  for (int i = 0; i < BM / 16; ++i) {
-    const int64_t row = rows.begin + g.row(i);
-    if (row >= rows.end || g.tx != 0) continue;
-    const int64_t index = args.stat_index(b, h, row);
-    args.row_max[index] = softmax.max[i];
-    args.inv_sum[index] = softmax.inv_sum(i);
-  }
-}
 
 template <class T, int HD, int BM, int BN, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const AttentionArgs args) {
@@ -208,12 +156,12 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) micro_bwd_kernel(const A
       const int h = head_of(t);
       const Range rows = rows_of(t);
       tile::block::wait<0>();
-      __syncthreads();  // this step's Q, dO, statistics, Δ (and K, V) landed; last step's dQ reads of dS^T are done
+      __syncthreads();  // this step's Q, dO, LSE, Δ (and K, V) landed; last step's dQ reads of dS^T are done
 
       micro_bwd_scores<Tiles, HD, BM, BN>(args, shared, rows, cols, tx, ty);
       __syncthreads();  // P^T and dS^T complete
       micro_bwd_key_grads<Tiles, BM>(shared, dk, dv, tx, ty);
-      __syncthreads();  // Q, dO, statistics and Δ are free for the next step's loads
+      __syncthreads();  // Q, dO, LSE and Δ are free for the next step's loads
 
       if (t + 1 < steps) load_micro_query_side<Tiles, BM>(args, shared, b, head_of(t + 1), rows_of(t + 1), vec);
       if (args.dq_accum != nullptr) micro_bwd_query_grads<Tiles, BN>(args, shared, b, h, rows, tx, ty);

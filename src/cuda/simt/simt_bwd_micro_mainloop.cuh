@@ -1,6 +1,5 @@
 // The simt backward's micro-tile step (fp32 storage): for one query tile against the block's key
-// tile, the same math as simt_bwd_mainloop.cuh (P = 2^(S·scale_log2 - max) / sum masked, from the
-// rows' recomputed statistics, dS = P ∘ (dP - Δ),
+// tile, the same math as simt_bwd_mainloop.cuh (P = 2^(S·scale_log2 - LSE) masked, dS = P ∘ (dP - Δ),
 // dV += P^T·dO, dK += dS^T·Q, dQ += dS·K) with each thread owning register blocks fed by float4
 // shared-memory loads, so that a reduction step costs one load per eight or more FMAs (the Grid16
 // kernel's cost one per two). S and dP reduce over the head dim with float4s of natural-layout
@@ -21,7 +20,6 @@
 #include <cstdint>
 
 #include "cuda/common/args.h"
-#include "cuda/simt/simt_bwd_mainloop.cuh"
 #include "cuda/simt/simt_config.h"
 #include "cuda/simt/simt_fwd_micro_mainloop.cuh"
 #include "cuda/tile/atomic.cuh"
@@ -50,8 +48,7 @@ struct MicroBwdTiles {
     tile::SmemArray<RowTile> q, dout;
     tile::SmemArray<KeyTile> k, v;
     tile::SmemArray<KeyRowTile> pt, dst;
-    float row_max[BM];   // [BM] softmax max per query row (exp2 domain), -inf past the tile's rows
-    float inv_sum[BM];   // [BM] 1 / softmax sum per query row, 0 past the tile's rows
+    float lse_log2[BM];  // [BM] LSE·log2(e) per query row, +inf past the tile's rows
     float delta[BM];     // [BM] Δ per query row, 0 past the tile's rows
   };
   using Scores = tile::RegTile<float, kRows, kKeys>;       // [BM, BN] S then P, or dP then dS; MicroBwd
@@ -108,8 +105,8 @@ __device__ __forceinline__ void load_micro_key_side(const AttentionArgs& args, t
   tile::block::commit();
 }
 
-// Q, dO, the softmax statistics and Δ of `rows` of head h; one cp.async group (the fills past the
-// valid rows of the statistics and Δ are plain stores, made at once).
+// Q, dO, LSE and Δ of `rows` of head h; one cp.async group (the fills past the valid rows of LSE
+// and Δ are plain stores, made at once).
 template <class Tiles, int BM>
 __device__ __forceinline__ void load_micro_query_side(const AttentionArgs& args,
                                                       typename Tiles::SharedStorage& shared, int64_t b, int h,
@@ -120,13 +117,13 @@ __device__ __forceinline__ void load_micro_query_side(const AttentionArgs& args,
   load_micro_tile(shared.dout.tile(), args.dout.at<const float>(b, rows.begin, h), args.dout.seq_stride, valid,
                   args.head_dim_v, vec);
   const int64_t stat0 = args.stat_index(b, h, rows.begin);
-  tile::block::load_vector_async<BM, kThreads>(shared.row_max, args.row_max + stat0, valid, tile::kNegInf);
-  tile::block::load_vector_async<BM, kThreads>(shared.inv_sum, args.inv_sum + stat0, valid, 0.f);
+  tile::block::load_vector_async<BM, kThreads>(shared.lse_log2, args.lse_log2 + stat0, valid,
+                                               __int_as_float(0x7f800000));
   tile::block::load_vector_async<BM, kThreads>(shared.delta, args.delta + stat0, valid, 0.f);
   tile::block::commit();
 }
 
-// P and dS of the (rows, cols) tile pair from Q, dO, K, V, statistics and Δ in shared memory, written
+// P and dS of the (rows, cols) tile pair from Q, dO, K, V, LSE and Δ in shared memory, written
 // transposed to shared.pt and shared.dst. The caller synchronises before and after.
 template <class Tiles, int HD, int BM, int BN>
 __device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
@@ -165,11 +162,11 @@ __device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, type
         [&](int j) { return cols.begin + Tiles::key(j, tx); });
 #pragma unroll
   for (int i = 0; i < Tiles::kRows; ++i) {
-    const float max = shared.row_max[Tiles::row(i, ty)], inv_sum = shared.inv_sum[Tiles::row(i, ty)];
+    const float lse = shared.lse_log2[Tiles::row(i, ty)];
     const float delta = shared.delta[Tiles::row(i, ty)];
 #pragma unroll
     for (int j = 0; j < Tiles::kKeys; ++j) {
-      s(i, j) = softmax_probability(s(i, j), max, inv_sum);  // P
+      s(i, j) = tile::exp2_exact(s(i, j) - lse);  // P
       dp(i, j) = s(i, j) * (dp(i, j) - delta);    // dS
     }
   }

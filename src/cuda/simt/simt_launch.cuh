@@ -37,21 +37,12 @@ constexpr size_t backward_dq_shared_bytes() {
   constexpr TileConfig c = bwd_config(HD, VARIANT).dq;
   return sizeof(typename BwdTiles<HD, c.tile_m, c.tile_n>::SharedStorage);
 }
-// Shared memory of the row-statistics kernel (the dQ kernel's tile shapes, Q and K only).
-template <int HD, int VARIANT>
-constexpr size_t backward_stats_shared_bytes() {
-  constexpr TileConfig c = bwd_config(HD, VARIANT).dq;
-  return sizeof(typename BwdTiles<HD, c.tile_m, c.tile_n>::StatsStorage);
-}
 
-// The most shared memory a backward kernel takes: the main kernel's, the row-statistics kernel's,
-// and the deterministic dQ kernel's when deterministic.
+// The main kernel's shared memory, or the larger of it and the deterministic dQ kernel's.
 template <int HD, int VARIANT>
 size_t backward_shared_bytes(bool deterministic) {
   constexpr size_t main = backward_main_shared_bytes<HD, VARIANT>(), dq = backward_dq_shared_bytes<HD, VARIANT>();
-  constexpr size_t stats = backward_stats_shared_bytes<HD, VARIANT>();
-  const size_t most = stats > main ? stats : main;
-  return deterministic && dq > most ? dq : most;
+  return deterministic && dq > main ? dq : main;
 }
 
 template <int HD, int VARIANT>
@@ -83,13 +74,6 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
     const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
     bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(args);
     if (Status s = check_launch("simt backward preprocess launch"); !s.ok()) return s;
-    // Each row's softmax max and sum, recomputed (the main kernels' P uses them, not LSE).
-    const dim3 stats_grid(unsigned(ceil_div(args.seqlen_q, dq.tile_m)), unsigned(args.heads), unsigned(args.batch));
-    const size_t stats_shared = backward_stats_shared_bytes<HD, VARIANT>();
-    auto stats_kernel = bwd_row_stats_kernel<T, HD, dq.tile_m, dq.tile_n, dq.min_blocks>;
-    if (Status s = prepare_kernel(stats_kernel, stats_shared, "simt backward row statistics"); !s.ok()) return s;
-    stats_kernel<<<stats_grid, kThreads, stats_shared, stream>>>(args);
-    if (Status s = check_launch("simt backward row statistics launch"); !s.ok()) return s;
   }
 
   const dim3 kv_grid(unsigned(ceil_div(args.seqlen_k, c.tile.tile_n)), unsigned(args.kv_heads),
