@@ -1,6 +1,12 @@
 // The kernels' view of one call: raw pointers, int64 element strides and sizes, read off a
 // validated Params on the host and passed by value to every kernel of every tier.
 // Base offsets are int64 (tensors above 2^31 elements); indices inside a tile stay int32.
+//
+// Variable-length (packed) calls use the same block: a kernel's packed instantiation first calls
+// enter_sequence() with its batch index (block_sequence.cuh), which reads the sequence tables in
+// device memory and narrows its copy of the arguments to that sequence (lengths, mask); the views
+// then take the sequence's first packed row in place of the batch index (SequenceStart), since
+// their batch strides are row strides.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +30,24 @@ struct View4 {
   }
 };
 
+// Where one block's sequence starts: the first argument of the views' at() and of row_index()
+// on the query side (q, o, dout, dq, LSE, workspace rows) and on the key side (k, v, dk, dv).
+// Dense calls: the batch index on both sides. Packed calls: the sequence's first row in q and k.
+struct SequenceStart {
+  int64_t q = 0, k = 0;
+};
+
+// The sequence tables of a packed call (cu_seqlens_q null for a dense call), as far as the
+// kernels need them: where each sequence's rows are, and what each sequence's mask depends on.
+struct PackedTables {
+  const int32_t* cu_seqlens_q = nullptr;  // [batch + 1], element stride stride_q
+  const int32_t* cu_seqlens_k = nullptr;  // [batch + 1], element stride stride_k
+  int64_t stride_q = 1, stride_k = 1;
+  int64_t total_q = 0, total_k = 0;       // rows of the packed q-side and k-side tensors
+  int64_t q_offset = 0;
+  bool bottom_right = false;              // causal alignment to the last key of each sequence
+};
+
 struct AttentionArgs {
   View4 q, k, v, o;
   View4 dout, dq, dk, dv;
@@ -32,18 +56,51 @@ struct AttentionArgs {
 
   int batch = 0, heads = 0, kv_heads = 0, group = 1;
   int head_dim = 0, head_dim_v = 0;
+  // Dense: the call's lengths and mask. Packed: the longest sequences' (which size the grids)
+  // until enter_sequence() narrows them to one sequence's.
   int64_t seqlen_q = 0, seqlen_k = 0;
   float scale = 0.f;       // softmax scale on q·k
   float scale_log2 = 0.f;  // scale * log2(e): scores in the exp2 domain
   Mask mask;
+  PackedTables packed;
 
-  // Backward workspace, all fp32 and contiguous:
-  float* dq_accum = nullptr;  // [B, H, Sq, head_dim], unscaled dS·K (non-deterministic backward)
-  float* lse_log2 = nullptr;  // [B, H, Sq]: LSE · log2(e); +inf for rows that see no key
-  float* delta = nullptr;     // [B, H, Sq]: rowsum(dO ∘ O)
+  // Backward workspace, all fp32 and contiguous, one entry per (query row, head): dense calls
+  // [B, H, Sq], packed ones [H, total_q]:
+  float* dq_accum = nullptr;  // [rows, head_dim], unscaled dS·K (non-deterministic backward)
+  float* lse_log2 = nullptr;  // [rows]: LSE · log2(e); +inf for rows that see no key
+  float* delta = nullptr;     // [rows]: rowsum(dO ∘ O)
+  // row_index(start, h, s) = start · stat_start_stride + h · stat_head_stride + s: dense
+  // {H · Sq, Sq} with the batch index as start, packed {1, total_q} with the sequence's first row.
+  int64_t stat_start_stride = 0, stat_head_stride = 0;
 
-  FMHA_HOST_DEVICE int64_t row_index(int64_t b, int64_t h, int64_t s) const {
-    return (b * heads + h) * seqlen_q + s;
+  FMHA_HOST_DEVICE int64_t row_index(int64_t start, int64_t h, int64_t s) const {
+    return start * stat_start_stride + h * stat_head_stride + s;
+  }
+
+  FMHA_HOST_DEVICE bool is_packed() const { return packed.cu_seqlens_q != nullptr; }
+
+  // Narrows this copy of a call's arguments to the sequence of batch index `batch`: for a dense
+  // call nothing changes and both starts are `batch`; for a packed one the sequence's rows are
+  // read from the tables, and seqlen_q, seqlen_k and the mask become that sequence's.
+  //
+  // The tables are the caller's promise (fmha.h) and are not trusted: every begin is clamped to
+  // [0, total], every end to [begin, total], and every length to the call's max_seqlen, so that a
+  // broken table (decreasing, negative, past the packed tensors) gives wrong sequences but never a
+  // row outside the tensors or the workspace.
+  FMHA_HOST_DEVICE SequenceStart enter_sequence(int64_t batch) {
+    if (!is_packed()) return {batch, batch};
+    const auto clamp = [](int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); };
+    const int64_t q_begin = clamp(packed.cu_seqlens_q[batch * packed.stride_q], 0, packed.total_q);
+    const int64_t q_end = clamp(packed.cu_seqlens_q[(batch + 1) * packed.stride_q], q_begin, packed.total_q);
+    const int64_t k_begin = clamp(packed.cu_seqlens_k[batch * packed.stride_k], 0, packed.total_k);
+    const int64_t k_end = clamp(packed.cu_seqlens_k[(batch + 1) * packed.stride_k], k_begin, packed.total_k);
+    // seqlen_q / seqlen_k hold max_seqlen_q / max_seqlen_k until here.
+    seqlen_q = q_end - q_begin < seqlen_q ? q_end - q_begin : seqlen_q;
+    seqlen_k = k_end - k_begin < seqlen_k ? k_end - k_begin : seqlen_k;
+    mask.seqlen_q = seqlen_q;
+    mask.seqlen_k = seqlen_k;
+    mask.shift = packed.q_offset + (packed.bottom_right ? seqlen_k - seqlen_q : 0);
+    return {q_begin, k_begin};
   }
 };
 

@@ -26,9 +26,10 @@ AttentionArgs make_args(const Params& params, const Problem& problem);
 
 // Byte offsets of the backward workspace's parts; total is what workspace_size reports.
 struct WorkspaceLayout {
-  size_t dq_accum = 0;  // [B, H, Sq, head_dim] fp32; absent (size 0) when deterministic
-  size_t lse_log2 = 0;  // [B, H, Sq] fp32
-  size_t delta = 0;     // [B, H, Sq] fp32
+  // Rows are (query row, head) pairs: [B, H, Sq] dense, [H, total_q] packed (args.h).
+  size_t dq_accum = 0;  // [rows, head_dim] fp32; absent (size 0) when deterministic
+  size_t lse_log2 = 0;  // [rows] fp32
+  size_t delta = 0;     // [rows] fp32
   size_t total = 0;
   bool has_dq_accum = false;
 };

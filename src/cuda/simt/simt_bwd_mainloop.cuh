@@ -43,13 +43,13 @@ __device__ __forceinline__ void load_fp32_tile(Tile dst, const T* src, int64_t r
 // Loads the query-side tiles (Q, dO, LSE, Δ) of `rows` of head h; one cp.async group.
 template <class T, class Tiles, int BM>
 __device__ __forceinline__ void load_query_side(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                                int64_t b, int64_t h, Range rows) {
+                                                int64_t q_start, int64_t h, Range rows) {
   const int valid = int(rows.size());
-  load_fp32_tile(shared.q.tile(), args.q.at<const T>(b, rows.begin, h), args.q.seq_stride, valid, args.head_dim);
-  load_fp32_tile(shared.dout.tile(), args.dout.at<const T>(b, rows.begin, h), args.dout.seq_stride, valid,
+  load_fp32_tile(shared.q.tile(), args.q.at<const T>(q_start, rows.begin, h), args.q.seq_stride, valid, args.head_dim);
+  load_fp32_tile(shared.dout.tile(), args.dout.at<const T>(q_start, rows.begin, h), args.dout.seq_stride, valid,
                  args.head_dim_v);
   tile::block::commit();
-  const int64_t stat0 = args.row_index(b, h, rows.begin);
+  const int64_t stat0 = args.row_index(q_start, h, rows.begin);
   tile::block::load_vector<BM, kThreads>(shared.lse_log2, args.lse_log2 + stat0, valid, __int_as_float(0x7f800000));
   tile::block::load_vector<BM, kThreads>(shared.delta, args.delta + stat0, valid, 0.f);
 }
@@ -57,11 +57,11 @@ __device__ __forceinline__ void load_query_side(const AttentionArgs& args, typen
 // Loads the key-side tiles (K, V) of `cols`; one cp.async group.
 template <class T, class Tiles>
 __device__ __forceinline__ void load_key_side(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                              int64_t b, int64_t kv_head, Range cols) {
+                                              int64_t k_start, int64_t kv_head, Range cols) {
   const int valid = int(cols.size());
-  load_fp32_tile(shared.k.tile(), args.k.at<const T>(b, cols.begin, kv_head), args.k.seq_stride, valid,
+  load_fp32_tile(shared.k.tile(), args.k.at<const T>(k_start, cols.begin, kv_head), args.k.seq_stride, valid,
                  args.head_dim);
-  load_fp32_tile(shared.v.tile(), args.v.at<const T>(b, cols.begin, kv_head), args.v.seq_stride, valid,
+  load_fp32_tile(shared.v.tile(), args.v.at<const T>(k_start, cols.begin, kv_head), args.v.seq_stride, valid,
                  args.head_dim_v);
   tile::block::commit();
 }

@@ -30,7 +30,7 @@ struct FwdTiles {
 
 template <class Tiles, int HD, int BM, int BN, int STAGES>
 __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                             int64_t b, int kv_head, Range rows, Range keys,
+                                             int64_t k_start, int kv_head, Range rows, Range keys,
                                              typename Tiles::Output& acc, typename Tiles::Softmax& softmax,
                                              tile::Grid16 g) {
   namespace block = tile::block;
@@ -42,9 +42,9 @@ __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, typename
     if (t < num_tiles) {
       const int64_t col0 = keys.begin + int64_t(t) * BN;
       const int valid = int(keys.end - col0 < BN ? keys.end - col0 : BN);
-      block::load_async<1, kThreads>(shared.k[t % STAGES].tile(), args.k.at<const float>(b, col0, kv_head),
+      block::load_async<1, kThreads>(shared.k[t % STAGES].tile(), args.k.at<const float>(k_start, col0, kv_head),
                                      args.k.seq_stride, valid, args.head_dim);
-      block::load_async<1, kThreads>(shared.v[t % STAGES].tile(), args.v.at<const float>(b, col0, kv_head),
+      block::load_async<1, kThreads>(shared.v[t % STAGES].tile(), args.v.at<const float>(k_start, col0, kv_head),
                                      args.v.seq_stride, valid, args.head_dim_v);
     }
     block::commit();

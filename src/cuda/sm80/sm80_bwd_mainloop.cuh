@@ -79,7 +79,7 @@ struct DqTiles {
 // The main loop of the main kernel. The caller has issued (not waited for) the K/V group.
 template <class T, class Tiles, int HD, int BM, int BN, int STAGES, int HEAD_SPLITS>
 __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                             int64_t b, int kv_head, Range cols, Range rows_all,
+                                             int64_t q_start, int kv_head, Range cols, Range rows_all,
                                              typename Tiles::KeyAcc& dk, typename Tiles::KeyAcc& dv) {
   namespace block = tile::block;
   constexpr int kK = tile::warp::MmaOp<T>::kK;
@@ -106,11 +106,11 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
       const int h = head_of(step);
       const Range rows = rows_of(step);
       const int valid = int(rows.size());
-      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.q[stage].tile(), args.q.at<const T>(b, rows.begin, h),
+      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.q[stage].tile(), args.q.at<const T>(q_start, rows.begin, h),
                                                 args.q.seq_stride, valid, args.head_dim);
-      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.dout[stage].tile(), args.dout.at<const T>(b, rows.begin, h),
+      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.dout[stage].tile(), args.dout.at<const T>(q_start, rows.begin, h),
                                                 args.dout.seq_stride, valid, args.head_dim_v);
-      const int64_t stat0 = args.row_index(b, h, rows.begin);
+      const int64_t stat0 = args.row_index(q_start, h, rows.begin);
       block::load_vector_async<BM, Tiles::kThreads>(shared.lse_log2[stage], args.lse_log2 + stat0, valid, kPosInf);
       block::load_vector_async<BM, Tiles::kThreads>(shared.delta[stage], args.delta + stat0, valid, 0.f);
     }
@@ -213,7 +213,7 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int64_t row = rows.begin + dq_row0 + g + 8 * i;
-        dq_row[i] = row < rows.end ? args.dq_accum + args.row_index(b, h, row) * args.head_dim : nullptr;
+        dq_row[i] = row < rows.end ? args.dq_accum + args.row_index(q_start, h, row) * args.head_dim : nullptr;
       }
 #pragma unroll 1
       for (int n0 = 0; n0 < Tiles::kDqCols; n0 += 16) {
@@ -244,7 +244,7 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
 // the LSE/Δ vectors (made visible by the first barrier here).
 template <class T, class Tiles, int HD, int BN, int STAGES>
 __device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                            int64_t b, int kv_head, Range rows, Range keys,
+                                            int64_t k_start, int kv_head, Range rows, Range keys,
                                             typename Tiles::Output& dq) {
   namespace block = tile::block;
   constexpr int kK = tile::warp::MmaOp<T>::kK;
@@ -258,10 +258,10 @@ __device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, typename 
       const int64_t col0 = keys.begin + int64_t(tile_index) * BN;
       const int valid = int(keys.end - col0 < BN ? keys.end - col0 : BN);
       block::load_async<Tiles::kVec, kThreads>(shared.k[tile_index % STAGES].tile(),
-                                                args.k.at<const T>(b, col0, kv_head), args.k.seq_stride, valid,
+                                                args.k.at<const T>(k_start, col0, kv_head), args.k.seq_stride, valid,
                                                 args.head_dim);
       block::load_async<Tiles::kVec, kThreads>(shared.v[tile_index % STAGES].tile(),
-                                                args.v.at<const T>(b, col0, kv_head), args.v.seq_stride, valid,
+                                                args.v.at<const T>(k_start, col0, kv_head), args.v.seq_stride, valid,
                                                 args.head_dim_v);
     }
     block::commit();
