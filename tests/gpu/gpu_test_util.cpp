@@ -672,8 +672,15 @@ std::string sequence_label(const char* tensor, size_t b) {
 }  // namespace
 
 std::string VarlenCase::name() const {
+  // The base's name with the sequence count as batch and the longest lengths as seqlens.
+  Case named = base;
+  named.batch = int64_t(seqlens_q.size());
+  named.seqlen_q = seqlens_q.empty() ? 0 : *std::max_element(seqlens_q.begin(), seqlens_q.end());
+  named.seqlen_k = seqlens_k.empty() ? 0 : *std::max_element(seqlens_k.begin(), seqlens_k.end());
+  named.bhsd_layout = false;
+  named.base_offset = 0;
   std::ostringstream out;
-  out << base.name() << "_seqs" << seqlens_q.size();
+  out << named.name() << "_varlen" << seqlens_q.size();
   for (size_t b = 0; b < seqlens_q.size() && b < 4; ++b) out << "_" << seqlens_q[b] << "x" << seqlens_k[b];
   if (seqlens_q.size() > 4) out << "_etc";
   if (extra_max) out << "_max" << extra_max;

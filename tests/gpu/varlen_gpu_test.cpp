@@ -256,26 +256,28 @@ TEST(Varlen, WorkspaceFollowsTotalRows) {
   const Device gpu = current_device();
   constexpr int64_t kHeads = 3, kLongest = 200, kBatch = 4, kTotal = kLongest + kBatch - 1;  // lengths 1, 1, 1, 200
   const int64_t dim = main_head_dim();
+  DeviceBuffer unread(256);  // workspace_size reads shapes only: every view may share one address
+  void* data = unread.ptr;
+  DeviceBuffer tables(2 * (kBatch + 1) * sizeof(int32_t));
   for (bool deterministic : {false, true}) {
     Params packed;
-    packed.q = make_tensor(nullptr, DType::fp32, {kTotal, kHeads, dim}, gpu);
+    packed.q = make_tensor(data, DType::fp32, {kTotal, kHeads, dim}, gpu);
     packed.k = packed.v = packed.q;
     packed.o = packed.dout = packed.dq = packed.dk = packed.dv = packed.q;
-    packed.lse = make_tensor(nullptr, DType::fp32, {kHeads, kTotal}, gpu);
-    DeviceBuffer tables(2 * (kBatch + 1) * sizeof(int32_t));
+    packed.lse = make_tensor(data, DType::fp32, {kHeads, kTotal}, gpu);
     packed.cu_seqlens_q = make_tensor(tables.ptr, DType::int32, {kBatch + 1}, gpu);
     packed.cu_seqlens_k = make_tensor(static_cast<int32_t*>(tables.ptr) + kBatch + 1, DType::int32, {kBatch + 1}, gpu);
     packed.max_seqlen_q = packed.max_seqlen_k = kLongest;
     packed.deterministic = deterministic;
     Params rows;  // the same rows as one dense sequence
-    rows.q = make_tensor(nullptr, DType::fp32, {1, kTotal, kHeads, dim}, gpu);
+    rows.q = make_tensor(data, DType::fp32, {1, kTotal, kHeads, dim}, gpu);
     rows.k = rows.v = rows.o = rows.dout = rows.dq = rows.dk = rows.dv = rows.q;
-    rows.lse = make_tensor(nullptr, DType::fp32, {1, kHeads, kTotal}, gpu);
+    rows.lse = make_tensor(data, DType::fp32, {1, kHeads, kTotal}, gpu);
     rows.deterministic = deterministic;
     Params padded = rows;  // every sequence padded to the longest
-    padded.q = make_tensor(nullptr, DType::fp32, {kBatch, kLongest, kHeads, dim}, gpu);
+    padded.q = make_tensor(data, DType::fp32, {kBatch, kLongest, kHeads, dim}, gpu);
     padded.k = padded.v = padded.o = padded.dout = padded.dq = padded.dk = padded.dv = padded.q;
-    padded.lse = make_tensor(nullptr, DType::fp32, {kBatch, kHeads, kLongest}, gpu);
+    padded.lse = make_tensor(data, DType::fp32, {kBatch, kHeads, kLongest}, gpu);
     size_t packed_bytes = 0, rows_bytes = 0, padded_bytes = 0;
     Status s = workspace_size(packed, Direction::backward, &packed_bytes);
     ASSERT_TRUE(s.ok()) << s.message;
