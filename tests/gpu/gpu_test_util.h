@@ -98,9 +98,9 @@ struct VarlenCase {
   std::string name() const;
 };
 
-// Run the packed call on the GPU with its sequence tables in device memory, and check every
-// sequence under THE RULE as the dense batch-1 call it is (its own oracle, naive result and
-// masked rows). Empty on success.
+// Run the packed call on the GPU with its sequence tables in device memory, and check it under
+// THE RULE: each sequence against its own oracle and naive result as the dense batch-1 call it
+// is (its own masked rows exact), the errors combined over the packed tensor. Empty on success.
 std::string check_varlen_forward(const VarlenCase& c, uint64_t seed);
 std::string check_varlen_backward(const VarlenCase& c, uint64_t seed);
 
