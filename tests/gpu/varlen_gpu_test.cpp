@@ -1,9 +1,10 @@
 // Variable-length (packed) calls on the simt and sm80 tiers, with the sequence tables in device
 // memory: every sequence against the fp64 oracle under the rule of gpu_test_util.h (mixed
-// lengths with 0 and 1, both causal alignments, windows, q_offset, GQA/MQA, Dv != D, every
-// dtype, forward and backward, atomic and deterministic dQ); tables that break the caller's
-// promise, which must neither fault nor write outside the tensors; the backward workspace's
-// size; and the sm90 tier's refusal, after which `auto` runs the call on sm80 or simt.
+// lengths with 0 and 1, one sequence, 1,000 short ones, both causal alignments, windows,
+// q_offset, GQA/MQA, Dv != D, every dtype, forward and backward, atomic and deterministic dQ);
+// tables that break the caller's promise, which must neither fault nor write outside the
+// tensors; the backward workspace's size; and the sm90 tier's refusal, after which `auto` runs
+// the call on sm80 or simt.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -120,6 +121,25 @@ std::vector<VarlenCase> all_cases() {
       c.seqlens_k = many_lengths(2);
       c.extra_max = 40;
       c.base.causal = Causal::bottom_right;
+      out.push_back(c);
+    }
+    {  // a single sequence
+      VarlenCase c = base;
+      c.seqlens_q = {200};
+      c.seqlens_k = {333};
+      c.base.causal = Causal::bottom_right;
+      out.push_back(c);
+    }
+    {  // 1,000 short sequences (lengths 0 ... 8), GQA
+      VarlenCase c = base;
+      c.seqlens_q.clear();
+      c.seqlens_k.clear();
+      for (int64_t b = 0; b < 1000; ++b) {
+        c.seqlens_q.push_back((b * 7) % 9);
+        c.seqlens_k.push_back((b * 5 + 3) % 9);
+      }
+      c.base.heads = 4;
+      c.base.causal = Causal::top_left;
       out.push_back(c);
     }
     {  // deterministic backward (the dQ kernel over query tiles)

@@ -169,6 +169,8 @@ Status current_device(const Params& p, Direction direction, DeviceProps* props) 
 Status check_grid_limits(const Problem& s) {
   constexpr int64_t kMaxGridYZ = 65535;
   if (s.heads > kMaxGridYZ) return unsupported("q: heads " + std::to_string(s.heads) + " is above 65535");
+  if (s.batch > kMaxGridYZ && s.packed)
+    return unsupported("cu_seqlens_q: " + std::to_string(s.batch) + " sequences are above 65535");
   if (s.batch > kMaxGridYZ) return unsupported("q: batch " + std::to_string(s.batch) + " is above 65535");
   return Status::success();
 }
