@@ -1,7 +1,7 @@
 // The GPU kernels' view of a packed (variable-length) call (src/cuda/common/args.h, host.cpp):
-// the argument block's packed strides and workspace rows, and enter_sequence(), which every
-// packed kernel block runs first, on good tables and on tables that break the caller's promise.
-// Host logic only (enter_sequence is host-and-device code): runs without a GPU.
+// the argument block's packed strides and workspace rows, and sequence(), which every packed
+// kernel block runs first, on good tables and on tables that break the caller's promise.
+// Host logic only (sequence() is host-and-device code): runs without a GPU.
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -78,17 +78,16 @@ TEST(PackedArgs, EnterSequenceGivesEachSequenceItsRowsAndMask) {
     call.params.q_offset = -3;
     const AttentionArgs base = call.args();
     for (int64_t b = 0; b + 1 < int64_t(cu_q.size()); ++b) {
-      AttentionArgs a = base;
-      const SequenceStart start = a.enter_sequence(b);
+      const Sequence seq = base.sequence(b);
       const int64_t len_q = cu_q[size_t(b) + 1] - cu_q[size_t(b)], len_k = cu_k[size_t(b) + 1] - cu_k[size_t(b)];
-      EXPECT_EQ(start.q, cu_q[size_t(b)]);
-      EXPECT_EQ(start.k, cu_k[size_t(b)]);
-      EXPECT_EQ(a.seqlen_q, len_q);
-      EXPECT_EQ(a.seqlen_k, len_k);
+      EXPECT_EQ(seq.start.q, cu_q[size_t(b)]);
+      EXPECT_EQ(seq.start.k, cu_k[size_t(b)]);
+      EXPECT_EQ(seq.mask.seqlen_q, len_q);
+      EXPECT_EQ(seq.mask.seqlen_k, len_k);
       const Mask want = Mask::make(causal, 16, -1, -3, len_q, len_k);
       for (int64_t row = 0; row < len_q; ++row) {
-        EXPECT_EQ(a.mask.keys(row).begin, want.keys(row).begin) << "sequence " << b << " row " << row;
-        EXPECT_EQ(a.mask.keys(row).end, want.keys(row).end) << "sequence " << b << " row " << row;
+        EXPECT_EQ(seq.mask.keys(row).begin, want.keys(row).begin) << "sequence " << b << " row " << row;
+        EXPECT_EQ(seq.mask.keys(row).end, want.keys(row).end) << "sequence " << b << " row " << row;
       }
     }
   }
@@ -100,14 +99,14 @@ TEST(PackedArgs, DenseCallsKeepTheirBatchIndexAndMask) {
   p.k = p.v = make_tensor(nullptr, DType::fp32, {3, 12, kKvHeads, kDim});
   p.o = p.q;
   p.causal = Causal::bottom_right;
-  AttentionArgs a = make_args(p, Problem::of(p));
-  const Mask before = a.mask;
-  const SequenceStart start = a.enter_sequence(2);
+  const AttentionArgs a = make_args(p, Problem::of(p));
+  const Sequence seq = a.sequence(2);
   EXPECT_FALSE(a.is_packed());
-  EXPECT_EQ(start.q, 2);
-  EXPECT_EQ(start.k, 2);
-  EXPECT_EQ(a.seqlen_q, 10);
-  EXPECT_EQ(a.mask.shift, before.shift);
+  EXPECT_EQ(seq.start.q, 2);
+  EXPECT_EQ(seq.start.k, 2);
+  EXPECT_EQ(seq.mask.seqlen_q, 10);
+  EXPECT_EQ(seq.mask.seqlen_k, 12);
+  EXPECT_EQ(seq.mask.shift, 2);  // bottom-right: 12 - 10
   EXPECT_EQ(a.row_index(2, 1, 4), (2 * kHeads + 1) * 10 + 4);
 }
 
@@ -123,24 +122,24 @@ TEST(PackedArgs, BrokenTablesStayInsideTheTensors) {
     EXPECT_LE(base.seqlen_q, kTotalQ);  // the grid: never more tiles than the packed rows need
     EXPECT_LE(base.seqlen_k, kTotalK);
     for (int64_t b = 0; b + 1 < int64_t(cu_q.size()); ++b) {
-      AttentionArgs a = base;
-      const SequenceStart start = a.enter_sequence(b);
+      const Sequence seq = base.sequence(b);
+      const int64_t len_q = seq.mask.seqlen_q, len_k = seq.mask.seqlen_k;
       SCOPED_TRACE("sequence " + std::to_string(b) + ", max_seqlen " + std::to_string(max_seqlen));
-      EXPECT_GE(start.q, 0);
-      EXPECT_GE(start.k, 0);
-      EXPECT_GE(a.seqlen_q, 0);
-      EXPECT_GE(a.seqlen_k, 0);
-      EXPECT_LE(start.q + a.seqlen_q, kTotalQ);
-      EXPECT_LE(start.k + a.seqlen_k, kTotalK);
-      EXPECT_LE(a.seqlen_q, base.seqlen_q);
-      EXPECT_LE(a.seqlen_k, base.seqlen_k);
-      if (a.seqlen_q > 0)  // the last workspace row the block touches
-        EXPECT_LT(a.row_index(start.q, kHeads - 1, a.seqlen_q - 1), kHeads * kTotalQ);
+      EXPECT_GE(seq.start.q, 0);
+      EXPECT_GE(seq.start.k, 0);
+      EXPECT_GE(len_q, 0);
+      EXPECT_GE(len_k, 0);
+      EXPECT_LE(seq.start.q + len_q, kTotalQ);
+      EXPECT_LE(seq.start.k + len_k, kTotalK);
+      EXPECT_LE(len_q, base.seqlen_q);
+      EXPECT_LE(len_k, base.seqlen_k);
+      if (len_q > 0)  // the last workspace row the block touches
+        EXPECT_LT(base.row_index(seq.start.q, kHeads - 1, len_q - 1), kHeads * kTotalQ);
       // Every key a row of the sequence sees is one of the sequence's keys.
-      for (int64_t row = 0; row < a.seqlen_q; ++row) {
-        const Range keys = a.mask.keys(row);
+      for (int64_t row = 0; row < len_q; ++row) {
+        const Range keys = seq.mask.keys(row);
         EXPECT_GE(keys.begin, 0);
-        EXPECT_LE(keys.end, a.seqlen_k);
+        EXPECT_LE(keys.end, len_k);
       }
     }
   }

@@ -3,10 +3,10 @@
 // Base offsets are int64 (tensors above 2^31 elements); indices inside a tile stay int32.
 //
 // Variable-length (packed) calls use the same block: a kernel's packed instantiation first calls
-// enter_sequence() with its batch index (block_sequence.cuh), which reads the sequence tables in
-// device memory and narrows its copy of the arguments to that sequence (lengths, mask); the views
-// then take the sequence's first packed row in place of the batch index (SequenceStart), since
-// their batch strides are row strides.
+// sequence() with its batch index (block_sequence.cuh), which reads the sequence tables in device
+// memory and gives that sequence's lengths and mask; the views then take the sequence's first
+// packed row in place of the batch index (SequenceStart), since their batch strides are row
+// strides.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +37,13 @@ struct SequenceStart {
   int64_t q = 0, k = 0;
 };
 
+// One sequence of a call as a kernel block sees it: where its rows start, and its mask, which
+// carries its lengths (mask.seqlen_q, mask.seqlen_k).
+struct Sequence {
+  SequenceStart start;
+  Mask mask;
+};
+
 // The sequence tables of a packed call (cu_seqlens_q null for a dense call), as far as the
 // kernels need them: where each sequence's rows are, and what each sequence's mask depends on.
 struct PackedTables {
@@ -56,8 +63,8 @@ struct AttentionArgs {
 
   int batch = 0, heads = 0, kv_heads = 0, group = 1;
   int head_dim = 0, head_dim_v = 0;
-  // Dense: the call's lengths and mask. Packed: the longest sequences' (which size the grids)
-  // until enter_sequence() narrows them to one sequence's.
+  // Dense: the call's lengths and mask. Packed: the longest sequences' lengths (which size the
+  // grids) and the window; each block's own come from sequence().
   int64_t seqlen_q = 0, seqlen_k = 0;
   float scale = 0.f;       // softmax scale on q·k
   float scale_log2 = 0.f;  // scale * log2(e): scores in the exp2 domain
@@ -79,28 +86,27 @@ struct AttentionArgs {
 
   FMHA_HOST_DEVICE bool is_packed() const { return packed.cu_seqlens_q != nullptr; }
 
-  // Narrows this copy of a call's arguments to the sequence of batch index `batch`: for a dense
-  // call nothing changes and both starts are `batch`; for a packed one the sequence's rows are
-  // read from the tables, and seqlen_q, seqlen_k and the mask become that sequence's.
+  // The sequence of batch index `batch`, as a kernel block sees it: for a dense call the batch
+  // index on both sides and the call's mask; for a packed one the sequence's rows read from the
+  // tables, and the mask of its own lengths (mask.seqlen_q, mask.seqlen_k).
   //
   // The tables are the caller's promise (fmha.h) and are not trusted: every begin is clamped to
   // [0, total], every end to [begin, total], and every length to the call's max_seqlen, so that a
   // broken table (decreasing, negative, past the packed tensors) gives wrong sequences but never a
   // row outside the tensors or the workspace.
-  FMHA_HOST_DEVICE SequenceStart enter_sequence(int64_t batch) {
-    if (!is_packed()) return {batch, batch};
+  FMHA_HOST_DEVICE Sequence sequence(int64_t batch) const {
+    if (!is_packed()) return {{batch, batch}, mask};
     const auto clamp = [](int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); };
     const int64_t q_begin = clamp(packed.cu_seqlens_q[batch * packed.stride_q], 0, packed.total_q);
     const int64_t q_end = clamp(packed.cu_seqlens_q[(batch + 1) * packed.stride_q], q_begin, packed.total_q);
     const int64_t k_begin = clamp(packed.cu_seqlens_k[batch * packed.stride_k], 0, packed.total_k);
     const int64_t k_end = clamp(packed.cu_seqlens_k[(batch + 1) * packed.stride_k], k_begin, packed.total_k);
-    // seqlen_q / seqlen_k hold max_seqlen_q / max_seqlen_k until here.
-    seqlen_q = q_end - q_begin < seqlen_q ? q_end - q_begin : seqlen_q;
-    seqlen_k = k_end - k_begin < seqlen_k ? k_end - k_begin : seqlen_k;
-    mask.seqlen_q = seqlen_q;
-    mask.seqlen_k = seqlen_k;
-    mask.shift = packed.q_offset + (packed.bottom_right ? seqlen_k - seqlen_q : 0);
-    return {q_begin, k_begin};
+    Sequence seq{{q_begin, k_begin}, mask};  // the window from the call's mask
+    // seqlen_q / seqlen_k are max_seqlen_q / max_seqlen_k (at most the totals) for packed calls.
+    seq.mask.seqlen_q = q_end - q_begin < seqlen_q ? q_end - q_begin : seqlen_q;
+    seq.mask.seqlen_k = k_end - k_begin < seqlen_k ? k_end - k_begin : seqlen_k;
+    seq.mask.shift = packed.q_offset + (packed.bottom_right ? seq.mask.seqlen_k - seq.mask.seqlen_q : 0);
+    return seq;
   }
 };
 

@@ -1,8 +1,9 @@
-// The sequence one block of a simt or sm80 kernel works on. Each kernel is compiled twice: for
-// dense calls it reads its parameter block as it is, with the batch index as the start on both
-// sides; for packed (variable-length) calls it narrows a copy of the block to its sequence
-// (args.h enter_sequence). Two kernels rather than one runtime branch, because the copy's
-// narrowed fields live in registers for the whole kernel, which the dense kernels must not pay.
+// The sequence one block of a simt or sm80 kernel works on: where its rows start (SequenceStart)
+// and its mask, which carries its lengths. Each kernel is compiled twice. The dense instantiation
+// reads the call's mask and lengths from its parameter block, as it always did; the packed one
+// reads the block's sequence from the tables (args.h sequence()) and keeps its mask in registers.
+// Two kernels rather than one runtime branch, so that the dense kernels pay no register for what
+// only packed calls need (docs/PERF.md, "Variable-length batches").
 #pragma once
 
 #include <type_traits>
@@ -13,22 +14,28 @@
 namespace fmha::cuda {
 
 template <bool kPacked>
-struct BlockSequence;
+class BlockSequence;
 
 template <>
-struct BlockSequence<false> {
-  const AttentionArgs& args;
-  SequenceStart start;
-  __device__ __forceinline__ explicit BlockSequence(const AttentionArgs& call)
-      : args(call), start{int64_t(blockIdx.z), int64_t(blockIdx.z)} {}
+class BlockSequence<false> {
+ public:
+  __device__ __forceinline__ explicit BlockSequence(const AttentionArgs& args) : args_(args) {}
+  __device__ __forceinline__ SequenceStart start() const { return {int64_t(blockIdx.z), int64_t(blockIdx.z)}; }
+  __device__ __forceinline__ const Mask& mask() const { return args_.mask; }
+
+ private:
+  const AttentionArgs& args_;
 };
 
 template <>
-struct BlockSequence<true> {
-  AttentionArgs args;  // the call narrowed to the sequence of batch index blockIdx.z
-  SequenceStart start;
-  __device__ __forceinline__ explicit BlockSequence(const AttentionArgs& call)
-      : args(call), start(args.enter_sequence(blockIdx.z)) {}
+class BlockSequence<true> {
+ public:
+  __device__ __forceinline__ explicit BlockSequence(const AttentionArgs& args) : seq_(args.sequence(blockIdx.z)) {}
+  __device__ __forceinline__ SequenceStart start() const { return seq_.start; }
+  __device__ __forceinline__ const Mask& mask() const { return seq_.mask; }
+
+ private:
+  Sequence seq_;
 };
 
 // launch(std::bool_constant<kPacked>{}) for the call's layout: the launchers' choice between a

@@ -65,7 +65,7 @@ AttentionArgs make_args(const Params& p, const Problem& s) {
   a.group = int(s.group);
   a.head_dim = int(s.head_dim);
   a.head_dim_v = int(s.head_dim_v);
-  // Packed calls: no sequence can be longer than the packed tensors (enter_sequence clamps it
+  // Packed calls: no sequence can be longer than the packed tensors (sequence() clamps it
   // so), which bounds the grids however large a max_seqlen the caller passes.
   a.seqlen_q = s.packed ? std::min(s.seqlen_q, s.total_q) : s.seqlen_q;
   a.seqlen_k = s.packed ? std::min(s.seqlen_k, s.total_k) : s.seqlen_k;

@@ -16,7 +16,7 @@
 namespace fmha::cuda {
 
 // Variable-length (packed) calls run on the simt and sm80 tiers (their kernels read the device
-// tables, args.h enter_sequence); a tier that does not run them refuses here, in its check(),
+// tables, args.h sequence()); a tier that does not run them refuses here, in its check(),
 // before reading the dense layout's dimensions, and `auto` moves on to the next tier.
 inline Status refuse_varlen(const Params& p, const char* tier, const char* instead) {
   if (p.cu_seqlens_q.defined() || p.cu_seqlens_k.defined())

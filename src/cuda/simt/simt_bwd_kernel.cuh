@@ -7,7 +7,7 @@
 //                  the key tiles it sees, like the forward; one writer per dQ element.
 //   micro_bwd_kernel: bwd_kernel's contract with register micro-tiles (fp32 storage only,
 //                  simt_bwd_micro_mainloop.cuh); the next query tile's loads overlap the dQ step.
-// In a packed call the batch index is the sequence's (args.h enter_sequence), and a key tile
+// In a packed call the batch index is the sequence's (args.h sequence()), and a key tile
 // (query tile, for bwd_dq_kernel) past that sequence's length exits at once.
 #pragma once
 
@@ -18,19 +18,19 @@
 namespace fmha::cuda::simt {
 
 template <class T, int HD, int BM, int BN, int MIN_BLOCKS, bool kPacked>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const AttentionArgs call) {
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const AttentionArgs args) {
   using Tiles = BwdTiles<HD, BM, BN>;
   extern __shared__ float4 shared_raw[];
   auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
   const tile::Grid16 g = tile::Grid16::of_thread();
-  const BlockSequence<kPacked> block(call);
-  const AttentionArgs& args = block.args;
-  const SequenceStart seq = block.start;
+  const BlockSequence<kPacked> block(args);
+  const SequenceStart seq = block.start();
+  const Mask& mask = block.mask();  // the block's sequence: its lengths and its mask
   const int kv_head = blockIdx.y;
   const int64_t col0 = int64_t(blockIdx.x) * BN;
-  if (col0 >= args.seqlen_k) return;  // past a packed sequence's end
-  const Range cols{col0, col0 + BN < args.seqlen_k ? col0 + BN : args.seqlen_k};
-  const Range rows_all = args.mask.queries(Range{0, args.seqlen_q}, cols);
+  if (col0 >= mask.seqlen_k) return;  // past a packed sequence's end
+  const Range cols{col0, col0 + BN < mask.seqlen_k ? col0 + BN : mask.seqlen_k};
+  const Range rows_all = mask.queries(Range{0, mask.seqlen_q}, cols);
 
   typename Tiles::KeyAcc dk, dv;  // [BN, HD] fp32 each
   dk.fill(0.f);
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const Attenti
         __syncthreads();
 
         typename Tiles::Scores p, ds;  // [BM, BN] P and dS
-        score_gradients<Tiles, HD, BM, BN>(args, shared, rows, cols, g, p, ds);
+        score_gradients<Tiles, HD, BM, BN>(args, mask, shared, rows, cols, g, p, ds);
         tile::thread::store(shared.p.tile(), p, g);
         tile::thread::store(shared.ds.tile(), ds, g);
         __syncthreads();
@@ -87,20 +87,20 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const Attenti
 }
 
 template <class T, int HD, int BM, int BN, int MIN_BLOCKS, bool kPacked>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const AttentionArgs call) {
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const AttentionArgs args) {
   using Tiles = BwdTiles<HD, BM, BN>;
   extern __shared__ float4 shared_raw[];
   auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
   const tile::Grid16 g = tile::Grid16::of_thread();
-  const BlockSequence<kPacked> block(call);
-  const AttentionArgs& args = block.args;
-  const SequenceStart seq = block.start;
+  const BlockSequence<kPacked> block(args);
+  const SequenceStart seq = block.start();
+  const Mask& mask = block.mask();  // the block's sequence: its lengths and its mask
   const int h = blockIdx.y;
   const int kv_head = h / args.group;
   const int64_t row0 = int64_t(blockIdx.x) * BM;
-  if (row0 >= args.seqlen_q) return;  // past a packed sequence's end
-  const Range rows{row0, row0 + BM < args.seqlen_q ? row0 + BM : args.seqlen_q};
-  const Range keys = args.mask.keys(rows);
+  if (row0 >= mask.seqlen_q) return;  // past a packed sequence's end
+  const Range rows{row0, row0 + BM < mask.seqlen_q ? row0 + BM : mask.seqlen_q};
+  const Range keys = mask.keys(rows);
 
   typename Tiles::QueryAcc dq;  // [BM, HD] fp32, unscaled
   dq.fill(0.f);
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const Atte
       tile::block::wait<0>();
       __syncthreads();
       typename Tiles::Scores p, ds;  // [BM, BN] P and dS
-      score_gradients<Tiles, HD, BM, BN>(args, shared, rows, cols, g, p, ds);
+      score_gradients<Tiles, HD, BM, BN>(args, mask, shared, rows, cols, g, p, ds);
       tile::thread::store(shared.ds.tile(), ds, g);
       __syncthreads();
       tile::thread::mma_nn<BN>(dq, shared.ds.tile(), shared.k.tile(), g);  // dQ += dS·K
@@ -134,19 +134,19 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const Atte
 // query tile) in one sequence, so that each step's Q/dO load is issued before the previous
 // step's dQ products and overlaps them.
 template <int HD, int BM, int BN, int MIN_BLOCKS, bool kPacked>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) micro_bwd_kernel(const AttentionArgs call) {
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) micro_bwd_kernel(const AttentionArgs args) {
   using Tiles = MicroBwdTiles<HD, BM, BN>;
   extern __shared__ float4 shared_raw[];
   auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
   const int tx = int(threadIdx.x) % kMicroSide, ty = int(threadIdx.x) / kMicroSide;
-  const BlockSequence<kPacked> block(call);
-  const AttentionArgs& args = block.args;
-  const SequenceStart seq = block.start;
+  const BlockSequence<kPacked> block(args);
+  const SequenceStart seq = block.start();
+  const Mask& mask = block.mask();  // the block's sequence: its lengths and its mask
   const int kv_head = blockIdx.y;
   const int64_t col0 = int64_t(blockIdx.x) * BN;
-  if (col0 >= args.seqlen_k) return;  // past a packed sequence's end
-  const Range cols{col0, col0 + BN < args.seqlen_k ? col0 + BN : args.seqlen_k};
-  const Range rows_all = args.mask.queries(Range{0, args.seqlen_q}, cols);
+  if (col0 >= mask.seqlen_k) return;  // past a packed sequence's end
+  const Range cols{col0, col0 + BN < mask.seqlen_k ? col0 + BN : mask.seqlen_k};
+  const Range rows_all = mask.queries(Range{0, mask.seqlen_q}, cols);
 
   typename Tiles::KeyAcc dk, dv;  // [BN, HD] fp32 each, MicroBwd; dK unscaled
   dk.fill(0.f);
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) micro_bwd_kernel(const A
       tile::block::wait<0>();
       __syncthreads();  // this step's Q, dO, LSE, Δ (and K, V) landed; last step's dQ reads of dS^T are done
 
-      micro_bwd_scores<Tiles, HD, BM, BN>(args, shared, rows, cols, tx, ty);
+      micro_bwd_scores<Tiles, HD, BM, BN>(args, mask, shared, rows, cols, tx, ty);
       __syncthreads();  // P^T and dS^T complete
       micro_bwd_key_grads<Tiles, BM>(shared, dk, dv, tx, ty);
       __syncthreads();  // Q, dO, LSE and Δ are free for the next step's loads

@@ -67,7 +67,7 @@ __device__ __forceinline__ void load_key_side(const AttentionArgs& args, typenam
 }
 
 template <class Tiles, int HD, int BM, int BN>
-__device__ __forceinline__ void score_gradients(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void score_gradients(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
                                                 Range rows, Range cols, tile::Grid16 g, typename Tiles::Scores& p,
                                                 typename Tiles::Scores& ds) {
   p.fill(0.f);
@@ -76,9 +76,9 @@ __device__ __forceinline__ void score_gradients(const AttentionArgs& args, typen
   dp.fill(0.f);
   tile::thread::mma_nt<HD>(dp, shared.dout.tile(), shared.v.tile(), g);
   tile::thread::scale(p, args.scale_log2);
-  if (!(rows.size() == BM && cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+  if (!(rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols)))
     tile::thread::mask_scores(
-        p, args.mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
+        p, mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
 #pragma unroll
   for (int i = 0; i < BM / 16; ++i) {
     const float lse = shared.lse_log2[g.row(i)];

@@ -126,7 +126,7 @@ __device__ __forceinline__ void load_micro_query_side(const AttentionArgs& args,
 // P and dS of the (rows, cols) tile pair from Q, dO, K, V, LSE and Δ in shared memory, written
 // transposed to shared.pt and shared.dst. The caller synchronises before and after.
 template <class Tiles, int HD, int BM, int BN>
-__device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
                                                  Range rows, Range cols, int tx, int ty) {
   const auto q = shared.q.tile(), dout = shared.dout.tile();
   const auto k = shared.k.tile(), v = shared.v.tile();
@@ -156,9 +156,9 @@ __device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, type
   }
 
   tile::thread::scale(s, args.scale_log2);
-  if (!(rows.size() == BM && cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+  if (!(rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols)))
     tile::thread::mask_scores(
-        s, args.mask, [&](int i) { return rows.begin + Tiles::row(i, ty); },
+        s, mask, [&](int i) { return rows.begin + Tiles::row(i, ty); },
         [&](int j) { return cols.begin + Tiles::key(j, tx); });
 #pragma unroll
   for (int i = 0; i < Tiles::kRows; ++i) {

@@ -11,20 +11,20 @@
 namespace fmha::cuda::simt {
 
 template <int HD, int BM, int BN, int STAGES, int MIN_BLOCKS, bool kPacked>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) fwd_kernel(const AttentionArgs call) {
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) fwd_kernel(const AttentionArgs args) {
   using Tiles = FwdTiles<HD, BM, BN, STAGES>;
   extern __shared__ float4 shared_raw[];
   auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
   const tile::Grid16 g = tile::Grid16::of_thread();
-  const BlockSequence<kPacked> block(call);
-  const AttentionArgs& args = block.args;
-  const SequenceStart seq = block.start;
+  const BlockSequence<kPacked> block(args);
+  const SequenceStart seq = block.start();
+  const Mask& mask = block.mask();  // the block's sequence: its lengths and its mask
   const int h = blockIdx.y;
   const int kv_head = h / args.group;
   const int64_t row0 = int64_t(blockIdx.x) * BM;
-  if (row0 >= args.seqlen_q) return;  // past a packed sequence's end
-  const Range rows{row0, row0 + BM < args.seqlen_q ? row0 + BM : args.seqlen_q};
-  const Range keys = args.mask.keys(rows);
+  if (row0 >= mask.seqlen_q) return;  // past a packed sequence's end
+  const Range rows{row0, row0 + BM < mask.seqlen_q ? row0 + BM : mask.seqlen_q};
+  const Range keys = mask.keys(rows);
 
   typename Tiles::Output acc;  // [BM, HD] fp32
   acc.fill(0.f);
@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) fwd_kernel(const Attenti
     tile::block::load_async<1, kThreads>(shared.q.tile(), args.q.at<const float>(seq.q, row0, h), args.q.seq_stride,
                                          int(rows.size()), args.head_dim);
     tile::block::commit();
-    fwd_mainloop<Tiles, HD, BM, BN, STAGES>(args, shared, seq.k, kv_head, rows, keys, acc, softmax, g);
+    fwd_mainloop<Tiles, HD, BM, BN, STAGES>(args, mask, shared, seq.k, kv_head, rows, keys, acc, softmax, g);
   }
 
   // Epilogue.
@@ -56,20 +56,20 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) fwd_kernel(const Attenti
 
 // The micro-tile forward (simt_fwd_micro_mainloop.cuh): same contract as fwd_kernel.
 template <int HD, int BM, int BN, int STAGES, int MIN_BLOCKS, bool kPacked>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) micro_fwd_kernel(const AttentionArgs call) {
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) micro_fwd_kernel(const AttentionArgs args) {
   using Tiles = MicroFwdTiles<HD, BM, BN, STAGES>;
   extern __shared__ float4 shared_raw[];
   auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
   const int tx = int(threadIdx.x) % kMicroSide, ty = int(threadIdx.x) / kMicroSide;
-  const BlockSequence<kPacked> block(call);
-  const AttentionArgs& args = block.args;
-  const SequenceStart seq = block.start;
+  const BlockSequence<kPacked> block(args);
+  const SequenceStart seq = block.start();
+  const Mask& mask = block.mask();  // the block's sequence: its lengths and its mask
   const int h = blockIdx.y;
   const int kv_head = h / args.group;
   const int64_t row0 = int64_t(blockIdx.x) * BM;
-  if (row0 >= args.seqlen_q) return;  // past a packed sequence's end
-  const Range rows{row0, row0 + BM < args.seqlen_q ? row0 + BM : args.seqlen_q};
-  const Range keys = args.mask.keys(rows);
+  if (row0 >= mask.seqlen_q) return;  // past a packed sequence's end
+  const Range rows{row0, row0 + BM < mask.seqlen_q ? row0 + BM : mask.seqlen_q};
+  const Range keys = mask.keys(rows);
 
   typename Tiles::Output acc;  // [BM, HD] fp32, Micro layout
   acc.fill(0.f);
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) micro_fwd_kernel(const A
   softmax.init();
   if (!keys.empty()) {
     load_q_transposed<Tiles, HD, BM>(args, shared.qt.tile(), seq.q, h, rows);
-    micro_fwd_mainloop<Tiles, HD, BM, BN, STAGES>(args, shared, seq.k, kv_head, rows, keys, acc, softmax);
+    micro_fwd_mainloop<Tiles, HD, BM, BN, STAGES>(args, mask, shared, seq.k, kv_head, rows, keys, acc, softmax);
   }
 
   // Epilogue: a thread's dims of one row are float4 groups, consecutive across the half warp.

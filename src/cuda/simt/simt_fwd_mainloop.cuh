@@ -29,7 +29,7 @@ struct FwdTiles {
 };
 
 template <class Tiles, int HD, int BM, int BN, int STAGES>
-__device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
                                              int64_t k_start, int kv_head, Range rows, Range keys,
                                              typename Tiles::Output& acc, typename Tiles::Softmax& softmax,
                                              tile::Grid16 g) {
@@ -63,9 +63,9 @@ __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, typename
     s.fill(0.f);
     tile::thread::mma_nt<HD>(s, shared.q.tile(), shared.k[stage].tile(), g);
     tile::thread::scale(s, args.scale_log2);
-    if (!(cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+    if (!(cols.size() == BN && mask.tile_is_full(rows, cols)))
       tile::thread::mask_scores(
-          s, args.mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
+          s, mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
 
     float rescale[BM / 16];
     softmax.template update<false>(s, rescale);

@@ -79,7 +79,7 @@ __device__ __forceinline__ bool kv_vectorizable(const AttentionArgs& args) {
 }
 
 template <class Tiles, int HD, int BM, int BN, int STAGES>
-__device__ __forceinline__ void micro_fwd_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void micro_fwd_mainloop(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
                                                    int64_t k_start, int kv_head, Range rows, Range keys,
                                                    typename Tiles::Output& acc, typename Tiles::Softmax& softmax) {
   namespace block = tile::block;
@@ -138,9 +138,9 @@ __device__ __forceinline__ void micro_fwd_mainloop(const AttentionArgs& args, ty
           for (int j = 0; j < Tiles::kKeys; ++j) s(i, j) = fmaf(q[i], component(key4[j], kk), s(i, j));
       }
     }
-    if (!(cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+    if (!(cols.size() == BN && mask.tile_is_full(rows, cols)))
       tile::thread::mask_scores(
-          s, args.mask, [&](int i) { return rows.begin + Tiles::row(i, ty); },
+          s, mask, [&](int i) { return rows.begin + Tiles::row(i, ty); },
           [&](int j) { return cols.begin + Tiles::key(j, tx); });
 
     float rescale[Tiles::kRows];

@@ -6,7 +6,7 @@
 //                  dS·K into the fp32 dQ accumulator with atomics unless dq_accum is null.
 //   bwd_dq_kernel: deterministic mode's dQ: one block per (query tile, head, batch) over the key
 //                  tiles it sees; one writer per dQ element, so results are bitwise reproducible.
-// In a packed call the batch index is the sequence's (args.h enter_sequence), and a key tile
+// In a packed call the batch index is the sequence's (args.h sequence()), and a key tile
 // (query tile, for bwd_dq_kernel) past that sequence's length exits at once.
 #pragma once
 
@@ -16,18 +16,18 @@
 namespace fmha::cuda::sm80 {
 
 template <class T, int HD, int BM, int BN, int STAGES, int HEAD_SPLITS, int WARPS, int MIN_BLOCKS, bool kPacked>
-__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) bwd_kernel(const AttentionArgs call) {
+__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) bwd_kernel(const AttentionArgs args) {
   using Tiles = BwdTiles<T, HD, BM, BN, STAGES, HEAD_SPLITS, WARPS>;
   extern __shared__ float4 shared_raw[];
   auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
-  const BlockSequence<kPacked> block(call);
-  const AttentionArgs& args = block.args;
-  const SequenceStart seq = block.start;
+  const BlockSequence<kPacked> block(args);
+  const SequenceStart seq = block.start();
+  const Mask& mask = block.mask();  // the block's sequence: its lengths and its mask
   const int kv_head = blockIdx.y;
   const int64_t col0 = int64_t(blockIdx.x) * BN;
-  if (col0 >= args.seqlen_k) return;  // past a packed sequence's end
-  const Range cols{col0, col0 + BN < args.seqlen_k ? col0 + BN : args.seqlen_k};
-  const Range rows_all = args.mask.queries(Range{0, args.seqlen_q}, cols);
+  if (col0 >= mask.seqlen_k) return;  // past a packed sequence's end
+  const Range cols{col0, col0 + BN < mask.seqlen_k ? col0 + BN : mask.seqlen_k};
+  const Range rows_all = mask.queries(Range{0, mask.seqlen_q}, cols);
 
   typename Tiles::KeyAcc dk, dv;  // [16 keys, HD / HEAD_SPLITS] per warp, fp32
   dk.fill(0.f);
@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) bwd_kernel(const Atten
     tile::block::load_async<Tiles::kVec, Tiles::kThreads>(
         shared.v.tile(), args.v.at<const T>(seq.k, cols.begin, kv_head), args.v.seq_stride, valid, args.head_dim_v);
     tile::block::commit();
-    bwd_mainloop<T, Tiles, HD, BM, BN, STAGES, HEAD_SPLITS>(args, shared, seq.q, kv_head, cols, rows_all, dk, dv);
+    bwd_mainloop<T, Tiles, HD, BM, BN, STAGES, HEAD_SPLITS>(args, mask, shared, seq.q, kv_head, cols, rows_all, dk, dv);
   }
 
   // Epilogue: each lane stores column pairs of keys g and g + 8 of its warp; keys no query sees
@@ -64,19 +64,19 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) bwd_kernel(const Atten
 }
 
 template <class T, int HD, int BN, int STAGES, int MIN_BLOCKS, bool kPacked>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const AttentionArgs call) {
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const AttentionArgs args) {
   using Tiles = DqTiles<T, HD, BN, STAGES>;
   extern __shared__ float4 shared_raw[];
   auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
-  const BlockSequence<kPacked> block(call);
-  const AttentionArgs& args = block.args;
-  const SequenceStart seq = block.start;
+  const BlockSequence<kPacked> block(args);
+  const SequenceStart seq = block.start();
+  const Mask& mask = block.mask();  // the block's sequence: its lengths and its mask
   const int h = blockIdx.y;
   const int kv_head = h / args.group;
   const int64_t row0 = int64_t(blockIdx.x) * Tiles::kRows;
-  if (row0 >= args.seqlen_q) return;  // past a packed sequence's end
-  const Range rows{row0, row0 + Tiles::kRows < args.seqlen_q ? row0 + Tiles::kRows : args.seqlen_q};
-  const Range keys = args.mask.keys(rows);
+  if (row0 >= mask.seqlen_q) return;  // past a packed sequence's end
+  const Range rows{row0, row0 + Tiles::kRows < mask.seqlen_q ? row0 + Tiles::kRows : mask.seqlen_q};
+  const Range keys = mask.keys(rows);
 
   typename Tiles::Output dq;  // [16, HD] per warp, fp32, unscaled
   dq.fill(0.f);
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dq_kernel(const Atte
     const int64_t stat0 = args.row_index(seq.q, h, rows.begin);
     tile::block::load_vector<Tiles::kRows, kThreads>(shared.lse_log2, args.lse_log2 + stat0, valid, kPosInf);
     tile::block::load_vector<Tiles::kRows, kThreads>(shared.delta, args.delta + stat0, valid, 0.f);
-    dq_mainloop<T, Tiles, HD, BN, STAGES>(args, shared, seq.k, kv_head, rows, keys, dq);
+    dq_mainloop<T, Tiles, HD, BN, STAGES>(args, mask, shared, seq.k, kv_head, rows, keys, dq);
   }
 
   const int warp = int(threadIdx.x) / 32;

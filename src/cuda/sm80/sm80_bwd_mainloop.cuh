@@ -78,7 +78,7 @@ struct DqTiles {
 
 // The main loop of the main kernel. The caller has issued (not waited for) the K/V group.
 template <class T, class Tiles, int HD, int BM, int BN, int STAGES, int HEAD_SPLITS>
-__device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
                                              int64_t q_start, int kv_head, Range cols, Range rows_all,
                                              typename Tiles::KeyAcc& dk, typename Tiles::KeyAcc& dv) {
   namespace block = tile::block;
@@ -152,13 +152,13 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
 
     // P^T = 2^(S^T·scale_log2 - LSE) (0 where masked), dS^T = P^T ∘ (dP^T - Δ); s becomes P^T and
     // dp becomes dS^T.
-    const bool full = rows.size() == BM && cols.size() == BN && args.mask.tile_is_full(rows, cols);
+    const bool full = rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols);
 #pragma unroll
     for (int j = 0; j < Tiles::Scores::kCols; ++j) {
       const int query = Tiles::Scores::col(j, t);
       const float lse = shared.lse_log2[stage][query];
       const float delta = shared.delta[stage][query];
-      const Range seen = full ? Range{} : args.mask.keys(rows.begin + query);
+      const Range seen = full ? Range{} : mask.keys(rows.begin + query);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float p = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
@@ -243,7 +243,7 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
 // The main loop of the deterministic dQ kernel. The caller has issued the Q/dO group and filled
 // the LSE/Δ vectors (made visible by the first barrier here).
 template <class T, class Tiles, int HD, int BN, int STAGES>
-__device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
                                             int64_t k_start, int kv_head, Range rows, Range keys,
                                             typename Tiles::Output& dq) {
   namespace block = tile::block;
@@ -301,13 +301,13 @@ __device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, typename 
     }
 
     // dp becomes dS = P ∘ (dP - Δ), P = 2^(S·scale_log2 - LSE), 0 where masked.
-    const bool full = rows.size() == Tiles::kRows && cols.size() == BN && args.mask.tile_is_full(rows, cols);
+    const bool full = rows.size() == Tiles::kRows && cols.size() == BN && mask.tile_is_full(rows, cols);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = warp_row0 + g + 8 * i;
       const float lse = shared.lse_log2[row];
       const float delta = shared.delta[row];
-      const Range seen = full ? Range{} : args.mask.keys(rows.begin + row);
+      const Range seen = full ? Range{} : mask.keys(rows.begin + row);
 #pragma unroll
       for (int j = 0; j < Tiles::Scores::kCols; ++j) {
         float p = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);

@@ -2,7 +2,7 @@
 // owning 16 · WARP_BLOCKS query rows. Loads the query tile, runs the mainloop over the key tiles
 // the mask lets it see, and writes O = acc / rowsum and LSE = ln(rowsum) + max (O = 0,
 // LSE = -inf for a row that sees no key). In a packed call the batch index is the sequence's
-// (args.h enter_sequence), and a query tile past that sequence's length exits at once.
+// (args.h sequence()), and a query tile past that sequence's length exits at once.
 #pragma once
 
 #include "cuda/common/block_sequence.cuh"
@@ -11,21 +11,21 @@
 namespace fmha::cuda::sm80 {
 
 template <class T, int HD, int WARPS, int WARP_BLOCKS, int BN, int STAGES, int MIN_BLOCKS, bool kPacked>
-__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fwd_kernel(const AttentionArgs call) {
+__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fwd_kernel(const AttentionArgs args) {
   constexpr int kBlockThreads = WARPS * 32;
   constexpr int BM = WARPS * kMmaRows * WARP_BLOCKS;
   using Tiles = FwdTiles<T, HD, BM, BN, STAGES, WARP_BLOCKS>;
   extern __shared__ float4 shared_raw[];
   auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
-  const BlockSequence<kPacked> block(call);
-  const AttentionArgs& args = block.args;
-  const SequenceStart seq = block.start;
+  const BlockSequence<kPacked> block(args);
+  const SequenceStart seq = block.start();
+  const Mask& mask = block.mask();  // the block's sequence: its lengths and its mask
   const int h = blockIdx.y;
   const int kv_head = h / args.group;
   const int64_t row0 = int64_t(blockIdx.x) * BM;
-  if (row0 >= args.seqlen_q) return;  // past a packed sequence's end
-  const Range rows{row0, row0 + BM < args.seqlen_q ? row0 + BM : args.seqlen_q};
-  const Range keys = args.mask.keys(rows);
+  if (row0 >= mask.seqlen_q) return;  // past a packed sequence's end
+  const Range rows{row0, row0 + BM < mask.seqlen_q ? row0 + BM : mask.seqlen_q};
+  const Range keys = mask.keys(rows);
 
   typename Tiles::Output acc;  // [16·WARP_BLOCKS, HD] fp32 per warp
   acc.fill(0.f);
@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fwd_kernel(const Atten
     tile::block::load_async<Tiles::kVec, kBlockThreads>(shared.q.tile(), args.q.at<const T>(seq.q, row0, h),
                                                         args.q.seq_stride, int(rows.size()), args.head_dim);
     tile::block::commit();
-    fwd_mainloop<T, Tiles, HD, BM, BN, STAGES, kBlockThreads>(args, shared, seq.k, kv_head, rows, keys, acc, softmax);
+    fwd_mainloop<T, Tiles, HD, BM, BN, STAGES, kBlockThreads>(args, mask, shared, seq.k, kv_head, rows, keys, acc, softmax);
   }
 
   // Epilogue: each lane stores column pairs of rows g and g + 8 of each of its warp's row blocks.

@@ -60,7 +60,7 @@ struct FwdTiles {
 };
 
 template <class T, class Tiles, int HD, int BM, int BN, int STAGES, int THREADS>
-__device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
                                              int64_t k_start, int kv_head, Range rows, Range keys,
                                              typename Tiles::Output& acc, typename Tiles::Softmax& softmax) {
   namespace block = tile::block;
@@ -116,9 +116,9 @@ __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, typename
       }
     }
     tile::thread::scale(s, args.scale_log2);
-    if (!(cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+    if (!(cols.size() == BN && mask.tile_is_full(rows, cols)))
       tile::thread::mask_scores(
-          s, args.mask, [&](int i) { return rows.begin + warp_row0 + Tiles::Scores::row(i, g); },
+          s, mask, [&](int i) { return rows.begin + warp_row0 + Tiles::Scores::row(i, g); },
           [&](int j) { return cols.begin + Tiles::Scores::col(j, t); });
 
     float rescale[2 * kBlocks];
