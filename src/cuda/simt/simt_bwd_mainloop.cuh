@@ -67,7 +67,8 @@ __device__ __forceinline__ void load_key_side(const AttentionArgs& args, typenam
 }
 
 template <class Tiles, int HD, int BM, int BN>
-__device__ __forceinline__ void score_gradients(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void score_gradients(const AttentionArgs& args, const Mask& mask,
+                                                typename Tiles::SharedStorage& shared,
                                                 Range rows, Range cols, tile::Grid16 g, typename Tiles::Scores& p,
                                                 typename Tiles::Scores& ds) {
   p.fill(0.f);

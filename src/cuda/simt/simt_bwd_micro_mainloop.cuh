@@ -126,7 +126,8 @@ __device__ __forceinline__ void load_micro_query_side(const AttentionArgs& args,
 // P and dS of the (rows, cols) tile pair from Q, dO, K, V, LSE and Δ in shared memory, written
 // transposed to shared.pt and shared.dst. The caller synchronises before and after.
 template <class Tiles, int HD, int BM, int BN>
-__device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, const Mask& mask,
+                                                 typename Tiles::SharedStorage& shared,
                                                  Range rows, Range cols, int tx, int ty) {
   const auto q = shared.q.tile(), dout = shared.dout.tile();
   const auto k = shared.k.tile(), v = shared.v.tile();

@@ -29,7 +29,8 @@ struct FwdTiles {
 };
 
 template <class Tiles, int HD, int BM, int BN, int STAGES>
-__device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, const Mask& mask,
+                                             typename Tiles::SharedStorage& shared,
                                              int64_t k_start, int kv_head, Range rows, Range keys,
                                              typename Tiles::Output& acc, typename Tiles::Softmax& softmax,
                                              tile::Grid16 g) {

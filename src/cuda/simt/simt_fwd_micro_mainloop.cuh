@@ -79,7 +79,8 @@ __device__ __forceinline__ bool kv_vectorizable(const AttentionArgs& args) {
 }
 
 template <class Tiles, int HD, int BM, int BN, int STAGES>
-__device__ __forceinline__ void micro_fwd_mainloop(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void micro_fwd_mainloop(const AttentionArgs& args, const Mask& mask,
+                                                   typename Tiles::SharedStorage& shared,
                                                    int64_t k_start, int kv_head, Range rows, Range keys,
                                                    typename Tiles::Output& acc, typename Tiles::Softmax& softmax) {
   namespace block = tile::block;

@@ -78,7 +78,8 @@ struct DqTiles {
 
 // The main loop of the main kernel. The caller has issued (not waited for) the K/V group.
 template <class T, class Tiles, int HD, int BM, int BN, int STAGES, int HEAD_SPLITS>
-__device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Mask& mask,
+                                             typename Tiles::SharedStorage& shared,
                                              int64_t q_start, int kv_head, Range cols, Range rows_all,
                                              typename Tiles::KeyAcc& dk, typename Tiles::KeyAcc& dv) {
   namespace block = tile::block;
@@ -106,10 +107,12 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Ma
       const int h = head_of(step);
       const Range rows = rows_of(step);
       const int valid = int(rows.size());
-      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.q[stage].tile(), args.q.at<const T>(q_start, rows.begin, h),
-                                                args.q.seq_stride, valid, args.head_dim);
-      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.dout[stage].tile(), args.dout.at<const T>(q_start, rows.begin, h),
-                                                args.dout.seq_stride, valid, args.head_dim_v);
+      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.q[stage].tile(),
+                                                      args.q.at<const T>(q_start, rows.begin, h),
+                                                      args.q.seq_stride, valid, args.head_dim);
+      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.dout[stage].tile(),
+                                                      args.dout.at<const T>(q_start, rows.begin, h),
+                                                      args.dout.seq_stride, valid, args.head_dim_v);
       const int64_t stat0 = args.row_index(q_start, h, rows.begin);
       block::load_vector_async<BM, Tiles::kThreads>(shared.lse_log2[stage], args.lse_log2 + stat0, valid, kPosInf);
       block::load_vector_async<BM, Tiles::kThreads>(shared.delta[stage], args.delta + stat0, valid, 0.f);
@@ -243,7 +246,8 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Ma
 // The main loop of the deterministic dQ kernel. The caller has issued the Q/dO group and filled
 // the LSE/Δ vectors (made visible by the first barrier here).
 template <class T, class Tiles, int HD, int BN, int STAGES>
-__device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, const Mask& mask, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, const Mask& mask,
+                                            typename Tiles::SharedStorage& shared,
                                             int64_t k_start, int kv_head, Range rows, Range keys,
                                             typename Tiles::Output& dq) {
   namespace block = tile::block;

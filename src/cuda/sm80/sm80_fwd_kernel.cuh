@@ -35,7 +35,8 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fwd_kernel(const Atten
     tile::block::load_async<Tiles::kVec, kBlockThreads>(shared.q.tile(), args.q.at<const T>(seq.q, row0, h),
                                                         args.q.seq_stride, int(rows.size()), args.head_dim);
     tile::block::commit();
-    fwd_mainloop<T, Tiles, HD, BM, BN, STAGES, kBlockThreads>(args, mask, shared, seq.k, kv_head, rows, keys, acc, softmax);
+    fwd_mainloop<T, Tiles, HD, BM, BN, STAGES, kBlockThreads>(args, mask, shared, seq.k, kv_head, rows, keys, acc,
+                                                              softmax);
   }
 
   // Epilogue: each lane stores column pairs of rows g and g + 8 of each of its warp's row blocks.

@@ -70,7 +70,8 @@ Status backward(const AttentionArgs& args, cudaStream_t stream) {
     const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
     // fp32 storage runs on tf32 tensor cores here: Δ from dO rounded to tf32, as dP sees it.
     constexpr bool kTf32 = sizeof(T) == sizeof(float);
-    bwd_preprocess_kernel<T, kTf32><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(row_args);
+    bwd_preprocess_kernel<T, kTf32>
+        <<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(row_args);
     if (Status s = check_launch("sm80 backward preprocess launch"); !s.ok()) return s;
   }
 
