@@ -26,9 +26,11 @@ AttentionArgs make_args(const Params& params, const Problem& problem);
 
 // Byte offsets of the backward workspace's parts; total is what workspace_size reports.
 struct WorkspaceLayout {
-  size_t dq_accum = 0;  // [B, H, Sq, head_dim] fp32; absent (size 0) when deterministic
-  size_t lse_log2 = 0;  // [B, H, Sq rounded up to kStatRowAlign] fp32
-  size_t delta = 0;     // [B, H, Sq rounded up to kStatRowAlign] fp32
+  // Rows are (query row, head) pairs: [B, H, Sq] dense, [H, total_q] packed (args.h); the row
+  // statistics pad each head's run to a multiple of kStatRowAlign rows.
+  size_t dq_accum = 0;  // [rows, head_dim] fp32; absent (size 0) when deterministic (but sm90's)
+  size_t lse_log2 = 0;  // [padded rows] fp32
+  size_t delta = 0;     // [padded rows] fp32
   size_t dq_turns = 0;  // [B, H, ceil(Sq / rows), parts] int32 (OrderedDq); absent otherwise
   size_t total = 0;
   bool has_dq_accum = false;

@@ -8,17 +8,20 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "cuda/common/host.h"
 #include "fmha/fmha.h"
 
 namespace fmha::cuda {
 
-// Variable-length (packed) calls run on the CPU backends only for now; every GPU tier refuses
-// them here, before its own checks read the dense layout's dimensions.
-inline Status refuse_varlen(const Params& p) {
+// Variable-length (packed) calls run on the simt and sm80 tiers (their kernels read the device
+// tables, args.h sequence()); a tier that does not run them refuses here, in its check(),
+// before reading the dense layout's dimensions, and `auto` moves on to the next tier.
+inline Status refuse_varlen(const Params& p, const char* tier, const char* instead) {
   if (p.cu_seqlens_q.defined() || p.cu_seqlens_k.defined())
-    return {Code::unsupported, "cu_seqlens_q: variable-length calls are not implemented on the GPU tiers yet; "
-                               "the reference and cpu backends run them on CPU tensors"};
+    return {Code::unsupported, std::string("cu_seqlens_q: the ") + tier +
+                                   " tier does not run variable-length calls yet; " + instead};
   return Status::success();
 }
 
@@ -31,14 +34,12 @@ constexpr OrderedDq ordered_dq() {
 
 template <class Tier>
 Status tier_supports(const Params& p, Direction direction) {
-  if (Status st = refuse_varlen(p); !st.ok()) return st;
   DeviceProps props;
   return Tier::check(p, direction, props);
 }
 
 template <class Tier>
 Status tier_run(const Params& p, Direction direction) {
-  if (Status st = refuse_varlen(p); !st.ok()) return st;
   DeviceProps props;
   if (Status st = Tier::check(p, direction, props); !st.ok()) return st;
   const Problem s = Problem::of(p);

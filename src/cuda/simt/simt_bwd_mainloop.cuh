@@ -43,13 +43,13 @@ __device__ __forceinline__ void load_fp32_tile(Tile dst, const T* src, int64_t r
 // Loads the query-side tiles (Q, dO, LSE, Δ) of `rows` of head h; one cp.async group.
 template <class T, class Tiles, int BM>
 __device__ __forceinline__ void load_query_side(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                                int64_t b, int64_t h, Range rows) {
+                                                int64_t q_start, int64_t h, Range rows) {
   const int valid = int(rows.size());
-  load_fp32_tile(shared.q.tile(), args.q.at<const T>(b, rows.begin, h), args.q.seq_stride, valid, args.head_dim);
-  load_fp32_tile(shared.dout.tile(), args.dout.at<const T>(b, rows.begin, h), args.dout.seq_stride, valid,
+  load_fp32_tile(shared.q.tile(), args.q.at<const T>(q_start, rows.begin, h), args.q.seq_stride, valid, args.head_dim);
+  load_fp32_tile(shared.dout.tile(), args.dout.at<const T>(q_start, rows.begin, h), args.dout.seq_stride, valid,
                  args.head_dim_v);
   tile::block::commit();
-  const int64_t stat0 = args.stat_index(b, h, rows.begin);
+  const int64_t stat0 = args.stat_index(q_start, h, rows.begin);
   tile::block::load_vector<BM, kThreads>(shared.lse_log2, args.lse_log2 + stat0, valid, __int_as_float(0x7f800000));
   tile::block::load_vector<BM, kThreads>(shared.delta, args.delta + stat0, valid, 0.f);
 }
@@ -57,17 +57,18 @@ __device__ __forceinline__ void load_query_side(const AttentionArgs& args, typen
 // Loads the key-side tiles (K, V) of `cols`; one cp.async group.
 template <class T, class Tiles>
 __device__ __forceinline__ void load_key_side(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                              int64_t b, int64_t kv_head, Range cols) {
+                                              int64_t k_start, int64_t kv_head, Range cols) {
   const int valid = int(cols.size());
-  load_fp32_tile(shared.k.tile(), args.k.at<const T>(b, cols.begin, kv_head), args.k.seq_stride, valid,
+  load_fp32_tile(shared.k.tile(), args.k.at<const T>(k_start, cols.begin, kv_head), args.k.seq_stride, valid,
                  args.head_dim);
-  load_fp32_tile(shared.v.tile(), args.v.at<const T>(b, cols.begin, kv_head), args.v.seq_stride, valid,
+  load_fp32_tile(shared.v.tile(), args.v.at<const T>(k_start, cols.begin, kv_head), args.v.seq_stride, valid,
                  args.head_dim_v);
   tile::block::commit();
 }
 
 template <class Tiles, int HD, int BM, int BN>
-__device__ __forceinline__ void score_gradients(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void score_gradients(const AttentionArgs& args, const Mask& mask,
+                                                typename Tiles::SharedStorage& shared,
                                                 Range rows, Range cols, tile::Grid16 g, typename Tiles::Scores& p,
                                                 typename Tiles::Scores& ds) {
   p.fill(0.f);
@@ -76,9 +77,9 @@ __device__ __forceinline__ void score_gradients(const AttentionArgs& args, typen
   dp.fill(0.f);
   tile::thread::mma_nt<HD>(dp, shared.dout.tile(), shared.v.tile(), g);
   tile::thread::scale(p, args.scale_log2);
-  if (!(rows.size() == BM && cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+  if (!(rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols)))
     tile::thread::mask_scores(
-        p, args.mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
+        p, mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
 #pragma unroll
   for (int i = 0; i < BM / 16; ++i) {
     const float lse = shared.lse_log2[g.row(i)];

@@ -96,11 +96,11 @@ __device__ __forceinline__ void load_micro_tile(Tile dst, const float* src, int6
 // K and V of `cols`; one cp.async group.
 template <class Tiles>
 __device__ __forceinline__ void load_micro_key_side(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                                    int64_t b, int kv_head, Range cols, bool vec) {
+                                                    int64_t k_start, int kv_head, Range cols, bool vec) {
   const int valid = int(cols.size());
-  load_micro_tile(shared.k.tile(), args.k.at<const float>(b, cols.begin, kv_head), args.k.seq_stride, valid,
+  load_micro_tile(shared.k.tile(), args.k.at<const float>(k_start, cols.begin, kv_head), args.k.seq_stride, valid,
                   args.head_dim, vec);
-  load_micro_tile(shared.v.tile(), args.v.at<const float>(b, cols.begin, kv_head), args.v.seq_stride, valid,
+  load_micro_tile(shared.v.tile(), args.v.at<const float>(k_start, cols.begin, kv_head), args.v.seq_stride, valid,
                   args.head_dim_v, vec);
   tile::block::commit();
 }
@@ -109,14 +109,14 @@ __device__ __forceinline__ void load_micro_key_side(const AttentionArgs& args, t
 // and Δ are plain stores, made at once).
 template <class Tiles, int BM>
 __device__ __forceinline__ void load_micro_query_side(const AttentionArgs& args,
-                                                      typename Tiles::SharedStorage& shared, int64_t b, int h,
+                                                      typename Tiles::SharedStorage& shared, int64_t q_start, int h,
                                                       Range rows, bool vec) {
   const int valid = int(rows.size());
-  load_micro_tile(shared.q.tile(), args.q.at<const float>(b, rows.begin, h), args.q.seq_stride, valid,
+  load_micro_tile(shared.q.tile(), args.q.at<const float>(q_start, rows.begin, h), args.q.seq_stride, valid,
                   args.head_dim, vec);
-  load_micro_tile(shared.dout.tile(), args.dout.at<const float>(b, rows.begin, h), args.dout.seq_stride, valid,
+  load_micro_tile(shared.dout.tile(), args.dout.at<const float>(q_start, rows.begin, h), args.dout.seq_stride, valid,
                   args.head_dim_v, vec);
-  const int64_t stat0 = args.stat_index(b, h, rows.begin);
+  const int64_t stat0 = args.stat_index(q_start, h, rows.begin);
   tile::block::load_vector_async<BM, kThreads>(shared.lse_log2, args.lse_log2 + stat0, valid,
                                                __int_as_float(0x7f800000));
   tile::block::load_vector_async<BM, kThreads>(shared.delta, args.delta + stat0, valid, 0.f);
@@ -126,7 +126,8 @@ __device__ __forceinline__ void load_micro_query_side(const AttentionArgs& args,
 // P and dS of the (rows, cols) tile pair from Q, dO, K, V, LSE and Δ in shared memory, written
 // transposed to shared.pt and shared.dst. The caller synchronises before and after.
 template <class Tiles, int HD, int BM, int BN>
-__device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, const Mask& mask,
+                                                 typename Tiles::SharedStorage& shared,
                                                  Range rows, Range cols, int tx, int ty) {
   const auto q = shared.q.tile(), dout = shared.dout.tile();
   const auto k = shared.k.tile(), v = shared.v.tile();
@@ -156,9 +157,9 @@ __device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, type
   }
 
   tile::thread::scale(s, args.scale_log2);
-  if (!(rows.size() == BM && cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+  if (!(rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols)))
     tile::thread::mask_scores(
-        s, args.mask, [&](int i) { return rows.begin + Tiles::row(i, ty); },
+        s, mask, [&](int i) { return rows.begin + Tiles::row(i, ty); },
         [&](int j) { return cols.begin + Tiles::key(j, tx); });
 #pragma unroll
   for (int i = 0; i < Tiles::kRows; ++i) {
@@ -226,7 +227,7 @@ __device__ __forceinline__ void micro_bwd_key_grads(typename Tiles::SharedStorag
 // otherwise. Keys past the valid ones hold dS = 0.
 template <class Tiles, int BN>
 __device__ __forceinline__ void micro_bwd_query_grads(const AttentionArgs& args,
-                                                      typename Tiles::SharedStorage& shared, int64_t b, int h,
+                                                      typename Tiles::SharedStorage& shared, int64_t q_start, int h,
                                                       Range rows, int tx, int ty) {
   const auto k = shared.k.tile();
   const auto dst = shared.dst.tile();
@@ -257,7 +258,7 @@ __device__ __forceinline__ void micro_bwd_query_grads(const AttentionArgs& args,
   for (int i = 0; i < Tiles::kRows; ++i) {
     const int r = Tiles::row(i, ty);
     if (r >= rows.size()) continue;
-    float* accum = args.dq_accum + args.row_index(b, h, rows.begin + r) * args.head_dim;
+    float* accum = args.dq_accum + args.row_index(q_start, h, rows.begin + r) * args.head_dim;
 #pragma unroll
     for (int g = 0; g < Tiles::kDimGroups; ++g) {
       const int d = kMicroPanel * g + kMicroVec * tx;

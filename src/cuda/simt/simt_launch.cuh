@@ -4,6 +4,7 @@
 
 #include <type_traits>
 
+#include "cuda/common/block_sequence.cuh"
 #include "cuda/common/bwd_common.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/simt/simt_bwd_kernel.cuh"
@@ -56,10 +57,14 @@ Status forward(const AttentionArgs& args, cudaStream_t stream) {
     kernel<<<grid, kThreads, shared, stream>>>(args);
     return check_launch("simt forward kernel launch");
   };
-  if constexpr (c.kernel == FwdKernel::micro)
-    return launch(micro_fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks>);
-  else
-    return launch(fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks>);
+  constexpr bool kMicro = c.kernel == FwdKernel::micro;
+  return with_packing(args, [&](auto packed) {
+    constexpr bool kPacked = decltype(packed)::value;
+    if constexpr (kMicro)
+      return launch(micro_fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks, kPacked>);
+    else
+      return launch(fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks, kPacked>);
+  });
 }
 
 // The backward for storage type T in configuration VARIANT; the micro-tile main kernel reads fp32
@@ -69,10 +74,12 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
   constexpr BwdConfig c = bwd_config(HD, VARIANT);
   constexpr TileConfig dq = c.dq;  // the deterministic dQ kernel's shapes
   static_assert(c.kernel == BwdKernel::grid16 || std::is_same_v<T, float>, "the micro-tile backward reads fp32");
-  const int64_t rows = int64_t(args.batch) * args.heads * args.seqlen_q;
+  // Preprocess and convert run over every (query row, head) pair, packed calls' included.
+  const AttentionArgs row_args = row_kernel_args(args);
+  const int64_t rows = int64_t(row_args.batch) * row_args.heads * row_args.seqlen_q;
   if (rows > 0) {
     const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
-    bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(args);
+    bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(row_args);
     if (Status s = check_launch("simt backward preprocess launch"); !s.ok()) return s;
   }
 
@@ -85,11 +92,14 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
       kernel<<<kv_grid, kThreads, shared, stream>>>(args);
       return check_launch("simt backward kernel launch");
     };
-    Status s;
-    if constexpr (c.kernel == BwdKernel::micro)
-      s = launch(micro_bwd_kernel<HD, c.tile.tile_m, c.tile.tile_n, c.tile.min_blocks>);
-    else
-      s = launch(bwd_kernel<T, HD, c.tile.tile_m, c.tile.tile_n, c.tile.min_blocks>);
+    constexpr bool kMicro = c.kernel == BwdKernel::micro;
+    const Status s = with_packing(args, [&](auto packed) {
+      constexpr bool kPacked = decltype(packed)::value;
+      if constexpr (kMicro)
+        return launch(micro_bwd_kernel<HD, c.tile.tile_m, c.tile.tile_n, c.tile.min_blocks, kPacked>);
+      else
+        return launch(bwd_kernel<T, HD, c.tile.tile_m, c.tile.tile_n, c.tile.min_blocks, kPacked>);
+    });
     if (!s.ok()) return s;
   }
   if (rows == 0) return Status::success();
@@ -97,15 +107,17 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
   if (args.dq_accum != nullptr) {
     const int64_t elements = rows * args.head_dim;
     bwd_convert_dq_kernel<T><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(
-        args);
+        row_args);
     return check_launch("simt backward dQ convert launch");
   }
   const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, dq.tile_m)), unsigned(args.heads), unsigned(args.batch));
   const size_t dq_shared = backward_dq_shared_bytes<HD, VARIANT>();
-  auto kernel = bwd_dq_kernel<T, HD, dq.tile_m, dq.tile_n, dq.min_blocks>;
-  if (Status s = prepare_kernel(kernel, dq_shared, "simt backward dQ"); !s.ok()) return s;
-  kernel<<<q_grid, kThreads, dq_shared, stream>>>(args);
-  return check_launch("simt backward dQ kernel launch");
+  return with_packing(args, [&](auto packed) {
+    auto kernel = bwd_dq_kernel<T, HD, dq.tile_m, dq.tile_n, dq.min_blocks, decltype(packed)::value>;
+    if (Status s = prepare_kernel(kernel, dq_shared, "simt backward dQ"); !s.ok()) return s;
+    kernel<<<q_grid, kThreads, dq_shared, stream>>>(args);
+    return check_launch("simt backward dQ kernel launch");
+  });
 }
 
 template <int HD, int VARIANT>

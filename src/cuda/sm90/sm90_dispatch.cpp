@@ -70,6 +70,9 @@ Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
 }
 
 Status check_call(const Params& p, Direction direction, DeviceProps& props) {
+  // The TMA maps and the persistent scheduler are built for dense [B, S, H, D] tensors.
+  if (Status st = refuse_varlen(p, "sm90", "auto runs them on sm80 (fp16, bf16, tf32) or simt (fp32)"); !st.ok())
+    return st;
   const Problem s = Problem::of(p);
   int bucket = 0;
   const bool backward = direction == Direction::backward;
