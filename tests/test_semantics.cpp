@@ -230,20 +230,29 @@ TEST(Semantics, BackwardIsBitwiseReproducible) {
   }
 }
 
-// The forward of a decode-shaped call merges parts of its keys (fast_attention.cpp, key_parts);
-// how they are cut does not depend on the threads asked for, nor does the result.
-TEST(Semantics, SplitKeyForwardIsBitwiseReproducible) {
-  Problem pr(1, 4, 1, 3, 2000, 64, 64, DType::fp32, 22);
-  Params p = pr.params();
-  p.causal = Causal::bottom_right;
-  p.num_threads = 1;
-  ASSERT_TRUE(forward(p).ok());
-  const auto o = pr.o.bytes(), lse = pr.lse.bytes();
-  for (int threads : {2, 3, 8}) {
-    p.num_threads = threads;
+// The forward of a decode-shaped call, and the backward's statistics pass, merge parts of its keys
+// (fast_attention.cpp, key_parts); how they are cut does not depend on the threads asked for, nor
+// does the result. bf16 too: its statistics merge Δ's correction as well.
+TEST(Semantics, SplitKeyCallsAreBitwiseReproducible) {
+  for (DType dtype : {DType::fp32, DType::bf16}) {
+    Problem pr(1, 4, 1, 3, 2000, 64, 64, dtype, 22);
+    Params p = pr.params();
+    p.causal = Causal::bottom_right;
+    p.num_threads = 1;
     ASSERT_TRUE(forward(p).ok());
-    EXPECT_EQ(o, pr.o.bytes()) << threads << " threads";
-    EXPECT_EQ(lse, pr.lse.bytes()) << threads << " threads";
+    ASSERT_TRUE(backward(p).ok());
+    const auto o = pr.o.bytes(), lse = pr.lse.bytes();
+    const auto dq = pr.dq.bytes(), dk = pr.dk.bytes(), dv = pr.dv.bytes();
+    for (int threads : {2, 3, 8}) {
+      p.num_threads = threads;
+      ASSERT_TRUE(forward(p).ok());
+      EXPECT_EQ(o, pr.o.bytes()) << to_string(dtype) << ", " << threads << " threads";
+      EXPECT_EQ(lse, pr.lse.bytes()) << to_string(dtype) << ", " << threads << " threads";
+      ASSERT_TRUE(backward(p).ok());
+      EXPECT_EQ(dq, pr.dq.bytes()) << to_string(dtype) << ", " << threads << " threads";
+      EXPECT_EQ(dk, pr.dk.bytes()) << to_string(dtype) << ", " << threads << " threads";
+      EXPECT_EQ(dv, pr.dv.bytes()) << to_string(dtype) << ", " << threads << " threads";
+    }
   }
 }
 

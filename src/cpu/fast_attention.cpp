@@ -575,12 +575,36 @@ float lse_factor(float row_max, float row_sum, float abs_scale, float lse) {
   return float(std::exp(own - double(lse)));
 }
 
+// One row's statistics into `st`, from its max and sum over all of its keys (and, fp16/bf16
+// storage, rowsum(E ∘ dP) over them: Δ's correction, see backward_stats_chunk).
+void finish_row_stats(const Params& p, const Problem& s, RowStats& st, int64_t b, int64_t h, int64_t row,
+                      float row_max, float row_sum, float delta_sum) {
+  const float given = static_cast<const float*>(p.lse.data)[offset3(p.lse, b, h, row)];
+  const float normalisation = lse_factor(row_max, row_sum, std::abs(s.scale), given);
+  const float inv = row_sum > 0.0f ? normalisation / row_sum : 0.0f;
+  const size_t idx = size_t((b * s.heads + h) * s.seqlen_q + row);
+  st.row_max[idx] = row_max;
+  st.inv_sum[idx] = inv;
+  // Δ from this call's own P and dP only where P is this call's own softmax (not a part of a
+  // larger one: there Δ belongs to the merged O, as stored).
+  if (s.dtype != DType::fp32 && normalisation == 1.0f) st.delta[idx] = delta_sum * inv;
+}
+
+// Where a statistics item's result goes: nullptr, `st` (finished); otherwise one part of a call
+// whose keys are split (decode-shaped calls, key_parts), merged by merge_stats_parts.
+struct StatsPart {
+  float* row_max = nullptr;    // [group][rows] running max over the part's keys
+  float* row_sum = nullptr;    // [group][rows] sum of exp2((x - max)·|scale_log2|) over them
+  float* delta_sum = nullptr;  // [group][rows] rowsum(E ∘ dP) over them (fp16/bf16 storage)
+};
+
 // Statistics pass: one item = (batch, KV head, chunk of query tiles), over every query head of the
 // group. Each row's softmax max and sum, online over the keys as the forward forms them, go to
 // `st` as row_max and inv_sum (RowStats says why they are not taken from LSE), for the fused pass.
 template <bool kBf16>
 void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& config, RowStats& st, int64_t b,
-                          int64_t kv_head, Range rows, BackwardScratch<kBf16>& t) {
+                          int64_t kv_head, Range rows, Range key_part, const StatsPart* part,
+                          BackwardScratch<kBf16>& t) {
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(rows.size(), kTileM);
@@ -599,7 +623,7 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
   std::fill_n(delta_sum, s.group * n, 0.0f);
   std::fill_n(row_max, s.group * n, kNegInf);
   std::fill_n(row_sum, s.group * n, 0.0f);
-  const Range keys = s.mask.keys(rows);
+  const Range keys = intersect(s.mask.keys(rows), key_part);
   for (int64_t block0 = align_down(keys.begin, key_block); block0 < keys.end; block0 += key_block) {
     const Range block = intersect(keys, Range{block0, block0 + key_block});
     load_operand(t.kb, p.k, b, kv_head, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
@@ -657,17 +681,38 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
   }
   for (int64_t g = 0; g < s.group; ++g)
     for (int64_t r = 0; r < rows.size(); ++r) {
-      const int64_t i = g * n + r, h = kv_head * s.group + g;
-      const float given = static_cast<const float*>(p.lse.data)[offset3(p.lse, b, h, rows.begin + r)];
-      const float normalisation = lse_factor(row_max[i], row_sum[i], std::abs(s.scale), given);
-      const float inv = row_sum[i] > 0.0f ? normalisation / row_sum[i] : 0.0f;
-      const size_t idx = size_t((b * s.heads + h) * s.seqlen_q + rows.begin + r);
-      st.row_max[idx] = row_max[i];
-      st.inv_sum[idx] = inv;
-      // Δ from this call's own P and dP only where P is this call's own softmax (not a part of a
-      // larger one: there Δ belongs to the merged O, as stored).
-      if (correct_delta && normalisation == 1.0f) st.delta[idx] = delta_sum[i] * inv;
+      const int64_t i = g * n + r;
+      if (part) {
+        const int64_t j = g * rows.size() + r;
+        part->row_max[j] = row_max[i];
+        part->row_sum[j] = row_sum[i];
+        part->delta_sum[j] = delta_sum[i];
+        continue;
+      }
+      finish_row_stats(p, s, st, b, kv_head * s.group + g, rows.begin + r, row_max[i], row_sum[i], delta_sum[i]);
     }
+}
+
+// One (batch, KV head) of a call whose statistics pass split its keys: merges the `parts` results
+// (StatsPart, laid out [parts][group][seqlen_q]) in part order, rescaled to the common max as the
+// online softmax rescales, and finishes each row's statistics.
+void merge_stats_parts(const Params& p, const Problem& s, RowStats& st, int64_t b, int64_t kv_head, int64_t parts,
+                       const float* part_max, const float* part_sum, const float* part_delta_sum) {
+  const int64_t rows = s.group * s.seqlen_q;
+  const float scale_log2 = std::abs(s.scale_log2);
+  for (int64_t j = 0; j < rows; ++j) {
+    float row_max = kNegInf, row_sum = 0.0f, delta_sum = 0.0f;
+    for (int64_t k = 0; k < parts; ++k) row_max = std::max(row_max, part_max[k * rows + j]);
+    if (row_max != kNegInf)
+      for (int64_t k = 0; k < parts; ++k) {
+        const float m = part_max[k * rows + j];
+        if (m == kNegInf) continue;  // the part saw no key of this row
+        const float weight = exp2(splat((m - row_max) * scale_log2))[0];
+        row_sum += part_sum[k * rows + j] * weight;
+        delta_sum += part_delta_sum[k * rows + j] * weight;
+      }
+    finish_row_stats(p, s, st, b, kv_head * s.group + j / s.seqlen_q, j % s.seqlen_q, row_max, row_sum, delta_sum);
+  }
 }
 
 // dQ: every key chunk adds its share into one fp32 accumulator per call, [batch * heads][head_dim
@@ -859,6 +904,49 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
   const auto seqlen_q = [](const Problem& s) { return s.seqlen_q; };
   const auto seqlen_k = [](const Problem& s) { return s.seqlen_k; };
   const bool bf16_dot = kBf16Dot && problems[0].dtype == DType::bf16;
+  // Decode-shaped pools split their keys (key_parts) in the forward and in the backward's
+  // statistics pass: items are then (call, batch, KV head, part), each over all of the call's
+  // queries, and each part leaves per row a running max, a sum and one more quantity (the
+  // unnormalised output, or rowsum(E ∘ dP)), the parts of one head side by side:
+  // [head][part][group][seqlen_q](...). Then one item per (call, batch, KV head) merges them.
+  const int64_t parts = key_parts(problems, hardware_threads());
+  std::vector<int64_t> part_keys(static_cast<size_t>(count)), part_count(static_cast<size_t>(count)),
+      part_items(static_cast<size_t>(count)), heads(static_cast<size_t>(count));
+  std::vector<Scratch> part_acc(static_cast<size_t>(count)), part_max(static_cast<size_t>(count)),
+      part_sum(static_cast<size_t>(count));
+  if (parts > 1)
+    for (size_t c = 0; c < size_t(count); ++c) {
+      const Problem& s = problems[c];
+      part_keys[c] = round_up((s.seqlen_k + parts - 1) / parts, kTileN);
+      part_count[c] = std::max<int64_t>(1, tiles(s.seqlen_k, part_keys[c]));
+      heads[c] = s.batch * s.kv_heads;
+      part_items[c] = heads[c] * part_count[c];
+      const int64_t rows = part_items[c] * s.group * s.seqlen_q;
+      part_acc[c].reserve(rows * (direction == Direction::forward ? round_up(s.head_dim_v, kLanes) : 1));
+      part_max[c].reserve(rows);
+      part_sum[c].reserve(rows);
+    }
+  // body(worker, call, batch, KV head, keys of the part, part item within the call)
+  auto for_parts = [&](auto&& body) {
+    const ItemPool pool(part_items);
+    parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
+      const size_t c = pool.call(item);
+      const Problem& s = problems[c];
+      const int64_t local = item - pool.first[c], head = local / part_count[c], k = local % part_count[c];
+      body(worker, c, head / s.kv_heads, head % s.kv_heads,
+           Range{k * part_keys[c], std::min(k * part_keys[c] + part_keys[c], s.seqlen_k)}, local);
+    });
+  };
+  // body(worker, call, batch, KV head, the head's first row in the part buffers)
+  auto for_heads = [&](auto&& body) {
+    const ItemPool pool(heads);
+    parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
+      const size_t c = pool.call(item);
+      const Problem& s = problems[c];
+      const int64_t head = item - pool.first[c];
+      body(worker, c, head / s.kv_heads, head % s.kv_heads, head * part_count[c] * s.group * s.seqlen_q);
+    });
+  };
   if (direction == Direction::forward) {
     std::vector<ForwardScratch> scratch(static_cast<size_t>(threads));
     auto run = [&](int worker, const Params& p, const Problem& s, int64_t b, int64_t kv_head, Range rows, Range keys,
@@ -866,49 +954,24 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
       if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, keys, part, scratch[size_t(worker)]);
       else forward_chunk<false>(p, s, config, b, kv_head, rows, keys, part, scratch[size_t(worker)]);
     };
-    const int64_t parts = key_parts(problems, hardware_threads());
     if (parts == 1) {
       for_chunks(seqlen_q, kTileM, threads, false,
                  [&](int worker, const Params& p, const Problem& s, size_t, int64_t b, int64_t kv_head, Range rows,
                      int64_t) { run(worker, p, s, b, kv_head, rows, Range{0, s.seqlen_k}, nullptr); });
       return Status::success();
     }
-    // Split keys: items are (call, batch, KV head, part), each over all of the call's queries;
-    // the parts of one head lie side by side: [head][part][group][seqlen_q](...).
-    std::vector<int64_t> part_keys(static_cast<size_t>(count)), part_count(static_cast<size_t>(count)),
-        items(static_cast<size_t>(count)), heads(static_cast<size_t>(count));
-    std::vector<Scratch> part_acc(static_cast<size_t>(count)), part_max(static_cast<size_t>(count)),
-        part_sum(static_cast<size_t>(count));
-    for (size_t c = 0; c < size_t(count); ++c) {
+    for_parts([&](int worker, size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
       const Problem& s = problems[c];
-      part_keys[c] = round_up((s.seqlen_k + parts - 1) / parts, kTileN);
-      part_count[c] = std::max<int64_t>(1, tiles(s.seqlen_k, part_keys[c]));
-      heads[c] = s.batch * s.kv_heads;
-      items[c] = heads[c] * part_count[c];
-      const int64_t rows = items[c] * s.group * s.seqlen_q;
-      part_acc[c].reserve(rows * round_up(s.head_dim_v, kLanes));
-      part_max[c].reserve(rows);
-      part_sum[c].reserve(rows);
-    }
-    const ItemPool pool(items);
-    parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
-      const size_t c = pool.call(item);
-      const Problem& s = problems[c];
-      const int64_t local = item - pool.first[c], head = local / part_count[c], k = local % part_count[c];
       const int64_t rows = s.group * s.seqlen_q;
       const ForwardPart part{part_acc[c].get() + local * rows * round_up(s.head_dim_v, kLanes),
                              part_max[c].get() + local * rows, part_sum[c].get() + local * rows};
-      run(worker, calls[c], s, head / s.kv_heads, head % s.kv_heads, Range{0, s.seqlen_q},
-          Range{k * part_keys[c], std::min(k * part_keys[c] + part_keys[c], s.seqlen_k)}, &part);
+      run(worker, calls[c], s, b, kv_head, Range{0, s.seqlen_q}, keys, &part);
     });
-    const ItemPool head_pool(heads);
-    parallel_for(head_pool.size(), threads, [&](int worker, int64_t item) {
-      const size_t c = head_pool.call(item);
+    for_heads([&](int worker, size_t c, int64_t b, int64_t kv_head, int64_t first) {
       const Problem& s = problems[c];
-      const int64_t head = item - head_pool.first[c], first = head * part_count[c] * s.group * s.seqlen_q;
-      merge_parts(calls[c], s, head / s.kv_heads, head % s.kv_heads, part_count[c],
-                  part_acc[c].get() + first * round_up(s.head_dim_v, kLanes), part_max[c].get() + first,
-                  part_sum[c].get() + first, scratch[size_t(worker)].row.reserve(round_up(s.head_dim_v, kLanes)));
+      merge_parts(calls[c], s, b, kv_head, part_count[c], part_acc[c].get() + first * round_up(s.head_dim_v, kLanes),
+                  part_max[c].get() + first, part_sum[c].get() + first,
+                  scratch[size_t(worker)].row.reserve(round_up(s.head_dim_v, kLanes)));
     });
     return Status::success();
   }
@@ -939,11 +1002,27 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     constexpr bool kBf16 = decltype(bf16_tag)::value;
     std::vector<BackwardScratch<kBf16>> scratch(static_cast<size_t>(threads));
     // The statistics first: the fused pass forms P from them.
-    for_chunks(seqlen_q, kTileM, threads, false,
-               [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows,
-                   int64_t) {
-                 backward_stats_chunk<kBf16>(p, s, config, stats[c], b, kv_head, rows, scratch[size_t(worker)]);
-               });
+    if (parts == 1) {
+      for_chunks(seqlen_q, kTileM, threads, false,
+                 [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows,
+                     int64_t) {
+                   backward_stats_chunk<kBf16>(p, s, config, stats[c], b, kv_head, rows, Range{0, s.seqlen_k},
+                                               nullptr, scratch[size_t(worker)]);
+                 });
+    } else {
+      for_parts([&](int worker, size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
+        const Problem& s = problems[c];
+        const int64_t rows = s.group * s.seqlen_q;
+        const StatsPart part{part_max[c].get() + local * rows, part_sum[c].get() + local * rows,
+                             part_acc[c].get() + local * rows};
+        backward_stats_chunk<kBf16>(calls[c], s, config, stats[c], b, kv_head, Range{0, s.seqlen_q}, keys, &part,
+                                    scratch[size_t(worker)]);
+      });
+      for_heads([&](int, size_t c, int64_t b, int64_t kv_head, int64_t first) {
+        merge_stats_parts(calls[c], problems[c], stats[c], b, kv_head, part_count[c], part_max[c].get() + first,
+                          part_sum[c].get() + first, part_acc[c].get() + first);
+      });
+    }
     // Key chunks run last first: under a causal mask the last keys see the fewest queries, so the
     // lighter chunks come first and a chunk rarely waits for its turn behind a heavier one.
     for_chunks(seqlen_k, kTileN, hardware_threads(), true,
