@@ -12,9 +12,9 @@ namespace fmha::cpu {
 
 struct CpuConfig {
   const char* name;
-  int64_t key_block;        // keys converted at once (forward); a multiple of 64
-  int64_t query_block;      // queries converted at once (backward); a multiple of 64
-  int64_t max_chunk_tiles;  // at most this many 64-row tiles per work item (the backward: per key chunk,
+  int64_t key_block;        // keys converted at once (forward, backward statistics pass); a multiple of 64
+  int64_t query_block;      // queries converted at once (backward fused pass); a multiple of 64
+  int64_t max_chunk_tiles;  // at most this many 64-row tiles per work item (the fused pass: per key chunk,
                             // whose dQ shares are summed in chunk order, so it also fixes that order)
 };
 

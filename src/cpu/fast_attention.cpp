@@ -917,7 +917,8 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
   if (parts > 1)
     for (size_t c = 0; c < size_t(count); ++c) {
       const Problem& s = problems[c];
-      part_keys[c] = round_up((s.seqlen_k + parts - 1) / parts, kTileN);
+      // At least one tile: a call of the pool may have no keys at all (a packed sequence).
+      part_keys[c] = std::max(kTileN, round_up((s.seqlen_k + parts - 1) / parts, kTileN));
       part_count[c] = std::max<int64_t>(1, tiles(s.seqlen_k, part_keys[c]));
       heads[c] = s.batch * s.kv_heads;
       part_items[c] = heads[c] * part_count[c];
