@@ -285,7 +285,8 @@ TEST_P(Decode, ForwardAndBackwardMatchOracle) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, Decode, ::testing::Combine(::testing::ValuesIn(kPaths), ::testing::ValuesIn(decode_cases())),
+INSTANTIATE_TEST_SUITE_P(Cpu, Decode,
+                         ::testing::Combine(::testing::ValuesIn(kPaths), ::testing::ValuesIn(decode_cases())),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::string(std::get<1>(info.param).name);
                          });

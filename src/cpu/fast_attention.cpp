@@ -672,7 +672,8 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
           tile_gemm(kTileM, kTileN, dvp, t.doc.tile(row0), t.doc.ld, t.vb.tile(col0), t.vb.ld, dprob, kTileN, false);
           for (int64_t r = 0; r < kTileM; ++r) {
             vf sum{};
-            for (int v = 0; v < kVecsN; ++v) sum += load(scores + r * kTileN + v * kLanes) * load(dprob + r * kTileN + v * kLanes);
+            for (int v = 0; v < kVecsN; ++v)
+              sum += load(scores + r * kTileN + v * kLanes) * load(dprob + r * kTileN + v * kLanes);
             delta_sum_tile[r] += horizontal_sum(sum);
           }
         }
@@ -807,7 +808,8 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
           // dQ^T += K^T·dS^T  [dq_rows, kTileM queries]
           int64_t ds_ld = 0;
           const auto ds = tile_b_operand<kBf16>(scores, t.b_operand, ds_ld);
-          tile_gemm(dq_rows, kTileM, kTileN, t.kt.tile(col0), t.kt.ld, ds, ds_ld, dq_head + (row0 - dq_first), dq_ld, true);
+          tile_gemm(dq_rows, kTileM, kTileN, t.kt.tile(col0), t.kt.ld, ds, ds_ld, dq_head + (row0 - dq_first), dq_ld,
+                    true);
         }
       }
     }
