@@ -249,6 +249,48 @@ INSTANTIATE_TEST_SUITE_P(Cpu, Options, ::testing::Combine(::testing::ValuesIn(kP
                            return std::get<0>(info.param) + "_" + std::string(std::get<1>(info.param).name);
                          });
 
+// ---- Decode-shaped calls ----------------------------------------------------------------------------
+// A few query rows against many keys on one KV head: the forward cuts the keys into parts that run
+// on different threads and merges them (fast_attention.cpp, key_parts); with one item of query
+// tiles it does so on every machine once the keys span at least two parts of 256.
+
+std::vector<OptionCase> decode_cases() {
+  std::vector<OptionCase> cases;
+  auto add = [&](const char* name, auto&& edit) {
+    CaseSpec c = base_case();
+    c.seqlen_q = 1;
+    c.seqlen_k = 3001;
+    edit(c);
+    cases.push_back({name, c});
+  };
+  add("one_row", [](CaseSpec&) {});
+  add("rows_16_causal", [](CaseSpec& c) { c.seqlen_q = 16; c.causal = Causal::bottom_right; });
+  add("rows_5_window", [](CaseSpec& c) { c.seqlen_q = 5; c.causal = Causal::bottom_right; c.window_left = 700; });
+  add("keys_1013_no_lse", [](CaseSpec& c) { c.seqlen_k = 1013; c.with_lse = false; });
+  add("rows_beyond_keys", [](CaseSpec& c) { c.seqlen_q = 3; c.causal = Causal::top_left; c.q_offset = -2; });
+  add("gqa_8_bf16", [](CaseSpec& c) { c.dtype = DType::bf16; c.heads = 8; c.seqlen_q = 2; });
+  return cases;
+}
+
+class Decode : public ::testing::TestWithParam<std::tuple<std::string, OptionCase>> {};
+
+TEST_P(Decode, ForwardAndBackwardMatchOracle) {
+  const auto& [path, option] = GetParam();
+  FORCE_CPU_PATH_OR_SKIP(path);
+  for (Direction mode : {Direction::forward, Direction::backward}) {
+    CaseSpec c = option.spec;
+    c.mode = mode;
+    if (mode == Direction::backward) c.with_lse = true;
+    run_and_check(c);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, Decode,
+                         ::testing::Combine(::testing::ValuesIn(kPaths), ::testing::ValuesIn(decode_cases())),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::string(std::get<1>(info.param).name);
+                         });
+
 // ---- The check itself can fail ----------------------------------------------------------------------
 
 TEST(CpuAttention, CheckRejectsAWrongResult) {

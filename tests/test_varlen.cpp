@@ -152,6 +152,18 @@ TEST_P(VarlenBackend, AllSequencesEmpty) {
   }
 }
 
+// Decode-shaped sequences (a few query rows, thousands of keys) beside sequences without keys: the
+// cpu path splits the keys of such a pool over the threads (fast_attention.cpp, key_parts), and a
+// sequence with no key still gets one empty part.
+TEST_P(VarlenBackend, DecodeShapedBesideEmptyKeys) {
+  for (Direction mode : {Direction::forward, Direction::backward}) {
+    CaseSpec c = varlen_case(backend(), {1, 3, 2, 0}, {0, 3001, 700, 40});
+    c.causal = Causal::bottom_right;
+    c.mode = mode;
+    run_and_check(c);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, VarlenBackend, ::testing::Values("reference", "cpu"),
                          [](const auto& info) { return info.param; });
 

@@ -36,4 +36,12 @@ void parallel_for_each(int64_t n, int threads, ParallelBody body, void* context)
   if (error) std::rethrow_exception(error);
 }
 
+bool wait_for_turn(const std::atomic<int64_t>& turn, int64_t mine, const std::atomic<bool>& abandoned) {
+  while (turn.load(std::memory_order_acquire) != mine) {
+    if (abandoned.load(std::memory_order_relaxed)) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 }  // namespace fmha

@@ -8,6 +8,7 @@
 // included. The template below only forwards to it through a function pointer.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <thread>
 #include <type_traits>
@@ -26,6 +27,12 @@ using ParallelBody = void (*)(void* context, int worker, int64_t item);
 // Calls body(context, worker, item) for every item in [0, n) on min(threads, n) workers; worker
 // is in [0, workers). Defined in src/common/parallel.cpp.
 void parallel_for_each(int64_t n, int threads, ParallelBody body, void* context);
+
+// Waits, yielding the core, until `turn` reaches `mine` (true) or `abandoned` is set (false): an
+// item's turn in a fixed-order reduction. Deadlock-free inside parallel_for when `mine` counts the
+// items of one reduction in the order parallel_for hands them out, since a waiting worker only
+// waits for items handed out before its own. Defined in src/common/parallel.cpp.
+bool wait_for_turn(const std::atomic<int64_t>& turn, int64_t mine, const std::atomic<bool>& abandoned);
 
 // Calls body(worker, item) for every item in [0, n); worker is in [0, min(threads, n)).
 template <class Body>

@@ -12,9 +12,10 @@ namespace fmha::cpu {
 
 struct CpuConfig {
   const char* name;
-  int64_t key_block;        // keys converted at once (forward, dQ pass); a multiple of 64
-  int64_t query_block;      // queries converted at once (dK/dV pass); a multiple of 64
-  int64_t max_chunk_tiles;  // at most this many 64-row tiles per work item
+  int64_t key_block;        // keys converted at once (forward, backward statistics pass); a multiple of 64
+  int64_t query_block;      // queries converted at once (backward fused pass); a multiple of 64
+  int64_t max_chunk_tiles;  // at most this many 64-row tiles per work item (the fused pass: per key chunk,
+                            // whose dQ shares are summed in chunk order, so it also fixes that order)
 };
 
 inline constexpr CpuConfig kCpuConfigs[] = {

@@ -7,20 +7,24 @@
 //   load K tile, S = Q·K^T, mask, row max, exp2, row sum, rescale, load V, O += P·V.
 // The exp2 argument is (x - max)·|scale|·log2(e) with x = sign(scale)·(q·k): the difference of two
 // unscaled scores is exact near the max, so large logits lose nothing to the scaling.
-// Backward runs two passes so that every output has one writer (deterministic, no atomics):
-//   dQ pass, per query tile: over key tiles, online like the forward,
-//     E = exp2((x - max)·|scale_log2|), dP = dO·V^T, dS = E∘(dP - Δ), dQ += dS·K (rescaled),
-//     leaving each row's max and 1/sum (RowStats) for
-//   dK/dV pass, per key tile: over the group's query heads and query tiles,
-//     P = exp2((x - max)·|scale_log2|) / sum, dV += P^T·dO, dP = dO·V^T, dS = P∘(dP - Δ), dK += dS^T·Q
-// with Δ = rowsum(dO∘O) computed first (the preprocess step). The stored LSE is not read: see
-// RowStats for why the softmax is recomputed instead.
+// Calls with too few query tiles for the threads (decode) split their keys into parts and merge
+// the parts' running max, sum and output as the online softmax merges two key tiles.
+//
+// Backward, after Δ = rowsum(dO∘O) (the preprocess step):
+//   statistics pass, per query tile: over key tiles, S = Q·K^T, row max and sum online as the
+//     forward forms them (RowStats says why the stored LSE is not read);
+//   fused pass, per key tile: over the group's query heads and query tiles,
+//     P = exp2((x - max)·|scale_log2|) / sum, dV += P^T·dO, dP = dO·V^T, dS = P∘(dP - Δ),
+//     dK += dS^T·Q, dQ^T += K^T·dS^T
+// dK and dV have one writer; each key chunk's dQ share is added to an fp32 accumulator in a fixed
+// chunk order (deterministic, no atomic adds), then dQ is written out.
 //
 // This file is compiled once per instruction-set path, each time with that path's flags and
 // FMHA_CPU_ISA naming its namespace (src/cpu/isa.h); src/cpu/dispatch.cpp calls the one chosen.
 #include "cpu/kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -45,6 +49,10 @@ void round_tile_to_tf32(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = round_to_tf32(x[i]);
 }
 
+// The head dim padded for a transposed operand, whose rows are head-dim elements: the A operand
+// of dQ^T = K^T·dS^T has as many rows, and the matmul takes rows in blocks of kRowBlock.
+constexpr int64_t kDimRows = std::max<int64_t>(kLanes, kRowBlock);
+
 int64_t tiles(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
 int64_t align_down(int64_t x, int64_t m) { return x / m * m; }
 Range intersect(Range a, Range b) {
@@ -57,7 +65,7 @@ Range intersect(Range a, Range b) {
 // at a multiple of 64 sits at a 64-byte aligned offset) and is zero outside `rows` and `dim`.
 //   row-major:  element (r, d) at data[(r - first) * ld + d], ld = dim rounded up to kLanes
 //   transposed: element (r, d) at data[d * ld + (r - first)], ld = row span rounded up to 64,
-//               plus one vector
+//               plus one vector; dim rounded up to kDimRows rows
 struct Panel {
   Scratch buffer;
   int64_t first = 0, ld = 0;
@@ -72,7 +80,7 @@ struct Panel {
     // A transposed panel's rows are read one after another by the matmul's k loop; a row length
     // of a multiple of 4 KiB would map them all to the same L1 sets, so pad it by one vector.
     ld = transposed ? span + kLanes : dim_padded;
-    const int64_t size = transposed ? dim_padded * ld : span * ld;
+    const int64_t size = transposed ? round_up(dim, kDimRows) * ld : span * ld;
     float* data = buffer.reserve(size);
     std::fill_n(data, size, 0.0f);
     for (int64_t r = rows.begin; r < rows.end; ++r) {
@@ -99,7 +107,9 @@ struct Panel {
 //                    row span plus one vector (the B operand of Q·K^T: K)
 //   pairs_over_rows: element (r, d) at data[((r - first) / 2) * ld + 2 * d + r % 2],
 //                    ld = 2 * (dim rounded up to kLanes) (the B operand of P·V: V)
-enum class Bf16Layout { rows, pairs_over_dim, pairs_over_rows };
+//   columns:         element (r, d) at data[d * ld + (r - first)], ld = the row span plus one
+//                    vector, dim rounded up to kDimRows rows (the A operand of dQ^T = K^T·dS^T: K)
+enum class Bf16Layout { rows, pairs_over_dim, pairs_over_rows, columns };
 
 struct Bf16Panel {
   Scratch buffer;  // fp32 words, two bf16 values each
@@ -117,6 +127,7 @@ struct Bf16Panel {
       // Padded by one vector for the same reason as a transposed Panel: rows read one after another.
       case Bf16Layout::pairs_over_dim: ld = 2 * (span + kLanes), size = dim_padded / 2 * ld; break;
       case Bf16Layout::pairs_over_rows: ld = 2 * dim_padded, size = span / 2 * ld; break;
+      case Bf16Layout::columns: ld = span + 2 * kLanes, size = round_up(dim, kDimRows) * ld; break;
     }
     uint16_t* data = reinterpret_cast<uint16_t*>(buffer.reserve((size + 1) / 2));
     std::fill_n(data, size, uint16_t{0});
@@ -131,6 +142,9 @@ struct Bf16Panel {
         case Bf16Layout::pairs_over_rows:
           for (int64_t d = 0; d < dim; ++d) data[(i / 2) * ld + 2 * d + i % 2] = src[d];
           break;
+        case Bf16Layout::columns:
+          for (int64_t d = 0; d < dim; ++d) data[d * ld + i] = src[d];
+          break;
       }
     }
   }
@@ -140,6 +154,7 @@ struct Bf16Panel {
     switch (layout) {
       case Bf16Layout::rows: return data + (row - first) * ld;
       case Bf16Layout::pairs_over_dim: return data + 2 * (row - first);
+      case Bf16Layout::columns: return data + (row - first);
       case Bf16Layout::pairs_over_rows: break;
     }
     return data + (row - first) / 2 * ld;
@@ -196,9 +211,18 @@ struct ForwardScratch {
 // kBf16: bf16 storage multiplied as stored, with fp32 accumulation (vdpbf16ps): S = Q·K^T on the
 // stored values, and O += P·V with P rounded to bf16 (as the GPU tiers' bf16 tensor-core
 // matmuls do); the softmax stays in fp32. Otherwise every operand is converted to fp32 first.
+//
+// Where a forward item's result goes: nullptr, the output tensors; otherwise one part of a call
+// whose keys are split (decode-shaped calls, see key_parts), merged into the outputs later.
+struct ForwardPart {
+  float* acc = nullptr;      // [group][rows][dvp] the unnormalised output over this part's keys
+  float* row_max = nullptr;  // [group][rows] its running max (of x, unscaled), -inf where no key was visible
+  float* row_sum = nullptr;  // [group][rows] its sum of exp2((x - max)·|scale_log2|)
+};
+
 template <bool kBf16>
 void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, int64_t b, int64_t kv_head, Range rows,
-                   ForwardScratch& t) {
+                   Range key_part, const ForwardPart* part, ForwardScratch& t) {
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(rows.size(), kTileM);  // chunk rows, padded
@@ -214,7 +238,7 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
   std::fill_n(acc, s.group * n * dvp, 0.0f);
   std::fill_n(row_max, s.group * n, kNegInf);
   std::fill_n(row_sum, s.group * n, 0.0f);
-  const Range keys = s.mask.keys(rows);
+  const Range keys = intersect(s.mask.keys(rows), key_part);
 
   if (!keys.empty())
     for (int64_t g = 0; g < s.group; ++g) {
@@ -303,6 +327,13 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
     for (int64_t r = 0; r < rows.size(); ++r) {
       const int64_t h = kv_head * s.group + g, i = g * n + r;
       float* a = acc + i * dvp;
+      if (part) {  // the merge normalises
+        const int64_t j = g * rows.size() + r;
+        std::copy_n(a, dvp, part->acc + j * dvp);
+        part->row_max[j] = row_max[i];
+        part->row_sum[j] = row_sum[i];
+        continue;
+      }
       const float inv = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
       for (int64_t d = 0; d < s.head_dim_v; ++d) a[d] *= inv;
       write_row(p.o, offset4(p.o, b, rows.begin + r, h, 0), s.head_dim_v, a);
@@ -313,6 +344,57 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
     }
 }
 
+// Decode-shaped calls (a few query rows, many keys) have fewer query tiles than the threads need:
+// their keys are then cut into parts that run on different threads, each a forward over its keys
+// that keeps its running max, sum and unnormalised output, merged afterwards in part order as the
+// online softmax merges key tiles (no detour through a rounded LSE, which would cost large logits
+// their precision). The number of parts, 1 when the query tiles are enough, depends on the
+// machine's thread count, not on the count asked for, so that a call's result does not either.
+constexpr int64_t kMinPartTiles = 4;  // 256 keys: a part's fixed cost (Q conversion, epilogue) stays small
+
+int64_t key_parts(const std::vector<Problem>& problems, int threads) {
+  int64_t items = 0, key_tiles = 0;
+  for (const Problem& s : problems) {
+    items += s.batch * s.kv_heads * tiles(s.seqlen_q, kTileM);
+    key_tiles = std::max(key_tiles, tiles(s.seqlen_k, kTileN));
+  }
+  const int64_t wanted = kItemsPerThread * threads;
+  if (items >= wanted || items == 0) return 1;
+  return std::clamp<int64_t>((wanted + items - 1) / items, 1, std::max<int64_t>(1, key_tiles / kMinPartTiles));
+}
+
+// One (batch, KV head) of a split call: merges its `parts` results (ForwardPart, laid out
+// [parts][group][seqlen_q](...)) row by row into O and LSE, as forward_chunk's epilogue writes them.
+void merge_parts(const Params& p, const Problem& s, int64_t b, int64_t kv_head, int64_t parts, const float* part_acc,
+                 const float* part_max, const float* part_sum, float* row) {
+  const int64_t dvp = round_up(s.head_dim_v, kLanes), rows = s.group * s.seqlen_q;
+  const float scale_log2 = std::abs(s.scale_log2);
+  for (int64_t j = 0; j < rows; ++j) {
+    const int64_t g = j / s.seqlen_q, r = j % s.seqlen_q, h = kv_head * s.group + g;
+    float row_max = kNegInf;
+    for (int64_t k = 0; k < parts; ++k) row_max = std::max(row_max, part_max[k * rows + j]);
+    float row_sum = 0.0f;
+    std::fill_n(row, dvp, 0.0f);
+    if (row_max != kNegInf)
+      for (int64_t k = 0; k < parts; ++k) {
+        const float m = part_max[k * rows + j];
+        if (m == kNegInf) continue;  // the part saw no key of this row
+        // The rescale of the online softmax, part by part in order.
+        const vf weight = exp2(splat((m - row_max) * scale_log2));
+        row_sum += part_sum[k * rows + j] * weight[0];
+        const float* a = part_acc + (k * rows + j) * dvp;
+        for (int64_t d = 0; d < dvp; d += kLanes) store(row + d, load(row + d) + load(a + d) * weight);
+      }
+    const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+    for (int64_t d = 0; d < s.head_dim_v; ++d) row[d] *= inv;
+    write_row(p.o, offset4(p.o, b, r, h, 0), s.head_dim_v, row);
+    if (p.lse.defined()) {
+      const float lse = row_sum > 0.0f ? row_max * std::abs(s.scale) + std::log(row_sum) : kNegInf;
+      static_cast<float*>(p.lse.data)[offset3(p.lse, b, h, r)] = lse;
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Backward
 // ------------------------------------------------------------------------------------------------
@@ -320,11 +402,11 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
 // Per-row statistics of the backward. The softmax is not recovered from the stored LSE: an fp32
 // LSE of magnitude ~100 (peaked softmax: large logits) is off by ~|LSE|·2^-24 in the exponent,
 // an error in every P the recomputation forms, while a plain fp32 softmax gets the dominant P
-// exactly (exp(s - max) = 1). So the dQ pass, which sweeps every key of a row anyway, recomputes
-// the row's max and sum online (as the forward does) from the very scores the dK/dV pass forms
-// again bit for bit (the matmul sums over the head dim in the same order whichever operand is
-// A), and the dK/dV pass takes P = exp2((x - max)·|scale|·log2 e) / sum from them: the dominant
-// P is 1/sum exactly as in a plain softmax.
+// exactly (exp(s - max) = 1). So a statistics pass recomputes each row's max and sum online (as
+// the forward does) from the very scores the fused pass forms again bit for bit (the matmul sums
+// over the head dim in the same order whichever operand is A), and the fused pass takes
+// P = exp2((x - max)·|scale|·log2 e) / sum from them: the dominant P is 1/sum exactly as in a
+// plain softmax. That costs one matmul (S = Q·K^T) of the five the fused pass does.
 //
 // Scores enter the exp2 as (x - max)·|scale_log2| with x = sign(scale)·(q·k), not as
 // x·scale_log2 - lse_log2: the difference of two unscaled scores is exact (Sterbenz) where it
@@ -332,10 +414,10 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
 struct RowStats {
   std::vector<float> row_max;  // [B, H, Sq]: max of sign(scale)·(q·k) over the visible keys
   std::vector<float> inv_sum;  // [B, H, Sq]: 1 / sum of exp2((x - max)·|scale_log2|); 0 if none visible
-  std::vector<float> delta;    // [B, H, Sq]: rowsum(dO ∘ O)
+  std::vector<float> delta;    // [B, H, Sq]: rowsum(dO ∘ O); for fp16/bf16 storage rowsum(P ∘ dP)
 };
 
-// Room for the statistics: Δ (preprocess) and the rows' max and sum (the dQ pass).
+// Room for the statistics: Δ (preprocess) and the rows' max and sum (the statistics pass).
 RowStats allocate_stats(const Problem& s) {
   RowStats st;
   const int64_t n = s.batch * s.heads * s.seqlen_q;
@@ -403,21 +485,22 @@ static_assert(kTileM == kTileN, "the backward swaps the roles of score rows and 
 // The backward's matmuls on fp32 operands (Panel), or with kBf16 on bf16 operands as stored
 // (Bf16Panel, vdpbf16ps) with P and dS rounded to bf16 (as the GPU tiers' bf16 backward does);
 // accumulation, softmax and dS arithmetic stay fp32 either way. A panel's role:
-//   a:      the A operand, rows as stored (Panel row-major / Bf16Layout::rows)
-//   b_rows: a B operand whose matmul depth runs along the tensor's rows (row-major / pairs_over_rows)
-//   b_dim:  a B operand whose depth runs along the head dim (transposed / pairs_over_dim)
-enum class Role { a, b_rows, b_dim };
+//   a:            the A operand, rows as stored (Panel row-major / Bf16Layout::rows)
+//   b_rows:       a B operand whose matmul depth runs along the tensor's rows (row-major / pairs_over_rows)
+//   b_dim:        a B operand whose depth runs along the head dim (transposed / pairs_over_dim)
+//   a_transposed: the A operand of the tensor transposed, depth along its rows (transposed / columns)
+enum class Role { a, b_rows, b_dim, a_transposed };
 
 void load_operand(Panel& panel, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, Role role, bool tf32,
                   float* row_buffer) {
-  panel.load(t, b, h, rows, dim, role == Role::b_dim, tf32, row_buffer);
+  panel.load(t, b, h, rows, dim, role == Role::b_dim || role == Role::a_transposed, tf32, row_buffer);
 }
 [[maybe_unused]]  // on paths with kBf16Dot only
 void load_operand(Bf16Panel& panel, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, Role role, bool,
                   float*) {
-  panel.load(t, b, h, rows, dim,
-             role == Role::a ? Bf16Layout::rows : role == Role::b_rows ? Bf16Layout::pairs_over_rows
-                                                                        : Bf16Layout::pairs_over_dim);
+  constexpr Bf16Layout kLayouts[] = {Bf16Layout::rows, Bf16Layout::pairs_over_rows, Bf16Layout::pairs_over_dim,
+                                     Bf16Layout::columns};  // by Role
+  panel.load(t, b, h, rows, dim, kLayouts[int(role)]);
 }
 
 // C[rows][width] (+)= A[rows][depth] · B on either kind of operand (depth in elements).
@@ -444,93 +527,37 @@ auto tile_operand(const float* x, Scratch& scratch, bool tf32 = false) {
   }
 }
 
+// A [kTileN, kTileM] fp32 tile as a B operand (depth along its rows): itself (already rounded to
+// tf32 where the call asks for it), or rounded to bf16 in pair-interleaved form into `scratch`;
+// the B operand's ld, in elements, goes to `ld`.
+template <bool kBf16>
+auto tile_b_operand(const float* x, Scratch& scratch, int64_t& ld) {
+  if constexpr (kBf16) {
+    uint16_t* dst = reinterpret_cast<uint16_t*>(scratch.reserve(kTileN * kTileM / 2));
+    to_bf16_pairs(x, dst, kTileN, kTileM);
+    ld = 2 * kTileM;
+    return static_cast<const uint16_t*>(dst);
+  } else {
+    ld = kTileM;
+    return x;
+  }
+}
+
 template <bool kBf16>
 struct BackwardScratch {
   using Operand = std::conditional_t<kBf16, Bf16Panel, Panel>;
-  Operand k, v;                // key chunk: K a, V a                                 (dK/dV pass)
-  Operand q, qt, dout, doutt;  // query block: Q b_rows, Q b_dim, dO b_rows, dO b_dim  (dK/dV pass)
-  Operand kt, vt, krow;        // key block: K b_dim, V b_dim, K b_rows                (dQ pass)
-  Operand qc, doc;             // chunk rows of one head: Q a, dO a                    (dQ pass)
+  Operand k, v, kt;            // key chunk: K a, V a, K a_transposed               (fused pass)
+  Operand q, qt, dout, doutt;  // query block: Q b_rows, Q b_dim, dO b_rows, dO b_dim (fused pass)
+  Operand kb, vb;              // key block: K b_dim, V b_dim                       (statistics pass)
+  Operand qc, doc;             // chunk rows of one head: Q a, dO a                 (statistics pass)
   Scratch s, dprob;            // [64, 64] probabilities then dS; dP
-  Scratch operand;             // [64, 64] P or dS rounded to bf16 (kBf16)
+  Scratch operand, b_operand;  // [64, 64] P or dS rounded to bf16 (or tf32) as an A / a B operand
   Scratch dk, dv, dq;          // fp32 accumulators
-  Scratch pk, delta_sum;       // dQ pass, fp16/bf16 storage: E·K and rowsum(E ∘ dP) (Δ's correction)
+  Scratch delta_sum;           // statistics pass, fp16/bf16 storage: rowsum(E ∘ dP) (Δ's correction)
   Scratch row_max, inv_sum, delta;  // per-query statistics of the current block, padded
-  Scratch row_sum;                  // dQ pass: running sums of exp2
+  Scratch row_sum;                  // statistics pass: running sums of exp2
   Scratch row;
 };
-
-// dK/dV pass: one item = (batch, KV head, chunk of key tiles), over every query head of the group.
-template <bool kBf16>
-void backward_kv_chunk(const Params& p, const Problem& s, const CpuConfig& config, const RowStats& st, int64_t b,
-                       int64_t kv_head, Range keys, BackwardScratch<kBf16>& t) {
-  const int64_t query_block = config.query_block;
-  const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
-  const int64_t n = round_up(keys.size(), kTileN);
-  float* dk = t.dk.reserve(n * dp);
-  float* dv = t.dv.reserve(n * dvp);
-  float* scores = t.s.reserve(kTileM * kTileN);
-  float* dprob = t.dprob.reserve(kTileM * kTileN);
-  float* row_buffer = t.row.reserve(std::max(dp, dvp));
-  float* row_max = t.row_max.reserve(query_block + kTileM);
-  float* inv_sum = t.inv_sum.reserve(query_block + kTileM);
-  float* delta = t.delta.reserve(query_block + kTileM);
-  std::fill_n(dk, n * dp, 0.0f);
-  std::fill_n(dv, n * dvp, 0.0f);
-  const Range queries = s.mask.queries(Range{0, s.seqlen_q}, keys);
-  if (!queries.empty()) {
-    load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
-    load_operand(t.v, p.v, b, kv_head, keys, s.head_dim_v, Role::a, s.tf32, row_buffer);
-  }
-  for (int64_t g = 0; g < s.group; ++g) {
-    const int64_t h = kv_head * s.group + g;
-    for (int64_t qb0 = align_down(queries.begin, query_block); qb0 < queries.end; qb0 += query_block) {
-      const Range block = intersect(queries, Range{qb0, qb0 + query_block});
-      load_operand(t.q, p.q, b, h, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
-      load_operand(t.qt, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
-      load_operand(t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_rows, s.tf32, row_buffer);
-      load_operand(t.doutt, p.dout, b, h, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
-      // Statistics indexed from the panel's first row; rows outside the block see nothing.
-      const size_t stat0 = size_t((b * s.heads + h) * s.seqlen_q);
-      for (int64_t r = t.q.first; r < t.q.first + round_up(block.end - t.q.first, kTileM); ++r) {
-        const bool in = r >= block.begin && r < block.end;
-        row_max[r - t.q.first] = in ? st.row_max[stat0 + size_t(r)] : kNegInf;
-        inv_sum[r - t.q.first] = in ? st.inv_sum[stat0 + size_t(r)] : 0.0f;
-        delta[r - t.q.first] = in ? st.delta[stat0 + size_t(r)] : 0.0f;
-      }
-      for (int64_t col0 = keys.begin; col0 < keys.end; col0 += kTileN) {
-        const Range tile_keys{col0, std::min(col0 + kTileN, keys.end)};
-        const Range tile_queries = s.mask.queries(block, tile_keys);
-        float* dk_tile = dk + (col0 - keys.begin) * dp;
-        float* dv_tile = dv + (col0 - keys.begin) * dvp;
-        for (int64_t row0 = align_down(tile_queries.begin, kTileM); row0 < tile_queries.end; row0 += kTileM) {
-          const int64_t stat = row0 - t.q.first;
-          const float* delta_tile = delta + stat;
-          // S^T = K·Q^T  [kTileN keys, kTileM queries]; P^T
-          tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
-          probabilities(scores, s, row0, col0, block, tile_keys, row_max + stat, inv_sum + stat);
-          // dV += P^T·dO (P rounded to the operand format in a copy: dS below is formed from the
-          // unrounded P, so that it is rounded once, not twice)
-          tile_gemm(kTileN, dvp, kTileM, tile_operand<kBf16>(scores, t.operand, s.tf32), kTileM, t.dout.tile(row0),
-                    t.dout.ld, dv_tile, dvp, true);
-          // dP^T = V·dO^T; dS^T = P^T ∘ (dP^T - Δ)
-          tile_gemm(kTileN, kTileM, dvp, t.v.tile(col0), t.v.ld, t.doutt.tile(row0), t.doutt.ld, dprob, kTileM, false);
-          score_gradient(scores, dprob, delta_tile, true);
-          if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
-          // dK += dS^T·Q
-          tile_gemm(kTileN, dp, kTileM, tile_operand<kBf16>(scores, t.operand), kTileM, t.q.tile(row0), t.q.ld, dk_tile,
-                    dp, true);
-        }
-      }
-    }
-  }
-  for (int64_t c = 0; c < keys.size(); ++c) {
-    float* dk_row = dk + c * dp;
-    for (int64_t d = 0; d < s.head_dim; ++d) dk_row[d] *= s.scale;
-    write_row(p.dk, offset4(p.dk, b, keys.begin + c, kv_head, 0), s.head_dim, dk_row);
-    write_row(p.dv, offset4(p.dv, b, keys.begin + c, kv_head, 0), s.head_dim_v, dv + c * dvp);
-  }
-}
 
 // The factor that turns this call's own softmax (the row's recomputed max and sum) into the one
 // the given LSE defines: P = exp(S - lse). It is 1 where lse is this call's own (equal to
@@ -548,65 +575,74 @@ float lse_factor(float row_max, float row_sum, float abs_scale, float lse) {
   return float(std::exp(own - double(lse)));
 }
 
-// dQ pass: one item = (batch, KV head, chunk of query tiles), over every query head of the group.
-// It runs first and computes each row's softmax statistics online, as the forward does: the
-// unnormalised dQ is rescaled whenever the row max grows, and divided by the row sum at the end.
-// The statistics go to `st` for the dK/dV pass (RowStats says why they are not taken from LSE).
+// One row's statistics into `st`, from its max and sum over all of its keys (and, fp16/bf16
+// storage, rowsum(E ∘ dP) over them: Δ's correction, see backward_stats_chunk).
+void finish_row_stats(const Params& p, const Problem& s, RowStats& st, int64_t b, int64_t h, int64_t row,
+                      float row_max, float row_sum, float delta_sum) {
+  const float given = static_cast<const float*>(p.lse.data)[offset3(p.lse, b, h, row)];
+  const float normalisation = lse_factor(row_max, row_sum, std::abs(s.scale), given);
+  const float inv = row_sum > 0.0f ? normalisation / row_sum : 0.0f;
+  const size_t idx = size_t((b * s.heads + h) * s.seqlen_q + row);
+  st.row_max[idx] = row_max;
+  st.inv_sum[idx] = inv;
+  // Δ from this call's own P and dP only where P is this call's own softmax (not a part of a
+  // larger one: there Δ belongs to the merged O, as stored).
+  if (s.dtype != DType::fp32 && normalisation == 1.0f) st.delta[idx] = delta_sum * inv;
+}
+
+// Where a statistics item's result goes: nullptr, `st` (finished); otherwise one part of a call
+// whose keys are split (decode-shaped calls, key_parts), merged by merge_stats_parts.
+struct StatsPart {
+  float* row_max = nullptr;    // [group][rows] running max over the part's keys
+  float* row_sum = nullptr;    // [group][rows] sum of exp2((x - max)·|scale_log2|) over them
+  float* delta_sum = nullptr;  // [group][rows] rowsum(E ∘ dP) over them (fp16/bf16 storage)
+};
+
+// Statistics pass: one item = (batch, KV head, chunk of query tiles), over every query head of the
+// group. Each row's softmax max and sum, online over the keys as the forward forms them, go to
+// `st` as row_max and inv_sum (RowStats says why they are not taken from LSE), for the fused pass.
 template <bool kBf16>
-void backward_q_chunk(const Params& p, const Problem& s, const CpuConfig& config, RowStats& st, int64_t b,
-                      int64_t kv_head, Range rows, BackwardScratch<kBf16>& t) {
+void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& config, RowStats& st, int64_t b,
+                          int64_t kv_head, Range rows, Range key_part, const StatsPart* part,
+                          BackwardScratch<kBf16>& t) {
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(rows.size(), kTileM);
   const float sign = score_sign(s), scale_log2 = std::abs(s.scale_log2);
-  float* dq = t.dq.reserve(s.group * n * dp);
   float* scores = t.s.reserve(kTileM * kTileN);
   float* dprob = t.dprob.reserve(kTileM * kTileN);
   float* row_buffer = t.row.reserve(std::max(dp, dvp));
   float* row_max = t.row_max.reserve(s.group * n);
   float* row_sum = t.row_sum.reserve(s.group * n);
-  float* delta = t.delta.reserve(s.group * n);
   // fp16/bf16 storage: Δ = rowsum(dO ∘ O) from O as stored is off by O's rounding (2^-9 for bf16),
   // and where logits are large that offset swamps dS = P ∘ (dP - Δ). The pass therefore also
-  // forms Δ = rowsum(P ∘ dP) from its own P and dP, as a plain softmax backward does, and corrects
-  // dQ for the difference, which takes one more product, E·K: dQ·sum/scale = Σ E(dP - Δ_stored)K
-  // - (Δ - Δ_stored)·Σ E K. The dK/dV pass then uses the corrected Δ.
+  // forms Δ = rowsum(P ∘ dP) from its own P and dP, as a plain softmax backward does (one more
+  // product, dP = dO·V^T), and the fused pass takes that Δ instead.
   const bool correct_delta = s.dtype != DType::fp32;
-  float* pk = correct_delta ? t.pk.reserve(s.group * n * dp) : nullptr;
   float* delta_sum = t.delta_sum.reserve(s.group * n);
-  std::fill_n(dq, s.group * n * dp, 0.0f);
-  if (correct_delta) std::fill_n(pk, s.group * n * dp, 0.0f);
   std::fill_n(delta_sum, s.group * n, 0.0f);
   std::fill_n(row_max, s.group * n, kNegInf);
   std::fill_n(row_sum, s.group * n, 0.0f);
-  for (int64_t g = 0; g < s.group; ++g)
-    for (int64_t r = 0; r < n; ++r) {
-      const size_t idx = size_t((b * s.heads + kv_head * s.group + g) * s.seqlen_q + rows.begin + r);
-      delta[g * n + r] = r < rows.size() ? st.delta[idx] : 0.0f;
-    }
-  const Range keys = s.mask.keys(rows);
+  const Range keys = intersect(s.mask.keys(rows), key_part);
   for (int64_t block0 = align_down(keys.begin, key_block); block0 < keys.end; block0 += key_block) {
     const Range block = intersect(keys, Range{block0, block0 + key_block});
-    load_operand(t.kt, p.k, b, kv_head, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
-    load_operand(t.krow, p.k, b, kv_head, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
-    load_operand(t.vt, p.v, b, kv_head, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
+    load_operand(t.kb, p.k, b, kv_head, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+    if (correct_delta) load_operand(t.vb, p.v, b, kv_head, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
     for (int64_t g = 0; g < s.group; ++g) {
       const int64_t h = kv_head * s.group + g;
       load_operand(t.qc, p.q, b, h, rows, s.head_dim, Role::a, s.tf32, row_buffer);
-      load_operand(t.doc, p.dout, b, h, rows, s.head_dim_v, Role::a, s.tf32, row_buffer);
+      if (correct_delta) load_operand(t.doc, p.dout, b, h, rows, s.head_dim_v, Role::a, s.tf32, row_buffer);
       for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
         const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
         const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
         const int64_t r_off = row0 - rows.begin;
-        float* dq_tile = dq + (g * n + r_off) * dp;
-        float* pk_tile = correct_delta ? pk + (g * n + r_off) * dp : nullptr;
         float* max_tile = row_max + g * n + r_off;
         float* sum_tile = row_sum + g * n + r_off;
         float* delta_sum_tile = delta_sum + g * n + r_off;
         for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
           const Range cols{col0, col0 + kTileN};
           // S = Q·K^T; mask, row max, exp2, row sum, rescale: E = exp2((x - max)·|scale_log2|)
-          tile_gemm(kTileM, kTileN, dp, t.qc.tile(row0), t.qc.ld, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
+          tile_gemm(kTileM, kTileN, dp, t.qc.tile(row0), t.qc.ld, t.kb.tile(col0), t.kb.ld, scores, kTileN, false);
           const bool full = tile_rows.size() == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
                             s.mask.tile_is_full(tile_rows, cols);
           for (int64_t r = 0; r < kTileM; ++r) {
@@ -629,56 +665,186 @@ void backward_q_chunk(const Params& p, const Problem& s, const CpuConfig& config
             const float rescale = exp2(splat((max_tile[r] - base) * scale_log2))[0];
             sum_tile[r] = sum_tile[r] * rescale + horizontal_sum(sum);
             max_tile[r] = new_max;
-            if (rescale != 1.0f) {
-              float* a = dq_tile + r * dp;
-              for (int64_t d = 0; d < dp; d += kLanes) store(a + d, load(a + d) * rescale);
-              if (correct_delta) {
-                float* c = pk_tile + r * dp;
-                for (int64_t d = 0; d < dp; d += kLanes) store(c + d, load(c + d) * rescale);
-              }
-              delta_sum_tile[r] *= rescale;
-            }
+            delta_sum_tile[r] *= rescale;
           }
-          // dP = dO·V^T; rowsum(E ∘ dP); (E·K); dS = E ∘ (dP - Δ)
-          tile_gemm(kTileM, kTileN, dvp, t.doc.tile(row0), t.doc.ld, t.vt.tile(col0), t.vt.ld, dprob, kTileN, false);
-          if (correct_delta) {
-            for (int64_t r = 0; r < kTileM; ++r) {
-              vf sum{};
-              for (int v = 0; v < kVecsN; ++v) sum += load(scores + r * kTileN + v * kLanes) * load(dprob + r * kTileN + v * kLanes);
-              delta_sum_tile[r] += horizontal_sum(sum);
-            }
-            tile_gemm(kTileM, dp, kTileN, tile_operand<kBf16>(scores, t.operand, s.tf32), kTileN, t.krow.tile(col0),
-                      t.krow.ld, pk_tile, dp, true);
+          if (!correct_delta) continue;
+          // dP = dO·V^T; rowsum(E ∘ dP)
+          tile_gemm(kTileM, kTileN, dvp, t.doc.tile(row0), t.doc.ld, t.vb.tile(col0), t.vb.ld, dprob, kTileN, false);
+          for (int64_t r = 0; r < kTileM; ++r) {
+            vf sum{};
+            for (int v = 0; v < kVecsN; ++v)
+              sum += load(scores + r * kTileN + v * kLanes) * load(dprob + r * kTileN + v * kLanes);
+            delta_sum_tile[r] += horizontal_sum(sum);
           }
-          score_gradient(scores, dprob, delta + g * n + r_off, false);
-          if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileM * kTileN);
-          // dQ += dS·K
-          tile_gemm(kTileM, dp, kTileN, tile_operand<kBf16>(scores, t.operand), kTileN, t.krow.tile(col0), t.krow.ld,
-                    dq_tile, dp, true);
         }
       }
     }
   }
   for (int64_t g = 0; g < s.group; ++g)
     for (int64_t r = 0; r < rows.size(); ++r) {
-      const int64_t i = g * n + r, h = kv_head * s.group + g;
-      const float given = static_cast<const float*>(p.lse.data)[offset3(p.lse, b, h, rows.begin + r)];
-      const float normalisation = lse_factor(row_max[i], row_sum[i], std::abs(s.scale), given);
-      const float inv = row_sum[i] > 0.0f ? normalisation / row_sum[i] : 0.0f;
-      const size_t idx = size_t((b * s.heads + h) * s.seqlen_q + rows.begin + r);
-      st.row_max[idx] = row_max[i];
-      st.inv_sum[idx] = inv;
-      float* dq_row = dq + i * dp;
-      // Δ from this call's own P and dP only where P is this call's own softmax (not a part of a
-      // larger one: there Δ belongs to the merged O, as stored).
-      if (correct_delta && normalisation == 1.0f) {
-        const float delta_softmax = delta_sum[i] * inv, offset = delta_softmax - delta[i];
-        for (int64_t d = 0; d < s.head_dim; ++d) dq_row[d] -= offset * pk[i * dp + d];
-        st.delta[idx] = delta_softmax;
+      const int64_t i = g * n + r;
+      if (part) {
+        const int64_t j = g * rows.size() + r;
+        part->row_max[j] = row_max[i];
+        part->row_sum[j] = row_sum[i];
+        part->delta_sum[j] = delta_sum[i];
+        continue;
       }
-      for (int64_t d = 0; d < s.head_dim; ++d) dq_row[d] *= inv * s.scale;
-      write_row(p.dq, offset4(p.dq, b, rows.begin + r, kv_head * s.group + g, 0), s.head_dim, dq_row);
+      finish_row_stats(p, s, st, b, kv_head * s.group + g, rows.begin + r, row_max[i], row_sum[i], delta_sum[i]);
     }
+}
+
+// One (batch, KV head) of a call whose statistics pass split its keys: merges the `parts` results
+// (StatsPart, laid out [parts][group][seqlen_q]) in part order, rescaled to the common max as the
+// online softmax rescales, and finishes each row's statistics.
+void merge_stats_parts(const Params& p, const Problem& s, RowStats& st, int64_t b, int64_t kv_head, int64_t parts,
+                       const float* part_max, const float* part_sum, const float* part_delta_sum) {
+  const int64_t rows = s.group * s.seqlen_q;
+  const float scale_log2 = std::abs(s.scale_log2);
+  for (int64_t j = 0; j < rows; ++j) {
+    float row_max = kNegInf, row_sum = 0.0f, delta_sum = 0.0f;
+    for (int64_t k = 0; k < parts; ++k) row_max = std::max(row_max, part_max[k * rows + j]);
+    if (row_max != kNegInf)
+      for (int64_t k = 0; k < parts; ++k) {
+        const float m = part_max[k * rows + j];
+        if (m == kNegInf) continue;  // the part saw no key of this row
+        const float weight = exp2(splat((m - row_max) * scale_log2))[0];
+        row_sum += part_sum[k * rows + j] * weight;
+        delta_sum += part_delta_sum[k * rows + j] * weight;
+      }
+    finish_row_stats(p, s, st, b, kv_head * s.group + j / s.seqlen_q, j % s.seqlen_q, row_max, row_sum, delta_sum);
+  }
+}
+
+// dQ: every key chunk adds its share into one fp32 accumulator per call, [batch * heads][head_dim
+// padded][ld] (transposed: the fused pass computes dQ^T tiles), in a fixed order of the chunks of
+// each (batch, KV head), so that the sum is the same on every run whatever the thread count.
+// `turn[b * kv_heads + kv_head]` counts the chunks of that head already added.
+struct DqAccumulator {
+  Scratch data;  // vector-aligned, as the adds load and store whole vectors
+  int64_t ld = 0, dp = 0;  // dp: the head dim rounded up to kDimRows
+  std::vector<std::atomic<int64_t>> turn;
+  float* head(int64_t bh) { return data.get() + bh * dp * ld; }
+};
+
+// Fused pass: one item = (batch, KV head, chunk of key tiles), over every query head of the group
+// and every query tile the mask lets the chunk see. For each (key tile, query tile) pair, P and dS
+// are computed once and feed all three gradients (five matmuls):
+//   S^T = K·Q^T, P^T from the rows' statistics, dV += P^T·dO, dP^T = V·dO^T,
+//   dS^T = P^T∘(dP^T - Δ), dK += dS^T·Q, dQ^T += K^T·dS^T
+// S^T is the statistics pass's S bit for bit (the matmul sums over the head dim in the same order
+// whichever operand is A), so the dominant P is 1/sum exactly as in a plain softmax. dK and dV
+// have one writer (this item); the chunk's share of dQ^T is summed in scratch and added to the
+// call's accumulator when the chunk's turn comes (the `ordinal`-th chunk of this head).
+template <bool kBf16>
+void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, const RowStats& st, int64_t b,
+                    int64_t kv_head, Range keys, int64_t ordinal, DqAccumulator& dq_acc,
+                    const std::atomic<bool>& abandoned, BackwardScratch<kBf16>& t) {
+  const int64_t query_block = config.query_block;
+  const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
+  const int64_t n = round_up(keys.size(), kTileN);
+  float* dk = t.dk.reserve(n * dp);
+  float* dv = t.dv.reserve(n * dvp);
+  float* scores = t.s.reserve(kTileM * kTileN);
+  float* dprob = t.dprob.reserve(kTileM * kTileN);
+  float* row_buffer = t.row.reserve(std::max(dp, dvp));
+  float* row_max = t.row_max.reserve(query_block + kTileM);
+  float* inv_sum = t.inv_sum.reserve(query_block + kTileM);
+  float* delta = t.delta.reserve(query_block + kTileM);
+  std::fill_n(dk, n * dp, 0.0f);
+  std::fill_n(dv, n * dvp, 0.0f);
+  const Range queries = s.mask.queries(Range{0, s.seqlen_q}, keys);
+  // [group][dq_acc.dp][dq_ld] the chunk's share of dQ^T for the queries it sees, columns from
+  // dq_first; the row length is padded by one vector for the reason a transposed Panel's is.
+  const int64_t dq_rows = dq_acc.dp;  // the head dim rounded up to kDimRows
+  const int64_t dq_first = align_down(queries.begin, kTileM);
+  const int64_t dq_width = queries.empty() ? 0 : round_up(queries.end - dq_first, kTileM);
+  const int64_t dq_ld = dq_width + kLanes;
+  float* dq_share = t.dq.reserve(s.group * dq_rows * dq_ld);
+  std::fill_n(dq_share, s.group * dq_rows * dq_ld, 0.0f);
+  if (!queries.empty()) {
+    load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
+    load_operand(t.kt, p.k, b, kv_head, keys, s.head_dim, Role::a_transposed, s.tf32, row_buffer);
+    load_operand(t.v, p.v, b, kv_head, keys, s.head_dim_v, Role::a, s.tf32, row_buffer);
+  }
+  for (int64_t g = 0; g < s.group; ++g) {
+    const int64_t h = kv_head * s.group + g;
+    float* dq_head = dq_share + g * dq_rows * dq_ld;
+    for (int64_t qb0 = align_down(queries.begin, query_block); qb0 < queries.end; qb0 += query_block) {
+      const Range block = intersect(queries, Range{qb0, qb0 + query_block});
+      load_operand(t.q, p.q, b, h, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
+      load_operand(t.qt, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+      load_operand(t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_rows, s.tf32, row_buffer);
+      load_operand(t.doutt, p.dout, b, h, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
+      // Statistics indexed from the panel's first row; rows outside the block see nothing.
+      const size_t stat0 = size_t((b * s.heads + h) * s.seqlen_q);
+      for (int64_t r = t.q.first; r < t.q.first + round_up(block.end - t.q.first, kTileM); ++r) {
+        const bool in = r >= block.begin && r < block.end;
+        row_max[r - t.q.first] = in ? st.row_max[stat0 + size_t(r)] : kNegInf;
+        inv_sum[r - t.q.first] = in ? st.inv_sum[stat0 + size_t(r)] : 0.0f;
+        delta[r - t.q.first] = in ? st.delta[stat0 + size_t(r)] : 0.0f;
+      }
+      for (int64_t col0 = keys.begin; col0 < keys.end; col0 += kTileN) {
+        const Range tile_keys{col0, std::min(col0 + kTileN, keys.end)};
+        const Range tile_queries = s.mask.queries(block, tile_keys);
+        float* dk_tile = dk + (col0 - keys.begin) * dp;
+        float* dv_tile = dv + (col0 - keys.begin) * dvp;
+        for (int64_t row0 = align_down(tile_queries.begin, kTileM); row0 < tile_queries.end; row0 += kTileM) {
+          const int64_t stat = row0 - t.q.first;
+          // S^T = K·Q^T  [kTileN keys, kTileM queries]; P^T
+          tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
+          probabilities(scores, s, row0, col0, block, tile_keys, row_max + stat, inv_sum + stat);
+          // dV += P^T·dO (P rounded to the operand format in a copy: dS below is formed from the
+          // unrounded P, so that it is rounded once, not twice)
+          tile_gemm(kTileN, dvp, kTileM, tile_operand<kBf16>(scores, t.operand, s.tf32), kTileM, t.dout.tile(row0),
+                    t.dout.ld, dv_tile, dvp, true);
+          // dP^T = V·dO^T; dS^T = P^T ∘ (dP^T - Δ)
+          tile_gemm(kTileN, kTileM, dvp, t.v.tile(col0), t.v.ld, t.doutt.tile(row0), t.doutt.ld, dprob, kTileM, false);
+          score_gradient(scores, dprob, delta + stat, true);
+          if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
+          // dK += dS^T·Q
+          tile_gemm(kTileN, dp, kTileM, tile_operand<kBf16>(scores, t.operand), kTileM, t.q.tile(row0), t.q.ld, dk_tile,
+                    dp, true);
+          // dQ^T += K^T·dS^T  [dq_rows, kTileM queries]
+          int64_t ds_ld = 0;
+          const auto ds = tile_b_operand<kBf16>(scores, t.b_operand, ds_ld);
+          tile_gemm(dq_rows, kTileM, kTileN, t.kt.tile(col0), t.kt.ld, ds, ds_ld, dq_head + (row0 - dq_first), dq_ld,
+                    true);
+        }
+      }
+    }
+  }
+  for (int64_t c = 0; c < keys.size(); ++c) {
+    float* dk_row = dk + c * dp;
+    for (int64_t d = 0; d < s.head_dim; ++d) dk_row[d] *= s.scale;
+    write_row(p.dk, offset4(p.dk, b, keys.begin + c, kv_head, 0), s.head_dim, dk_row);
+    write_row(p.dv, offset4(p.dv, b, keys.begin + c, kv_head, 0), s.head_dim_v, dv + c * dvp);
+  }
+  // The share joins the accumulator in chunk order: wait for the chunks before this one.
+  std::atomic<int64_t>& turn = dq_acc.turn[size_t(b * s.kv_heads + kv_head)];
+  if (!wait_for_turn(turn, ordinal, abandoned)) return;
+  for (int64_t g = 0; g < s.group && dq_width > 0; ++g) {
+    float* dst = dq_acc.head(b * s.heads + kv_head * s.group + g) + dq_first;
+    const float* src = dq_share + g * dq_rows * dq_ld;
+    for (int64_t d = 0; d < s.head_dim; ++d)
+      for (int64_t r = 0; r < dq_width; r += kLanes)
+        store(dst + d * dq_acc.ld + r, load(dst + d * dq_acc.ld + r) + load(src + d * dq_ld + r));
+  }
+  turn.store(ordinal + 1, std::memory_order_release);
+}
+
+// The fused pass's last step, per (batch, head) `bh`: dQ = scale · (dQ^T)^T, written out.
+void write_dq(const Params& p, const Problem& s, int64_t bh, DqAccumulator& dq_acc, float* rows_buffer) {
+  const int64_t b = bh / s.heads, h = bh % s.heads;
+  const float* src = dq_acc.head(bh);
+  for (int64_t row0 = 0; row0 < s.seqlen_q; row0 += kTileM) {
+    const int64_t rows = std::min(kTileM, s.seqlen_q - row0);
+    // [kTileM, dp] a block of rows gathered from the transposed accumulator
+    for (int64_t d = 0; d < s.head_dim; ++d)
+      for (int64_t r = 0; r < rows; ++r) rows_buffer[r * dq_acc.dp + d] = src[d * dq_acc.ld + row0 + r] * s.scale;
+    for (int64_t r = 0; r < rows; ++r)
+      write_row(p.dq, offset4(p.dq, b, row0 + r, h, 0), s.head_dim, rows_buffer + r * dq_acc.dp);
+  }
 }
 
 // Items of several calls in one pool: item `i` of the call at position `c` of the pool is flat
@@ -714,13 +880,16 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
     return problems[x].seqlen_q * problems[x].seqlen_k > problems[y].seqlen_q * problems[y].seqlen_k;
   });
-  // Items are (call, batch, KV head, chunk); chunks of one head run next to each other.
-  auto for_chunks = [&](auto length_of, int64_t tile, auto&& body) {
+  // Items are (call, batch, KV head, chunk); chunks of one head run next to each other, in order of
+  // position or, `reversed`, last chunk first; the body gets the chunk's rank in that order. The
+  // chunk size is computed for `chunk_threads` threads: the fused backward's dQ sums depend on how
+  // the keys are cut, so it passes a count that does not vary with the threads asked for.
+  auto for_chunks = [&](auto length_of, int64_t tile, int chunk_threads, bool reversed, auto&& body) {
     std::vector<int64_t> per_chunk(static_cast<size_t>(count)), chunks(static_cast<size_t>(count)), items(static_cast<size_t>(count));
     for (size_t c = 0; c < size_t(count); ++c) {
       const Problem& s = problems[c];
       const int64_t length = length_of(s);
-      per_chunk[c] = chunk_tiles(tiles(length, tile), heads_total, threads, config) * tile;
+      per_chunk[c] = chunk_tiles(tiles(length, tile), heads_total, chunk_threads, config) * tile;
       chunks[c] = tiles(length, per_chunk[c]);
     }
     for (size_t i = 0; i < order.size(); ++i) items[i] = problems[order[i]].batch * problems[order[i]].kv_heads * chunks[order[i]];
@@ -728,21 +897,85 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
       const size_t position = pool.call(item), c = order[position];
       const Problem& s = problems[c];
-      const int64_t local = item - pool.first[position], head = local / chunks[c], chunk = local % chunks[c];
+      const int64_t local = item - pool.first[position], head = local / chunks[c], rank = local % chunks[c];
+      const int64_t chunk = reversed ? chunks[c] - 1 - rank : rank;
       body(worker, calls[c], s, c, head / s.kv_heads, head % s.kv_heads,
-           Range{chunk * per_chunk[c], std::min(chunk * per_chunk[c] + per_chunk[c], length_of(s))});
+           Range{chunk * per_chunk[c], std::min(chunk * per_chunk[c] + per_chunk[c], length_of(s))}, rank);
     });
   };
   const auto seqlen_q = [](const Problem& s) { return s.seqlen_q; };
   const auto seqlen_k = [](const Problem& s) { return s.seqlen_k; };
   const bool bf16_dot = kBf16Dot && problems[0].dtype == DType::bf16;
+  // Decode-shaped pools split their keys (key_parts) in the forward and in the backward's
+  // statistics pass: items are then (call, batch, KV head, part), each over all of the call's
+  // queries, and each part leaves per row a running max, a sum and one more quantity (the
+  // unnormalised output, or rowsum(E ∘ dP)), the parts of one head side by side:
+  // [head][part][group][seqlen_q](...). Then one item per (call, batch, KV head) merges them.
+  const int64_t parts = key_parts(problems, hardware_threads());
+  std::vector<int64_t> part_keys(static_cast<size_t>(count)), part_count(static_cast<size_t>(count)),
+      part_items(static_cast<size_t>(count)), heads(static_cast<size_t>(count));
+  std::vector<Scratch> part_acc(static_cast<size_t>(count)), part_max(static_cast<size_t>(count)),
+      part_sum(static_cast<size_t>(count));
+  if (parts > 1)
+    for (size_t c = 0; c < size_t(count); ++c) {
+      const Problem& s = problems[c];
+      // At least one tile: a call of the pool may have no keys at all (a packed sequence).
+      part_keys[c] = std::max(kTileN, round_up((s.seqlen_k + parts - 1) / parts, kTileN));
+      part_count[c] = std::max<int64_t>(1, tiles(s.seqlen_k, part_keys[c]));
+      heads[c] = s.batch * s.kv_heads;
+      part_items[c] = heads[c] * part_count[c];
+      const int64_t rows = part_items[c] * s.group * s.seqlen_q;
+      part_acc[c].reserve(rows * (direction == Direction::forward ? round_up(s.head_dim_v, kLanes) : 1));
+      part_max[c].reserve(rows);
+      part_sum[c].reserve(rows);
+    }
+  // body(worker, call, batch, KV head, keys of the part, part item within the call)
+  auto for_parts = [&](auto&& body) {
+    const ItemPool pool(part_items);
+    parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
+      const size_t c = pool.call(item);
+      const Problem& s = problems[c];
+      const int64_t local = item - pool.first[c], head = local / part_count[c], k = local % part_count[c];
+      body(worker, c, head / s.kv_heads, head % s.kv_heads,
+           Range{k * part_keys[c], std::min(k * part_keys[c] + part_keys[c], s.seqlen_k)}, local);
+    });
+  };
+  // body(worker, call, batch, KV head, the head's first row in the part buffers)
+  auto for_heads = [&](auto&& body) {
+    const ItemPool pool(heads);
+    parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
+      const size_t c = pool.call(item);
+      const Problem& s = problems[c];
+      const int64_t head = item - pool.first[c];
+      body(worker, c, head / s.kv_heads, head % s.kv_heads, head * part_count[c] * s.group * s.seqlen_q);
+    });
+  };
   if (direction == Direction::forward) {
     std::vector<ForwardScratch> scratch(static_cast<size_t>(threads));
-    for_chunks(seqlen_q, kTileM,
-               [&](int worker, const Params& p, const Problem& s, size_t, int64_t b, int64_t kv_head, Range rows) {
-                 if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, scratch[size_t(worker)]);
-                 else forward_chunk<false>(p, s, config, b, kv_head, rows, scratch[size_t(worker)]);
-               });
+    auto run = [&](int worker, const Params& p, const Problem& s, int64_t b, int64_t kv_head, Range rows, Range keys,
+                   const ForwardPart* part) {
+      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, keys, part, scratch[size_t(worker)]);
+      else forward_chunk<false>(p, s, config, b, kv_head, rows, keys, part, scratch[size_t(worker)]);
+    };
+    if (parts == 1) {
+      for_chunks(seqlen_q, kTileM, threads, false,
+                 [&](int worker, const Params& p, const Problem& s, size_t, int64_t b, int64_t kv_head, Range rows,
+                     int64_t) { run(worker, p, s, b, kv_head, rows, Range{0, s.seqlen_k}, nullptr); });
+      return Status::success();
+    }
+    for_parts([&](int worker, size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
+      const Problem& s = problems[c];
+      const int64_t rows = s.group * s.seqlen_q;
+      const ForwardPart part{part_acc[c].get() + local * rows * round_up(s.head_dim_v, kLanes),
+                             part_max[c].get() + local * rows, part_sum[c].get() + local * rows};
+      run(worker, calls[c], s, b, kv_head, Range{0, s.seqlen_q}, keys, &part);
+    });
+    for_heads([&](int worker, size_t c, int64_t b, int64_t kv_head, int64_t first) {
+      const Problem& s = problems[c];
+      merge_parts(calls[c], s, b, kv_head, part_count[c], part_acc[c].get() + first * round_up(s.head_dim_v, kLanes),
+                  part_max[c].get() + first, part_sum[c].get() + first,
+                  scratch[size_t(worker)].row.reserve(round_up(s.head_dim_v, kLanes)));
+    });
     return Status::success();
   }
   std::vector<RowStats> stats(static_cast<size_t>(count));
@@ -756,21 +989,65 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     const size_t c = stat_pool.call(item);
     preprocess(calls[c], problems[c], item - stat_pool.first[c], stats[c]);
   });
+  std::vector<DqAccumulator> dq(static_cast<size_t>(count));
+  std::vector<int64_t> dq_items(static_cast<size_t>(count));
+  for (size_t c = 0; c < size_t(count); ++c) {
+    const Problem& s = problems[c];
+    dq[c].dp = round_up(s.head_dim, kDimRows);
+    dq[c].ld = round_up(s.seqlen_q, kTileM) + kLanes;
+    const int64_t size = s.batch * s.heads * dq[c].dp * dq[c].ld;
+    std::fill_n(dq[c].data.reserve(size), size, 0.0f);
+    dq[c].turn = std::vector<std::atomic<int64_t>>(size_t(s.batch * s.kv_heads));
+    dq_items[c] = s.batch * s.heads;
+  }
+  std::atomic<bool> abandoned{false};
   auto backward = [&](auto bf16_tag) {
     constexpr bool kBf16 = decltype(bf16_tag)::value;
     std::vector<BackwardScratch<kBf16>> scratch(static_cast<size_t>(threads));
-    // The dQ pass first: it leaves the rows' softmax statistics for the dK/dV pass.
-    for_chunks(seqlen_q, kTileM,
-               [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows) {
-                 backward_q_chunk<kBf16>(p, s, config, stats[c], b, kv_head, rows, scratch[size_t(worker)]);
-               });
-    for_chunks(seqlen_k, kTileN,
-               [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range keys) {
-                 backward_kv_chunk<kBf16>(p, s, config, stats[c], b, kv_head, keys, scratch[size_t(worker)]);
+    // The statistics first: the fused pass forms P from them.
+    if (parts == 1) {
+      for_chunks(seqlen_q, kTileM, threads, false,
+                 [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows,
+                     int64_t) {
+                   backward_stats_chunk<kBf16>(p, s, config, stats[c], b, kv_head, rows, Range{0, s.seqlen_k},
+                                               nullptr, scratch[size_t(worker)]);
+                 });
+    } else {
+      for_parts([&](int worker, size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
+        const Problem& s = problems[c];
+        const int64_t rows = s.group * s.seqlen_q;
+        const StatsPart part{part_max[c].get() + local * rows, part_sum[c].get() + local * rows,
+                             part_acc[c].get() + local * rows};
+        backward_stats_chunk<kBf16>(calls[c], s, config, stats[c], b, kv_head, Range{0, s.seqlen_q}, keys, &part,
+                                    scratch[size_t(worker)]);
+      });
+      for_heads([&](int, size_t c, int64_t b, int64_t kv_head, int64_t first) {
+        merge_stats_parts(calls[c], problems[c], stats[c], b, kv_head, part_count[c], part_max[c].get() + first,
+                          part_sum[c].get() + first, part_acc[c].get() + first);
+      });
+    }
+    // Key chunks run last first: under a causal mask the last keys see the fewest queries, so the
+    // lighter chunks come first and a chunk rarely waits for its turn behind a heavier one.
+    for_chunks(seqlen_k, kTileN, hardware_threads(), true,
+               [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range keys,
+                   int64_t rank) {
+                 try {
+                   backward_chunk<kBf16>(p, s, config, stats[c], b, kv_head, keys, rank, dq[c], abandoned,
+                                         scratch[size_t(worker)]);
+                 } catch (...) {
+                   abandoned.store(true);  // the chunks after this one would wait for it forever
+                   throw;
+                 }
                });
   };
   if (bf16_dot) backward(std::bool_constant<kBf16Dot>{});
   else backward(std::false_type{});
+  const ItemPool dq_pool(dq_items);
+  std::vector<Scratch> rows(static_cast<size_t>(threads));
+  parallel_for(dq_pool.size(), threads, [&](int worker, int64_t item) {
+    const size_t c = dq_pool.call(item);
+    write_dq(calls[c], problems[c], item - dq_pool.first[c], dq[c], rows[size_t(worker)].reserve(kTileM * dq[c].dp));
+  });
   return Status::success();
 }
 

@@ -80,7 +80,7 @@ Tier cpu_tier() {
                {DType::fp16, Precision::ieee}, {DType::bf16, Precision::ieee}};
   t.max_seqlen = 520;
   t.max_work = 1.5e6;
-  t.max_low_precision_logit = std::numeric_limits<double>::infinity();  // its dQ pass corrects Δ
+  t.max_low_precision_logit = std::numeric_limits<double>::infinity();  // its statistics pass forms Δ from P∘dP
   return t;
 }
 
