@@ -22,9 +22,19 @@ inline Status refuse_varlen(const Params& p) {
   return Status::success();
 }
 
+// A KV cache (block_table / cache_seqlens) likewise runs on the CPU backends only for now.
+inline Status refuse_paged(const Params& p) {
+  if (p.block_table.defined() || p.cache_seqlens.defined())
+    return {Code::unsupported, std::string(p.block_table.defined() ? "block_table" : "cache_seqlens") +
+                                   ": calls on a KV cache are not implemented on the GPU tiers yet; the reference "
+                                   "and cpu backends run them on CPU tensors"};
+  return Status::success();
+}
+
 template <class Tier>
 Status tier_supports(const Params& p, Direction direction) {
   if (Status st = refuse_varlen(p); !st.ok()) return st;
+  if (Status st = refuse_paged(p); !st.ok()) return st;
   DeviceProps props;
   return Tier::check(p, direction, props);
 }
@@ -32,6 +42,7 @@ Status tier_supports(const Params& p, Direction direction) {
 template <class Tier>
 Status tier_run(const Params& p, Direction direction) {
   if (Status st = refuse_varlen(p); !st.ok()) return st;
+  if (Status st = refuse_paged(p); !st.ok()) return st;
   DeviceProps props;
   if (Status st = Tier::check(p, direction, props); !st.ok()) return st;
   const Problem s = Problem::of(p);
