@@ -237,6 +237,21 @@ TEST(PagedForward, LongSequenceSplitAcrossThreads) {
   }
 }
 
+// More pieces than one wave of partial results holds (src/cpu/paged.cpp keeps 64 MiB of them: here
+// 1 MiB per piece, about 80 pieces of one shuffled page each): the waves' merges chain correctly.
+TEST(PagedForward, ManyPiecesRunInWaves) {
+  CacheSpec c;
+  c.page_size = 16;
+  c.lengths = {1300};
+  c.seqlen_q = 16;
+  c.heads = 64;
+  c.kv_heads = 4;
+  c.head_dim = 16;
+  c.head_dim_v = 256;
+  c.causal = Causal::none;
+  run_and_check(c, Backend::cpu);
+}
+
 // The oracle reads a paged cache exactly as it reads the same keys stored densely, and the cpu
 // backend's paged call agrees with its dense call within the rule.
 TEST(PagedForward, MatchesTheDenseCall) {
