@@ -3,7 +3,7 @@
 #   1. configure + build (Release, FMHA_CUDA_ARCHS=90 by default, every head dim, -lineinfo);
 #   2. the GPU tests (tile ops, then kernels vs the fp64 oracle)   -> $OUT/gpu_tests.log
 #      and the simt backward tests again under each non-default FMHA_SIMT_BWD_CONFIG variant
-#   3. `fmha run --check` on each GPU tier, forward and backward   -> $OUT/cli_checks.log
+#   3. `fmha run --check` on each GPU tier, forward and backward, dense and packed -> $OUT/cli_checks.log
 #   4. compute-sanitizer memcheck, racecheck, synccheck over a small test of every kernel,
 #      and of the simt backward under each non-default variant      -> $OUT/sanitize.log
 #   5. `fmha bench`: the seed sweep and FlashAttention's bf16 sweep -> $OUT/bench_*.csv
@@ -80,6 +80,12 @@ if want cli; then
 --backend sm80 --dtype bf16 --mode bwd --deterministic --causal bottom-right --heads 8 --kv-heads 2 --seqlen-q 1000 --seqlen-k 3000 --head-dim 192
 --backend sm80 --dtype tf32 --mode bwd --heads 4 --kv-heads 2 --seqlen-q 333 --seqlen-k 700 --window 100,20
 --dtype bf16 --mode bwd --head-dim 96 --head-dim-v 64 --seqlen-q 300 --causal top-left
+--backend simt --mode fwd --seqlens-q 100,0,1,2000,37 --seqlens-k 120,5,1,2000,0 --causal bottom-right
+--backend simt --mode bwd --seqlens-q 100,0,1,2000,37 --seqlens-k 120,5,1,2000,0 --causal top-left --heads 8 --kv-heads 2
+--backend sm80 --dtype bf16 --mode fwd --seqlens-q 100,0,1,2000,37 --seqlens-k 120,5,1,2000,0 --window 64,16
+--backend sm80 --dtype fp16 --mode bwd --seqlens-q 100,0,1,2000,37 --seqlens-k 120,5,1,2000,0 --causal bottom-right --head-dim 128
+--backend sm80 --dtype bf16 --mode bwd --deterministic --seqlens-q 513,1,77 --seqlens-k 600,1,0 --causal bottom-right --heads 8 --kv-heads 1
+--dtype bf16 --mode bwd --seqlens-q 300,20 --seqlens-k 300,500 --head-dim 96 --head-dim-v 64 --causal top-left
 CASES
   grep -E "check:|FAIL|error" "$OUT/cli_checks.log" | head -20
 fi
@@ -88,7 +94,8 @@ if want sanitize; then
   step "compute-sanitizer -> $OUT/sanitize.log"
   # One small case per kernel: forward of every tier/dtype, backward (preprocess, main, convert),
   # the deterministic dQ kernel, empty problems.
-  FILTER='*Small_*_q15_k63_*:*Deterministic*:Edge.*'
+  # Packed calls: the broken-table test and one case per flavor of the varlen suite.
+  FILTER='*Small_*_q15_k63_*:*Deterministic*:Edge.*:Varlen.*:*VarlenKernel*causalBR_varlen8*'
   : > "$OUT/sanitize.log"
   for tool in memcheck racecheck synccheck; do
     echo "---- $tool" >> "$OUT/sanitize.log"

@@ -352,6 +352,32 @@ TEST_F(TuneTest, TunerTimesEveryVariantAndCachesTheFastest) {
   EXPECT_EQ(tune(call.p, Direction::forward, options, &r).code, Code::unsupported);
 }
 
+// A packed call is tuned as the dense batch of its longest sequences: its own class.
+TEST_F(TuneTest, APackedCallTunesItsClass) {
+  constexpr int64_t kHeads = 2, kDim = 32;
+  const std::vector<int32_t> cu = {0, 40, 41, 141};
+  std::vector<float> q(size_t(141 * kHeads * kDim)), o(q.size()), lse(size_t(kHeads * 141));
+  Params p;
+  p.q = make_tensor(q.data(), DType::fp32, {141, kHeads, kDim});
+  p.k = p.v = p.q;
+  p.o = make_tensor(o.data(), DType::fp32, {141, kHeads, kDim});
+  p.lse = make_tensor(lse.data(), DType::fp32, {kHeads, 141});
+  p.cu_seqlens_q = p.cu_seqlens_k = make_tensor(const_cast<int32_t*>(cu.data()), DType::int32, {4});
+  p.max_seqlen_q = p.max_seqlen_k = 100;
+  p.backend = Backend::cpu;
+  TuneOptions options;
+  options.iters = 1;
+  options.warmup = 0;
+  options.write_cache = false;
+  TuneResult r;
+  const Status s = tune(p, Direction::forward, options, &r);
+  ASSERT_TRUE(s.ok()) << s.message;
+  ProblemClass packed;
+  ASSERT_TRUE(problem_class(p, Direction::forward, &packed).ok());
+  EXPECT_EQ(r.problem.key(), packed.key());
+  EXPECT_FALSE(r.winner.empty());
+}
+
 TEST_F(TuneTest, ACandidateThatDisagreesOrFailsIsNeverChosen) {
   SmallCall call;
   // Fastest of all (it computes nothing) and wrong: zeros for O.

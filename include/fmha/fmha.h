@@ -110,9 +110,14 @@ enum class Direction : int { forward, backward };
 // sequence's first query, with that sequence's own seqlen_q and seqlen_k). Sequences of length 0
 // are allowed. Tables in CPU memory are checked in full (first entry 0, non-decreasing, last entry
 // = total tokens, every length <= its max_seqlen); tables in device memory cannot be read without a
-// synchronising copy, so their contents are the caller's promise and only their shape is checked.
-// Backends: reference and cpu; the GPU tiers refuse variable-length calls for now (supports()
-// says so), so CUDA tensors with tables get an `unsupported` status.
+// synchronising copy, so their shape, dtype, device and alignment are checked and their contents
+// are the caller's promise. The GPU kernels read device tables as they run and clamp each entry
+// (a sequence's begin to [0, total], its end to [begin, total], its length to max_seqlen), so a
+// table that breaks the promise gives wrong results, and may leave output rows that no sequence
+// covers unwritten, but never reads or writes outside the tensors or the workspace.
+// Backends: reference, cpu, and the simt and sm80 GPU tiers; sm90 refuses them (supports() says
+// why) and `auto` then runs them on sm80 (fp16, bf16, tf32) or simt (fp32). The backward's GPU
+// workspace (workspace_size) grows with total_q · H, not with batch · max_seqlen_q.
 //
 // Paged KV cache (decoding): when block_table is defined, k and v are a pool of fixed-size pages
 // shared by every sequence, and each sequence lists the pages that hold its keys in order:
@@ -171,7 +176,7 @@ struct Params {
   int64_t q_offset = 0;
 
   Precision precision = Precision::ieee;
-  bool deterministic = false;  // backward: bitwise reproducible results (no atomics)
+  bool deterministic = false;  // backward: bitwise reproducible results (dQ summed in a fixed order)
   Backend backend = Backend::auto_select;
 
   void* stream = nullptr;      // cudaStream_t for GPU backends; nullptr = legacy default stream

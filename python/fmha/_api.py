@@ -369,7 +369,8 @@ def attention_varlen(
     problem: causal alignment, window and q_offset apply within it. Sequences may be empty.
 
     Returns out [total_q, heads, head_dim_v], or (out, lse) with lse [heads, total_q] float32.
-    Runs on the reference and cpu backends; the GPU tiers do not take packed batches yet.
+    Runs on the reference and cpu backends and on the simt and sm80 GPU tiers (sm90 refuses packed
+    batches; backend="auto" picks sm80 or simt).
     """
     adapter = adapter_for(q)
     _refuse_torch_grad(adapter, (q, k, v), "attention_varlen")

@@ -14,6 +14,10 @@ struct Problem {
   int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads = 0, kv_heads = 0;
   int64_t head_dim = 0, head_dim_v = 0;
   int64_t group = 1;            // query heads per KV head
+  // Rows of the query-side and key-side tensors over all sequences: batch · seqlen for dense
+  // calls, the packed tensors' token counts (total_q, total_k) for variable-length ones.
+  int64_t total_q = 0, total_k = 0;
+  bool packed = false;          // variable-length call: seqlen_q/k above are max_seqlen_q/k
   float scale = 0.f;            // softmax scale applied to q·k
   float scale_log2 = 0.f;       // scale * log2(e): scores in the exp2 domain
   Mask mask;
@@ -32,6 +36,9 @@ struct Problem {
       s.seqlen_k = p.max_seqlen_k;
       s.kv_heads = p.k.shape[1];
       s.head_dim_v = p.v.shape[2];
+      s.total_q = p.q.shape[0];
+      s.total_k = p.k.shape[0];
+      s.packed = true;
     } else {
       s.batch = p.q.shape[0];
       s.seqlen_q = p.q.shape[1];
@@ -43,6 +50,8 @@ struct Problem {
       if (p.block_table.defined()) s.seqlen_k = p.k.shape[1] * p.block_table.shape[1];
       s.kv_heads = p.k.shape[2];
       s.head_dim_v = p.v.shape[3];
+      s.total_q = s.batch * s.seqlen_q;
+      s.total_k = s.batch * s.seqlen_k;
     }
     s.group = s.kv_heads > 0 ? s.heads / s.kv_heads : 1;
     s.scale = p.softmax_scale != 0.f ? p.softmax_scale

@@ -22,7 +22,7 @@ std::vector<BackendEntry> cuda_backends() {
   std::vector<BackendEntry> out;
 #if FMHA_CUDA_SM90
   out.push_back({Backend::cuda_sm90, DeviceType::cuda, cuda::sm90::supports, cuda::sm90::run,
-                 cuda::workspace_size, cuda::sm90::variants, cuda::sm90::variant_of});
+                 cuda::sm90::workspace_size, cuda::sm90::variants, cuda::sm90::variant_of});
 #endif
 #if FMHA_CUDA_SM80_MIN_ARCH
   out.push_back({Backend::cuda_sm80, DeviceType::cuda, cuda::sm80::supports, cuda::sm80::run,

@@ -161,6 +161,10 @@ class Session {
     const Device where = shape.q.device;
     for (int i = 0; i < sets; ++i) {
       Params p = shape;
+      // A packed (variable-length) call is tuned as the dense batch of its longest sequences,
+      // the problem class it falls in (class_of reads the sequence count and longest lengths).
+      p.cu_seqlens_q = p.cu_seqlens_k = Tensor{};
+      p.max_seqlen_q = p.max_seqlen_k = 0;
       p.backend = entry.id;
       p.stream = device.stream();
       p.workspace = nullptr;

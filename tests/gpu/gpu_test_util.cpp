@@ -212,6 +212,27 @@ Errors compare4(const std::vector<uint8_t>& gpu, DType dtype, const Layout& l, c
   return e;
 }
 
+// LSE [B, H, Sq] from the GPU (g) against the oracle's and the naive one; rows that see no key
+// must be exactly -inf.
+Errors lse_errors(const float* g, const std::vector<double>& ref, const std::vector<float>& naive) {
+  Errors e;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isinf(ref[i])) {
+      if (!(std::isinf(g[i]) && g[i] < 0) && e.not_exact++ == 0)
+        e.first_bad = "lse[" + std::to_string(i) + "] = " + std::to_string(g[i]) + ", expected -inf";
+      continue;
+    }
+    if (std::isnan(g[i])) {
+      if (e.nan++ == 0) e.first_bad = "lse[" + std::to_string(i) + "] is NaN or unwritten";
+      continue;
+    }
+    e.kernel = std::max(e.kernel, std::abs(double(g[i]) - ref[i]));
+    e.naive = std::max(e.naive, std::abs(double(naive[i]) - ref[i]));
+    e.ref_max = std::max(e.ref_max, std::abs(ref[i]));
+  }
+  return e;
+}
+
 std::string verdict(const Errors& e, DType dtype, const char* name) {
   std::ostringstream out;
   const double bound = 2 * e.naive + 2 * unit_roundoff(dtype) * e.ref_max + kAbsoluteSlack;
@@ -407,23 +428,7 @@ std::string check_forward(const Case& c, uint64_t seed) {
   std::string msg = verdict(compare4(d.o.download(), c.dtype, L.o, ref.o, naive.o, masked_row, "o"), c.dtype, "o");
   if (c.with_lse) {
     const std::vector<uint8_t> lse = d.lse.download();
-    const float* g = reinterpret_cast<const float*>(lse.data());
-    Errors e;
-    for (size_t i = 0; i < ref.lse.size(); ++i) {
-      if (std::isinf(ref.lse[i])) {
-        if (!(std::isinf(g[i]) && g[i] < 0) && e.not_exact++ == 0)
-          e.first_bad = "lse[" + std::to_string(i) + "] = " + std::to_string(g[i]) + ", expected -inf";
-        continue;
-      }
-      if (std::isnan(g[i])) {
-        if (e.nan++ == 0) e.first_bad = "lse[" + std::to_string(i) + "] is NaN or unwritten";
-        continue;
-      }
-      e.kernel = std::max(e.kernel, std::abs(double(g[i]) - ref.lse[i]));
-      e.naive = std::max(e.naive, std::abs(double(naive.lse[i]) - ref.lse[i]));
-      e.ref_max = std::max(e.ref_max, std::abs(ref.lse[i]));
-    }
-    msg += verdict(e, DType::fp32, "lse");
+    msg += verdict(lse_errors(reinterpret_cast<const float*>(lse.data()), ref.lse, naive.lse), DType::fp32, "lse");
   }
   return msg;
 }
@@ -535,6 +540,230 @@ std::string check_deterministic(const Case& c, uint64_t seed) {
     }
   }
   return "";
+}
+
+// ------------------------------------------------------------------------------------------------
+// Variable-length (packed) calls
+// ------------------------------------------------------------------------------------------------
+
+namespace {
+
+// The sequences of a packed call, each generated as the dense batch-1 problem it is: a contiguous
+// [1, S, H, D] tensor is the packed [S, H, D] rows of its sequence, so packing is concatenation.
+struct PackedProblem {
+  std::vector<HostProblem> seqs;
+  std::vector<int32_t> cu_q{0}, cu_k{0};  // the sequence tables
+  int64_t max_q = 0, max_k = 0;
+  int64_t total_q() const { return cu_q.back(); }
+  int64_t total_k() const { return cu_k.back(); }
+};
+
+PackedProblem make_packed(const VarlenCase& vc, uint64_t seed) {
+  PackedProblem pp;
+  for (size_t b = 0; b < vc.seqlens_q.size(); ++b) {
+    Case c = vc.base;
+    c.batch = 1;
+    c.seqlen_q = vc.seqlens_q[b];
+    c.seqlen_k = vc.seqlens_k[b];
+    c.bhsd_layout = false;
+    c.base_offset = 0;
+    pp.seqs.push_back(make_problem(c, seed + b));
+    pp.cu_q.push_back(int32_t(pp.cu_q.back() + c.seqlen_q));
+    pp.cu_k.push_back(int32_t(pp.cu_k.back() + c.seqlen_k));
+    pp.max_q = std::max(pp.max_q, c.seqlen_q);
+    pp.max_k = std::max(pp.max_k, c.seqlen_k);
+  }
+  pp.max_q += vc.extra_max;
+  pp.max_k += vc.extra_max;
+  return pp;
+}
+
+std::vector<uint8_t> concat(const PackedProblem& pp, std::vector<uint8_t> HostProblem::*member) {
+  std::vector<uint8_t> out;
+  for (const HostProblem& hp : pp.seqs) out.insert(out.end(), (hp.*member).begin(), (hp.*member).end());
+  return out;
+}
+
+// The packed LSE [H, total_q] from the sequences' [1, H, S].
+std::vector<uint8_t> packed_lse(const PackedProblem& pp, int64_t heads) {
+  const int64_t total = pp.total_q();
+  std::vector<float> out(size_t(heads * total));
+  for (size_t b = 0; b < pp.seqs.size(); ++b) {
+    const float* lse = reinterpret_cast<const float*>(pp.seqs[b].lse.data());
+    const int64_t len = pp.seqs[b].c.seqlen_q;
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t s = 0; s < len; ++s) out[size_t(h * total + pp.cu_q[b] + s)] = lse[h * len + s];
+  }
+  std::vector<uint8_t> bytes(out.size() * sizeof(float));
+  std::memcpy(bytes.data(), out.data(), bytes.size());
+  return bytes;
+}
+
+// Rows [begin, end) of a downloaded packed tensor whose rows hold `row_elements` elements.
+std::vector<uint8_t> rows_of(const std::vector<uint8_t>& packed, int64_t begin, int64_t end, int64_t row_elements,
+                             DType dtype) {
+  const size_t row_bytes = size_t(row_elements) * dtype_size(dtype);
+  return std::vector<uint8_t>(packed.begin() + ptrdiff_t(size_t(begin) * row_bytes),
+                              packed.begin() + ptrdiff_t(size_t(end) * row_bytes));
+}
+
+struct DevicePacked {
+  DeviceBuffer q, k, v, o, lse, dout, dq, dk, dv, tables, workspace;
+  Params params;
+};
+
+DevicePacked upload_packed(const VarlenCase& vc, const PackedProblem& pp, bool backward) {
+  const Case& c = vc.base;
+  const Device dev = current_cuda_device();
+  const int64_t total_q = pp.total_q(), total_k = pp.total_k(), entries = int64_t(pp.cu_q.size());
+  DevicePacked d;
+  auto put = [](DeviceBuffer& buffer, const std::vector<uint8_t>& bytes) {
+    buffer = DeviceBuffer(bytes.size());
+    buffer.upload(bytes);
+  };
+  put(d.q, concat(pp, &HostProblem::q));
+  put(d.k, concat(pp, &HostProblem::k));
+  put(d.v, concat(pp, &HostProblem::v));
+  put(d.o, concat(pp, &HostProblem::o));
+  put(d.lse, packed_lse(pp, c.heads));
+  std::vector<uint8_t> tables(size_t(2 * entries) * sizeof(int32_t));
+  std::memcpy(tables.data(), pp.cu_q.data(), pp.cu_q.size() * sizeof(int32_t));
+  std::memcpy(tables.data() + pp.cu_q.size() * sizeof(int32_t), pp.cu_k.data(), pp.cu_k.size() * sizeof(int32_t));
+  put(d.tables, tables);
+  Params& p = d.params;
+  p.q = make_tensor(d.q.ptr, c.dtype, {total_q, c.heads, c.head_dim}, dev);
+  p.k = make_tensor(d.k.ptr, c.dtype, {total_k, c.kv_heads, c.head_dim}, dev);
+  p.v = make_tensor(d.v.ptr, c.dtype, {total_k, c.kv_heads, c.head_dim_v}, dev);
+  p.o = make_tensor(d.o.ptr, c.dtype, {total_q, c.heads, c.head_dim_v}, dev);
+  if (c.with_lse || backward) p.lse = make_tensor(d.lse.ptr, DType::fp32, {c.heads, total_q}, dev);
+  p.cu_seqlens_q = make_tensor(d.tables.ptr, DType::int32, {entries}, dev);
+  p.cu_seqlens_k = make_tensor(static_cast<int32_t*>(d.tables.ptr) + entries, DType::int32, {entries}, dev);
+  p.max_seqlen_q = pp.max_q;
+  p.max_seqlen_k = pp.max_k;
+  p.causal = c.causal;
+  p.window_left = c.window_left;
+  p.window_right = c.window_right;
+  p.q_offset = c.q_offset;
+  p.precision = c.precision;
+  p.deterministic = c.deterministic;
+  p.backend = c.backend;
+  if (backward) {
+    put(d.dout, concat(pp, &HostProblem::dout));
+    d.dq = DeviceBuffer(d.q.bytes);
+    d.dk = DeviceBuffer(d.k.bytes);
+    d.dv = DeviceBuffer(d.v.bytes);
+    p.dout = make_tensor(d.dout.ptr, c.dtype, {total_q, c.heads, c.head_dim_v}, dev);
+    p.dq = make_tensor(d.dq.ptr, c.dtype, {total_q, c.heads, c.head_dim}, dev);
+    p.dk = make_tensor(d.dk.ptr, c.dtype, {total_k, c.kv_heads, c.head_dim}, dev);
+    p.dv = make_tensor(d.dv.ptr, c.dtype, {total_k, c.kv_heads, c.head_dim_v}, dev);
+    size_t bytes = 0;
+    throw_if_error(workspace_size(p, Direction::backward, &bytes));
+    d.workspace = DeviceBuffer(bytes);
+    p.workspace = d.workspace.ptr;
+    p.workspace_bytes = bytes;
+  }
+  return d;
+}
+
+// THE RULE applies to each output tensor of the call, here the packed one: the errors of its
+// sequences combine as one tensor's (the largest errors and magnitudes, every NaN and inexact
+// masked element, the first bad element's description, which names its sequence).
+void accumulate(Errors* total, const Errors& e) {
+  const bool worse = e.kernel > total->kernel;
+  const bool total_flagged = total->nan > 0 || total->not_exact > 0;
+  const bool e_flagged = e.nan > 0 || e.not_exact > 0;
+  if (!total_flagged && (e_flagged || worse)) total->first_bad = e.first_bad;
+  total->kernel = std::max(total->kernel, e.kernel);
+  total->naive = std::max(total->naive, e.naive);
+  total->ref_max = std::max(total->ref_max, e.ref_max);
+  total->nan += e.nan;
+  total->not_exact += e.not_exact;
+}
+
+std::string sequence_label(const char* tensor, size_t b) {
+  return std::string(tensor) + " of sequence " + std::to_string(b);
+}
+
+}  // namespace
+
+std::string VarlenCase::name() const {
+  // The base's name with the sequence count as batch and the longest lengths as seqlens.
+  Case named = base;
+  named.batch = int64_t(seqlens_q.size());
+  named.seqlen_q = seqlens_q.empty() ? 0 : *std::max_element(seqlens_q.begin(), seqlens_q.end());
+  named.seqlen_k = seqlens_k.empty() ? 0 : *std::max_element(seqlens_k.begin(), seqlens_k.end());
+  named.bhsd_layout = false;
+  named.base_offset = 0;
+  std::ostringstream out;
+  out << named.name() << "_varlen" << seqlens_q.size();
+  for (size_t b = 0; b < seqlens_q.size() && b < 4; ++b) out << "_" << seqlens_q[b] << "x" << seqlens_k[b];
+  if (seqlens_q.size() > 4) out << "_etc";
+  if (extra_max) out << "_max" << extra_max;
+  return out.str();
+}
+
+std::string check_varlen_forward(const VarlenCase& vc, uint64_t seed) {
+  const Case& c = vc.base;
+  const PackedProblem pp = make_packed(vc, seed);
+  DevicePacked d = upload_packed(vc, pp, false);
+  d.o.poison();
+  d.lse.poison();
+  if (std::string err = run_and_sync(d.params, Direction::forward); !err.empty()) return err;
+  const std::vector<uint8_t> o = d.o.download(), lse_bytes = d.lse.download();
+  const float* lse = reinterpret_cast<const float*>(lse_bytes.data());
+  Errors o_errors, lse_all;
+  for (size_t b = 0; b < pp.seqs.size(); ++b) {
+    const HostProblem& hp = pp.seqs[b];
+    const int64_t len = hp.c.seqlen_q, begin = pp.cu_q[b];
+    const reference::ForwardResult ref = reference::forward(hp.params());
+    const NaiveForward naive = naive_forward(hp);
+    const Problem s = Problem::of(hp.params());
+    auto masked_row = [&](int64_t, int64_t row, int64_t) { return s.mask.keys(row).empty(); };
+    const std::string name = sequence_label("o", b);
+    accumulate(&o_errors, compare4(rows_of(o, begin, begin + len, c.heads * c.head_dim_v, c.dtype), c.dtype,
+                                   layouts(hp.c).o, ref.o, naive.o, masked_row, name.c_str()));
+    if (c.with_lse) {
+      std::vector<float> g(size_t(c.heads * len));
+      for (int64_t h = 0; h < c.heads; ++h)
+        for (int64_t i = 0; i < len; ++i) g[size_t(h * len + i)] = lse[h * pp.total_q() + begin + i];
+      Errors e = lse_errors(g.data(), ref.lse, naive.lse);
+      if (!e.first_bad.empty()) e.first_bad = sequence_label("lse", b) + ": " + e.first_bad;
+      accumulate(&lse_all, e);
+    }
+  }
+  return verdict(o_errors, c.dtype, "o") + (c.with_lse ? verdict(lse_all, DType::fp32, "lse") : "");
+}
+
+std::string check_varlen_backward(const VarlenCase& vc, uint64_t seed) {
+  const Case& c = vc.base;
+  const PackedProblem pp = make_packed(vc, seed);
+  DevicePacked d = upload_packed(vc, pp, true);
+  d.dq.poison();
+  d.dk.poison();
+  d.dv.poison();
+  d.workspace.poison();
+  if (std::string err = run_and_sync(d.params, Direction::backward); !err.empty()) return err;
+  const std::vector<uint8_t> dq = d.dq.download(), dk = d.dk.download(), dv = d.dv.download();
+  Errors dq_errors, dk_errors, dv_errors;
+  for (size_t b = 0; b < pp.seqs.size(); ++b) {
+    const HostProblem& hp = pp.seqs[b];
+    const Layouts L = layouts(hp.c);
+    const int64_t q_begin = pp.cu_q[b], q_end = pp.cu_q[b + 1], k_begin = pp.cu_k[b], k_end = pp.cu_k[b + 1];
+    const reference::BackwardResult ref = reference::backward(hp.params());
+    const NaiveBackward naive = naive_backward(hp);
+    const Problem s = Problem::of(hp.params());
+    auto masked_row = [&](int64_t, int64_t row, int64_t) { return s.mask.keys(row).empty(); };
+    auto unseen_key = [&](int64_t, int64_t key, int64_t) { return s.mask.queries(key).empty(); };
+    const std::string dq_name = sequence_label("dq", b), dk_name = sequence_label("dk", b),
+                      dv_name = sequence_label("dv", b);
+    accumulate(&dq_errors, compare4(rows_of(dq, q_begin, q_end, c.heads * c.head_dim, c.dtype), c.dtype, L.q,
+                                    ref.dq, naive.dq, masked_row, dq_name.c_str()));
+    accumulate(&dk_errors, compare4(rows_of(dk, k_begin, k_end, c.kv_heads * c.head_dim, c.dtype), c.dtype, L.k,
+                                    ref.dk, naive.dk, unseen_key, dk_name.c_str()));
+    accumulate(&dv_errors, compare4(rows_of(dv, k_begin, k_end, c.kv_heads * c.head_dim_v, c.dtype), c.dtype, L.v,
+                                    ref.dv, naive.dv, unseen_key, dv_name.c_str()));
+  }
+  return verdict(dq_errors, c.dtype, "dq") + verdict(dk_errors, c.dtype, "dk") + verdict(dv_errors, c.dtype, "dv");
 }
 
 }  // namespace fmha::test

@@ -87,4 +87,21 @@ std::string check_single_key_rows_cancel(const Case& c, uint64_t seed);
 // Two deterministic backward runs; empty when dq, dk, dv are bitwise identical.
 std::string check_deterministic(const Case& c, uint64_t seed);
 
+// A variable-length (packed) call: `base` gives the tier, dtype, heads, head dims and options
+// (its batch, seqlens, layout and offset are ignored); sequence b has seqlens_q[b] queries and
+// seqlens_k[b] keys. max_seqlen_q/k are the longest lengths plus `extra_max` (a grid with more
+// tiles than any sequence needs).
+struct VarlenCase {
+  Case base;
+  std::vector<int64_t> seqlens_q, seqlens_k;
+  int64_t extra_max = 0;
+  std::string name() const;
+};
+
+// Run the packed call on the GPU with its sequence tables in device memory, and check it under
+// THE RULE: each sequence against its own oracle and naive result as the dense batch-1 call it
+// is (its own masked rows exact), the errors combined over the packed tensor. Empty on success.
+std::string check_varlen_forward(const VarlenCase& c, uint64_t seed);
+std::string check_varlen_backward(const VarlenCase& c, uint64_t seed);
+
 }  // namespace fmha::test

@@ -1,6 +1,6 @@
 // fmha::merge on CUDA tensors against the CPU merge of the same parts (dense and packed layouts,
-// bf16 parts into an fp32 accumulator in place, rows with -inf on one or both sides), and the
-// GPU tiers' refusal of variable-length calls, which run on the CPU backends for now.
+// bf16 parts into an fp32 accumulator in place, rows with -inf on one or both sides). The GPU
+// tiers' variable-length calls are tested in varlen_gpu_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -140,43 +140,6 @@ TEST(MergeCuda, RefusesMixedDevices) {
   const Status s = merge(m);
   EXPECT_EQ(s.code, Code::invalid_argument);
   EXPECT_NE(s.message.find("out_b: is on a different device than out_a"), std::string::npos) << s.message;
-}
-
-// Packed calls on CUDA tensors: every GPU tier says why it does not take them, and auto lists the
-// reasons, rather than running a dense kernel over packed memory.
-TEST(Refuse, VarlenOnEveryGpuTier) {
-  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
-  constexpr int64_t kTotal = 24, kHeads = 2, kDim = 64;
-  const Device gpu = current_device();
-  const size_t bytes = size_t(kTotal * kHeads * kDim) * 2;
-  DeviceBuffer buffer(4 * bytes + 4096);
-  char* base = static_cast<char*>(buffer.ptr);
-  const std::vector<int32_t> table = {0, 10, 10, 24};
-  DeviceBuffer tables(2 * table.size() * sizeof(int32_t));
-  std::vector<uint8_t> table_bytes(2 * table.size() * sizeof(int32_t));
-  std::memcpy(table_bytes.data(), table.data(), table.size() * sizeof(int32_t));
-  std::memcpy(table_bytes.data() + table.size() * sizeof(int32_t), table.data(), table.size() * sizeof(int32_t));
-  tables.upload(table_bytes);
-  Params p;
-  p.q = make_tensor(base, DType::bf16, {kTotal, kHeads, kDim}, gpu);
-  p.k = make_tensor(base + bytes, DType::bf16, {kTotal, kHeads, kDim}, gpu);
-  p.v = make_tensor(base + 2 * bytes, DType::bf16, {kTotal, kHeads, kDim}, gpu);
-  p.o = make_tensor(base + 3 * bytes, DType::bf16, {kTotal, kHeads, kDim}, gpu);
-  p.cu_seqlens_q = make_tensor(tables.ptr, DType::int32, {int64_t(table.size())}, gpu);
-  p.cu_seqlens_k = make_tensor(static_cast<int32_t*>(tables.ptr) + table.size(), DType::int32,
-                               {int64_t(table.size())}, gpu);
-  p.max_seqlen_q = p.max_seqlen_k = 14;
-  for (Backend b : compiled_backends()) {
-    if (b == Backend::cpu || b == Backend::reference) continue;
-    p.backend = b;
-    const Status s = supports(p, Direction::forward);
-    EXPECT_EQ(s.code, Code::unsupported) << to_string(b) << ": " << s.message;
-    EXPECT_NE(s.message.find("variable-length"), std::string::npos) << s.message;
-  }
-  p.backend = Backend::auto_select;
-  const Status s = forward(p);
-  EXPECT_EQ(s.code, Code::unsupported) << s.message;
-  EXPECT_NE(s.message.find("variable-length"), std::string::npos) << s.message;
 }
 
 }  // namespace

@@ -169,6 +169,45 @@ TEST(TileOps, AtomicAddQuad) {
   cudaFree(sums);
 }
 
+// ---- wait_turn / pass_turn: blocks add into shared fp32 sums in block order ---------------------
+// Every thread of block b adds values[b][t] into sums[t] with plain atomics, but only in its turn
+// (turn counter = b), and the block's thread 0 records the order. Values of mixed magnitudes make
+// fp32 sums order-dependent, so only block order reproduces the host's sequential sums bit for bit.
+__global__ void turns_kernel(const float* values, float* sums, int* turn, int* order, int* next) {
+  const int b = int(blockIdx.x), t = int(threadIdx.x);
+  if (t == 0) tile::wait_turn(turn, b);
+  __syncthreads();
+  atomicAdd(sums + t, values[b * blockDim.x + t]);
+  if (t == 0) order[(*next)++] = b;  // plain read-modify-write: safe only while the turn is held
+  __syncthreads();
+  if (t == 0) tile::pass_turn(turn, b + 1);
+}
+
+TEST(TileOps, TurnsOrderBlocks) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr int kBlocks = 512, kThreadsPerBlock = 128;
+  std::vector<float> values = random(size_t(kBlocks) * kThreadsPerBlock, 7);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::ldexp(values[i], int(i % 29) - 14);
+  float* d_values = to_device(values);
+  float* sums = to_device(std::vector<float>(kThreadsPerBlock, 0.f));
+  int* counters = to_device(std::vector<int>(2, 0));  // turn, next
+  int* order = to_device(std::vector<int>(kBlocks, -1));
+  turns_kernel<<<kBlocks, kThreadsPerBlock>>>(d_values, sums, counters, order, counters + 1);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got_order = to_host(order, kBlocks);
+  for (int b = 0; b < kBlocks; ++b) ASSERT_EQ(got_order[size_t(b)], b) << "position " << b;
+  const auto got = to_host(sums, kThreadsPerBlock);
+  for (int t = 0; t < kThreadsPerBlock; ++t) {
+    float want = 0.f;
+    for (int b = 0; b < kBlocks; ++b) want += values[size_t(b) * kThreadsPerBlock + t];
+    EXPECT_EQ(got[size_t(t)], want) << "column " << t;
+  }
+  cudaFree(d_values);
+  cudaFree(sums);
+  cudaFree(counters);
+  cudaFree(order);
+}
+
 // ---- SIMT mma_nt, row max / row sum, exp2 on the Grid16 layout -----------------------------------
 template <int M, int N, int K>
 __global__ void simt_kernel(const float* a, const float* b, float* c, float* row_max, float* row_sum, float* ex) {

@@ -36,7 +36,7 @@ void add_case_options(CLI::App* app, RunOptions& o) {
   app->add_option("--seed", o.seed, "Random seed of the inputs (default: fresh)");
   app->add_option("--threads", o.threads, "CPU backends: threads (0 = all)")->capture_default_str();
   app->add_option("--scale", o.scale, "Softmax scale (default 1/sqrt(head-dim))");
-  app->add_flag("--deterministic", o.deterministic, "Backward without atomics (bitwise reproducible)");
+  app->add_flag("--deterministic", o.deterministic, "Backward bitwise reproducible: dQ summed in a fixed order");
   app->add_flag("--no-lse", o.no_lse, "Forward: do not write LSE");
   app->add_flag("--paged", o.paged,
                 "K/V in a paged KV cache (decoding): each sequence's seqlen-k keys in pages of --page-size rows, "

@@ -1,6 +1,12 @@
 // The kernels' view of one call: raw pointers, int64 element strides and sizes, read off a
 // validated Params on the host and passed by value to every kernel of every tier.
 // Base offsets are int64 (tensors above 2^31 elements); indices inside a tile stay int32.
+//
+// Variable-length (packed) calls use the same block: a kernel's packed instantiation first calls
+// sequence() with its batch index (block_sequence.cuh), which reads the sequence tables in device
+// memory and gives that sequence's lengths and mask; the views then take the sequence's first
+// packed row in place of the batch index (SequenceStart), since their batch strides are row
+// strides.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +33,31 @@ struct View4 {
 // Row statistics (lse_log2, delta) are stored in runs of this many rows per (batch, head).
 inline constexpr int64_t kStatRowAlign = 64;
 
+// Where one block's sequence starts: the first argument of the views' at() and of row_index()
+// on the query side (q, o, dout, dq, LSE, workspace rows) and on the key side (k, v, dk, dv).
+// Dense calls: the batch index on both sides. Packed calls: the sequence's first row in q and k.
+struct SequenceStart {
+  int64_t q = 0, k = 0;
+};
+
+// One sequence of a call as a kernel block sees it: where its rows start, and its mask, which
+// carries its lengths (mask.seqlen_q, mask.seqlen_k).
+struct Sequence {
+  SequenceStart start;
+  Mask mask;
+};
+
+// The sequence tables of a packed call (cu_seqlens_q null for a dense call), as far as the
+// kernels need them: where each sequence's rows are, and what each sequence's mask depends on.
+struct PackedTables {
+  const int32_t* cu_seqlens_q = nullptr;  // [batch + 1], element stride stride_q
+  const int32_t* cu_seqlens_k = nullptr;  // [batch + 1], element stride stride_k
+  int64_t stride_q = 1, stride_k = 1;
+  int64_t total_q = 0, total_k = 0;       // rows of the packed q-side and k-side tensors
+  int64_t q_offset = 0;
+  bool bottom_right = false;              // causal alignment to the last key of each sequence
+};
+
 struct AttentionArgs {
   View4 q, k, v, o;
   View4 dout, dq, dk, dv;
@@ -35,30 +66,64 @@ struct AttentionArgs {
 
   int batch = 0, heads = 0, kv_heads = 0, group = 1;
   int head_dim = 0, head_dim_v = 0;
+  // Dense: the call's lengths and mask. Packed: the longest sequences' lengths (which size the
+  // grids) and the window; each block's own come from sequence().
   int64_t seqlen_q = 0, seqlen_k = 0;
   float scale = 0.f;       // softmax scale on q·k
   float scale_log2 = 0.f;  // scale * log2(e): scores in the exp2 domain
   Mask mask;
+  PackedTables packed;
 
-  // Backward workspace, all fp32 and contiguous:
-  float* dq_accum = nullptr;  // [B, H, Sq, head_dim], unscaled dS·K (non-deterministic backward)
-  float* lse_log2 = nullptr;  // [B, H, stat_rows]: LSE · log2(e); +inf for rows that see no key
-  float* delta = nullptr;     // [B, H, stat_rows]: rowsum(dO ∘ O)
-  // seqlen_q rounded up to kStatRowAlign: each (batch, head) of the row statistics starts on a
-  // 256-byte boundary and its padding rows hold LSE = +inf, Δ = 0, so that a kernel may copy a
-  // whole tile of them in one bulk copy without bounds checks.
-  int64_t stat_rows = 0;
-  // [B, H, stat_rows], the simt tier's recomputed softmax statistics (bwd_row_stats_kernel): max
-  // of the scores in the exp2 domain (-inf for rows that see no key) and 1 / sum of 2^(score - max).
-  float* row_max = nullptr;
-  float* inv_sum = nullptr;
+  // Backward workspace, all fp32 and contiguous, per (query row, head): dense calls [B, H, Sq],
+  // packed ones [H, total_q]:
+  float* dq_accum = nullptr;  // [rows, head_dim], unscaled dS·K (non-deterministic backward)
+  // row_index(start, h, s) = start · row_start_stride + h · row_head_stride + s: dense
+  // {H · Sq, Sq} with the batch index as start, packed {1, total_q} with the sequence's first row.
+  int64_t row_start_stride = 0, row_head_stride = 0;
+  // The row statistics, per head in runs of stat_rows = (Sq dense, total_q packed) rounded up to
+  // kStatRowAlign: each run starts on a 256-byte boundary and its padding rows hold LSE = +inf,
+  // Δ = 0, so that a kernel may copy a whole tile of them in one bulk copy without bounds checks.
+  // stat_index(start, h, s) = start · stat_start_stride + h · stat_rows + s: dense
+  // {H · stat_rows} with the batch index as start, packed {1} with the sequence's first row.
+  float* lse_log2 = nullptr;  // LSE · log2(e); +inf for rows that see no key
+  float* delta = nullptr;     // rowsum(dO ∘ O)
+  int64_t stat_rows = 0, stat_start_stride = 0;
+  // Deterministic backward of a tier that orders its dQ additions (sm90, dense calls): turn
+  // counters [B, H, dq_turn_tiles, parts], zeroed before the main kernel; null otherwise.
+  int* dq_turns = nullptr;
+  int64_t dq_turn_tiles = 0;  // query tiles per (batch, head)
 
-  FMHA_HOST_DEVICE int64_t row_index(int64_t b, int64_t h, int64_t s) const {
-    return (b * heads + h) * seqlen_q + s;
+  FMHA_HOST_DEVICE int64_t row_index(int64_t start, int64_t h, int64_t s) const {
+    return start * row_start_stride + h * row_head_stride + s;
   }
-  // Index of row s of (b, h) in lse_log2 and delta.
-  FMHA_HOST_DEVICE int64_t stat_index(int64_t b, int64_t h, int64_t s) const {
-    return (b * heads + h) * stat_rows + s;
+
+  FMHA_HOST_DEVICE bool is_packed() const { return packed.cu_seqlens_q != nullptr; }
+
+  // The sequence of batch index `batch`, as a kernel block sees it: for a dense call the batch
+  // index on both sides and the call's mask; for a packed one the sequence's rows read from the
+  // tables, and the mask of its own lengths (mask.seqlen_q, mask.seqlen_k).
+  //
+  // The tables are the caller's promise (fmha.h) and are not trusted: every begin is clamped to
+  // [0, total], every end to [begin, total], and every length to the call's max_seqlen, so that a
+  // broken table (decreasing, negative, past the packed tensors) gives wrong sequences but never a
+  // row outside the tensors or the workspace.
+  FMHA_HOST_DEVICE Sequence sequence(int64_t batch) const {
+    if (!is_packed()) return {{batch, batch}, mask};
+    const auto clamp = [](int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); };
+    const int64_t q_begin = clamp(packed.cu_seqlens_q[batch * packed.stride_q], 0, packed.total_q);
+    const int64_t q_end = clamp(packed.cu_seqlens_q[(batch + 1) * packed.stride_q], q_begin, packed.total_q);
+    const int64_t k_begin = clamp(packed.cu_seqlens_k[batch * packed.stride_k], 0, packed.total_k);
+    const int64_t k_end = clamp(packed.cu_seqlens_k[(batch + 1) * packed.stride_k], k_begin, packed.total_k);
+    Sequence seq{{q_begin, k_begin}, mask};  // the window from the call's mask
+    // seqlen_q / seqlen_k are max_seqlen_q / max_seqlen_k (at most the totals) for packed calls.
+    seq.mask.seqlen_q = q_end - q_begin < seqlen_q ? q_end - q_begin : seqlen_q;
+    seq.mask.seqlen_k = k_end - k_begin < seqlen_k ? k_end - k_begin : seqlen_k;
+    seq.mask.shift = packed.q_offset + (packed.bottom_right ? seq.mask.seqlen_k - seq.mask.seqlen_q : 0);
+    return seq;
+  }
+  // Index of row s of head h in lse_log2 and delta (start as for row_index).
+  FMHA_HOST_DEVICE int64_t stat_index(int64_t start, int64_t h, int64_t s) const {
+    return start * stat_start_stride + h * stat_rows + s;
   }
 };
 

@@ -3,7 +3,9 @@
 //               exp2 domain (+inf for rows that see no key, so that P = 2^(S - LSE) is 0 there),
 //               and the fp32 dQ accumulator zeroed;
 //   convert:    dQ = scale · accumulator, stored in the tensors' dtype.
-// Both are memory-bound and use one warp per row / a grid-stride loop.
+// Both are memory-bound and use one warp per row / a grid-stride loop. Neither reads a sequence
+// table: Δ, the exp2-domain LSE and dQ of a (query row, head) do not depend on which sequence the
+// row belongs to, so a packed call runs them over all its rows (row_kernel_args).
 #pragma once
 
 #include "cuda/common/args.h"
@@ -70,6 +72,17 @@ __global__ void __launch_bounds__(kRowKernelThreads) bwd_convert_dq_kernel(const
     const int64_t b = w / (args.seqlen_q * args.heads);
     args.dq.at<T>(b, s, h)[d] = tile::from_float<T>(args.dq_accum[i] * args.scale);
   }
+}
+
+// The row kernels' view of a call: a packed call as one sequence of all total_q rows. Its views
+// then read row s at s · row stride, and its workspace rows [H, total_q] are the dense layout
+// [1, H, total_q] that the row kernels index.
+inline AttentionArgs row_kernel_args(const AttentionArgs& args) {
+  if (!args.is_packed()) return args;
+  AttentionArgs rows = args;
+  rows.batch = 1;
+  rows.seqlen_q = args.packed.total_q;
+  return rows;
 }
 
 // Blocks for a grid-stride kernel over `items` (capped: each block loops).

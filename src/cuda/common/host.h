@@ -26,17 +26,29 @@ AttentionArgs make_args(const Params& params, const Problem& problem);
 
 // Byte offsets of the backward workspace's parts; total is what workspace_size reports.
 struct WorkspaceLayout {
-  size_t dq_accum = 0;  // [B, H, Sq, head_dim] fp32; absent (size 0) when deterministic
-  size_t lse_log2 = 0;  // [B, H, Sq rounded up to kStatRowAlign] fp32
-  size_t delta = 0;     // [B, H, Sq rounded up to kStatRowAlign] fp32
-  size_t row_max = 0;   // [B, H, Sq rounded up to kStatRowAlign] fp32
-  size_t inv_sum = 0;   // [B, H, Sq rounded up to kStatRowAlign] fp32
+  // Rows are (query row, head) pairs: [B, H, Sq] dense, [H, total_q] packed (args.h); the row
+  // statistics pad each head's run to a multiple of kStatRowAlign rows.
+  size_t dq_accum = 0;  // [rows, head_dim] fp32; absent (size 0) when deterministic (but sm90's)
+  size_t lse_log2 = 0;  // [padded rows] fp32
+  size_t delta = 0;     // [padded rows] fp32
+  size_t dq_turns = 0;  // [B, H, ceil(Sq / rows), parts] int32 (OrderedDq); absent otherwise
   size_t total = 0;
   bool has_dq_accum = false;
+  bool has_dq_turns = false;
+  int64_t dq_turn_tiles = 0;
 };
-WorkspaceLayout workspace_layout(const Problem& problem, bool deterministic);
+// How a tier's deterministic backward forms dQ: rows == 0, by a kernel of its own (no fp32
+// accumulator); otherwise by additions into the accumulator in a fixed order, with `parts` turn
+// counters per `rows` query rows.
+struct OrderedDq {
+  int rows = 0;
+  int parts = 0;
+};
+WorkspaceLayout workspace_layout(const Problem& problem, bool deterministic, OrderedDq ordered = {});
 
-// The workspace a call of either tier needs: the backward's layout, nothing for the forward.
+// The workspace a call of a tier needs: the backward's layout, nothing for the forward.
+Status workspace_size(const Params& params, Direction direction, size_t* bytes, OrderedDq ordered);
+// The same for the tiers whose deterministic dQ has a kernel of its own.
 Status workspace_size(const Params& params, Direction direction, size_t* bytes);
 
 // Fills the workspace pointers of `args`, or says why the caller's workspace does not do.

@@ -8,21 +8,25 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "cuda/common/host.h"
 #include "fmha/fmha.h"
 
 namespace fmha::cuda {
 
-// Variable-length (packed) calls run on the CPU backends only for now; every GPU tier refuses
-// them here, before its own checks read the dense layout's dimensions.
-inline Status refuse_varlen(const Params& p) {
+// Variable-length (packed) calls run on the simt and sm80 tiers (their kernels read the device
+// tables, args.h sequence()); a tier that does not run them refuses here, in its check(),
+// before reading the dense layout's dimensions, and `auto` moves on to the next tier.
+inline Status refuse_varlen(const Params& p, const char* tier, const char* instead) {
   if (p.cu_seqlens_q.defined() || p.cu_seqlens_k.defined())
-    return {Code::unsupported, "cu_seqlens_q: variable-length calls are not implemented on the GPU tiers yet; "
-                               "the reference and cpu backends run them on CPU tensors"};
+    return {Code::unsupported, std::string("cu_seqlens_q: the ") + tier +
+                                   " tier does not run variable-length calls yet; " + instead};
   return Status::success();
 }
 
-// A KV cache (block_table / cache_seqlens) likewise runs on the CPU backends only for now.
+// A KV cache (block_table / cache_seqlens) runs on the CPU backends only for now: every GPU
+// tier refuses it here, before its own checks read k and v as the dense layout's [B, Sk, ...].
 inline Status refuse_paged(const Params& p) {
   if (p.block_table.defined() || p.cache_seqlens.defined())
     return {Code::unsupported, std::string(p.block_table.defined() ? "block_table" : "cache_seqlens") +
@@ -31,9 +35,15 @@ inline Status refuse_paged(const Params& p) {
   return Status::success();
 }
 
+// The tier's deterministic dQ scheme: Tier::kOrderedDq where it declares one.
+template <class Tier>
+constexpr OrderedDq ordered_dq() {
+  if constexpr (requires { Tier::kOrderedDq; }) return Tier::kOrderedDq;
+  else return OrderedDq{};
+}
+
 template <class Tier>
 Status tier_supports(const Params& p, Direction direction) {
-  if (Status st = refuse_varlen(p); !st.ok()) return st;
   if (Status st = refuse_paged(p); !st.ok()) return st;
   DeviceProps props;
   return Tier::check(p, direction, props);
@@ -41,14 +51,14 @@ Status tier_supports(const Params& p, Direction direction) {
 
 template <class Tier>
 Status tier_run(const Params& p, Direction direction) {
-  if (Status st = refuse_varlen(p); !st.ok()) return st;
   if (Status st = refuse_paged(p); !st.ok()) return st;
   DeviceProps props;
   if (Status st = Tier::check(p, direction, props); !st.ok()) return st;
   const Problem s = Problem::of(p);
   AttentionArgs args = make_args(p, s);
   if (direction == Direction::backward) {
-    if (Status st = bind_workspace(p, workspace_layout(s, p.deterministic), &args); !st.ok()) return st;
+    if (Status st = bind_workspace(p, workspace_layout(s, p.deterministic, ordered_dq<Tier>()), &args); !st.ok())
+      return st;
   }
   return Tier::launch(p, direction, props, args, static_cast<cudaStream_t>(p.stream));
 }

@@ -1,13 +1,8 @@
 // Storage may be fp32, fp16 or bf16 (T); tiles are fp32 in shared memory either way.
 // The simt backward's shared step: for one (query tile, key tile) pair in shared memory,
-// P = 2^(S·scale_log2 - max) / sum masked and dS = P ∘ (dP - Δ) with dP = dO·V^T, in the Grid16
-// layout (rows = queries, columns = keys). The main kernel (dK, dV, atomic dQ) and the
-// deterministic dQ kernel both call it, so the two backward variants cannot differ on what P and
-// dS are. The row max and sum come from bwd_row_stats_kernel, not from the stored LSE: an fp32
-// LSE of ~100 (peaked softmax) is off by ~|LSE|·2^-24 in every exponent, while scores formed
-// bit for bit as the statistics kernel formed them (S summed over the head dim first to last,
-// by mma_nt here and by fma4 in the micro-tile kernel) give the dominant P exactly 1/sum, as a
-// plain fp32 softmax does.
+// P = 2^(S·scale_log2 - LSE) masked and dS = P ∘ (dP - Δ) with dP = dO·V^T, in the Grid16 layout
+// (rows = queries, columns = keys). The main kernel (dK, dV, atomic dQ) and the deterministic dQ
+// kernel both call it, so the two backward variants cannot differ on what P and dS are.
 #pragma once
 
 #include "cuda/common/args.h"
@@ -28,14 +23,8 @@ struct BwdTiles {
     tile::SmemArray<QTile> q, dout;
     tile::SmemArray<KVTile> k, v;
     tile::SmemArray<PTile> p, ds;
-    float row_max[BM];   // [BM] softmax max per query row (exp2 domain), -inf past the tile's rows
-    float inv_sum[BM];   // [BM] 1 / softmax sum per query row, 0 past the tile's rows
+    float lse_log2[BM];  // [BM] LSE·log2(e) per query row, +inf past the tile's rows
     float delta[BM];     // [BM] Δ per query row, 0 past the tile's rows
-  };
-  // bwd_row_stats_kernel's shared memory: one query tile and one key tile.
-  struct StatsStorage {
-    tile::SmemArray<QTile> q;
-    tile::SmemArray<KVTile> k;
   };
   using Scores = tile::RegTile<float, BM / 16, BN / 16>;   // [BM, BN] queries × keys, Grid16
   using KeyAcc = tile::RegTile<float, BN / 16, HD / 16>;   // [BN, HD] dK or dV, Grid16
@@ -51,42 +40,35 @@ __device__ __forceinline__ void load_fp32_tile(Tile dst, const T* src, int64_t r
     tile::block::load_convert<kThreads>(dst, src, row_stride, rows, cols);
 }
 
-// Loads the query-side tiles (Q, dO, softmax statistics, Δ) of `rows` of head h; one cp.async group.
+// Loads the query-side tiles (Q, dO, LSE, Δ) of `rows` of head h; one cp.async group.
 template <class T, class Tiles, int BM>
 __device__ __forceinline__ void load_query_side(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                                int64_t b, int64_t h, Range rows) {
+                                                int64_t q_start, int64_t h, Range rows) {
   const int valid = int(rows.size());
-  load_fp32_tile(shared.q.tile(), args.q.at<const T>(b, rows.begin, h), args.q.seq_stride, valid, args.head_dim);
-  load_fp32_tile(shared.dout.tile(), args.dout.at<const T>(b, rows.begin, h), args.dout.seq_stride, valid,
+  load_fp32_tile(shared.q.tile(), args.q.at<const T>(q_start, rows.begin, h), args.q.seq_stride, valid, args.head_dim);
+  load_fp32_tile(shared.dout.tile(), args.dout.at<const T>(q_start, rows.begin, h), args.dout.seq_stride, valid,
                  args.head_dim_v);
   tile::block::commit();
-  const int64_t stat0 = args.stat_index(b, h, rows.begin);
-  tile::block::load_vector<BM, kThreads>(shared.row_max, args.row_max + stat0, valid, tile::kNegInf);
-  tile::block::load_vector<BM, kThreads>(shared.inv_sum, args.inv_sum + stat0, valid, 0.f);
+  const int64_t stat0 = args.stat_index(q_start, h, rows.begin);
+  tile::block::load_vector<BM, kThreads>(shared.lse_log2, args.lse_log2 + stat0, valid, __int_as_float(0x7f800000));
   tile::block::load_vector<BM, kThreads>(shared.delta, args.delta + stat0, valid, 0.f);
 }
 
 // Loads the key-side tiles (K, V) of `cols`; one cp.async group.
 template <class T, class Tiles>
 __device__ __forceinline__ void load_key_side(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                              int64_t b, int64_t kv_head, Range cols) {
+                                              int64_t k_start, int64_t kv_head, Range cols) {
   const int valid = int(cols.size());
-  load_fp32_tile(shared.k.tile(), args.k.at<const T>(b, cols.begin, kv_head), args.k.seq_stride, valid,
+  load_fp32_tile(shared.k.tile(), args.k.at<const T>(k_start, cols.begin, kv_head), args.k.seq_stride, valid,
                  args.head_dim);
-  load_fp32_tile(shared.v.tile(), args.v.at<const T>(b, cols.begin, kv_head), args.v.seq_stride, valid,
+  load_fp32_tile(shared.v.tile(), args.v.at<const T>(k_start, cols.begin, kv_head), args.v.seq_stride, valid,
                  args.head_dim_v);
   tile::block::commit();
 }
 
-// P from a score in the exp2 domain and its row's statistics; 0 where the score is masked
-// (-inf), also on a row that sees no key (max -inf, where the difference is NaN).
-__device__ __forceinline__ float softmax_probability(float score, float max, float inv_sum) {
-  const float x = score - max;
-  return x == x ? tile::exp2_exact(x) * inv_sum : 0.f;
-}
-
 template <class Tiles, int HD, int BM, int BN>
-__device__ __forceinline__ void score_gradients(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void score_gradients(const AttentionArgs& args, const Mask& mask,
+                                                typename Tiles::SharedStorage& shared,
                                                 Range rows, Range cols, tile::Grid16 g, typename Tiles::Scores& p,
                                                 typename Tiles::Scores& ds) {
   p.fill(0.f);
@@ -95,16 +77,16 @@ __device__ __forceinline__ void score_gradients(const AttentionArgs& args, typen
   dp.fill(0.f);
   tile::thread::mma_nt<HD>(dp, shared.dout.tile(), shared.v.tile(), g);
   tile::thread::scale(p, args.scale_log2);
-  if (!(rows.size() == BM && cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+  if (!(rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols)))
     tile::thread::mask_scores(
-        p, args.mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
+        p, mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
 #pragma unroll
   for (int i = 0; i < BM / 16; ++i) {
-    const float max = shared.row_max[g.row(i)], inv_sum = shared.inv_sum[g.row(i)];
+    const float lse = shared.lse_log2[g.row(i)];
     const float delta = shared.delta[g.row(i)];
 #pragma unroll
     for (int j = 0; j < BN / 16; ++j) {
-      p(i, j) = softmax_probability(p(i, j), max, inv_sum);
+      p(i, j) = tile::exp2_exact(p(i, j) - lse);
       ds(i, j) = p(i, j) * (dp(i, j) - delta);
     }
   }

@@ -1,6 +1,5 @@
 // The simt backward's micro-tile step (fp32 storage): for one query tile against the block's key
-// tile, the same math as simt_bwd_mainloop.cuh (P = 2^(S·scale_log2 - max) / sum masked, from the
-// rows' recomputed statistics, dS = P ∘ (dP - Δ),
+// tile, the same math as simt_bwd_mainloop.cuh (P = 2^(S·scale_log2 - LSE) masked, dS = P ∘ (dP - Δ),
 // dV += P^T·dO, dK += dS^T·Q, dQ += dS·K) with each thread owning register blocks fed by float4
 // shared-memory loads, so that a reduction step costs one load per eight or more FMAs (the Grid16
 // kernel's cost one per two). S and dP reduce over the head dim with float4s of natural-layout
@@ -21,7 +20,6 @@
 #include <cstdint>
 
 #include "cuda/common/args.h"
-#include "cuda/simt/simt_bwd_mainloop.cuh"
 #include "cuda/simt/simt_config.h"
 #include "cuda/simt/simt_fwd_micro_mainloop.cuh"
 #include "cuda/tile/atomic.cuh"
@@ -50,8 +48,7 @@ struct MicroBwdTiles {
     tile::SmemArray<RowTile> q, dout;
     tile::SmemArray<KeyTile> k, v;
     tile::SmemArray<KeyRowTile> pt, dst;
-    float row_max[BM];   // [BM] softmax max per query row (exp2 domain), -inf past the tile's rows
-    float inv_sum[BM];   // [BM] 1 / softmax sum per query row, 0 past the tile's rows
+    float lse_log2[BM];  // [BM] LSE·log2(e) per query row, +inf past the tile's rows
     float delta[BM];     // [BM] Δ per query row, 0 past the tile's rows
   };
   using Scores = tile::RegTile<float, kRows, kKeys>;       // [BM, BN] S then P, or dP then dS; MicroBwd
@@ -99,37 +96,38 @@ __device__ __forceinline__ void load_micro_tile(Tile dst, const float* src, int6
 // K and V of `cols`; one cp.async group.
 template <class Tiles>
 __device__ __forceinline__ void load_micro_key_side(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                                    int64_t b, int kv_head, Range cols, bool vec) {
+                                                    int64_t k_start, int kv_head, Range cols, bool vec) {
   const int valid = int(cols.size());
-  load_micro_tile(shared.k.tile(), args.k.at<const float>(b, cols.begin, kv_head), args.k.seq_stride, valid,
+  load_micro_tile(shared.k.tile(), args.k.at<const float>(k_start, cols.begin, kv_head), args.k.seq_stride, valid,
                   args.head_dim, vec);
-  load_micro_tile(shared.v.tile(), args.v.at<const float>(b, cols.begin, kv_head), args.v.seq_stride, valid,
+  load_micro_tile(shared.v.tile(), args.v.at<const float>(k_start, cols.begin, kv_head), args.v.seq_stride, valid,
                   args.head_dim_v, vec);
   tile::block::commit();
 }
 
-// Q, dO, the softmax statistics and Δ of `rows` of head h; one cp.async group (the fills past the
-// valid rows of the statistics and Δ are plain stores, made at once).
+// Q, dO, LSE and Δ of `rows` of head h; one cp.async group (the fills past the valid rows of LSE
+// and Δ are plain stores, made at once).
 template <class Tiles, int BM>
 __device__ __forceinline__ void load_micro_query_side(const AttentionArgs& args,
-                                                      typename Tiles::SharedStorage& shared, int64_t b, int h,
+                                                      typename Tiles::SharedStorage& shared, int64_t q_start, int h,
                                                       Range rows, bool vec) {
   const int valid = int(rows.size());
-  load_micro_tile(shared.q.tile(), args.q.at<const float>(b, rows.begin, h), args.q.seq_stride, valid,
+  load_micro_tile(shared.q.tile(), args.q.at<const float>(q_start, rows.begin, h), args.q.seq_stride, valid,
                   args.head_dim, vec);
-  load_micro_tile(shared.dout.tile(), args.dout.at<const float>(b, rows.begin, h), args.dout.seq_stride, valid,
+  load_micro_tile(shared.dout.tile(), args.dout.at<const float>(q_start, rows.begin, h), args.dout.seq_stride, valid,
                   args.head_dim_v, vec);
-  const int64_t stat0 = args.stat_index(b, h, rows.begin);
-  tile::block::load_vector_async<BM, kThreads>(shared.row_max, args.row_max + stat0, valid, tile::kNegInf);
-  tile::block::load_vector_async<BM, kThreads>(shared.inv_sum, args.inv_sum + stat0, valid, 0.f);
+  const int64_t stat0 = args.stat_index(q_start, h, rows.begin);
+  tile::block::load_vector_async<BM, kThreads>(shared.lse_log2, args.lse_log2 + stat0, valid,
+                                               __int_as_float(0x7f800000));
   tile::block::load_vector_async<BM, kThreads>(shared.delta, args.delta + stat0, valid, 0.f);
   tile::block::commit();
 }
 
-// P and dS of the (rows, cols) tile pair from Q, dO, K, V, statistics and Δ in shared memory, written
+// P and dS of the (rows, cols) tile pair from Q, dO, K, V, LSE and Δ in shared memory, written
 // transposed to shared.pt and shared.dst. The caller synchronises before and after.
 template <class Tiles, int HD, int BM, int BN>
-__device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
+__device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, const Mask& mask,
+                                                 typename Tiles::SharedStorage& shared,
                                                  Range rows, Range cols, int tx, int ty) {
   const auto q = shared.q.tile(), dout = shared.dout.tile();
   const auto k = shared.k.tile(), v = shared.v.tile();
@@ -159,17 +157,17 @@ __device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, type
   }
 
   tile::thread::scale(s, args.scale_log2);
-  if (!(rows.size() == BM && cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+  if (!(rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols)))
     tile::thread::mask_scores(
-        s, args.mask, [&](int i) { return rows.begin + Tiles::row(i, ty); },
+        s, mask, [&](int i) { return rows.begin + Tiles::row(i, ty); },
         [&](int j) { return cols.begin + Tiles::key(j, tx); });
 #pragma unroll
   for (int i = 0; i < Tiles::kRows; ++i) {
-    const float max = shared.row_max[Tiles::row(i, ty)], inv_sum = shared.inv_sum[Tiles::row(i, ty)];
+    const float lse = shared.lse_log2[Tiles::row(i, ty)];
     const float delta = shared.delta[Tiles::row(i, ty)];
 #pragma unroll
     for (int j = 0; j < Tiles::kKeys; ++j) {
-      s(i, j) = softmax_probability(s(i, j), max, inv_sum);  // P
+      s(i, j) = tile::exp2_exact(s(i, j) - lse);  // P
       dp(i, j) = s(i, j) * (dp(i, j) - delta);    // dS
     }
   }
@@ -229,7 +227,7 @@ __device__ __forceinline__ void micro_bwd_key_grads(typename Tiles::SharedStorag
 // otherwise. Keys past the valid ones hold dS = 0.
 template <class Tiles, int BN>
 __device__ __forceinline__ void micro_bwd_query_grads(const AttentionArgs& args,
-                                                      typename Tiles::SharedStorage& shared, int64_t b, int h,
+                                                      typename Tiles::SharedStorage& shared, int64_t q_start, int h,
                                                       Range rows, int tx, int ty) {
   const auto k = shared.k.tile();
   const auto dst = shared.dst.tile();
@@ -260,7 +258,7 @@ __device__ __forceinline__ void micro_bwd_query_grads(const AttentionArgs& args,
   for (int i = 0; i < Tiles::kRows; ++i) {
     const int r = Tiles::row(i, ty);
     if (r >= rows.size()) continue;
-    float* accum = args.dq_accum + args.row_index(b, h, rows.begin + r) * args.head_dim;
+    float* accum = args.dq_accum + args.row_index(q_start, h, rows.begin + r) * args.head_dim;
 #pragma unroll
     for (int g = 0; g < Tiles::kDimGroups; ++g) {
       const int d = kMicroPanel * g + kMicroVec * tx;

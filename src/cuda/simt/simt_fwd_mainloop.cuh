@@ -29,8 +29,9 @@ struct FwdTiles {
 };
 
 template <class Tiles, int HD, int BM, int BN, int STAGES>
-__device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                             int64_t b, int kv_head, Range rows, Range keys,
+__device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, const Mask& mask,
+                                             typename Tiles::SharedStorage& shared,
+                                             int64_t k_start, int kv_head, Range rows, Range keys,
                                              typename Tiles::Output& acc, typename Tiles::Softmax& softmax,
                                              tile::Grid16 g) {
   namespace block = tile::block;
@@ -42,9 +43,9 @@ __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, typename
     if (t < num_tiles) {
       const int64_t col0 = keys.begin + int64_t(t) * BN;
       const int valid = int(keys.end - col0 < BN ? keys.end - col0 : BN);
-      block::load_async<1, kThreads>(shared.k[t % STAGES].tile(), args.k.at<const float>(b, col0, kv_head),
+      block::load_async<1, kThreads>(shared.k[t % STAGES].tile(), args.k.at<const float>(k_start, col0, kv_head),
                                      args.k.seq_stride, valid, args.head_dim);
-      block::load_async<1, kThreads>(shared.v[t % STAGES].tile(), args.v.at<const float>(b, col0, kv_head),
+      block::load_async<1, kThreads>(shared.v[t % STAGES].tile(), args.v.at<const float>(k_start, col0, kv_head),
                                      args.v.seq_stride, valid, args.head_dim_v);
     }
     block::commit();
@@ -63,9 +64,9 @@ __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, typename
     s.fill(0.f);
     tile::thread::mma_nt<HD>(s, shared.q.tile(), shared.k[stage].tile(), g);
     tile::thread::scale(s, args.scale_log2);
-    if (!(cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+    if (!(cols.size() == BN && mask.tile_is_full(rows, cols)))
       tile::thread::mask_scores(
-          s, args.mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
+          s, mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
 
     float rescale[BM / 16];
     softmax.template update<false>(s, rescale);

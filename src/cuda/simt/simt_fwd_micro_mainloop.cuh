@@ -59,9 +59,9 @@ __device__ __forceinline__ float component(const float4& v, int i) {
 // Once per block, so plain loads suffice; consecutive threads take consecutive rows, which keeps
 // the transposed shared stores conflict-free.
 template <class Tiles, int HD, int BM>
-__device__ __forceinline__ void load_q_transposed(const AttentionArgs& args, typename Tiles::QtTile qt, int64_t b,
+__device__ __forceinline__ void load_q_transposed(const AttentionArgs& args, typename Tiles::QtTile qt, int64_t q_start,
                                                   int h, Range rows) {
-  const float* q = args.q.at<const float>(b, rows.begin, h);
+  const float* q = args.q.at<const float>(q_start, rows.begin, h);
   const int valid_rows = int(rows.size());
   for (int e = int(threadIdx.x); e < BM * HD; e += kThreads) {
     const int r = e % BM, c = e / BM;
@@ -79,8 +79,9 @@ __device__ __forceinline__ bool kv_vectorizable(const AttentionArgs& args) {
 }
 
 template <class Tiles, int HD, int BM, int BN, int STAGES>
-__device__ __forceinline__ void micro_fwd_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                                   int64_t b, int kv_head, Range rows, Range keys,
+__device__ __forceinline__ void micro_fwd_mainloop(const AttentionArgs& args, const Mask& mask,
+                                                   typename Tiles::SharedStorage& shared,
+                                                   int64_t k_start, int kv_head, Range rows, Range keys,
                                                    typename Tiles::Output& acc, typename Tiles::Softmax& softmax) {
   namespace block = tile::block;
   const int tx = int(threadIdx.x) % kMicroSide, ty = int(threadIdx.x) / kMicroSide;
@@ -91,8 +92,8 @@ __device__ __forceinline__ void micro_fwd_mainloop(const AttentionArgs& args, ty
     if (t < num_tiles) {
       const int64_t col0 = keys.begin + int64_t(t) * BN;
       const int valid = int(keys.end - col0 < BN ? keys.end - col0 : BN);
-      const float* k = args.k.at<const float>(b, col0, kv_head);
-      const float* v = args.v.at<const float>(b, col0, kv_head);
+      const float* k = args.k.at<const float>(k_start, col0, kv_head);
+      const float* v = args.v.at<const float>(k_start, col0, kv_head);
       if (vec) {
         block::load_async<kMicroVec, kThreads>(shared.k[t % STAGES].tile(), k, args.k.seq_stride, valid, args.head_dim);
         block::load_async<kMicroVec, kThreads>(shared.v[t % STAGES].tile(), v, args.v.seq_stride, valid,
@@ -138,9 +139,9 @@ __device__ __forceinline__ void micro_fwd_mainloop(const AttentionArgs& args, ty
           for (int j = 0; j < Tiles::kKeys; ++j) s(i, j) = fmaf(q[i], component(key4[j], kk), s(i, j));
       }
     }
-    if (!(cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+    if (!(cols.size() == BN && mask.tile_is_full(rows, cols)))
       tile::thread::mask_scores(
-          s, args.mask, [&](int i) { return rows.begin + Tiles::row(i, ty); },
+          s, mask, [&](int i) { return rows.begin + Tiles::row(i, ty); },
           [&](int j) { return cols.begin + Tiles::key(j, tx); });
 
     float rescale[Tiles::kRows];

@@ -4,6 +4,7 @@
 
 #include <type_traits>
 
+#include "cuda/common/block_sequence.cuh"
 #include "cuda/common/bwd_common.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/simt/simt_bwd_kernel.cuh"
@@ -37,21 +38,12 @@ constexpr size_t backward_dq_shared_bytes() {
   constexpr TileConfig c = bwd_config(HD, VARIANT).dq;
   return sizeof(typename BwdTiles<HD, c.tile_m, c.tile_n>::SharedStorage);
 }
-// Shared memory of the row-statistics kernel (the dQ kernel's tile shapes, Q and K only).
-template <int HD, int VARIANT>
-constexpr size_t backward_stats_shared_bytes() {
-  constexpr TileConfig c = bwd_config(HD, VARIANT).dq;
-  return sizeof(typename BwdTiles<HD, c.tile_m, c.tile_n>::StatsStorage);
-}
 
-// The most shared memory a backward kernel takes: the main kernel's, the row-statistics kernel's,
-// and the deterministic dQ kernel's when deterministic.
+// The main kernel's shared memory, or the larger of it and the deterministic dQ kernel's.
 template <int HD, int VARIANT>
 size_t backward_shared_bytes(bool deterministic) {
   constexpr size_t main = backward_main_shared_bytes<HD, VARIANT>(), dq = backward_dq_shared_bytes<HD, VARIANT>();
-  constexpr size_t stats = backward_stats_shared_bytes<HD, VARIANT>();
-  const size_t most = stats > main ? stats : main;
-  return deterministic && dq > most ? dq : most;
+  return deterministic && dq > main ? dq : main;
 }
 
 template <int HD, int VARIANT>
@@ -65,10 +57,14 @@ Status forward(const AttentionArgs& args, cudaStream_t stream) {
     kernel<<<grid, kThreads, shared, stream>>>(args);
     return check_launch("simt forward kernel launch");
   };
-  if constexpr (c.kernel == FwdKernel::micro)
-    return launch(micro_fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks>);
-  else
-    return launch(fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks>);
+  constexpr bool kMicro = c.kernel == FwdKernel::micro;
+  return with_packing(args, [&](auto packed) {
+    constexpr bool kPacked = decltype(packed)::value;
+    if constexpr (kMicro)
+      return launch(micro_fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks, kPacked>);
+    else
+      return launch(fwd_kernel<HD, c.tile_m, c.tile_n, c.stages, c.min_blocks, kPacked>);
+  });
 }
 
 // The backward for storage type T in configuration VARIANT; the micro-tile main kernel reads fp32
@@ -78,18 +74,13 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
   constexpr BwdConfig c = bwd_config(HD, VARIANT);
   constexpr TileConfig dq = c.dq;  // the deterministic dQ kernel's shapes
   static_assert(c.kernel == BwdKernel::grid16 || std::is_same_v<T, float>, "the micro-tile backward reads fp32");
-  const int64_t rows = int64_t(args.batch) * args.heads * args.seqlen_q;
+  // Preprocess and convert run over every (query row, head) pair, packed calls' included.
+  const AttentionArgs row_args = row_kernel_args(args);
+  const int64_t rows = int64_t(row_args.batch) * row_args.heads * row_args.seqlen_q;
   if (rows > 0) {
     const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
-    bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(args);
+    bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(row_args);
     if (Status s = check_launch("simt backward preprocess launch"); !s.ok()) return s;
-    // Each row's softmax max and sum, recomputed (the main kernels' P uses them, not LSE).
-    const dim3 stats_grid(unsigned(ceil_div(args.seqlen_q, dq.tile_m)), unsigned(args.heads), unsigned(args.batch));
-    const size_t stats_shared = backward_stats_shared_bytes<HD, VARIANT>();
-    auto stats_kernel = bwd_row_stats_kernel<T, HD, dq.tile_m, dq.tile_n, dq.min_blocks>;
-    if (Status s = prepare_kernel(stats_kernel, stats_shared, "simt backward row statistics"); !s.ok()) return s;
-    stats_kernel<<<stats_grid, kThreads, stats_shared, stream>>>(args);
-    if (Status s = check_launch("simt backward row statistics launch"); !s.ok()) return s;
   }
 
   const dim3 kv_grid(unsigned(ceil_div(args.seqlen_k, c.tile.tile_n)), unsigned(args.kv_heads),
@@ -101,11 +92,14 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
       kernel<<<kv_grid, kThreads, shared, stream>>>(args);
       return check_launch("simt backward kernel launch");
     };
-    Status s;
-    if constexpr (c.kernel == BwdKernel::micro)
-      s = launch(micro_bwd_kernel<HD, c.tile.tile_m, c.tile.tile_n, c.tile.min_blocks>);
-    else
-      s = launch(bwd_kernel<T, HD, c.tile.tile_m, c.tile.tile_n, c.tile.min_blocks>);
+    constexpr bool kMicro = c.kernel == BwdKernel::micro;
+    const Status s = with_packing(args, [&](auto packed) {
+      constexpr bool kPacked = decltype(packed)::value;
+      if constexpr (kMicro)
+        return launch(micro_bwd_kernel<HD, c.tile.tile_m, c.tile.tile_n, c.tile.min_blocks, kPacked>);
+      else
+        return launch(bwd_kernel<T, HD, c.tile.tile_m, c.tile.tile_n, c.tile.min_blocks, kPacked>);
+    });
     if (!s.ok()) return s;
   }
   if (rows == 0) return Status::success();
@@ -113,15 +107,17 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
   if (args.dq_accum != nullptr) {
     const int64_t elements = rows * args.head_dim;
     bwd_convert_dq_kernel<T><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(
-        args);
+        row_args);
     return check_launch("simt backward dQ convert launch");
   }
   const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, dq.tile_m)), unsigned(args.heads), unsigned(args.batch));
   const size_t dq_shared = backward_dq_shared_bytes<HD, VARIANT>();
-  auto kernel = bwd_dq_kernel<T, HD, dq.tile_m, dq.tile_n, dq.min_blocks>;
-  if (Status s = prepare_kernel(kernel, dq_shared, "simt backward dQ"); !s.ok()) return s;
-  kernel<<<q_grid, kThreads, dq_shared, stream>>>(args);
-  return check_launch("simt backward dQ kernel launch");
+  return with_packing(args, [&](auto packed) {
+    auto kernel = bwd_dq_kernel<T, HD, dq.tile_m, dq.tile_n, dq.min_blocks, decltype(packed)::value>;
+    if (Status s = prepare_kernel(kernel, dq_shared, "simt backward dQ"); !s.ok()) return s;
+    kernel<<<q_grid, kThreads, dq_shared, stream>>>(args);
+    return check_launch("simt backward dQ kernel launch");
+  });
 }
 
 template <int HD, int VARIANT>

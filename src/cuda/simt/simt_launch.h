@@ -19,11 +19,10 @@ Status forward(const AttentionArgs& args, cudaStream_t stream);
 template <int HD, int VARIANT>
 size_t forward_shared_bytes();
 
-// Preprocess, the rows' softmax statistics, main kernel in configuration VARIANT (simt_config.h),
-// then convert (atomic dQ, args.dq_accum set) or the dQ kernel (deterministic, args.dq_accum
-// null). Compiled for every variant at the tuned head dims, for default_bwd_variant(HD) only at
-// the others. The shared memory is the largest of the main and statistics kernels', and the dQ
-// kernel's when deterministic.
+// Preprocess, main kernel in configuration VARIANT (simt_config.h), then convert (atomic dQ,
+// args.dq_accum set) or the dQ kernel (deterministic, args.dq_accum null). Compiled for every
+// variant at the tuned head dims, for default_bwd_variant(HD) only at the others. The shared
+// memory is the main kernel's, or the larger of it and the dQ kernel's when deterministic.
 template <int HD, int VARIANT>
 Status backward(const AttentionArgs& args, cudaStream_t stream);
 template <int HD, int VARIANT>

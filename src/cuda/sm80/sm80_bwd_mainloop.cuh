@@ -78,8 +78,9 @@ struct DqTiles {
 
 // The main loop of the main kernel. The caller has issued (not waited for) the K/V group.
 template <class T, class Tiles, int HD, int BM, int BN, int STAGES, int HEAD_SPLITS>
-__device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                             int64_t b, int kv_head, Range cols, Range rows_all,
+__device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Mask& mask,
+                                             typename Tiles::SharedStorage& shared,
+                                             int64_t q_start, int kv_head, Range cols, Range rows_all,
                                              typename Tiles::KeyAcc& dk, typename Tiles::KeyAcc& dv) {
   namespace block = tile::block;
   constexpr int kK = tile::warp::MmaOp<T>::kK;
@@ -106,11 +107,13 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
       const int h = head_of(step);
       const Range rows = rows_of(step);
       const int valid = int(rows.size());
-      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.q[stage].tile(), args.q.at<const T>(b, rows.begin, h),
-                                                args.q.seq_stride, valid, args.head_dim);
-      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.dout[stage].tile(), args.dout.at<const T>(b, rows.begin, h),
-                                                args.dout.seq_stride, valid, args.head_dim_v);
-      const int64_t stat0 = args.stat_index(b, h, rows.begin);
+      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.q[stage].tile(),
+                                                      args.q.at<const T>(q_start, rows.begin, h),
+                                                      args.q.seq_stride, valid, args.head_dim);
+      block::load_async<Tiles::kVec, Tiles::kThreads>(shared.dout[stage].tile(),
+                                                      args.dout.at<const T>(q_start, rows.begin, h),
+                                                      args.dout.seq_stride, valid, args.head_dim_v);
+      const int64_t stat0 = args.stat_index(q_start, h, rows.begin);
       block::load_vector_async<BM, Tiles::kThreads>(shared.lse_log2[stage], args.lse_log2 + stat0, valid, kPosInf);
       block::load_vector_async<BM, Tiles::kThreads>(shared.delta[stage], args.delta + stat0, valid, 0.f);
     }
@@ -152,13 +155,13 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
 
     // P^T = 2^(S^T·scale_log2 - LSE) (0 where masked), dS^T = P^T ∘ (dP^T - Δ); s becomes P^T and
     // dp becomes dS^T.
-    const bool full = rows.size() == BM && cols.size() == BN && args.mask.tile_is_full(rows, cols);
+    const bool full = rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols);
 #pragma unroll
     for (int j = 0; j < Tiles::Scores::kCols; ++j) {
       const int query = Tiles::Scores::col(j, t);
       const float lse = shared.lse_log2[stage][query];
       const float delta = shared.delta[stage][query];
-      const Range seen = full ? Range{} : args.mask.keys(rows.begin + query);
+      const Range seen = full ? Range{} : mask.keys(rows.begin + query);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float p = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
@@ -213,7 +216,7 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int64_t row = rows.begin + dq_row0 + g + 8 * i;
-        dq_row[i] = row < rows.end ? args.dq_accum + args.row_index(b, h, row) * args.head_dim : nullptr;
+        dq_row[i] = row < rows.end ? args.dq_accum + args.row_index(q_start, h, row) * args.head_dim : nullptr;
       }
 #pragma unroll 1
       for (int n0 = 0; n0 < Tiles::kDqCols; n0 += 16) {
@@ -243,8 +246,9 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, typename
 // The main loop of the deterministic dQ kernel. The caller has issued the Q/dO group and filled
 // the LSE/Δ vectors (made visible by the first barrier here).
 template <class T, class Tiles, int HD, int BN, int STAGES>
-__device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                            int64_t b, int kv_head, Range rows, Range keys,
+__device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, const Mask& mask,
+                                            typename Tiles::SharedStorage& shared,
+                                            int64_t k_start, int kv_head, Range rows, Range keys,
                                             typename Tiles::Output& dq) {
   namespace block = tile::block;
   constexpr int kK = tile::warp::MmaOp<T>::kK;
@@ -258,10 +262,10 @@ __device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, typename 
       const int64_t col0 = keys.begin + int64_t(tile_index) * BN;
       const int valid = int(keys.end - col0 < BN ? keys.end - col0 : BN);
       block::load_async<Tiles::kVec, kThreads>(shared.k[tile_index % STAGES].tile(),
-                                                args.k.at<const T>(b, col0, kv_head), args.k.seq_stride, valid,
+                                                args.k.at<const T>(k_start, col0, kv_head), args.k.seq_stride, valid,
                                                 args.head_dim);
       block::load_async<Tiles::kVec, kThreads>(shared.v[tile_index % STAGES].tile(),
-                                                args.v.at<const T>(b, col0, kv_head), args.v.seq_stride, valid,
+                                                args.v.at<const T>(k_start, col0, kv_head), args.v.seq_stride, valid,
                                                 args.head_dim_v);
     }
     block::commit();
@@ -301,13 +305,13 @@ __device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, typename 
     }
 
     // dp becomes dS = P ∘ (dP - Δ), P = 2^(S·scale_log2 - LSE), 0 where masked.
-    const bool full = rows.size() == Tiles::kRows && cols.size() == BN && args.mask.tile_is_full(rows, cols);
+    const bool full = rows.size() == Tiles::kRows && cols.size() == BN && mask.tile_is_full(rows, cols);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = warp_row0 + g + 8 * i;
       const float lse = shared.lse_log2[row];
       const float delta = shared.delta[row];
-      const Range seen = full ? Range{} : args.mask.keys(rows.begin + row);
+      const Range seen = full ? Range{} : mask.keys(rows.begin + row);
 #pragma unroll
       for (int j = 0; j < Tiles::Scores::kCols; ++j) {
         float p = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);

@@ -67,13 +67,16 @@ Status check_vector_loads(const Params& p, Direction direction) {
     if (reinterpret_cast<uintptr_t>(in.t->data) % kVectorBytes != 0)
       return unsupported(std::string(in.name) + ": the sm80 tier loads 16-byte vectors; the data pointer must be "
                                                 "16-byte aligned");
-    for (int d = 0; d < 3; ++d)
+    // Every stride but the head dim's ([B, S, H, D], or packed [total, H, D]): a packed
+    // sequence starts a whole number of row strides into the tensor, so it stays aligned too.
+    const int last = in.t->rank - 1;
+    for (int d = 0; d < last; ++d)
       if (in.t->stride[d] % vec != 0)
         return unsupported(std::string(in.name) + ": stride " + std::to_string(in.t->stride[d]) + " of dimension " +
                            std::to_string(d) + " must be a multiple of " + std::to_string(vec) +
                            " elements (16 bytes) for the sm80 tier");
-    if (in.t->shape[3] % vec != 0)
-      return unsupported(std::string(in.name) + ": head dim " + std::to_string(in.t->shape[3]) +
+    if (in.t->shape[last] % vec != 0)
+      return unsupported(std::string(in.name) + ": head dim " + std::to_string(in.t->shape[last]) +
                          " must be a multiple of " + std::to_string(vec) + " elements (16 bytes) for the sm80 tier");
   }
   return Status::success();

@@ -60,8 +60,9 @@ struct FwdTiles {
 };
 
 template <class T, class Tiles, int HD, int BM, int BN, int STAGES, int THREADS>
-__device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
-                                             int64_t b, int kv_head, Range rows, Range keys,
+__device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, const Mask& mask,
+                                             typename Tiles::SharedStorage& shared,
+                                             int64_t k_start, int kv_head, Range rows, Range keys,
                                              typename Tiles::Output& acc, typename Tiles::Softmax& softmax) {
   namespace block = tile::block;
   constexpr int kK = tile::warp::MmaOp<T>::kK;
@@ -76,10 +77,10 @@ __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, typename
       const int64_t col0 = keys.begin + int64_t(tile_index) * BN;
       const int valid = int(keys.end - col0 < BN ? keys.end - col0 : BN);
       block::load_async<Tiles::kVec, THREADS>(shared.k[tile_index % STAGES].tile(),
-                                               args.k.at<const T>(b, col0, kv_head), args.k.seq_stride, valid,
+                                               args.k.at<const T>(k_start, col0, kv_head), args.k.seq_stride, valid,
                                                args.head_dim);
       block::load_async<Tiles::kVec, THREADS>(shared.v[tile_index % STAGES].tile(),
-                                               args.v.at<const T>(b, col0, kv_head), args.v.seq_stride, valid,
+                                               args.v.at<const T>(k_start, col0, kv_head), args.v.seq_stride, valid,
                                                args.head_dim_v);
     }
     block::commit();
@@ -116,9 +117,9 @@ __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, typename
       }
     }
     tile::thread::scale(s, args.scale_log2);
-    if (!(cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+    if (!(cols.size() == BN && mask.tile_is_full(rows, cols)))
       tile::thread::mask_scores(
-          s, args.mask, [&](int i) { return rows.begin + warp_row0 + Tiles::Scores::row(i, g); },
+          s, mask, [&](int i) { return rows.begin + warp_row0 + Tiles::Scores::row(i, g); },
           [&](int j) { return cols.begin + Tiles::Scores::col(j, t); });
 
     float rescale[2 * kBlocks];

@@ -3,6 +3,7 @@
 // the preprocess and convert kernels every tier shares (cuda/common/bwd_common.cuh).
 #pragma once
 
+#include "cuda/common/block_sequence.cuh"
 #include "cuda/common/bwd_common.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/sm80/sm80_bwd_kernel.cuh"
@@ -22,11 +23,14 @@ Status forward(const AttentionArgs& args, cudaStream_t stream) {
   constexpr FwdConfig c = fwd_config(int(sizeof(T)), HD, VARIANT);
   const dim3 grid(unsigned(ceil_div(args.seqlen_q, c.tile_m())), unsigned(args.heads), unsigned(args.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::success();
-  auto kernel = fwd_kernel<T, HD, c.warps, c.warp_rows / kMmaRows, c.tile_n, c.stages, c.min_blocks>;
   const size_t shared = forward_shared_bytes<T, HD, VARIANT>();
-  if (Status s = prepare_kernel(kernel, shared, "sm80 forward"); !s.ok()) return s;
-  kernel<<<grid, c.threads(), shared, stream>>>(args);
-  return check_launch("sm80 forward kernel launch");
+  return with_packing(args, [&](auto packed) {
+    auto kernel =
+        fwd_kernel<T, HD, c.warps, c.warp_rows / kMmaRows, c.tile_n, c.stages, c.min_blocks, decltype(packed)::value>;
+    if (Status s = prepare_kernel(kernel, shared, "sm80 forward"); !s.ok()) return s;
+    kernel<<<grid, c.threads(), shared, stream>>>(args);
+    return check_launch("sm80 forward kernel launch");
+  });
 }
 
 // The main kernel in configuration VARIANT (sm80_config.h bwd_config); the deterministic dQ
@@ -59,35 +63,44 @@ template <class T, int HD, int VARIANT>
 Status backward(const AttentionArgs& args, cudaStream_t stream) {
   using S = BwdShapes<T, HD, VARIANT>;
   constexpr TileConfig c = S::c;
-  const int64_t rows = int64_t(args.batch) * args.heads * args.seqlen_q;
+  // Preprocess and convert run over every (query row, head) pair, packed calls' included.
+  const AttentionArgs row_args = row_kernel_args(args);
+  const int64_t rows = int64_t(row_args.batch) * row_args.heads * row_args.seqlen_q;
   if (rows > 0) {
     const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
     // fp32 storage runs on tf32 tensor cores here: Δ from dO rounded to tf32, as dP sees it.
     constexpr bool kTf32 = sizeof(T) == sizeof(float);
-    bwd_preprocess_kernel<T, kTf32><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(args);
+    bwd_preprocess_kernel<T, kTf32>
+        <<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(row_args);
     if (Status s = check_launch("sm80 backward preprocess launch"); !s.ok()) return s;
   }
 
   const dim3 kv_grid(unsigned(ceil_div(args.seqlen_k, c.tile_n)), unsigned(args.kv_heads), unsigned(args.batch));
   if (kv_grid.x > 0 && kv_grid.y > 0 && kv_grid.z > 0) {
-    auto kernel = bwd_kernel<T, HD, c.tile_m, c.tile_n, c.stages, c.head_splits, S::main.warps, c.min_blocks>;
-    if (Status s = prepare_kernel(kernel, S::kMainShared, "sm80 backward"); !s.ok()) return s;
-    kernel<<<kv_grid, S::main.threads(), S::kMainShared, stream>>>(args);
-    if (Status s = check_launch("sm80 backward kernel launch"); !s.ok()) return s;
+    const Status s = with_packing(args, [&](auto packed) {
+      auto kernel = bwd_kernel<T, HD, c.tile_m, c.tile_n, c.stages, c.head_splits, S::main.warps, c.min_blocks,
+                               decltype(packed)::value>;
+      if (Status st = prepare_kernel(kernel, S::kMainShared, "sm80 backward"); !st.ok()) return st;
+      kernel<<<kv_grid, S::main.threads(), S::kMainShared, stream>>>(args);
+      return check_launch("sm80 backward kernel launch");
+    });
+    if (!s.ok()) return s;
   }
   if (rows == 0) return Status::success();
 
   if (args.dq_accum != nullptr) {
     const int64_t elements = rows * args.head_dim;
     bwd_convert_dq_kernel<T><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(
-        args);
+        row_args);
     return check_launch("sm80 backward dQ convert launch");
   }
   const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, S::Dq::kRows)), unsigned(args.heads), unsigned(args.batch));
-  auto kernel = bwd_dq_kernel<T, HD, S::kDqKeys, S::kDqStages, S::dq.min_blocks>;
-  if (Status s = prepare_kernel(kernel, S::kDqShared, "sm80 backward dQ"); !s.ok()) return s;
-  kernel<<<q_grid, kThreads, S::kDqShared, stream>>>(args);
-  return check_launch("sm80 backward dQ kernel launch");
+  return with_packing(args, [&](auto packed) {
+    auto kernel = bwd_dq_kernel<T, HD, S::kDqKeys, S::kDqStages, S::dq.min_blocks, decltype(packed)::value>;
+    if (Status s = prepare_kernel(kernel, S::kDqShared, "sm80 backward dQ"); !s.ok()) return s;
+    kernel<<<q_grid, kThreads, S::kDqShared, stream>>>(args);
+    return check_launch("sm80 backward dQ kernel launch");
+  });
 }
 
 }  // namespace fmha::cuda::sm80

@@ -12,9 +12,9 @@
 
 namespace fmha::cuda::sm90 {
 
-template <class T, int HD>
+template <class T, int HD, bool ORDERED_DQ>
 struct BwdKernel {
-  using Mainloop = BwdMainloop<T, HD>;
+  using Mainloop = BwdMainloop<T, HD, ORDERED_DQ>;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;
   static constexpr int kThreads = (kBwdConsumers + 1) * kWarpgroupThreads;
@@ -22,23 +22,11 @@ struct BwdKernel {
   static_assert(kSharedBytes <= kSharedLimit, "the backward's tiles exceed Hopper's shared memory");
   static_assert(padded_head_dim(HD) <= kBwdMaxHeadDim, "dK and dV of larger head dims do not fit the registers");
 
-  // The block's keys, clamped to seqlen_k.
-  __device__ __forceinline__ static Range key_tile(const AttentionArgs& args) {
-    const int64_t begin = int64_t(blockIdx.x) * kBwdKeys;
-    return {begin, begin + kBwdKeys < args.seqlen_k ? begin + kBwdKeys : args.seqlen_k};
-  }
-  // Query tiles [begin, end) whose rows see any of `keys` (the same for every head).
-  __device__ __forceinline__ static Range query_tiles(const AttentionArgs& args, Range keys) {
-    const Range rows = args.mask.queries(Range{0, args.seqlen_q}, keys);
-    if (rows.empty()) return {0, 0};
-    return {rows.begin / kBwdRows, (rows.end + kBwdRows - 1) / kBwdRows};
-  }
-
   __device__ static void produce(const BwdParams& params, Shared& shared) {
     const AttentionArgs& args = params.args;
     const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
-    const Range keys = key_tile(args);
-    const Range tiles = query_tiles(args, keys);
+    const Range keys = bwd_key_tile(args, int(blockIdx.x));
+    const Range tiles = bwd_query_tiles(args, keys);
     // One tile of `rows` rows into `dst` (its column chunks), completing on `full`.
     auto load_tile = [&](T* dst, const CUtensorMap* map, int rows, int64_t row0, int head, tile::MBarrier& full) {
 #pragma unroll
@@ -72,8 +60,8 @@ struct BwdKernel {
   __device__ static void consume(const BwdParams& params, Shared& shared, int warpgroup, int thread) {
     const AttentionArgs& args = params.args;
     const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
-    const Range keys = key_tile(args);
-    const Range tiles = query_tiles(args, keys);
+    const Range keys = bwd_key_tile(args, int(blockIdx.x));
+    const Range tiles = bwd_query_tiles(args, keys);
     Mainloop mainloop{shared, args, warpgroup, thread};
     typename Tiles::KeyGrad dk, dv;
     dk.fill(0.f);
@@ -84,7 +72,7 @@ struct BwdKernel {
     for (int g = 0; g < args.group; ++g) {
       const int head = kv_head * args.group + g;
       for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
-        mainloop.step(pipe, batch, head, int64_t(m) * kBwdRows, keys, step % 2, dk, dv);
+        mainloop.step(pipe, batch, head, m, keys, step % 2, dk, dv);
         pipe.advance();
       }
     }
@@ -113,10 +101,11 @@ struct BwdKernel {
   }
 };
 
-template <class T, int HD>
-__global__ void __launch_bounds__(BwdKernel<T, HD>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdParams params) {
+template <class T, int HD, bool ORDERED_DQ>
+__global__ void __launch_bounds__(BwdKernel<T, HD, ORDERED_DQ>::kThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using K = BwdKernel<T, HD>;
+  using K = BwdKernel<T, HD, ORDERED_DQ>;
   extern __shared__ char shared_raw[];
   const uintptr_t base = reinterpret_cast<uintptr_t>(shared_raw);
   auto& shared = *reinterpret_cast<typename K::Shared*>((base + wg::kSwizzleAtomBytes - 1) / wg::kSwizzleAtomBytes *

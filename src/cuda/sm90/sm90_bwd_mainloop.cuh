@@ -11,11 +11,14 @@
 //                                        both warpgroups' keys form dS [64 q, 128 keys] K-major;
 //                                        warpgroup w takes the columns [w·D/2, (w+1)·D/2) of K
 // dQ is added to the fp32 accumulator in global memory (red.global.add) and converted by the
-// shared convert kernel; dK is scaled once, in the epilogue.
+// shared convert kernel; dK is scaled once, in the epilogue. In the deterministic mode each
+// warpgroup adds its dQ share of a query tile when the tile's turn counter says that every key
+// tile before its own has added (DqTurn), so the fp32 sums run in key-tile order every time.
 #pragma once
 
 #include "cuda/common/args.h"
 #include "cuda/sm90/sm90_config.h"
+#include "cuda/tile/atomic.cuh"
 #include "cuda/tile/reduce.cuh"
 #include "cuda/tile/tma.cuh"
 #include "cuda/tile/wgmma.cuh"
@@ -60,13 +63,37 @@ struct BwdTiles {
   using Fragments = uint32_t[kBwdRows / 16][4];              // [64 keys, 64 q] as register-A, 16-bit
 };
 
-// A query tile as producer and consumers both see it.
-struct BwdStep {
-  int head;     // query head
-  int m_block;  // query tile index (rows m_block · 64 ..)
-};
+// Key tile n's keys (block n's), clamped to seqlen_k.
+__device__ __forceinline__ Range bwd_key_tile(const AttentionArgs& args, int n) {
+  const int64_t begin = int64_t(n) * kBwdKeys;
+  return {begin, begin + kBwdKeys < args.seqlen_k ? begin + kBwdKeys : args.seqlen_k};
+}
 
-template <class T, int HD>
+// Query tiles [begin, end) whose rows see any of `keys` (the same for every head).
+__device__ __forceinline__ Range bwd_query_tiles(const AttentionArgs& args, Range keys) {
+  const Range rows = args.mask.queries(Range{0, args.seqlen_q}, keys);
+  if (rows.empty()) return {0, 0};
+  return {rows.begin / kBwdRows, (rows.end + kBwdRows - 1) / kBwdRows};
+}
+
+// The first key tile whose block adds into query tile m, for a block n that does. The key tiles
+// that see a query tile form one run (every mask row sees one interval of keys, and the intervals
+// move forward with the row), so over [0, n] "tile m is among its query tiles" is false, then
+// true: a binary search with the very test the blocks use finds the run's start.
+__device__ inline int bwd_first_key_tile(const AttentionArgs& args, int m, int n) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    const Range t = bwd_query_tiles(args, bwd_key_tile(args, mid));
+    if (t.begin <= m && m < t.end) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+// ORDERED_DQ: the deterministic mode (dQ added in key-tile order); a kernel of its own, so that
+// the default one carries none of its registers.
+template <class T, int HD, bool ORDERED_DQ>
 struct BwdMainloop {
   using Shared = BwdShared<T, HD>;
   using Tiles = BwdTiles<HD>;
@@ -130,8 +157,9 @@ struct BwdMainloop {
 
   // One query tile: rows [row0, row0 + 64) of head `head` against this warpgroup's keys.
   // `keys` is the block's key tile (clamped to seqlen_k); dq_buffer alternates per step.
-  __device__ void step(const Pipeline& at, int batch, int head, int64_t row0, Range keys, int dq_buffer,
+  __device__ void step(const Pipeline& at, int batch, int head, int m, Range keys, int dq_buffer,
                        typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv) {
+    const int64_t row0 = int64_t(m) * kBwdRows;
     using Scores = typename Tiles::Scores;
     const int stage = at.index;
     shared.full[stage].wait(at.phase);
@@ -202,7 +230,21 @@ struct BwdMainloop {
     wg::wait<0>();
     wg::fence_operand(dq.d);
     release(shared.empty[stage]);
+    if constexpr (!ORDERED_DQ) {
+      accumulate_dq(dq, batch, head, row0);
+      return;
+    }
+    // Deterministic: this warpgroup's share of query tile m is added when every key tile before
+    // this block's that adds into m has (its turn = their number), then the turn moves on.
+    const int order_barrier = int(NamedBarrier::dq_order_first) + warpgroup;
+    int* counter = args.dq_turns + ((int64_t(batch) * args.heads + head) * args.dq_turn_tiles + m) * kBwdConsumers +
+                   warpgroup;
+    const int turn = int(blockIdx.x) - bwd_first_key_tile(args, m, int(blockIdx.x));
+    if (thread == 0) tile::wait_turn(counter, turn);
+    tile::named_sync(order_barrier, wg::kThreads);
     accumulate_dq(dq, batch, head, row0);
+    tile::named_sync(order_barrier, wg::kThreads);
+    if (thread == 0) tile::pass_turn(counter, turn + 1);
   }
 
   // dQ share += into the fp32 accumulator [B, H, Sq, head_dim], rows past seqlen_q and columns
@@ -219,7 +261,7 @@ struct BwdMainloop {
         if (row >= args.seqlen_q) continue;
         float* out = args.dq_accum + args.row_index(batch, head, row) * kHeadDimPadded + col0;
 #pragma unroll
-        for (int j = 0; j < Q::kCols; j += 2) add_pair(out + Q::col(j, thread), dq(i, j), dq(i, j + 1));
+        for (int j = 0; j < Q::kCols; j += 2) tile::atomic_add_pair(out + Q::col(j, thread), dq(i, j), dq(i, j + 1));
       }
       return;
     }
@@ -234,7 +276,7 @@ struct BwdMainloop {
         const int col = col0 + Q::col(j, thread);
         if (col >= args.head_dim) continue;
         if (pairs) {
-          add_pair(out + col, dq(i, j), dq(i, j + 1));
+          tile::atomic_add_pair(out + col, dq(i, j), dq(i, j + 1));
         } else {
           atomicAdd(out + col, dq(i, j));
           if (col + 1 < args.head_dim) atomicAdd(out + col + 1, dq(i, j + 1));
@@ -243,10 +285,6 @@ struct BwdMainloop {
     }
   }
 
-  // out[0] += a, out[1] += b, one 8-byte reduction (out 8-byte aligned).
-  __device__ __forceinline__ static void add_pair(float* out, float a, float b) {
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(out), "f"(a), "f"(b) : "memory");
-  }
 };
 
 }  // namespace fmha::cuda::sm90

@@ -105,10 +105,13 @@ inline constexpr int kBwdConsumerRegisters = 240;
 // Named barriers (0 is __syncthreads), per consumer warpgroup w: its epilogue's, and the one it
 // waits on for its turn to issue matrix work under pingpong.
 // The backward uses ds_ready: both consumer warpgroups have stored their share of dS.
-enum class NamedBarrier : int { epilogue_first = 1, ds_ready = 4, turn_first = 5 };
+// The forward's epilogue and turn barriers (one per consumer), the backward's dS barrier and its
+// deterministic dQ turns (one per consumer).
+enum class NamedBarrier : int { epilogue_first = 1, ds_ready = 4, turn_first = 5, dq_order_first = 8 };
 inline constexpr int kMaxConsumers = 3;
 static_assert(int(NamedBarrier::epilogue_first) + kMaxConsumers <= int(NamedBarrier::turn_first) &&
-                  int(NamedBarrier::turn_first) + kMaxConsumers <= 16,
+                  int(NamedBarrier::turn_first) + kMaxConsumers <= int(NamedBarrier::dq_order_first) &&
+                  int(NamedBarrier::dq_order_first) + kMaxConsumers <= 16,
               "a block has 16 named barriers");
 
 }  // namespace fmha::cuda::sm90

@@ -1,8 +1,8 @@
 // The sm90 tier's entry points: the Hopper forward (wgmma + TMA, warp-specialised, persistent)
 // for fp16 and bf16 storage on sm_90 (H100/H200), head dims 64 to 256, and the backward (wgmma +
-// TMA, warp-specialised) at head dims 64 to 128. Calls it cannot take (another GPU, fp32, head
-// dims below 64, a larger backward, the deterministic backward, views TMA cannot address) are
-// refused with the reason, and auto-selection moves on to the sm80 tier.
+// TMA, warp-specialised) at head dims 64 to 128, deterministic on request (dQ added in key-tile
+// order). Calls it cannot take (another GPU, fp32, head dims below 64, a larger backward, views
+// TMA cannot address) are refused with the reason, and auto-selection moves on to the sm80 tier.
 //
 // FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
 // compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once;
@@ -70,6 +70,9 @@ Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
 }
 
 Status check_call(const Params& p, Direction direction, DeviceProps& props) {
+  // The TMA maps and the persistent scheduler are built for dense [B, S, H, D] tensors.
+  if (Status st = refuse_varlen(p, "sm90", "auto runs them on sm80 (fp16, bf16, tf32) or simt (fp32)"); !st.ok())
+    return st;
   const Problem s = Problem::of(p);
   int bucket = 0;
   const bool backward = direction == Direction::backward;
@@ -84,9 +87,6 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
     return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
                        " is above the sm90 backward's largest head dim (" + std::to_string(kBwdMaxHeadDim) +
                        ": dK and dV are kept in registers); the sm80 tier runs it");
-  if (backward && p.deterministic)
-    return unsupported("deterministic: the sm90 backward adds dQ with atomics and has no deterministic mode yet; "
-                       "the sm80 tier runs it");
   const struct {
     const char* name;
     const Tensor* t;
@@ -166,6 +166,8 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
 }
 
 struct Sm90 {
+  // The deterministic backward adds each warpgroup's dQ share of a query tile in key-tile order.
+  static constexpr OrderedDq kOrderedDq{kBwdRows, kBwdConsumers};
   static Status check(const Params& p, Direction direction, DeviceProps& props) {
     return check_call(p, direction, props);
   }
@@ -213,6 +215,9 @@ struct Sm90 {
 
 Status supports(const Params& p, Direction direction) { return tier_supports<Sm90>(p, direction); }
 Status run(const Params& p, Direction direction) { return tier_run<Sm90>(p, direction); }
+Status workspace_size(const Params& p, Direction direction, size_t* bytes) {
+  return cuda::workspace_size(p, direction, bytes, ordered_dq<Sm90>());
+}
 
 std::vector<std::string> variants(Direction direction) {
   if (direction == Direction::backward) return {};

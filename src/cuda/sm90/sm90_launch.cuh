@@ -28,12 +28,25 @@ Status forward(const FwdParams& params, int grid, cudaStream_t stream) {
 
 template <class T, int HD>
 size_t backward_shared_bytes() {
-  return BwdKernel<T, HD>::kSharedBytes;
+  static_assert(BwdKernel<T, HD, true>::kSharedBytes == BwdKernel<T, HD, false>::kSharedBytes);
+  return BwdKernel<T, HD, false>::kSharedBytes;
+}
+
+// The main kernel, in its deterministic form when the workspace carries turn counters.
+template <class T, int HD, bool ORDERED_DQ>
+Status launch_backward_main(const BwdParams& params, cudaStream_t stream) {
+  using K = BwdKernel<T, HD, ORDERED_DQ>;
+  const AttentionArgs& args = params.args;
+  const dim3 grid(unsigned(ceil_div(args.seqlen_k, kBwdKeys)), unsigned(args.kv_heads), unsigned(args.batch));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::success();
+  auto kernel = bwd_kernel<T, HD, ORDERED_DQ>;
+  if (Status s = prepare_kernel(kernel, K::kSharedBytes, "sm90 backward"); !s.ok()) return s;
+  kernel<<<grid, K::kThreads, K::kSharedBytes, stream>>>(params);
+  return check_launch("sm90 backward kernel launch");
 }
 
 template <class T, int HD>
 Status backward(const BwdParams& params, cudaStream_t stream) {
-  using K = BwdKernel<T, HD>;
   const AttentionArgs& args = params.args;
   const int64_t rows = int64_t(args.batch) * args.heads * args.seqlen_q;
   if (rows > 0) {
@@ -41,13 +54,16 @@ Status backward(const BwdParams& params, cudaStream_t stream) {
     bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(args);
     if (Status s = check_launch("sm90 backward preprocess launch"); !s.ok()) return s;
   }
-  const dim3 grid(unsigned(ceil_div(args.seqlen_k, kBwdKeys)), unsigned(args.kv_heads), unsigned(args.batch));
-  if (grid.x > 0 && grid.y > 0 && grid.z > 0) {
-    auto kernel = bwd_kernel<T, HD>;
-    if (Status s = prepare_kernel(kernel, K::kSharedBytes, "sm90 backward"); !s.ok()) return s;
-    kernel<<<grid, K::kThreads, K::kSharedBytes, stream>>>(params);
-    if (Status s = check_launch("sm90 backward kernel launch"); !s.ok()) return s;
+  if (args.dq_turns != nullptr && rows > 0) {
+    const size_t counters = size_t(args.batch) * size_t(args.heads) * size_t(args.dq_turn_tiles) * kBwdConsumers;
+    if (Status s = cuda_status(cudaMemsetAsync(args.dq_turns, 0, counters * sizeof(int), stream),
+                               "sm90 backward turn counters reset");
+        !s.ok())
+      return s;
   }
+  const Status main = args.dq_turns != nullptr ? launch_backward_main<T, HD, true>(params, stream)
+                                               : launch_backward_main<T, HD, false>(params, stream);
+  if (!main.ok()) return main;
   if (rows == 0) return Status::success();
   const int64_t elements = rows * args.head_dim;
   bwd_convert_dq_kernel<T><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(args);
