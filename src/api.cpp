@@ -6,8 +6,10 @@
 #include <thread>
 
 #include "backends.h"
+#include "common/paged.h"
 #include "common/parallel.h"
 #include "cpu/fast_attention.h"
+#include "cpu/paged.h"
 #include "cpu/reference.h"
 #include "fmha/fmha.h"
 #include "tune/tuner.h"
@@ -145,7 +147,9 @@ Status run(const Params& p, Direction direction) {
   if (Status s = choose(p, direction, &entry); !s.ok()) return s;
   // Opt-in autotuning (include/fmha/tune.h): the first call of an untuned class tunes it, then
   // runs with the winner it found.
-  if (entry.variants && detail::autotune_wanted(p, direction, entry.id)) detail::autotune(p, direction, entry.id);
+  // (Not for a KV cache: the tuner's classes and timing inputs are those of dense calls.)
+  if (entry.variants && !is_paged(p) && detail::autotune_wanted(p, direction, entry.id))
+    detail::autotune(p, direction, entry.id);
   try {
     return entry.run(p, direction);
   } catch (const std::bad_alloc&) {
@@ -176,6 +180,21 @@ Status workspace_size(const Params& params, Direction direction, size_t* bytes) 
   detail::BackendEntry entry{};
   if (Status s = choose(params, direction, &entry); !s.ok()) return s;
   return entry.workspace_size(params, direction, bytes);
+}
+
+Status append_kv(const Params& params) {
+  if (Status s = detail::validate_append(params); !s.ok()) return s;
+  if (params.k.device.type != DeviceType::cpu)
+    return {Code::unsupported, "k: append_kv runs on CPU tensors only for now; the cache is on " +
+                                   device_name(params.k.device)};
+  try {
+    cpu::append_kv(params);
+  } catch (const std::bad_alloc&) {
+    return {Code::internal, "append_kv: out of host memory"};
+  } catch (const std::exception& e) {
+    return {Code::internal, std::string("append_kv: ") + e.what()};
+  }
+  return Status::success();
 }
 
 std::vector<Backend> compiled_backends() {

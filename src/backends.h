@@ -41,6 +41,9 @@ std::string cuda_device_key(int ordinal);
 // Backend-independent checks: shapes, strides, dtypes, devices, pointers, options.
 Status validate(const Params& params, Direction direction);
 
+// The checks of append_kv: the cache, the new rows, and the tables (in full when on the CPU).
+Status validate_append(const Params& params);
+
 // The checks of a merge; on success `rows` holds its normalised views.
 Status validate_merge(const MergeParams& params, MergeRows* rows);
 

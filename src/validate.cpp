@@ -1,11 +1,14 @@
 // Argument checks shared by every backend. Each failure names the argument and says what was
 // expected; nothing is written before all of them pass.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "backends.h"
+#include "common/paged.h"
 
 namespace fmha::detail {
 namespace {
@@ -66,6 +69,13 @@ const char* const kPackedODims[] = {"total_q", "heads", "head_dim_v"};
 const char* const kPackedKDims[] = {"total_k", "kv_heads", "head_dim"};
 const char* const kPackedVDims[] = {"total_k", "kv_heads", "head_dim_v"};
 const char* const kPackedLseDims[] = {"heads", "total_q"};
+// A paged KV cache, and the contiguous cache with per-sequence lengths (common/paged.h).
+const char* const kPagedKDims[] = {"num_pages", "page_size", "kv_heads", "head_dim"};
+const char* const kPagedVDims[] = {"num_pages", "page_size", "kv_heads", "head_dim_v"};
+const char* const kCacheKDims[] = {"batch", "capacity", "kv_heads", "head_dim"};
+const char* const kCacheVDims[] = {"batch", "capacity", "kv_heads", "head_dim_v"};
+const char* const kNewKDims[] = {"batch", "seqlen_new", "kv_heads", "head_dim"};
+const char* const kNewVDims[] = {"batch", "seqlen_new", "kv_heads", "head_dim_v"};
 
 // `t` must have exactly `expected` sizes; `like` names where they come from.
 Status check_shape(const char* name, const Tensor& t, const int64_t* expected, const char* const* dims,
@@ -160,6 +170,114 @@ Status check_tables(const Params& p) {
   return Status::success();
 }
 
+// One int32 table of a paged cache: rank, dtype, sizes, strides, pointer, alignment and device.
+Status check_int_table(const char* name, const Tensor& t, int rank, const char* shape_text, const int64_t* expected,
+                       const char* const* dims, const char* like, const Tensor& device_of, const char* device_name) {
+  if (!t.defined()) return invalid(std::string(name) + ": required tensor is missing (rank 0)");
+  if (t.rank != rank)
+    return invalid(std::string(name) + ": expected a " + std::to_string(rank) + "-d tensor " + shape_text +
+                   ", got rank " + std::to_string(t.rank));
+  if (t.dtype != DType::int32) return invalid(std::string(name) + ": dtype must be int32, got " + to_string(t.dtype));
+  for (int d = 0; d < rank; ++d) {
+    if (expected[d] >= 0 && t.shape[d] != expected[d])
+      return invalid(std::string(name) + ": " + dims[d] + " is " + std::to_string(t.shape[d]) + ", expected " +
+                     std::to_string(expected[d]) + " (" + like + "); shape is " + shape_string(t));
+    if (t.shape[d] < 0)
+      return invalid(std::string(name) + ": " + dims[d] + " is " + std::to_string(t.shape[d]) + ", expected >= 0");
+    if (t.stride[d] < 0)
+      return invalid(std::string(name) + ": stride of " + dims[d] + " is " + std::to_string(t.stride[d]) +
+                     ", expected >= 0");
+  }
+  if (t.numel() > 0) {
+    if (t.data == nullptr) return invalid(std::string(name) + ": data pointer is null for a non-empty tensor");
+    if (reinterpret_cast<uintptr_t>(t.data) % sizeof(int32_t) != 0)
+      return invalid(std::string(name) + ": data pointer is not aligned to its 4-byte int32 elements");
+  }
+  if (!(t.device == device_of.device))
+    return invalid(std::string(name) + ": is on a different device than " + device_name);
+  return Status::success();
+}
+
+// The tables of a paged (or contiguous, lengths-only) KV cache whose pages are k / v, for a batch
+// of `batch` sequences: shapes always; contents when they are in CPU memory. `append` > 0 checks
+// for append_kv: the rows cache_seqlens[b] ... + append - 1 are written, so they must fit and their
+// pages must be listed (and no two sequences may write one row); otherwise the rows 0 ...
+// cache_seqlens[b] - 1 are read and their pages must be listed.
+Status check_cache_tables(const Params& p, int64_t batch, const Tensor& device_of, const char* device_name,
+                          bool appending, int64_t append) {
+  const bool table = p.block_table.defined();
+  if (!p.cache_seqlens.defined())
+    return invalid(std::string("cache_seqlens: required ") +
+                   (table ? "with block_table" : "by append_kv") + " (the KV length of each sequence, int32 [batch])");
+  const char* const kLengthDims[] = {"batch"};
+  const int64_t lengths_shape[] = {batch};
+  FMHA_TRY(check_int_table("cache_seqlens", p.cache_seqlens, 1, "[batch]", lengths_shape, kLengthDims,
+                           "the batch of the call", device_of, device_name));
+  if (table) {
+    const char* const kTableDims[] = {"batch", "max_pages_per_seq"};
+    const int64_t table_shape[] = {batch, -1};
+    FMHA_TRY(check_int_table("block_table", p.block_table, 2, "[batch, max_pages_per_seq]", table_shape, kTableDims,
+                             "the batch of the call", device_of, device_name));
+    const int64_t page_size = p.k.shape[1];
+    if (page_size < kMinPageSize || page_size > kMaxPageSize)
+      return invalid("k: page_size is " + std::to_string(page_size) + ", expected " + std::to_string(kMinPageSize) +
+                     " ... " + std::to_string(kMaxPageSize) + " for a paged cache (block_table given)");
+  }
+  if (device_of.device.type != DeviceType::cpu) return Status::success();  // device tables: the caller's promise
+
+  const PagedCache cache = PagedCache::of(p);
+  const int64_t capacity = cache.capacity();
+  const std::string capacity_text =
+      table ? "max_pages_per_seq * page_size = " + std::to_string(capacity) : "capacity of k = " + std::to_string(capacity);
+  struct Written {
+    int64_t slot, sequence;
+    bool operator<(const Written& o) const { return slot < o.slot || (slot == o.slot && sequence < o.sequence); }
+  };
+  std::vector<Written> written;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t length = cache.raw_length(b);
+    if (length < 0)
+      return invalid("cache_seqlens[" + std::to_string(b) + "]: is " + std::to_string(length) + ", expected >= 0");
+    if (length + append > capacity)
+      return invalid("cache_seqlens[" + std::to_string(b) + "]: is " + std::to_string(length) +
+                     (append > 0 ? ", and appending seqlen_new = " + std::to_string(append) + " rows needs " +
+                                       std::to_string(length + append) + " <= "
+                                 : ", expected <= ") +
+                     capacity_text);
+    if (!table) continue;  // contiguous: sequence b is row b of k, checked by its shape
+    const int64_t first = appending ? length : 0, end = appending ? length + append : length;
+    if (end <= first) continue;
+    for (int64_t i = first / cache.page_size; i <= (end - 1) / cache.page_size; ++i) {
+      const int64_t entry = cache.raw_entry(b, i);
+      if (entry < 0 || entry >= cache.num_pages)
+        return invalid("block_table[" + std::to_string(b) + "][" + std::to_string(i) + "]: is " + std::to_string(entry) +
+                       ", expected a page in [0, " + std::to_string(cache.num_pages) + ") (num_pages of k): it holds " +
+                       (appending ? "rows written by append_kv" : "keys") + " of sequence " + std::to_string(b));
+    }
+    if (appending)
+      for (int64_t j = length; j < length + append; ++j)
+        written.push_back({cache.raw_entry(b, j / cache.page_size) * cache.page_size + j % cache.page_size, b});
+  }
+  std::sort(written.begin(), written.end());
+  for (size_t i = 1; i < written.size(); ++i)
+    if (written[i].slot == written[i - 1].slot)
+      return invalid("block_table: sequences " + std::to_string(written[i - 1].sequence) + " and " +
+                     std::to_string(written[i].sequence) + " would write the same cache row (page " +
+                     std::to_string(written[i].slot / cache.page_size) + ", row " +
+                     std::to_string(written[i].slot % cache.page_size) +
+                     "); pages that sequences share are read-only, give each its own page for new rows");
+  return Status::success();
+}
+
+// What a paged call may not combine with, and its tables.
+Status check_paged(const Params& p, Direction direction) {
+  const char* name = p.block_table.defined() ? "block_table" : "cache_seqlens";
+  if (direction == Direction::backward)
+    return {Code::unsupported, std::string(name) + ": backward with a KV cache (block_table / cache_seqlens) is not "
+                                                   "supported; the paged cache is forward only (decoding)"};
+  return check_cache_tables(p, p.q.shape[0], p.q, "q", false, 0);
+}
+
 }  // namespace
 
 Status validate(const Params& p, Direction direction) {
@@ -167,17 +285,27 @@ Status validate(const Params& p, Direction direction) {
     return invalid("direction: expected forward or backward");
   // Dense [B, S, H, D] tensors, or packed [total, H, D] ones with sequence tables (varlen).
   const bool varlen = p.cu_seqlens_q.defined() || p.cu_seqlens_k.defined();
+  if (varlen && is_paged(p))
+    return {Code::unsupported, std::string(p.block_table.defined() ? "block_table" : "cache_seqlens") +
+                                   ": a KV cache does not combine with variable-length queries (cu_seqlens_q / "
+                                   "cu_seqlens_k) yet; pass dense q [batch, seqlen_q, heads, head_dim]"};
   const int rank = varlen ? 3 : 4;
   const char* const* q_dims = varlen ? kPackedQDims : kQDims;
   const char* const* o_dims = varlen ? kPackedODims : kODims;
-  const char* const* k_dims = varlen ? kPackedKDims : kKDims;
-  const char* const* v_dims = varlen ? kPackedVDims : kVDims;
+  // A KV cache: pages [num_pages, page_size, ...] with a block table, or [batch, capacity, ...].
+  const bool paged = is_paged(p), table = p.block_table.defined();
+  const char* const* k_dims = varlen ? kPackedKDims : table ? kPagedKDims : paged ? kCacheKDims : kKDims;
+  const char* const* v_dims = varlen ? kPackedVDims : table ? kPagedVDims : paged ? kCacheVDims : kVDims;
+  if (p.k_new.defined() || p.v_new.defined())
+    return invalid(std::string(p.k_new.defined() ? "k_new" : "v_new") + ": " + to_string(direction) +
+                   " does not append to the cache; call fmha::append_kv first, then pass cache_seqlens + seqlen_new");
   const char* const* lse_dims = varlen ? kPackedLseDims : kLseDims;
   FMHA_TRY(check_view("q", p.q, rank, q_dims));
   FMHA_TRY(check_view("k", p.k, rank, k_dims));
   FMHA_TRY(check_view("v", p.v, rank, v_dims));
   FMHA_TRY(check_view("o", p.o, rank, o_dims));
   if (varlen) FMHA_TRY(check_tables(p));
+  if (paged) FMHA_TRY(check_paged(p, direction));
 
   // The token dimension comes first in the packed layout, after the batch in the dense one.
   const int tok = varlen ? 0 : 1;
@@ -192,10 +320,14 @@ Status validate(const Params& p, Direction direction) {
     return varlen ? Shape{{s, h, d, 0}} : Shape{{b, s, h, d}};
   };
 
-  const Shape k_expected = layout(batch, seqlen_k, kv_heads, head_dim);
+  // A paged cache's num_pages and page_size are k's own; a contiguous cache has q's batch.
+  const Shape k_expected = paged ? Shape{{table ? p.k.shape[0] : batch, p.k.shape[1], kv_heads, head_dim}}
+                                 : layout(batch, seqlen_k, kv_heads, head_dim);
   FMHA_TRY(check_shape("k", p.k, k_expected.size, k_dims, "batch and head_dim of q"));
-  const Shape v_expected = layout(batch, seqlen_k, kv_heads, head_dim_v);
-  FMHA_TRY(check_shape("v", p.v, v_expected.size, v_dims, "batch, seqlen_k and kv_heads of k"));
+  const Shape v_expected = paged ? Shape{{p.k.shape[0], p.k.shape[1], kv_heads, head_dim_v}}
+                                 : layout(batch, seqlen_k, kv_heads, head_dim_v);
+  FMHA_TRY(check_shape("v", p.v, v_expected.size, v_dims,
+                       table ? "num_pages, page_size and kv_heads of k" : "batch, seqlen_k and kv_heads of k"));
   const Shape o_expected = layout(batch, seqlen_q, heads, head_dim_v);
   FMHA_TRY(check_shape("o", p.o, o_expected.size, o_dims, "q's [batch, seqlen_q, heads] and v's head_dim_v"));
 
@@ -354,6 +486,47 @@ Status validate_merge(const MergeParams& p, MergeRows* rows) {
   rows->heads = heads;
   rows->head_dim_v = head_dim_v;
   return Status::success();
+}
+
+Status validate_append(const Params& p) {
+  // The cache fixes the layout: pages with a block table, or contiguous [batch, capacity, ...].
+  const bool table = p.block_table.defined();
+  const char* const* k_dims = table ? kPagedKDims : kCacheKDims;
+  const char* const* v_dims = table ? kPagedVDims : kCacheVDims;
+  FMHA_TRY(check_view("k", p.k, 4, k_dims));
+  FMHA_TRY(check_view("v", p.v, 4, v_dims));
+  FMHA_TRY(check_view("k_new", p.k_new, 4, kNewKDims));
+  FMHA_TRY(check_view("v_new", p.v_new, 4, kNewVDims));
+  const int64_t batch = p.k_new.shape[0], seqlen_new = p.k_new.shape[1], kv_heads = p.k.shape[2];
+  const int64_t head_dim = p.k.shape[3], head_dim_v = p.v.shape[3];
+  const int64_t v_shape[] = {p.k.shape[0], p.k.shape[1], kv_heads, head_dim_v};
+  FMHA_TRY(check_shape("v", p.v, v_shape, v_dims, table ? "num_pages, page_size and kv_heads of k" : "batch, capacity and kv_heads of k"));
+  if (!table && p.k.shape[0] != batch)
+    return invalid("k: batch is " + std::to_string(p.k.shape[0]) + ", expected " + std::to_string(batch) +
+                   " (batch of k_new; a contiguous cache has one row of pages per sequence)");
+  const int64_t k_new_shape[] = {batch, seqlen_new, kv_heads, head_dim};
+  FMHA_TRY(check_shape("k_new", p.k_new, k_new_shape, kNewKDims, "kv_heads and head_dim of k"));
+  const int64_t v_new_shape[] = {batch, seqlen_new, kv_heads, head_dim_v};
+  FMHA_TRY(check_shape("v_new", p.v_new, v_new_shape, kNewVDims, "batch and seqlen_new of k_new, kv_heads and head_dim_v of v"));
+  auto same_kind = [&](const char* name, const Tensor& t) -> Status {
+    if (t.dtype != p.k.dtype)
+      return invalid(std::string(name) + ": dtype is " + to_string(t.dtype) + ", expected " + to_string(p.k.dtype) +
+                     " like k (the cache stores the rows as given)");
+    if (!(t.device == p.k.device)) return invalid(std::string(name) + ": is on a different device than k");
+    return Status::success();
+  };
+  FMHA_TRY(same_kind("v", p.v));
+  FMHA_TRY(same_kind("k_new", p.k_new));
+  FMHA_TRY(same_kind("v_new", p.v_new));
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"k_new", p.k_new},
+                                std::pair<const char*, const Tensor&>{"v_new", p.v_new}})
+    for (const auto& [cache_name, cache] : {std::pair<const char*, const Tensor&>{"k", p.k},
+                                            std::pair<const char*, const Tensor&>{"v", p.v}})
+      if (overlap(t, cache))
+        return invalid(std::string(name) + ": overlaps " + cache_name + "; the new rows must be in separate memory");
+  if (overlap(p.k, p.v)) return invalid("v: overlaps k; the key and value caches must be separate memory");
+  if (p.num_threads < 0) return invalid("num_threads: is " + std::to_string(p.num_threads) + ", expected >= 0");
+  return check_cache_tables(p, batch, p.k, "k", true, seqlen_new);
 }
 
 }  // namespace fmha::detail

@@ -293,3 +293,28 @@ TEST(Cli, RunVarlenChecksEachSequence) {
 }
 
 }  // namespace
+
+namespace {
+
+// A paged KV cache through the CLI: pages shuffled, checked against the oracle; bad page sizes and
+// combinations refused with exit code 2.
+TEST(Cli, RunPagedChecksAgainstTheOracle) {
+  for (const char* backend : {"cpu", "reference"}) {
+    const Result r = fmha(std::string("run --backend ") + backend +
+                          " --paged --page-size 16 --batch 3 --heads 8 --kv-heads 2 --seqlen-q 3 --seqlen-k 100 "
+                          "--head-dim 32 --causal bottom-right --dtype bf16 --iters 1 --check --json");
+    ASSERT_EQ(r.exit_code, 0) << backend << ": " << r.out;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["check"], "pass");
+    EXPECT_EQ(j["page_size"], 16);
+    EXPECT_TRUE(j.contains("tbps"));
+  }
+  EXPECT_EQ(fmha("run --backend cpu --paged --page-size 8 --batch 1 --seqlen-q 1 --seqlen-k 64 --iters 1").exit_code, 2);
+  EXPECT_EQ(fmha("run --backend cpu --paged --page-size 0 --batch 1 --seqlen-q 1 --seqlen-k 64 --iters 1").exit_code, 2);
+  EXPECT_EQ(fmha("run --backend cpu --paged --seqlens-q 3,4 --iters 1").exit_code, 2);
+  const Result bwd = fmha("run --backend cpu --paged --mode bwd --batch 1 --seqlen-q 1 --seqlen-k 64 --iters 1", true);
+  EXPECT_EQ(bwd.exit_code, 2);
+  EXPECT_NE(bwd.out.find("block_table: backward"), std::string::npos) << bwd.out;
+}
+
+}  // namespace

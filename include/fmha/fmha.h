@@ -1,6 +1,6 @@
 // fmha — fused multi-head attention, forward and backward. (C++17 and later.)
 // The whole public C++ API: tensor views, the one Params struct that carries a call to every
-// backend, and the entry points (forward, backward, supports, workspace_size, select_backend).
+// backend, and the entry points (forward, backward, supports, workspace_size, select_backend, append_kv).
 #pragma once
 
 #include <cstddef>
@@ -18,7 +18,8 @@ const char* version();
 // Tensor views
 // ---------------------------------------------------------------------------------------------
 
-// int32 is for the sequence tables of variable-length calls (Params::cu_seqlens_q/k) only.
+// int32 is for the tables of variable-length calls and of a paged KV cache (Params::cu_seqlens_q/k,
+// block_table, cache_seqlens) only.
 enum class DType : int { fp32, fp16, bf16, int32 };
 enum class DeviceType : int { cpu, cuda };
 
@@ -118,6 +119,30 @@ enum class Direction : int { forward, backward };
 // why) and `auto` then runs them on sm80 (fp16, bf16, tf32) or simt (fp32). The backward's GPU
 // workspace (workspace_size) grows with total_q · H, not with batch · max_seqlen_q.
 //
+// Paged KV cache (decoding): when block_table is defined, k and v are a pool of fixed-size pages
+// shared by every sequence, and each sequence lists the pages that hold its keys in order:
+//   q, o           : [B, Sq, H, D]      (o: last dim Dv), dense as above
+//   k              : [num_pages, page_size, Hkv, D]
+//   v              : [num_pages, page_size, Hkv, Dv]
+//   lse            : [B, H, Sq], fp32
+//   block_table    : [B, max_pages_per_seq], int32: key j of sequence b is row j % page_size of
+//                    page block_table[b][j / page_size]
+//   cache_seqlens  : [B], int32: sequence b has cache_seqlens[b] keys (0 ... max_pages_per_seq *
+//                    page_size); the mask's seqlen_k is this length, sequence by sequence
+// page_size is kMinPageSize ... kMaxPageSize; pages may be shared between sequences (a common
+// prefix) and appear in any order. Without block_table but with cache_seqlens, k and v are a
+// contiguous cache [B, capacity, Hkv, D] of which sequence b uses the first cache_seqlens[b] rows
+// (the degenerate case: one page per sequence); without either, the call is the dense one above.
+// Causal alignment, window and q_offset apply per sequence with its own seqlen_k, so bottom-right
+// puts the last query at the last cached key. Tables in CPU memory are checked: every length in
+// range, and every entry that a length reaches (pages 0 ... ceil(cache_seqlens[b] / page_size) - 1
+// of row b) in [0, num_pages); entries past a sequence's length are never read and may hold
+// anything (e.g. -1). Tables in device memory cannot be read without a synchronising copy: that
+// they are in range is the caller's promise, and every implementation clamps lengths to
+// [0, capacity] and entries to [0, num_pages) (common/paged.h) so that a bad table reads wrong
+// pages but never memory outside k and v. Forward only (backward is refused), dense queries only
+// (not with cu_seqlens). Backends: reference and cpu; the GPU tiers refuse paged calls for now.
+//
 // forward writes o and (when lse is defined) lse.
 // backward reads q, k, v, o, dout, lse and writes dq, dk, dv; dk/dv are summed over the query
 // heads that share a KV head. lse defines the softmax the gradients are of, P = exp(S - lse): the
@@ -134,6 +159,12 @@ struct Params {
   // Variable-length batches (see above); leave undefined for the dense [B, S, H, D] layout.
   Tensor cu_seqlens_q, cu_seqlens_k;
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+
+  // Paged KV cache (see above); leave both undefined for the dense layout.
+  Tensor block_table, cache_seqlens;
+  // Rows to write into the cache by append_kv (below), [B, seqlen_new, Hkv, D] and
+  // [B, seqlen_new, Hkv, Dv]; forward and backward refuse them.
+  Tensor k_new, v_new;
 
   float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
   Causal causal = Causal::none;
@@ -153,6 +184,10 @@ struct Params {
   size_t workspace_bytes = 0;
   int num_threads = 0;         // CPU backends: 0 = all hardware threads
 };
+
+// The page sizes a paged KV cache may use (Params::block_table).
+inline constexpr int64_t kMinPageSize = 16;
+inline constexpr int64_t kMaxPageSize = 256;
 
 enum class Code : int { ok, invalid_argument, unsupported, no_device, cuda_error, internal };
 
@@ -190,6 +225,16 @@ Status select_backend(const Params& params, Direction direction, Backend* chosen
 
 // Bytes of device workspace the call needs (0 for CPU backends and most GPU calls).
 Status workspace_size(const Params& params, Direction direction, size_t* bytes);
+
+// Appends new keys and values to a KV cache: for each sequence b, rows k_new[b, i] and v_new[b, i]
+// (i < seqlen_new) are written at key position cache_seqlens[b] + i of the cache that
+// params.k / params.v / params.block_table / params.cache_seqlens describe (paged or contiguous,
+// as for forward; q, o and lse are not read). cache_seqlens is read, not updated: the next
+// forward passes cache_seqlens + seqlen_new. Every page that a written position falls in must be
+// listed in the table, and no two sequences may write the same cache row (a shared prefix page
+// is read-only). k_new / v_new have the cache's dtype and device. CPU tensors only for now (CUDA
+// tensors get `unsupported`). On any error nothing is written. Rotary embedding is the caller's.
+Status append_kv(const Params& params);
 
 // ---------------------------------------------------------------------------------------------
 // Merging partial results

@@ -5,15 +5,18 @@
     fmha.tune(q, k, v, causal="bottom-right")     # time every variant, cache the fastest
     out = fmha.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)   # packed sequences
     out, lse = fmha.merge_attention(out_a, lse_a, out_b, lse_b)         # over disjoint key sets
+    out = fmha.attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens)  # decoding
 
 fmha.torch.attention is the differentiable PyTorch op (autograd, torch.compile, CUDA graphs).
 """
 
 from ._api import (
+    append_kv,
     attention,
     attention_backward,
     attention_varlen,
     attention_varlen_backward,
+    attention_with_kvcache,
     autotune_enabled,
     clear_tune_cache,
     info,
@@ -27,10 +30,12 @@ from ._api import (
 
 __version__ = info()["version"]
 __all__ = [
+    "append_kv",
     "attention",
     "attention_backward",
     "attention_varlen",
     "attention_varlen_backward",
+    "attention_with_kvcache",
     "autotune_enabled",
     "clear_tune_cache",
     "info",

@@ -414,6 +414,104 @@ def attention_varlen_backward(
                      (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
 
 
+# The dims of q and of a KV cache's pages (attention_with_kvcache).
+_PAGED_LAYOUT = (
+    ("q", ("batch", "seqlen_q", "heads", "head_dim")),
+    ("k_cache", ("num_pages", "page_size", "kv_heads", "head_dim")),
+    ("v_cache", ("num_pages", "page_size", "kv_heads", "head_dim_v")),
+)
+
+
+def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, num_threads=0):
+    """Writes new keys and values into a KV cache, in place.
+
+    For each sequence b, rows k[b, i] and v[b, i] (k: [batch, seqlen_new, kv_heads, head_dim], v:
+    [batch, seqlen_new, kv_heads, head_dim_v], the cache's dtype) go to key position
+    cache_seqlens[b] + i of the cache: paged (k_cache [num_pages, page_size, kv_heads, head_dim]
+    with block_table int32 [batch, max_pages_per_seq]) or contiguous (k_cache [batch, capacity,
+    kv_heads, head_dim], block_table None). cache_seqlens (int32 [batch]) is read, not updated.
+    Every page a new row falls in must be in the table, and no two sequences may write one row.
+    CPU arrays only for now. Returns (k_cache, v_cache).
+    """
+    adapter = adapter_for(k_cache)
+    if adapter.name == "jax":
+        raise TypeError("k_cache: JAX arrays are immutable; append_kv writes the cache in place")
+    _check_num_threads(num_threads)
+    export = adapter.export
+    _C.append_kv(export(k_cache), export(v_cache), export(k), export(v),
+                 None if block_table is None else export(block_table), export(cache_seqlens), num_threads,
+                 adapter.raw_bf16)
+    return k_cache, v_cache
+
+
+def _grown_lengths(cache_seqlens, seqlen_new):
+    """cache_seqlens + seqlen_new, still int32."""
+    grown = cache_seqlens + seqlen_new
+    dtype = getattr(grown, "dtype", None)
+    if dtype is not None and "int32" not in str(dtype):
+        grown = grown.astype("int32") if hasattr(grown, "astype") else grown.to(cache_seqlens.dtype)
+    return grown
+
+
+def attention_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    block_table=None,
+    cache_seqlens=None,
+    *,
+    k=None,
+    v=None,
+    causal=None,
+    window=None,
+    scale=None,
+    q_offset=0,
+    precision=None,
+    backend="auto",
+    return_lse=False,
+    out=None,
+    stream=None,
+    num_threads=0,
+):
+    """fmha.attention of new queries against a KV cache (decoding).
+
+    q: [batch, seqlen_q, heads, head_dim] (seqlen_q small: 1 for decoding, a few for speculative
+    decoding). k_cache / v_cache: a paged cache [num_pages, page_size, kv_heads, head_dim(_v)]
+    (page_size 16 to 256) with block_table int32 [batch, max_pages_per_seq] listing each
+    sequence's pages in order (pages may be shared, e.g. a common prefix, and be in any order), or
+    a contiguous cache [batch, capacity, kv_heads, head_dim(_v)] with block_table None.
+    cache_seqlens: int32 [batch], the keys each sequence has (None: all of a contiguous cache).
+    k, v: new rows [batch, seqlen_new, kv_heads, head_dim(_v)] to append first (fmha.append_kv;
+    the cache is written in place); the attention then sees cache_seqlens + seqlen_new keys.
+    Options as fmha.attention; causal and window apply per sequence with its own length, so
+    'bottom-right' aligns the last query with the last cached key.
+
+    Returns out [batch, seqlen_q, heads, head_dim_v], or (out, lse) with return_lse. Forward only;
+    runs on the reference and cpu backends (the GPU tiers do not take a KV cache yet).
+    """
+    adapter = adapter_for(q)
+    _refuse_torch_grad(adapter, (q, k_cache, v_cache), "attention_with_kvcache")
+    if (k is None) != (v is None):
+        raise ValueError("k, v: pass both new-row arrays or neither")
+    if k is not None:
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens: required with k, v (where each sequence's new rows go)")
+        append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table, num_threads=num_threads)
+        cache_seqlens = _grown_lengths(cache_seqlens, _require_rank(k, "k", _DENSE_LAYOUT[1][1])[1])
+    layout = _PAGED_LAYOUT if block_table is not None else _DENSE_LAYOUT
+    _refuse_jax_outputs(adapter, (("out", out),))
+    (q_shape, _, v_shape), stream_handle, options, _ = _check_call(
+        adapter, q, k_cache, v_cache, layout, (causal, window, scale, q_offset, precision, backend, False), stream,
+        num_threads, None)
+    if out is None:
+        out = adapter.empty(q, q_shape[:-1] + v_shape[-1:])
+    lse = adapter.empty_f32(q, (q_shape[0], q_shape[2], q_shape[1])) if return_lse else None
+    export = adapter.export
+    cache = dict(block_table=None if block_table is None else export(block_table),
+                 cache_seqlens=None if cache_seqlens is None else export(cache_seqlens))
+    return _call_forward(adapter, q, k_cache, v_cache, out, lse, options, stream_handle, cache)
+
+
 def merge_attention(out_a, lse_a, out_b, lse_b, *, out=None, lse=None, stream=None, num_threads=0):
     """The attention over the union of two disjoint key sets, from each set's (out, lse).
 

@@ -182,6 +182,14 @@ void import_tables(const VarlenArgs& args, fmha::Params& p, InputArray& qa, Inpu
   p.max_seqlen_k = args.max_seqlen_k;
 }
 
+// An int32 table of a KV cache (block_table, cache_seqlens), or nothing for None.
+fmha::Tensor import_int_table(nb::handle obj, const char* name, int rank, InputArray& slot) {
+  if (obj.is_none()) return {};
+  if (!nb::try_cast(obj, slot, false))
+    raise_type(std::string(name) + ": expected an int32 array, got " + object_type_name(obj));
+  return to_tensor(slot, name, rank, false, true);
+}
+
 void check_dtype_like_q(const fmha::Tensor& t, const char* name, const fmha::Tensor& q) {
   if (t.defined() && t.dtype != q.dtype)
     raise_type(std::string(name) + ": dtype is " + dtype_name(t.dtype) + ", expected " + dtype_name(q.dtype) +
@@ -252,9 +260,9 @@ int64_t run(fmha::Params& p, const Options& options, fmha::Direction direction, 
 
 int64_t forward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, nb::handle workspace,
                 const Options& options, bool raw_bf16, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
-                int64_t max_seqlen_q, int64_t max_seqlen_k) {
+                int64_t max_seqlen_q, int64_t max_seqlen_k, nb::handle block_table, nb::handle cache_seqlens) {
   const VarlenArgs varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
-  InputArray qa, ka, va, cqa, cka;
+  InputArray qa, ka, va, cqa, cka, bta, csa;
   OutputArray oa, la, wa;
   fmha::Params p;
   const int rank = varlen.varlen() ? 3 : 4;
@@ -263,6 +271,8 @@ int64_t forward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::hand
   p.v = import_input(v, "v", rank, raw_bf16, va);
   p.o = import_output(o, "out", rank, raw_bf16, oa);
   import_tables(varlen, p, cqa, cka);
+  p.block_table = import_int_table(block_table, "block_table", 2, bta);
+  p.cache_seqlens = import_int_table(cache_seqlens, "cache_seqlens", 1, csa);
   check_dtype_like_q(p.k, "k", p.q);
   check_dtype_like_q(p.v, "v", p.q);
   check_dtype_like_q(p.o, "out", p.q);
@@ -319,6 +329,22 @@ void merge(nb::handle out_a, nb::handle lse_a, nb::handle out_b, nb::handle lse_
   m.stream = reinterpret_cast<void*>(stream);
   m.num_threads = num_threads;
   check_without_gil([&] { return fmha::merge(m); });
+}
+
+// fmha::append_kv: k_new / v_new written into the cache k / v at each sequence's length.
+void append_kv(nb::handle k, nb::handle v, nb::handle k_new, nb::handle v_new, nb::handle block_table,
+               nb::handle cache_seqlens, int num_threads, bool raw_bf16) {
+  OutputArray ka, va;
+  InputArray kna, vna, bta, csa;
+  fmha::Params p;
+  p.k = import_output(k, "k_cache", 4, raw_bf16, ka);
+  p.v = import_output(v, "v_cache", 4, raw_bf16, va);
+  p.k_new = import_input(k_new, "k", 4, raw_bf16, kna);
+  p.v_new = import_input(v_new, "v", 4, raw_bf16, vna);
+  p.block_table = import_int_table(block_table, "block_table", 2, bta);
+  p.cache_seqlens = import_int_table(cache_seqlens, "cache_seqlens", 1, csa);
+  p.num_threads = num_threads;
+  check_without_gil([&] { return fmha::append_kv(p); });
 }
 
 // Times fmha::forward alone (no Python, no argument conversion) on the given arrays: the
@@ -543,9 +569,13 @@ NB_MODULE(_C, m) {
 
   m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "workspace"_a.none(), "options"_a,
         "raw_bf16"_a = false, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(),
-        "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0,
+        "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "block_table"_a.none() = nb::none(),
+        "cache_seqlens"_a.none() = nb::none(),
         "Runs the forward pass into `out` (and `lse` unless None). Returns 0, or, for a CUDA call "
         "whose workspace is missing or too small, the bytes it needs (nothing runs then).");
+  m.def("append_kv", &append_kv, "k"_a, "v"_a, "k_new"_a, "v_new"_a, "block_table"_a.none(), "cache_seqlens"_a,
+        "num_threads"_a = 0, "raw_bf16"_a = false,
+        "Writes k_new / v_new into the KV cache k / v at positions cache_seqlens[b] ... (fmha::append_kv).");
   m.def("backward", &backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
         "workspace"_a.none(), "options"_a, "raw_bf16"_a = false, "cu_seqlens_q"_a.none() = nb::none(),
         "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0,

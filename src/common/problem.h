@@ -45,6 +45,9 @@ struct Problem {
       s.heads = p.q.shape[2];
       s.head_dim = p.q.shape[3];
       s.seqlen_k = p.k.shape[1];
+      // A paged cache: the capacity of one sequence's pages (each sequence's own length and mask
+      // come from common/paged.h).
+      if (p.block_table.defined()) s.seqlen_k = p.k.shape[1] * p.block_table.shape[1];
       s.kv_heads = p.k.shape[2];
       s.head_dim_v = p.v.shape[3];
       s.total_q = s.batch * s.seqlen_q;

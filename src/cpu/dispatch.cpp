@@ -11,11 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "common/paged.h"
 #include "common/problem.h"
 #include "common/varlen.h"
 #include "cpu/fast_attention.h"
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
+#include "cpu/paged.h"
 #include "tune/selection.h"
 
 namespace fmha::cpu {
@@ -152,25 +154,36 @@ Status supports(const Params& p, Direction direction) {
   return selected_config(p, direction, &config);
 }
 
+namespace {
+
+Status run_on_path(Isa isa, const Params* calls, int64_t count, Direction direction, const CpuConfig& config) {
+  switch (isa) {
+#ifdef FMHA_CPU_HAS_AVX2
+    case Isa::avx2: return avx2::run_kernels(calls, count, direction, config);
+#endif
+#ifdef FMHA_CPU_HAS_AVX512
+    case Isa::avx512: return avx512::run_kernels(calls, count, direction, config);
+#endif
+#ifdef FMHA_CPU_HAS_AVX512BF16
+    case Isa::avx512bf16: return avx512bf16::run_kernels(calls, count, direction, config);
+#endif
+    default: return portable::run_kernels(calls, count, direction, config);
+  }
+}
+
+}  // namespace
+
 Status run(const Params& p, Direction direction) {
   Isa isa{};
   if (Status s = selected_isa(&isa); !s.ok()) return s;
   const CpuConfig* config = nullptr;
   if (Status s = selected_config(p, direction, &config); !s.ok()) return s;
+  if (is_paged(p))  // forward only (validate() refuses the backward)
+    return run_paged(p, [&](const Params* calls, int64_t count) {
+      return run_on_path(isa, calls, count, Direction::forward, *config);
+    });
   const std::vector<Params> calls = dense_calls(p);
-  const int64_t count = int64_t(calls.size());
-  switch (isa) {
-#ifdef FMHA_CPU_HAS_AVX2
-    case Isa::avx2: return avx2::run_kernels(calls.data(), count, direction, *config);
-#endif
-#ifdef FMHA_CPU_HAS_AVX512
-    case Isa::avx512: return avx512::run_kernels(calls.data(), count, direction, *config);
-#endif
-#ifdef FMHA_CPU_HAS_AVX512BF16
-    case Isa::avx512bf16: return avx512bf16::run_kernels(calls.data(), count, direction, *config);
-#endif
-    default: return portable::run_kernels(calls.data(), count, direction, *config);
-  }
+  return run_on_path(isa, calls.data(), int64_t(calls.size()), direction, *config);
 }
 
 }  // namespace fmha::cpu

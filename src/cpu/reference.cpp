@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "common/numeric.h"
+#include "common/paged.h"
 #include "common/parallel.h"
 #include "common/tensor_access.h"
 #include "common/varlen.h"
@@ -20,15 +21,21 @@ double at(const Tensor& t, int64_t b, int64_t s, int64_t h, int64_t d) {
   return double(load_element(t.data, t.dtype, offset4(t, b, s, h, d)));
 }
 
+// Where key j of sequence b is stored: row j of batch b, or a row of a page of a KV cache.
+CacheRow key_row(const PagedCache* cache, int64_t b, int64_t j) {
+  return cache ? cache->row_of(b, j) : CacheRow{b, j};
+}
+
 // Scaled scores of one row over its visible keys; returns the row max (-inf if none visible).
-double row_scores(const Params& p, const Problem& s, int64_t b, int64_t h, int64_t row, Range keys,
-                  std::vector<double>& scores) {
+double row_scores(const Params& p, const Problem& s, const PagedCache* cache, int64_t b, int64_t h, int64_t row,
+                  Range keys, std::vector<double>& scores) {
   const int64_t kv_head = h / s.group;
   scores.assign(size_t(keys.size()), 0.0);
   double max_score = -kInf;
   for (int64_t j = keys.begin; j < keys.end; ++j) {
+    const CacheRow key = key_row(cache, b, j);
     double dot = 0.0;
-    for (int64_t d = 0; d < s.head_dim; ++d) dot += at(p.q, b, row, h, d) * at(p.k, b, j, kv_head, d);
+    for (int64_t d = 0; d < s.head_dim; ++d) dot += at(p.q, b, row, h, d) * at(p.k, key.page, key.row, kv_head, d);
     const double score = dot * double(s.scale);
     scores[size_t(j - keys.begin)] = score;
     max_score = std::max(max_score, score);
@@ -40,7 +47,11 @@ double row_scores(const Params& p, const Problem& s, int64_t b, int64_t h, int64
 
 void forward_row(const Params& p, const Problem& s, int64_t b, int64_t h, int64_t row,
                  double* o_row, double* lse) {
-  const Range keys = s.mask.keys(row);
+  // A KV cache: this sequence's own length sets its mask, and its keys are read through the table.
+  const bool paged = is_paged(p);
+  const PagedCache cache = paged ? PagedCache::of(p) : PagedCache{};
+  const Mask mask = paged ? sequence_mask(p, s.seqlen_q, cache.length(b)) : s.mask;
+  const Range keys = mask.keys(row);
   const int64_t kv_head = h / s.group;
   std::fill(o_row, o_row + s.head_dim_v, 0.0);
   if (keys.empty()) {
@@ -48,12 +59,13 @@ void forward_row(const Params& p, const Problem& s, int64_t b, int64_t h, int64_
     return;
   }
   std::vector<double> scores;
-  const double max_score = row_scores(p, s, b, h, row, keys, scores);
+  const double max_score = row_scores(p, s, paged ? &cache : nullptr, b, h, row, keys, scores);
   double sum = 0.0;
   for (double& x : scores) sum += (x = std::exp(x - max_score));
   for (int64_t j = keys.begin; j < keys.end; ++j) {
     const double weight = scores[size_t(j - keys.begin)] / sum;
-    for (int64_t d = 0; d < s.head_dim_v; ++d) o_row[d] += weight * at(p.v, b, j, kv_head, d);
+    const CacheRow key = key_row(paged ? &cache : nullptr, b, j);
+    for (int64_t d = 0; d < s.head_dim_v; ++d) o_row[d] += weight * at(p.v, key.page, key.row, kv_head, d);
   }
   *lse = max_score + std::log(sum);
 }
@@ -69,7 +81,7 @@ void backward_group(const Params& p, const Problem& s, int64_t b, int64_t kv_hea
     for (int64_t row = 0; row < s.seqlen_q; ++row) {
       const Range keys = s.mask.keys(row);
       if (keys.empty()) continue;  // the row's output is the constant 0: no gradient flows
-      const double max_score = row_scores(p, s, b, h, row, keys, probs);
+      const double max_score = row_scores(p, s, nullptr, b, h, row, keys, probs);
       double sum = 0.0;
       for (double& x : probs) sum += (x = std::exp(x - max_score));
       for (double& x : probs) x /= sum;

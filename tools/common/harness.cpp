@@ -53,6 +53,12 @@ int64_t CaseSpec::total_k() const {
   return s.varlen() ? std::accumulate(s.seqlens_k.begin(), s.seqlens_k.end(), int64_t(0)) : s.batch * s.seqlen_k;
 }
 
+double CaseSpec::bytes() const {
+  const CaseSpec s = resolved();
+  return double(dtype_size(s.dtype)) * (double(s.total_q() * s.heads * (s.head_dim + s.head_dim_v)) +
+                                        double(s.total_k() * s.kv_heads * (s.head_dim + s.head_dim_v)));
+}
+
 std::string CaseSpec::dtype_name() const {
   if (dtype == DType::fp32 && precision == Precision::tf32) return "tf32";
   return to_string(dtype);
@@ -267,6 +273,7 @@ struct Slot {
 struct Harness::Set {
   Slot q, k, v, o, lse, dout, dq, dk, dv;
   Slot cu_seqlens_q, cu_seqlens_k;  // varlen: int32 [batch + 1]
+  Slot block_table, cache_seqlens;  // paged: int32 [batch, pages per sequence], [batch]
 };
 
 namespace {
@@ -291,11 +298,24 @@ Harness::Harness(const CaseSpec& spec, Device device, int input_sets) : spec_(sp
   if (varlen && s.seqlens_k.size() != s.seqlens_q.size())
     throw std::invalid_argument("seqlens_k: " + std::to_string(s.seqlens_k.size()) + " sequences, expected " +
                                 std::to_string(s.seqlens_q.size()) + " like seqlens_q");
+  if (varlen && s.paged()) throw std::invalid_argument("page_size: a paged KV cache does not combine with a varlen batch");
+  if (s.page_size < 0) throw std::invalid_argument("page_size: expected >= 0");
   const int64_t total_q = s.total_q(), total_k = s.total_k();
+  // A paged cache: every sequence's pages, all of them in one pool, in a seeded random order.
+  const int64_t pages_per_seq = s.paged() ? std::max<int64_t>(1, (s.seqlen_k + s.page_size - 1) / s.page_size) : 0;
+  const int64_t num_pages = s.batch * pages_per_seq;
+  std::vector<int32_t> table, lengths;
+  if (s.paged()) {
+    table.resize(size_t(num_pages));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937_64(s.seed ^ 0x5eedull));
+    lengths.assign(size_t(s.batch), int32_t(s.seqlen_k));
+  }
   auto q_like = [&](int64_t dim) {
     return varlen ? Slot(device, s.dtype, {total_q, s.heads, dim}) : Slot(device, s.dtype, {s.batch, s.seqlen_q, s.heads, dim});
   };
   auto k_like = [&](int64_t dim) {
+    if (s.paged()) return Slot(device, s.dtype, {num_pages, s.page_size, s.kv_heads, dim});
     return varlen ? Slot(device, s.dtype, {total_k, s.kv_heads, dim})
                   : Slot(device, s.dtype, {s.batch, s.seqlen_k, s.kv_heads, dim});
   };
@@ -311,6 +331,14 @@ Harness::Harness(const CaseSpec& spec, Device device, int input_sets) : spec_(sp
       set->cu_seqlens_k = Slot(device, DType::int32, {s.batch + 1});
       fill_table(set->cu_seqlens_q, s.seqlens_q);
       fill_table(set->cu_seqlens_k, s.seqlens_k);
+    }
+    if (s.paged()) {
+      set->block_table = Slot(device, DType::int32, {s.batch, pages_per_seq});
+      set->cache_seqlens = Slot(device, DType::int32, {s.batch});
+      std::memcpy(set->block_table.host.data(), table.data(), table.size() * sizeof(int32_t));
+      std::memcpy(set->cache_seqlens.host.data(), lengths.data(), lengths.size() * sizeof(int32_t));
+      set->block_table.device.upload(set->block_table.host.data());
+      set->cache_seqlens.device.upload(set->cache_seqlens.host.data());
     }
     if (i == 0) {
       set->q.fill_random(rng);
@@ -372,6 +400,10 @@ Params Harness::views(const Set& set, bool host_copies, bool with_lse) const {
     p.cu_seqlens_k = view(set.cu_seqlens_k);
     p.max_seqlen_q = spec_.seqlen_q;
     p.max_seqlen_k = spec_.seqlen_k;
+  }
+  if (spec_.paged()) {
+    p.block_table = view(set.block_table);
+    p.cache_seqlens = view(set.cache_seqlens);
   }
   p.softmax_scale = spec_.softmax_scale;
   p.causal = spec_.causal;

@@ -32,14 +32,22 @@ struct CaseSpec {
   // A variable-length (packed) batch when non-empty: one entry per sequence (batch and seqlen_q /
   // seqlen_k are then the count and the longest); seqlens_k empty means "same as seqlens_q".
   std::vector<int64_t> seqlens_q, seqlens_k;
+  // > 0: K and V in a paged KV cache of this page size (common/paged.h), each sequence's
+  // ceil(seqlen_k / page_size) pages drawn in a random order from the pool, every sequence
+  // seqlen_k keys long. Forward only; not with a varlen batch.
+  int64_t page_size = 0;
 
   bool varlen() const { return !seqlens_q.empty(); }
+  bool paged() const { return page_size > 0; }
   int64_t total_q() const;  // query tokens of all sequences
   int64_t total_k() const;
 
   CaseSpec resolved() const;  // fills the "same as" defaults (and batch / seqlens of a varlen case)
   std::string dtype_name() const;  // fp32 / tf32 / fp16 / bf16
   double flops() const;            // FlashAttention convention (see Problem::flops); varlen: real work only
+  // Bytes of Q, K, V and O, each counted once (what a forward must move at least: the measure of
+  // memory-bound decoding).
+  double bytes() const;
 };
 
 // Host or device memory of a fixed size.

@@ -43,7 +43,8 @@ std::string label_of(const CaseSpec& c) {
   const CaseSpec s = c.resolved();
   return std::string(to_string(s.mode)) + " " + s.dtype_name() + " b" + std::to_string(s.batch) + " h" +
          std::to_string(s.heads) + " s" + std::to_string(s.seqlen_q) + " d" + std::to_string(s.head_dim) +
-         (s.causal != Causal::none ? " causal" : "") + (s.varlen() ? " varlen" : "");
+         (s.causal != Causal::none ? " causal" : "") + (s.varlen() ? " varlen" : "") +
+         (s.paged() ? " paged" + std::to_string(s.page_size) : "");
 }
 
 }  // namespace
@@ -141,6 +142,35 @@ std::vector<CaseSpec> varlen_sweep(const CaseSpec& base) {
         }
         cases.push_back(c);
       }
+  return cases;
+}
+
+// The decoding target (issue: a paged KV cache): one query token per sequence against a long KV
+// cache, 32 query heads over 8 KV heads, D128, bf16 unless --dtype says otherwise; batch x KV
+// length as below, each with the contiguous cache and a paged one (pages of --page-size rows, 64
+// by default, shuffled). Bound by reading K and V: reported as TB/s of Q, K, V and O bytes once.
+constexpr int64_t kDecodeHeads = 32, kDecodeKvHeads = 8, kDecodeDim = 128;
+constexpr int64_t kDecodeShapes[][2] = {{1, 8192}, {1, 131072}, {16, 8192}, {16, 32768}, {64, 8192}};
+
+std::vector<CaseSpec> decode_sweep(const CaseSpec& base, int64_t page_size) {
+  std::vector<CaseSpec> cases;
+  for (const auto& [batch, seqlen_k] : kDecodeShapes)
+    for (bool paged : {false, true}) {
+      CaseSpec c = base;
+      c.mode = Direction::forward;
+      c.batch = batch;
+      c.heads = kDecodeHeads;
+      c.kv_heads = kDecodeKvHeads;
+      c.seqlen_q = 1;
+      c.seqlen_k = seqlen_k;
+      c.head_dim = c.head_dim_v = kDecodeDim;
+      c.causal = Causal::bottom_right;
+      c.window_left = c.window_right = -1;
+      c.q_offset = 0;
+      c.seqlens_q = c.seqlens_k = {};
+      c.page_size = paged ? page_size : 0;
+      cases.push_back(c);
+    }
   return cases;
 }
 
@@ -276,7 +306,9 @@ void add_bench_options(CLI::App* app, BenchOptions& o) {
   app->add_option("--sweep", o.sweep,
                   "Named sweep: fa (FlashAttention's), seed (B4 H4 S4096 D64) or varlen (64 packed sequences of "
                   "128 to 8k tokens, D128 causal, and the dense batch at their mean length) or merge (fmha::merge's "
-                  "bandwidth next to a copy; bf16 unless --dtype says otherwise)");
+                  "bandwidth next to a copy; bf16 unless --dtype says otherwise) or decode (one query token "
+                  "against a KV cache of 8k to 128k keys, 32/8 heads, D128, contiguous and paged by --page-size; "
+                  "bf16 unless --dtype says otherwise; TB/s of Q, K, V, O bytes once)");
   app->add_option("--csv", o.csv, "Write results as CSV to this file");
   app->add_option("--json-out", o.json_out, "Write results as JSON to this file ('-' for stdout)");
   app->add_option("--rotate", o.rotate, "Input sets to rotate through (default: enough to exceed the L2 cache)");
@@ -302,8 +334,11 @@ int run_bench(const BenchOptions& opt) {
   std::vector<CaseSpec> cases;
   if (opt.sweep.empty()) cases = {base};
   else if (opt.sweep == "varlen") cases = varlen_sweep(base);
-  else if (!named_sweep(opt.sweep, base, &cases)) {
-    std::cerr << "fmha bench: --sweep: expected fa, seed, varlen or merge, got '" << opt.sweep << "'\n";
+  else if (opt.sweep == "decode") {
+    if (!opt.dtype_given) base.dtype = DType::bf16;
+    cases = decode_sweep(base, opt.run.page_size);
+  } else if (!named_sweep(opt.sweep, base, &cases)) {
+    std::cerr << "fmha bench: --sweep: expected fa, seed, varlen, merge or decode, got '" << opt.sweep << "'\n";
     return 2;
   }
   if (!opt.sweep.empty()) {
@@ -330,16 +365,17 @@ int run_bench(const BenchOptions& opt) {
       std::cerr << "fmha bench: --csv: cannot write '" << opt.csv << "'\n";
       return 2;
     }
-    csv << "backend,device,mode,dtype,batch,heads,kv_heads,seqlen_q,seqlen_k,head_dim,head_dim_v,causal,ms,tflops,status,varlen_sequences,tokens_q\n";
+    csv << "backend,device,mode,dtype,batch,heads,kv_heads,seqlen_q,seqlen_k,head_dim,head_dim_v,causal,ms,tflops,status,varlen_sequences,tokens_q,page_size,tbps\n";
   }
-  std::printf("%-6s %-5s %-5s %6s %6s %7s %5s %-12s %10s %9s\n", "mode", "dtype", "back", "batch", "heads", "seqlen",
-              "dim", "causal", "ms", "TFLOP/s");
+  std::printf("%-6s %-5s %-5s %6s %6s %7s %7s %5s %-12s %-6s %10s %9s %8s\n", "mode", "dtype", "back", "batch", "heads",
+              "seqlen", "seq_k", "dim", "causal", "kv", "ms", "TFLOP/s", "TB/s");
   int failures = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const CaseSpec c = cases[i].resolved();
     progress_bar(i, cases.size(), label_of(c), show_progress);
     std::string status = "ok", backend = "-";
-    double ms = 0.0, tflops = 0.0;
+    double ms = 0.0, tflops = 0.0, tbps = 0.0;
+    const std::string kv = c.paged() ? "p" + std::to_string(c.page_size) : (c.varlen() ? "packed" : "dense");
     try {
       const int sets = opt.rotate > 0 ? opt.rotate
                                       : int(std::clamp<size_t>(kRotateBytes / std::max<size_t>(input_bytes(c), 1), 1,
@@ -349,6 +385,7 @@ int run_bench(const BenchOptions& opt) {
       if (s.ok()) {
         backend = to_string(h.backend_used());
         tflops = c.flops() / (ms * 1e-3) / 1e12;
+        tbps = c.bytes() / (ms * 1e-3) / 1e12;
       } else {
         status = s.message;
         ++failures;
@@ -359,13 +396,13 @@ int run_bench(const BenchOptions& opt) {
     }
     if (show_progress) std::fprintf(stderr, "\r%*s\r", 100, "");
     if (status == "ok")
-      std::printf("%-6s %-5s %-5s %6lld %6lld %7lld %5lld %-12s %10.3f %9.2f\n", to_string(c.mode), c.dtype_name().c_str(),
-                  backend.c_str(), (long long)c.batch, (long long)c.heads, (long long)c.seqlen_q, (long long)c.head_dim,
-                  to_string(c.causal), ms, tflops);
+      std::printf("%-6s %-5s %-5s %6lld %6lld %7lld %7lld %5lld %-12s %-6s %10.3f %9.2f %8.3f\n", to_string(c.mode),
+                  c.dtype_name().c_str(), backend.c_str(), (long long)c.batch, (long long)c.heads, (long long)c.seqlen_q,
+                  (long long)c.seqlen_k, (long long)c.head_dim, to_string(c.causal), kv.c_str(), ms, tflops, tbps);
     else
-      std::printf("%-6s %-5s %-5s %6lld %6lld %7lld %5lld %-12s  n/a: %s\n", to_string(c.mode), c.dtype_name().c_str(),
-                  backend.c_str(), (long long)c.batch, (long long)c.heads, (long long)c.seqlen_q, (long long)c.head_dim,
-                  to_string(c.causal), status.c_str());
+      std::printf("%-6s %-5s %-5s %6lld %6lld %7lld %7lld %5lld %-12s %-6s  n/a: %s\n", to_string(c.mode),
+                  c.dtype_name().c_str(), backend.c_str(), (long long)c.batch, (long long)c.heads, (long long)c.seqlen_q,
+                  (long long)c.seqlen_k, (long long)c.head_dim, to_string(c.causal), kv.c_str(), status.c_str());
     if (c.varlen())
       std::printf("       (varlen: %zu sequences, %lld tokens, mean %lld; batch and seqlen above: count and longest)\n",
                   c.seqlens_q.size(), (long long)c.total_q(), (long long)(c.total_q() / int64_t(c.seqlens_q.size())));
@@ -377,7 +414,8 @@ int run_bench(const BenchOptions& opt) {
                         {"seqlen_k", c.seqlen_k},  {"head_dim", c.head_dim},
                         {"head_dim_v", c.head_dim_v}, {"causal", to_string(c.causal)},
                         {"ms", ms},                {"tflops", tflops},
-                        {"status", status}};
+                        {"tbps", tbps},            {"status", status}};
+    if (c.paged()) j["page_size"] = c.page_size;
     if (backend == "cpu") j["cpu_path"] = cpu_paths().selected;
     if (c.varlen()) {
       j["seqlens_q"] = c.seqlens_q;
@@ -390,7 +428,7 @@ int run_bench(const BenchOptions& opt) {
       csv << backend << ",\"" << j["device"].get<std::string>() << "\"," << to_string(c.mode) << "," << c.dtype_name()
           << "," << c.batch << "," << c.heads << "," << c.kv_heads << "," << c.seqlen_q << "," << c.seqlen_k << ","
           << c.head_dim << "," << c.head_dim_v << "," << to_string(c.causal) << "," << ms << "," << tflops << ",\""
-          << quoted << "\"," << c.seqlens_q.size() << "," << c.total_q() << "\n";
+          << quoted << "\"," << c.seqlens_q.size() << "," << c.total_q() << "," << c.page_size << "," << tbps << "\n";
       csv.flush();  // a sweep cut short keeps the rows it finished
     }
   }

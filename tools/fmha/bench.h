@@ -1,4 +1,4 @@
-// `fmha bench`: named sweeps (`fa`, `seed`, `varlen`, `merge`) or the single case the run flags describe, timed
+// `fmha bench`: named sweeps (`fa`, `seed`, `varlen`, `merge`, `decode`) or the single case the run flags describe, timed
 // after warm-up as the median of repeats with rotating inputs, written as a table, CSV and JSON.
 #pragma once
 
@@ -12,7 +12,7 @@ namespace fmha::tools {
 
 struct BenchOptions {
   RunOptions run;
-  std::string sweep;       // "", "fa", "seed", "varlen" or "merge"
+  std::string sweep;       // "", "fa", "seed", "varlen", "merge" or "decode"
   std::string csv;         // CSV output file
   std::string json_out;    // JSON output file ("-": stdout)
   int rotate = 0;          // input sets to rotate through (0: enough to exceed the L2 cache)

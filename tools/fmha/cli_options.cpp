@@ -38,6 +38,10 @@ void add_case_options(CLI::App* app, RunOptions& o) {
   app->add_option("--scale", o.scale, "Softmax scale (default 1/sqrt(head-dim))");
   app->add_flag("--deterministic", o.deterministic, "Backward bitwise reproducible: dQ summed in a fixed order");
   app->add_flag("--no-lse", o.no_lse, "Forward: do not write LSE");
+  app->add_flag("--paged", o.paged,
+                "K/V in a paged KV cache (decoding): each sequence's seqlen-k keys in pages of --page-size rows, "
+                "in a random order; forward only");
+  app->add_option("--page-size", o.page_size, "Rows per page of --paged (16 to 256)")->capture_default_str();
 }
 
 namespace {
@@ -119,6 +123,12 @@ bool RunOptions::to_case(CaseSpec* spec, std::string* error) const {
       return *error = "--seqlens-k: has " + std::to_string(s.seqlens_k.size()) + " lengths, expected " +
                       std::to_string(s.seqlens_q.size()) + " (one per sequence of --seqlens-q)",
              false;
+  }
+  if (paged) {
+    if (page_size < 1) return *error = "--page-size: expected a size >= 1, got " + std::to_string(page_size), false;
+    if (!s.seqlens_q.empty())
+      return *error = "--paged: does not combine with --seqlens-q (a paged cache takes dense queries)", false;
+    s.page_size = page_size;
   }
   s.q_offset = q_offset;
   s.softmax_scale = scale;

@@ -25,6 +25,8 @@ struct RunOptions {
   float scale = 0.f;
   bool deterministic = false;
   bool no_lse = false;
+  bool paged = false;       // K/V in a paged cache of page_size rows per page, pages shuffled
+  int64_t page_size = 64;
   bool check = false;
   bool json = false;
 

@@ -113,6 +113,7 @@ int cmd_run(const RunOptions& opt) {
     VariantChoice variant;  // which variant ran, and whether a variable, the cache or the default chose it
     selected_variant(harness.params(), c.mode, &variant);
     const double tflops = ms > 0.0 ? c.flops() / (ms * 1e-3) / 1e12 : 0.0;
+    const double tbps = ms > 0.0 ? c.bytes() / (ms * 1e-3) / 1e12 : 0.0;  // Q, K, V, O bytes once
 
     nlohmann::json j;
     j["backend"] = to_string(harness.backend_used());
@@ -144,6 +145,8 @@ int cmd_run(const RunOptions& opt) {
     j["ms"] = ms;
     j["tflops"] = tflops;
     j["gflops"] = tflops * 1e3;
+    j["tbps"] = tbps;
+    if (c.paged()) j["page_size"] = c.page_size;
     if (opt.check) {
       j["check"] = check.pass ? "pass" : "fail";
       j["max_abs_err"] = check.max_abs_err;
@@ -173,8 +176,11 @@ int cmd_run(const RunOptions& opt) {
       if (c.varlen())
         std::printf("  varlen: %zu sequences, %lld query and %lld key tokens (seqlen above: the longest)\n",
                     c.seqlens_q.size(), (long long)c.total_q(), (long long)c.total_k());
+      if (c.paged())
+        std::printf("  paged KV cache: pages of %lld rows, shuffled\n", (long long)c.page_size);
       if (iters > 0)
-        std::printf("  %.3f ms (median of %d), %.2f TFLOP/s (%.1f GFLOP/s)\n", ms, iters, tflops, tflops * 1e3);
+        std::printf("  %.3f ms (median of %d), %.2f TFLOP/s (%.1f GFLOP/s), %.3f TB/s (Q, K, V, O bytes once)\n", ms,
+                    iters, tflops, tflops * 1e3, tbps);
       if (opt.check) {
         std::printf("  check: %s  rel_err %.3g  max_abs_err %.3g  tolerance %.3g%s\n", check.pass ? "pass" : "FAIL",
                     check.rel_err, check.max_abs_err, check.tolerance, check.sampled ? "  (sampled oracle)" : "");

@@ -25,6 +25,16 @@ inline Status refuse_varlen(const Params& p, const char* tier, const char* inste
   return Status::success();
 }
 
+// A KV cache (block_table / cache_seqlens) runs on the CPU backends only for now: every GPU
+// tier refuses it here, before its own checks read k and v as the dense layout's [B, Sk, ...].
+inline Status refuse_paged(const Params& p) {
+  if (p.block_table.defined() || p.cache_seqlens.defined())
+    return {Code::unsupported, std::string(p.block_table.defined() ? "block_table" : "cache_seqlens") +
+                                   ": calls on a KV cache are not implemented on the GPU tiers yet; the reference "
+                                   "and cpu backends run them on CPU tensors"};
+  return Status::success();
+}
+
 // The tier's deterministic dQ scheme: Tier::kOrderedDq where it declares one.
 template <class Tier>
 constexpr OrderedDq ordered_dq() {
@@ -34,12 +44,14 @@ constexpr OrderedDq ordered_dq() {
 
 template <class Tier>
 Status tier_supports(const Params& p, Direction direction) {
+  if (Status st = refuse_paged(p); !st.ok()) return st;
   DeviceProps props;
   return Tier::check(p, direction, props);
 }
 
 template <class Tier>
 Status tier_run(const Params& p, Direction direction) {
+  if (Status st = refuse_paged(p); !st.ok()) return st;
   DeviceProps props;
   if (Status st = Tier::check(p, direction, props); !st.ok()) return st;
   const Problem s = Problem::of(p);
