@@ -312,6 +312,14 @@ std::string run_and_sync(const Params& p, Direction dir) {
 
 }  // namespace
 
+int device_arch() {
+  int ordinal = 0, major = 0, minor = 0;
+  cudaGetDevice(&ordinal);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal);
+  return major * 10 + minor;
+}
+
 bool have_cuda_device() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {

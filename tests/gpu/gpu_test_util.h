@@ -22,6 +22,8 @@
 namespace fmha::test {
 
 bool have_cuda_device();
+// The current device's compute capability as major · 10 + minor (90 for sm_90).
+int device_arch();
 // The seed of this process's random inputs (from the clock unless FMHA_TEST_SEED is set).
 uint64_t test_seed();
 

@@ -21,14 +21,6 @@ std::vector<int> compiled_head_dims() {
   return out;
 }
 
-int device_arch() {
-  int ordinal = 0, major = 0, minor = 0;
-  cudaGetDevice(&ordinal);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal);
-  return major * 10 + minor;
-}
-
 bool tier_available(Backend b) {
   const auto compiled = compiled_backends();
   if (std::find(compiled.begin(), compiled.end(), b) == compiled.end()) return false;

@@ -19,14 +19,6 @@
 namespace fmha::test {
 namespace {
 
-int device_arch() {
-  int ordinal = 0, major = 0, minor = 0;
-  cudaGetDevice(&ordinal);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal);
-  return major * 10 + minor;
-}
-
 bool compiled(Backend b) {
   const auto all = compiled_backends();
   return std::find(all.begin(), all.end(), b) != all.end();
