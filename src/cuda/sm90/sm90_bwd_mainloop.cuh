@@ -13,7 +13,7 @@
 // dQ is added to the fp32 accumulator in global memory (red.global.add) and converted by the
 // shared convert kernel; dK is scaled once, in the epilogue. In the deterministic mode each
 // warpgroup adds its dQ share of a query tile when the tile's turn counter says that every key
-// tile before its own has added (DqTurn), so the fp32 sums run in key-tile order every time.
+// tile before its own has added, so the fp32 sums run in key-tile order every time.
 #pragma once
 
 #include "cuda/common/args.h"
@@ -215,9 +215,9 @@ struct BwdMainloop {
         ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile + warpgroup * kBwdRows * kChunkCols)), thread);
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::ds_ready), kBwdConsumers * wg::kThreads);
-    // dV and dK complete before dQ is issued: P and dS leave the registers before the dQ
-    // accumulator enters them (both at once spill at head dim 128); the tensor cores run the
-    // GEMMs in issue order regardless.
+    // dV and dK complete before dQ is issued, so that P and dS are dead before the dQ
+    // accumulator is live (fewer registers at once); the tensor cores run the GEMMs in issue
+    // order regardless.
     wg::wait<0>();
     wg::fence_operand(dv.d);
     wg::fence_operand(dk.d);
