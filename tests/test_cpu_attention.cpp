@@ -231,17 +231,22 @@ std::vector<OptionCase> option_cases() {
 
 void PrintTo(const OptionCase& c, std::ostream* os) { *os << c.name; }
 
-class Options : public ::testing::TestWithParam<std::tuple<std::string, OptionCase>> {};
-
-TEST_P(Options, ForwardAndBackwardMatchOracle) {
-  const auto& [path, option] = GetParam();
-  FORCE_CPU_PATH_OR_SKIP(path);
+// The case forward, then backward (with LSE), each against the oracle.
+void check_both_directions(const OptionCase& option) {
   for (Direction mode : {Direction::forward, Direction::backward}) {
     CaseSpec c = option.spec;
     c.mode = mode;
     if (mode == Direction::backward) c.with_lse = true;
     run_and_check(c);
   }
+}
+
+class Options : public ::testing::TestWithParam<std::tuple<std::string, OptionCase>> {};
+
+TEST_P(Options, ForwardAndBackwardMatchOracle) {
+  const auto& [path, option] = GetParam();
+  FORCE_CPU_PATH_OR_SKIP(path);
+  check_both_directions(option);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Options, ::testing::Combine(::testing::ValuesIn(kPaths), ::testing::ValuesIn(option_cases())),
@@ -277,12 +282,7 @@ class Decode : public ::testing::TestWithParam<std::tuple<std::string, OptionCas
 TEST_P(Decode, ForwardAndBackwardMatchOracle) {
   const auto& [path, option] = GetParam();
   FORCE_CPU_PATH_OR_SKIP(path);
-  for (Direction mode : {Direction::forward, Direction::backward}) {
-    CaseSpec c = option.spec;
-    c.mode = mode;
-    if (mode == Direction::backward) c.with_lse = true;
-    run_and_check(c);
-  }
+  check_both_directions(option);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Decode,
