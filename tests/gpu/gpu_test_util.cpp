@@ -293,12 +293,13 @@ DeviceProblem upload(const HostProblem& hp, bool backward) {
     p.dq = view(d.dq.ptr, c.dtype, L.q, dev);
     p.dk = view(d.dk.ptr, c.dtype, L.k, dev);
     p.dv = view(d.dv.ptr, c.dtype, L.v, dev);
-    size_t bytes = 0;
-    throw_if_error(workspace_size(p, Direction::backward, &bytes));
-    d.workspace = DeviceBuffer(bytes);
-    p.workspace = d.workspace.ptr;
-    p.workspace_bytes = bytes;
   }
+  // The workspace the call asks for (the sm90 forward's is its dynamic scheduler's counter).
+  size_t bytes = 0;
+  throw_if_error(workspace_size(p, backward ? Direction::backward : Direction::forward, &bytes));
+  d.workspace = DeviceBuffer(bytes);
+  p.workspace = d.workspace.ptr;
+  p.workspace_bytes = bytes;
   return d;
 }
 
@@ -547,6 +548,26 @@ std::string check_deterministic(const Case& c, uint64_t seed) {
         if (now[i] != first[i]) return std::string(names[i]) + " differs bitwise between two deterministic runs\n";
     }
   }
+  return "";
+}
+
+std::string check_schedules_agree(const Case& c, uint64_t seed) {
+  const HostProblem hp = make_problem(c, seed);
+  DeviceProblem d = upload(hp, false);
+  if (d.params.workspace == nullptr) return "the call asks for no forward workspace: nothing to compare\n";
+  std::vector<uint8_t> o[2], lse[2];
+  for (int run = 0; run < 2; ++run) {
+    Params p = d.params;
+    if (run == 1) p.workspace = nullptr, p.workspace_bytes = 0;  // the static schedule
+    d.workspace.poison();
+    d.o.poison();
+    d.lse.poison();
+    if (std::string err = run_and_sync(p, Direction::forward); !err.empty()) return err;
+    o[run] = d.o.download();
+    lse[run] = d.lse.download();
+  }
+  if (o[0] != o[1]) return "O differs bitwise between the dynamic and the static schedule\n";
+  if (lse[0] != lse[1]) return "LSE differs bitwise between the dynamic and the static schedule\n";
   return "";
 }
 

@@ -89,6 +89,11 @@ std::string check_single_key_rows_cancel(const Case& c, uint64_t seed);
 // Two deterministic backward runs; empty when dq, dk, dv are bitwise identical.
 std::string check_deterministic(const Case& c, uint64_t seed);
 
+// The forward with its workspace (a dynamic tile schedule, where the tier has one) and without
+// (static); empty when O and LSE are bitwise identical: a work tile's result does not depend on
+// which block computes it.
+std::string check_schedules_agree(const Case& c, uint64_t seed);
+
 // A variable-length (packed) call: `base` gives the tier, dtype, heads, head dims and options
 // (its batch, seqlens, layout and offset are ignored); sequence b has seqlens_q[b] queries and
 // seqlens_k[b] keys. max_seqlen_q/k are the longest lengths plus `extra_max` (a grid with more

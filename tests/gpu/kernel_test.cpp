@@ -190,6 +190,24 @@ INSTANTIATE_TEST_SUITE_P(Tiers, Deterministic, ::testing::ValuesIn(kFlavors),
                                   (info.param.precision == Precision::tf32 ? "tf32" : to_string(info.param.dtype));
                          });
 
+// ---- The sm90 forward's schedules: dynamic (counter in the workspace) and static agree ----------
+
+TEST(Sm90Schedule, DynamicAndStaticAgreeBitwise) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
+  for (int d : compiled_head_dims()) {
+    if (!takes_head_dim(Backend::cuda_sm90, d)) continue;
+    for (Causal causal : {Causal::none, Causal::bottom_right}) {
+      Case c;
+      c.backend = Backend::cuda_sm90, c.dtype = DType::bf16, c.head_dim = c.head_dim_v = d;
+      // More work tiles than an H200 has SMs, of uneven length under the causal mask.
+      c.batch = 3, c.heads = 16, c.kv_heads = 4, c.seqlen_q = 700, c.seqlen_k = 900, c.causal = causal;
+      const std::string msg = check_schedules_agree(c, test_seed());
+      EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
+    }
+  }
+}
+
 // ---- Rows that see one key, and rows that see two ------------------------------------------------
 // One key: P = 1 and dS = 0 exactly, so dQ and dK must cancel to fp32 rounding (the tf32 backward
 // used to leave residues of ~50 tf32 units: Δ was formed from dO unrounded, dP from dO in tf32).
@@ -444,6 +462,20 @@ TEST(Refuse, SmallTierLimits) {
       EXPECT_EQ(chosen, Backend::cuda_sm80);
     }
   }
+}
+
+// A workspace too small for the sm90 forward's tile counter is refused, naming it.
+TEST(Sm90Schedule, ShortWorkspaceIsRefused) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
+  const int hd = compiled_head_dims().back();
+  if (!takes_head_dim(Backend::cuda_sm90, hd)) GTEST_SKIP() << "no sm90 head dim in this build";
+  Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, hd);
+  r.params.workspace = r.params.q.data;
+  r.params.workspace_bytes = 2;  // less than one counter
+  const Status s = forward(r.params);
+  EXPECT_EQ(s.code, Code::invalid_argument) << s.message;
+  EXPECT_TRUE(mentions(s, "workspace")) << s.message;
 }
 
 }  // namespace

@@ -7,9 +7,14 @@
 // FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
 // compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once;
 // without it, the tuning cache's winner runs (src/tune/).
+//
+// The forward's workspace (workspace_size: one counter) is optional. With it, work tiles past the
+// first wave go to whichever block finishes first (a dynamic schedule); without it, each block
+// takes every grid-th tile. FMHA_SM90_SCHEDULER=static forces the latter (to measure the two).
 #include "cuda/sm90/sm90_dispatch.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/common/dispatch_util.h"
@@ -29,6 +34,32 @@ constexpr int kMinHeadDim = 64;  // smaller head dims run on the sm80 tier
 // K/V bytes of one L2 section of heads: a share of the H100/H200's 50/60 MB L2 that leaves room
 // for the queries and outputs in flight.
 constexpr double kL2SectionBytes = 32.0 * 1024 * 1024;
+// The forward's workspace: the dynamic scheduler's counter, in the workspace's alignment unit.
+constexpr size_t kFwdWorkspaceBytes = 256;
+constexpr const char* kSchedulerVariable = "FMHA_SM90_SCHEDULER";
+
+bool static_schedule_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv(kSchedulerVariable);
+    return v != nullptr && std::string(v) == "static";
+  }();
+  return forced;
+}
+
+// The forward's tile counter from the caller's workspace, zeroed on the call's stream; null (a
+// static schedule) when the call brings none.
+Status forward_tile_counter(const Params& p, cudaStream_t stream, int** counter) {
+  *counter = nullptr;
+  if (p.workspace == nullptr || static_schedule_forced()) return Status::success();
+  if (p.workspace_bytes < sizeof(int))
+    return {Code::invalid_argument, "workspace: " + std::to_string(p.workspace_bytes) +
+                                        " bytes given; the sm90 forward uses " + std::to_string(kFwdWorkspaceBytes) +
+                                        " (see workspace_size), or none for a static schedule"};
+  if (reinterpret_cast<uintptr_t>(p.workspace) % alignof(int) != 0)
+    return {Code::invalid_argument, "workspace: pointer must be aligned to " + std::to_string(alignof(int)) + " bytes"};
+  *counter = static_cast<int*>(p.workspace);
+  return cuda_status(cudaMemsetAsync(*counter, 0, sizeof(int), stream), "sm90 forward tile counter reset");
+}
 
 // f(std::integral_constant<int, HD>{}) for the sm90 buckets compiled into this build.
 template <class F>
@@ -201,6 +232,7 @@ struct Sm90 {
         sched.section = l2_section(s);
         sched.total = int(total);
         sched.longest_first = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
+        if (Status st = forward_tile_counter(p, stream, &params.tile_counter); !st.ok()) return st;
         const int grid = int(std::min<int64_t>(total, multiprocessors(props.ordinal)));
         return with_dtype(p.q.dtype, [&](auto type) {
           using T = decltype(type);
@@ -216,6 +248,11 @@ struct Sm90 {
 Status supports(const Params& p, Direction direction) { return tier_supports<Sm90>(p, direction); }
 Status run(const Params& p, Direction direction) { return tier_run<Sm90>(p, direction); }
 Status workspace_size(const Params& p, Direction direction, size_t* bytes) {
+  if (direction == Direction::forward) {
+    const Problem s = Problem::of(p);
+    *bytes = s.batch * s.heads * s.seqlen_q > 0 ? kFwdWorkspaceBytes : 0;
+    return Status::success();
+  }
   return cuda::workspace_size(p, direction, bytes, ordered_dq<Sm90>());
 }
 

@@ -1,9 +1,10 @@
 // The sm90 forward's epilogue, per consumer warpgroup: O = acc / rowsum in the storage type,
-// written with stmatrix over the warpgroup's own rows of the query tile in shared memory (in the
-// swizzled layout the O tensor map expects), then one thread stores them with TMA (rows past seqlen_q and
-// columns past head_dim_v are dropped by the copy engine) and releases the query buffer once the
-// copy has read it. LSE goes straight from registers. A row that sees no key gets O = 0,
-// LSE = -inf.
+// written with stmatrix into the warpgroup's rows of the staging buffer (in the swizzled layout
+// the O tensor map expects), then one thread stores them with TMA (rows past seqlen_q and columns
+// past head_dim_v are dropped by the copy engine). With a staging buffer of its own, the store
+// runs on while the next work tile starts, and the next epilogue first waits until it has read
+// the buffer; staged over Q, the query tile is released once the store has read it. LSE goes
+// straight from registers. A row that sees no key gets O = 0, LSE = -inf.
 #pragma once
 
 #include "cuda/sm90/sm90_fwd_mainloop.cuh"
@@ -22,9 +23,11 @@ struct FwdEpilogue {
     const AttentionArgs& args = params.args;
     const int barrier = int(NamedBarrier::epilogue_first) + warpgroup;
     softmax.finish();
-    // Every warp of the warpgroup is past its last wgmma on these Q rows before they are overwritten.
+    // Before the staging rows are overwritten: the previous work tile's store has read them (its
+    // issuing thread waits), and every warp is past its last wgmma on Q rows that O overwrites.
+    if (Mainloop::kSeparateO && thread == 0) tile::tma::store_wait_read();
     tile::named_sync(barrier, wg::kThreads);
-    char* staging = reinterpret_cast<char*>(shared.q) + warpgroup * kConsumerRows * wg::kSwizzleBytes;
+    char* staging = reinterpret_cast<char*>(shared.output()) + warpgroup * kConsumerRows * wg::kSwizzleBytes;
     const float inv_sum[Tiles::Output::kRows] = {softmax.inv_sum(0), softmax.inv_sum(1)};
     wg::store_swizzled<T>(o, inv_sum, static_cast<uint32_t>(__cvta_generic_to_shared(staging)), Shared::kQChunkBytes,
                           thread);
@@ -36,8 +39,10 @@ struct FwdEpilogue {
         tile::tma::store(&params.o, c * kChunkCols, int(rows.begin), work.head, work.batch,
                          staging + c * Shared::kQChunkBytes);
       tile::tma::store_commit();
-      tile::tma::store_wait_read();
-      shared.q_empty.arrive();
+      if constexpr (!Mainloop::kSeparateO) {
+        tile::tma::store_wait_read();
+        shared.q_empty.arrive();
+      }
     }
     if (args.lse != nullptr && thread % 4 == 0) {
 #pragma unroll

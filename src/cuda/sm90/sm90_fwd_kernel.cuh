@@ -1,9 +1,12 @@
 // The sm90 forward kernel: persistent, warp-specialised. Warpgroup 0 is the producer: one thread
-// issues every TMA copy (each work tile's Q, then its K and V tiles into a STAGES-deep ring) and
-// the warpgroup gives its registers back. Warpgroups 1.. are consumers, each owning 64 query rows
-// of the work tile, with the registers raised: the mainloop on wgmma, then the epilogue. Producer
-// and consumers walk the same work tiles (tile scheduler) and the same ring positions, so they
-// agree on every buffer and phase without talking beyond the mbarriers.
+// takes the block's work tiles from the tile scheduler (a global counter when the call brings its
+// workspace, so that blocks that finish early take more; a fixed stride otherwise), issues every
+// TMA copy (each work tile's first K tile, its Q, then its other K and V tiles through a
+// STAGES-deep ring), and the warpgroup gives its registers back. Warpgroups 1.. are consumers,
+// each owning 64 query rows of the work tile, with the registers raised: the mainloop on wgmma,
+// then the epilogue. The producer hands each work tile's index to the consumers with its query
+// tile (an index past the last tile ends the kernel); both then walk the same ring positions, so
+// they agree on every buffer and phase without talking beyond the mbarriers.
 #pragma once
 
 #include "cuda/sm90/sm90_fwd_epilogue.cuh"
@@ -20,7 +23,11 @@ struct FwdKernel {
   static constexpr int kThreads = kConfig.threads();
   static constexpr int kProducerRegisters = producer_registers(kConsumers);
   static constexpr int kConsumerRegisters = consumer_registers(kConsumers);
-  using Mainloop = FwdMainloop<T, HD, BM, BN, STAGES, kConfig.overlap, kConfig.pingpong, kConfig.fold_scale>;
+  // The output gets a staging buffer of its own wherever it fits next to Q and the K/V ring.
+  static constexpr bool kSeparateO =
+      sizeof(FwdShared<T, HD, BM, BN, STAGES, true>) + wg::kSwizzleAtomBytes <= kSharedLimit;
+  using Mainloop =
+      FwdMainloop<T, HD, BM, BN, STAGES, kConfig.overlap, kConfig.pingpong, kConfig.fold_scale, kSeparateO>;
   using Epilogue = FwdEpilogue<Mainloop>;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;
@@ -56,11 +63,20 @@ struct FwdKernel {
     tile::tma::prefetch(&params.o);
     tile::PipelineState<STAGES> pipe;
     uint32_t q_phase = 0;
-    for (int t = blockIdx.x; t < params.scheduler.total; t += gridDim.x) {
+    const int total = params.scheduler.total;
+    for (int t = blockIdx.x;; q_phase ^= 1) {
+      if (t >= total) {  // no work left: the consumers see an index past the last tile and stop
+        shared.q_empty.wait(q_phase ^ 1);
+        shared.work_tile = t;
+        shared.q_full.arrive();
+        break;
+      }
+      // The tile after this one, asked for now so that the counter's answer is back by then.
+      const int next = params.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(params.tile_counter, 1)
+                                                      : t + int(gridDim.x);
       const Plan plan_t = plan(params, t);
       const WorkTile& w = plan_t.work;
       const int kv_head = w.head / args.group;
-      shared.q_empty.wait(q_phase ^ 1);
       // One tile of `rows` rows into `dst` (its column chunks), completing on `full`.
       auto load_tile = [&](auto* dst, const CUtensorMap* map, int rows, int row0, int head, tile::MBarrier& full,
                            uint32_t bytes) {
@@ -69,16 +85,25 @@ struct FwdKernel {
         for (int c = 0; c < Shared::kChunks; ++c)
           tile::tma::load(dst + c * rows * kChunkCols, map, c * kChunkCols, row0, head, w.batch, full);
       };
+      auto load_keys = [&](int j) {
+        shared.k_empty[pipe.index].wait(pipe.phase ^ 1);
+        load_tile(shared.k[pipe.index], &params.k, BN, int(plan_t.keys.begin) + j * BN, kv_head,
+                  shared.k_full[pipe.index], Shared::kKVBytes);
+      };
+      // The first key tile goes first: its ring slot is free while the consumers may still hold
+      // the query tile (the previous work tile's epilogue, when O is staged over Q).
+      if (plan_t.key_tiles > 0) load_keys(0);
+      shared.q_empty.wait(q_phase ^ 1);
+      shared.work_tile = t;  // published by the query tile's barrier (release), read after it completes
       load_tile(shared.q, &params.q, BM, int(plan_t.rows.begin), w.head, shared.q_full, Shared::kQBytes);
       for (int j = 0; j < plan_t.key_tiles; ++j) {
         const int col0 = int(plan_t.keys.begin) + j * BN;
-        shared.k_empty[pipe.index].wait(pipe.phase ^ 1);
-        load_tile(shared.k[pipe.index], &params.k, BN, col0, kv_head, shared.k_full[pipe.index], Shared::kKVBytes);
+        if (j > 0) load_keys(j);
         shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
         load_tile(shared.v[pipe.index], &params.v, BN, col0, kv_head, shared.v_full[pipe.index], Shared::kKVBytes);
         pipe.advance();
       }
-      q_phase ^= 1;
+      t = next;
     }
   }
 
@@ -86,7 +111,11 @@ struct FwdKernel {
     Mainloop mainloop{shared, params.args, warpgroup, thread};
     tile::PipelineState<STAGES> pipe;
     uint32_t q_phase = 0;
-    for (int t = blockIdx.x; t < params.scheduler.total; t += gridDim.x) {
+    for (;; q_phase ^= 1) {
+      shared.q_full.wait(q_phase);
+      // Read before this warp releases the query tile: only then may the producer publish the next.
+      const int t = shared.work_tile;
+      if (t >= params.scheduler.total) break;
       const Plan plan_t = plan(params, t);
       const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
       const Range my_rows{my_row0, my_row0 + kConsumerRows < plan_t.rows.end ? my_row0 + kConsumerRows : plan_t.rows.end};
@@ -94,11 +123,9 @@ struct FwdKernel {
       o.fill(0.f);
       typename Tiles::Softmax softmax;
       softmax.init();
-      shared.q_full.wait(q_phase);
       mainloop.run(pipe, Range{my_row0, my_row0 + kConsumerRows}, plan_t.keys, plan_t.key_tiles, o, softmax);
       Epilogue::run(params, shared, warpgroup, thread, plan_t.work, my_rows.empty() ? Range{my_row0, my_row0} : my_rows,
                     o, softmax);
-      q_phase ^= 1;
     }
     if (thread == 0) tile::tma::store_wait();
   }
@@ -117,7 +144,7 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT>::kThreads, 1)
   const int thread = int(threadIdx.x) % wg::kThreads;
   if (threadIdx.x == 0) {
     shared.q_full.init(1);
-    shared.q_empty.init(K::kConsumers);
+    shared.q_empty.init(K::Shared::q_releases(K::kConsumers));
     for (int s = 0; s < K::STAGES; ++s) {
       shared.k_full[s].init(1);
       shared.v_full[s].init(1);

@@ -23,9 +23,12 @@ namespace fmha::cuda::sm90 {
 namespace wg = tile::warpgroup;
 
 // Shared memory of the forward. Every tile is HDP / 64 swizzled column chunks of [rows, 64].
-// The query tile doubles as the output staging buffer: a consumer warpgroup writes its O rows
-// over its own Q rows once its last Q·Kᵀ is done, and the TMA store reads them from there.
-template <class T, int HD, int BM, int BN, int STAGES>
+// With SEPARATE_O the output is staged in a buffer of its own, so the query tile is released as
+// soon as the last Q·Kᵀ of a work tile has read it: the next work tile's Q loads while this one
+// finishes its softmax, P·V and epilogue. Where that buffer does not fit (head dims above 128,
+// whose K/V ring takes the room), the query tile doubles as the staging buffer: a consumer
+// warpgroup writes its O rows over its own Q rows, and Q is released once the store has read them.
+template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O>
 struct FwdShared {
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
   static constexpr int kChunks = kHeadDimPadded / kChunkCols;
@@ -37,7 +40,15 @@ struct FwdShared {
   alignas(wg::kSwizzleAtomBytes) T q[BM * kHeadDimPadded];        // [chunks][BM, 64] queries, then O
   alignas(wg::kSwizzleAtomBytes) T k[STAGES][BN * kHeadDimPadded];  // [chunks][BN, 64] keys
   alignas(wg::kSwizzleAtomBytes) T v[STAGES][BN * kHeadDimPadded];  // [chunks][BN, 64] values
+  // [chunks][BM, 64] output staging (a token element when O is staged over Q)
+  alignas(wg::kSwizzleAtomBytes) T o[SEPARATE_O ? BM * kHeadDimPadded : 1];
   tile::MBarrier q_full, q_empty;
+  int work_tile;  // the scheduler's index of the work tile the query tile belongs to
+
+  __device__ __forceinline__ T* output() { return SEPARATE_O ? o : q; }
+  // Arrivals that release the query tile: each consumer warp once its last Q·Kᵀ is done, or each
+  // consumer warpgroup's storing thread once its O rows (staged over Q) have been read.
+  static constexpr uint32_t q_releases(int consumers) { return SEPARATE_O ? consumers * (wg::kThreads / 32) : consumers; }
   tile::MBarrier k_full[STAGES], k_empty[STAGES];
   tile::MBarrier v_full[STAGES], v_empty[STAGES];
 };
@@ -52,10 +63,11 @@ struct ConsumerTiles {
   using PFragments = uint32_t[BN / 16][4];         // [64, BN] P as register-A fragments, 16-bit
 };
 
-template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool PINGPONG, bool FOLD_SCALE>
+template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool PINGPONG, bool FOLD_SCALE, bool SEPARATE_O>
 struct FwdMainloop {
   using Element = T;
-  using Shared = FwdShared<T, HD, BM, BN, STAGES>;
+  static constexpr bool kSeparateO = SEPARATE_O;
+  using Shared = FwdShared<T, HD, BM, BN, STAGES, SEPARATE_O>;
   using Tiles = ConsumerTiles<T, HD, BN>;
   using Pipeline = tile::PipelineState<STAGES>;
   static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
@@ -131,6 +143,11 @@ struct FwdMainloop {
   __device__ __forceinline__ void release(tile::MBarrier& empty) {
     if (thread % 32 == 0) empty.arrive();
   }
+  // After the work tile's last Q·Kᵀ has completed: the query tile is free for the next work tile
+  // (when O is staged over Q, the epilogue releases it instead).
+  __device__ __forceinline__ void release_queries() {
+    if constexpr (SEPARATE_O) release(shared.q_empty);
+  }
 
   // Mask where the tile needs it, then the online-softmax update: s becomes P, rescale[i] is what
   // row i's output accumulated so far must be multiplied by. With FOLD_SCALE the scale is folded
@@ -166,7 +183,10 @@ struct FwdMainloop {
     typename Tiles::Scores s;  // [64, BN] scores of the tile in flight
     typename Tiles::PFragments p;  // [64, BN] P of the previous tile, 16-bit A fragments
     float rescale[Tiles::Scores::kRows];
-    if (num_tiles == 0) return;
+    if (num_tiles == 0) {
+      release_queries();
+      return;
+    }
     if constexpr (!OVERLAP) {
       for (int j = 0; j < num_tiles; ++j) {
         shared.k_full[pipe.index].wait(pipe.phase);
@@ -174,6 +194,7 @@ struct FwdMainloop {
         wg::wait<0>();
         wg::fence_operand(s.d);
         release(shared.k_empty[pipe.index]);
+        if (j == num_tiles - 1) release_queries();
         softmax_step(s, softmax, rescale, rows, keys.begin + int64_t(j) * BN, keys.end);
         apply_rescale(o, rescale);
         wg::a_from_acc<T>(p, s);
@@ -190,6 +211,7 @@ struct FwdMainloop {
       wg::wait<0>();
       wg::fence_operand(s.d);
       release(shared.k_empty[pipe.index]);
+      if (num_tiles == 1) release_queries();
       softmax_step(s, softmax, rescale, rows, keys.begin, keys.end);
       wg::a_from_acc<T>(p, s);
       Pipeline previous = pipe;
@@ -206,6 +228,7 @@ struct FwdMainloop {
         wg::wait<1>();  // S(j) is done; P·V may still run
         wg::fence_operand(s.d);
         release(shared.k_empty[pipe.index]);
+        if (j == num_tiles - 1) release_queries();
         softmax_step(s, softmax, rescale, rows, keys.begin + int64_t(j) * BN, keys.end);
         wg::wait<0>();
         wg::fence_operand(o.d);

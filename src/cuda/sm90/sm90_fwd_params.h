@@ -17,6 +17,9 @@ struct FwdParams {
   CUtensorMap o;  // [B, Sq, H, Dv]: 64 × 64 (one consumer warpgroup's rows)
   AttentionArgs args;
   TileScheduler scheduler;
+  // Zeroed before the launch: work tiles past the first wave are taken from it in order, by
+  // whichever block is free. Null: each block takes every grid-th tile.
+  int* tile_counter;
 };
 
 }  // namespace fmha::cuda::sm90
