@@ -223,7 +223,10 @@ Status supports(const Params& params, Direction direction);
 // The backend that forward/backward would run (resolving auto_select). Errors as supports().
 Status select_backend(const Params& params, Direction direction, Backend* chosen);
 
-// Bytes of device workspace the call needs (0 for CPU backends and most GPU calls).
+// Bytes of device workspace the call needs: 0 for CPU backends; the GPU backward's row statistics
+// and dQ accumulator; 256 for the sm90 forward (its tile scheduler's counter), which is optional
+// there: without a workspace the sm90 forward assigns its tiles statically (slower on causal and
+// short problems). The workspace's contents need no initialisation.
 Status workspace_size(const Params& params, Direction direction, size_t* bytes);
 
 // Appends new keys and values to a KV cache: for each sequence b, rows k_new[b, i] and v_new[b, i]

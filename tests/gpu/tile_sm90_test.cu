@@ -181,6 +181,50 @@ TEST(Sm90Tile, TmaStoreSwizzledClipped) {
   cudaFree(dst);
 }
 
+// ---- Bulk reduction: shared-memory rows added into global memory -------------------------------
+// Every block adds its rows into the same global rows (the adds are atomic per element), twice
+// from one buffer, the second after the first has read it and the buffer was rewritten.
+constexpr int kReduceRows = 8, kReduceCols = 72, kReduceStride = 80;  // fp32; 16-byte aligned rows
+__global__ void reduce_add_kernel(float* dst) {
+  __shared__ alignas(128) float rows[kReduceRows * kReduceStride];
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int e = int(threadIdx.x); e < kReduceRows * kReduceStride; e += int(blockDim.x))
+      rows[e] = float((pass + 1) * (e / kReduceStride) + (e % kReduceStride) * 0.25f);
+    tile::fence_async_shared();
+    __syncthreads();
+    if (threadIdx.x < kReduceRows) {  // one row per thread, each its own bulk group
+      tile::tma::reduce_add_bytes(dst + threadIdx.x * kReduceCols, rows + threadIdx.x * kReduceStride,
+                                  kReduceCols * sizeof(float));
+      tile::tma::store_commit();
+      tile::tma::store_wait_read();
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x < kReduceRows) tile::tma::store_wait();
+}
+
+TEST(Sm90Tile, BulkReduceAddsRows) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  constexpr int kBlocks = 5;
+  std::vector<float> start(kReduceRows * kReduceCols);
+  for (size_t i = 0; i < start.size(); ++i) start[i] = float(i % 7) - 3.f;
+  float* dst = nullptr;
+  ASSERT_EQ(cudaMalloc(&dst, start.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dst, start.data(), start.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  reduce_add_kernel<<<kBlocks, 128>>>(dst);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> got(start.size());
+  ASSERT_EQ(cudaMemcpy(got.data(), dst, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int r = 0; r < kReduceRows; ++r)
+    for (int c = 0; c < kReduceCols; ++c) {
+      // Both passes' values, from every block; exact in fp32 (small multiples of 1/4).
+      const float per_block = float(1 * r + c * 0.25f) + float(2 * r + c * 0.25f);
+      ASSERT_EQ(got[size_t(r * kReduceCols + c)], start[size_t(r * kReduceCols + c)] + kBlocks * per_block)
+          << "row " << r << " col " << c;
+    }
+  cudaFree(dst);
+}
+
 // ---- wgmma: C[64, N] = A[64, K] · B[N, K]ᵀ, both K-major in shared memory ---------------------
 // (Static shared memory: 48 KiB at most, which bounds N and K here.) The operands are written into swizzled chunks by ordinary stores, then fenced for the async
 // proxy; C leaves through the accumulator layout (Accumulator::row / col).

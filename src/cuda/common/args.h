@@ -76,7 +76,8 @@ struct AttentionArgs {
 
   // Backward workspace, all fp32 and contiguous, per (query row, head): dense calls [B, H, Sq],
   // packed ones [H, total_q]:
-  float* dq_accum = nullptr;  // [rows, head_dim], unscaled dS·K (non-deterministic backward)
+  float* dq_accum = nullptr;  // [rows, dq_accum_stride], unscaled dS·K (non-deterministic backward)
+  int64_t dq_accum_stride = 0;  // floats per row: head_dim, or the tier's padded tile width (sm90)
   // row_index(start, h, s) = start · row_start_stride + h · row_head_stride + s: dense
   // {H · Sq, Sq} with the batch index as start, packed {1, total_q} with the sequence's first row.
   int64_t row_start_stride = 0, row_head_stride = 0;

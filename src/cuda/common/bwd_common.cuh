@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(kRowKernelThreads) bwd_preprocess_kernel(const
       args.lse_log2[w] = lse == tile::kNegInf ? __int_as_float(0x7f800000) : lse * kLog2eF;
     }
     if (args.dq_accum != nullptr) {
-      float* accum = args.dq_accum + args.row_index(b, h, s) * args.head_dim;
-      for (int d = lane; d < args.head_dim; d += kWarpSize) accum[d] = 0.f;
+      float* accum = args.dq_accum + args.row_index(b, h, s) * args.dq_accum_stride;
+      for (int d = lane; d < args.dq_accum_stride; d += kWarpSize) accum[d] = 0.f;
     }
   }
 }
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kRowKernelThreads) bwd_convert_dq_kernel(const
     const int64_t s = w % args.seqlen_q;
     const int64_t h = (w / args.seqlen_q) % args.heads;
     const int64_t b = w / (args.seqlen_q * args.heads);
-    args.dq.at<T>(b, s, h)[d] = tile::from_float<T>(args.dq_accum[i] * args.scale);
+    args.dq.at<T>(b, s, h)[d] = tile::from_float<T>(args.dq_accum[w * args.dq_accum_stride + d] * args.scale);
   }
 }
 

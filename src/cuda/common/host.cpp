@@ -67,6 +67,7 @@ AttentionArgs make_args(const Params& p, const Problem& s) {
   a.group = int(s.group);
   a.head_dim = int(s.head_dim);
   a.head_dim_v = int(s.head_dim_v);
+  a.dq_accum_stride = a.head_dim;  // the workspace binding sets a tier's own
   // Packed calls: no sequence can be longer than the packed tensors (sequence() clamps it
   // so), which bounds the grids however large a max_seqlen the caller passes.
   a.seqlen_q = s.packed ? std::min(s.seqlen_q, s.total_q) : s.seqlen_q;
@@ -101,9 +102,14 @@ WorkspaceLayout workspace_layout(const Problem& s, bool deterministic, OrderedDq
   const size_t padded_rows = size_t(s.packed ? 1 : s.batch) * size_t(s.heads) * size_t(stat_run);
   size_t at = 0;
   w.has_dq_accum = !deterministic || ordered.rows > 0;
+  w.dq_accum_stride = s.head_dim;
+  if (ordered.accum_align > 1) {
+    const int64_t widest = std::max(s.head_dim, s.head_dim_v);
+    w.dq_accum_stride = (widest + ordered.accum_align - 1) / ordered.accum_align * ordered.accum_align;
+  }
   if (w.has_dq_accum) {
     w.dq_accum = at;
-    at = align_up(at + rows * size_t(s.head_dim) * sizeof(float));
+    at = align_up(at + rows * size_t(w.dq_accum_stride) * sizeof(float));
   }
   w.lse_log2 = at;
   at = align_up(at + padded_rows * sizeof(float));
@@ -133,6 +139,7 @@ Status bind_workspace(const Params& p, const WorkspaceLayout& w, AttentionArgs* 
                                         " bytes (cudaMalloc's alignment)"};
   char* base = static_cast<char*>(p.workspace);
   a->dq_accum = w.has_dq_accum ? reinterpret_cast<float*>(base + w.dq_accum) : nullptr;
+  a->dq_accum_stride = w.dq_accum_stride;
   a->lse_log2 = reinterpret_cast<float*>(base + w.lse_log2);
   a->delta = reinterpret_cast<float*>(base + w.delta);
   a->dq_turns = w.has_dq_turns ? reinterpret_cast<int*>(base + w.dq_turns) : nullptr;

@@ -2,8 +2,9 @@
 // Warpgroup 0 is the producer: one of its threads loads the block's K and V tiles once (TMA),
 // then, for every query tile that sees those keys (every head of the GQA group), Q and dO by TMA
 // and the tile's LSE and Δ rows by bulk copies, into a kBwdStages-deep ring; the warpgroup gives
-// its registers back. Warpgroups 1-2 are consumers of 64 keys each (sm90_bwd_mainloop.cuh); dK
-// and dV stay in their registers until the epilogue writes them. Between the shared preprocess
+// its registers back; another of its warps, the dQ warp, adds the consumers' dQ shares of every
+// step into the global accumulator by bulk reductions. Warpgroups 1-2 are consumers of 64 keys
+// each (sm90_bwd_mainloop.cuh); dK and dV stay in their registers until the epilogue writes them. Between the shared preprocess
 // (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and convert kernels (cuda/common).
 #pragma once
 
@@ -55,6 +56,43 @@ struct BwdKernel {
         pipe.advance();
       }
     }
+  }
+
+  // The dQ warp: per step (the consumers' order), once both warpgroups have staged their shares,
+  // one bulk reduction per row and share (rows past seqlen_q skipped), spread over the lanes; the
+  // buffer is handed back once the reductions have read it.
+  static constexpr int kDqWarp = 1;  // warp of the producer warpgroup
+  __device__ static void reduce_dq(const BwdParams& params, Shared& shared, int lane) {
+    const AttentionArgs& args = params.args;
+    if constexpr (!Mainloop::kBulkDq) return;
+    const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
+    const Range tiles = bwd_query_tiles(args, bwd_key_tile(args, int(blockIdx.x)));
+    static_assert(kBwdRows % 32 == 0, "a lane's rows are whole warps apart");
+    // 24 registers: 32-bit row arithmetic inside a head, the lanes' rows unrolled.
+    constexpr int kRowsPerLane = kBwdConsumers * kBwdRows / 32;
+    int step = 0;
+    for (int g = 0; g < args.group; ++g) {
+      const int head = kv_head * args.group + g;
+      float* head_rows = args.dq_accum + args.row_index(batch, head, 0) * Shared::kHeadDimPadded;
+      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
+        const int row0 = m * kBwdRows;
+        const int rows = int(args.seqlen_q - row0 < kBwdRows ? args.seqlen_q - row0 : kBwdRows);
+        shared.dq_full.wait(step & 1);
+#pragma unroll
+        for (int k = 0; k < kRowsPerLane; ++k) {
+          const int share = k * 32 / kBwdRows, row = lane + k * 32 % kBwdRows;
+          if (row < rows)
+            tile::tma::reduce_add_bytes(
+                head_rows + int64_t(row0 + row) * Shared::kHeadDimPadded + share * Shared::kDqCols,
+                shared.dq[share] + row * Shared::kDqStride, Shared::kDqCols * sizeof(float));
+        }
+        tile::tma::store_commit();
+        tile::tma::store_wait_read();
+        __syncwarp();
+        if (lane == 0) shared.dq_empty.arrive();
+      }
+    }
+    tile::tma::store_wait();
   }
 
   __device__ static void consume(const BwdParams& params, Shared& shared, int warpgroup, int thread) {
@@ -118,12 +156,15 @@ __global__ void __launch_bounds__(BwdKernel<T, HD, ORDERED_DQ>::kThreads, 1)
       shared.full[s].init(1);
       shared.empty[s].init(kBwdConsumers * K::Mainloop::kConsumerWarps);
     }
+    shared.dq_full.init(K::Mainloop::kDqWriters);
+    shared.dq_empty.init(1);
     tile::fence_barrier_init();
   }
   __syncthreads();
   if (warpgroup == 0) {
     tile::registers_decrease<kBwdProducerRegisters>();
     if (thread == 0) K::produce(params, shared);
+    else if (thread / 32 == K::kDqWarp) K::reduce_dq(params, shared, thread % 32);
   } else {
     tile::registers_increase<kBwdConsumerRegisters>();
     K::consume(params, shared, warpgroup - 1, thread);

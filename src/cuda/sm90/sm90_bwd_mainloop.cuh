@@ -10,10 +10,13 @@
 //   dQ  = dS·K        [64 q, D / 2]     SS: dSᵀ is stored transposed (stmatrix.trans) so that
 //                                        both warpgroups' keys form dS [64 q, 128 keys] K-major;
 //                                        warpgroup w takes the columns [w·D/2, (w+1)·D/2) of K
-// dQ is added to the fp32 accumulator in global memory (red.global.add) and converted by the
-// shared convert kernel; dK is scaled once, in the epilogue. In the deterministic mode each
-// warpgroup adds its dQ share of a query tile when the tile's turn counter says that every key
-// tile before its own has added, so the fp32 sums run in key-tile order every time.
+// dQ goes to the fp32 accumulator in global memory (rows of the padded tile width), converted
+// afterwards by the shared convert kernel: each warpgroup writes its share into shared memory and
+// the producer warpgroup's dQ warp adds it with bulk reductions (cp.reduce.async.bulk, one per
+// row), so the consumers issue no atomics. dK is
+// scaled once, in the epilogue. In the deterministic mode each warpgroup adds its dQ share of a
+// query tile itself when the tile's turn counter says that every key tile before its own has
+// added, so the fp32 sums run in key-tile order every time.
 #pragma once
 
 #include "cuda/common/args.h"
@@ -47,10 +50,18 @@ struct BwdShared {
   // dS [64 q, 128 keys], chunk w from warpgroup w; two buffers, alternating per query tile, so a
   // warpgroup may store the next dS while the other still multiplies the previous one.
   alignas(wg::kSwizzleAtomBytes) T ds[2][kBwdRows * kBwdKeys];
+  // dQ shares [warpgroup][64 q, kDqCols] fp32 on their way to the global accumulator. Rows are
+  // padded by kDqPad floats: a warp's stores of its accumulator fragment (8 rows × 4 column pairs)
+  // then meet two wavefronts, the least 256 bytes can take; rows stay 16-byte aligned.
+  static constexpr int kDqCols = kHeadDimPadded / kBwdConsumers;
+  static constexpr int kDqPad = 8;
+  static constexpr int kDqStride = kDqCols + kDqPad;
+  alignas(128) float dq[kBwdConsumers][kBwdRows * kDqStride];
   alignas(16) float lse[kBwdStages][kBwdRows];    // LSE · log2 e of the tile's rows; +inf past seqlen_q
   alignas(16) float delta[kBwdStages][kBwdRows];  // Δ = rowsum(dO ∘ O); 0 past seqlen_q
   tile::MBarrier kv_full;
   tile::MBarrier full[kBwdStages], empty[kBwdStages];
+  tile::MBarrier dq_full, dq_empty;  // the dQ shares written (every consumer warp) / read (the dQ warp)
 };
 
 // One consumer warpgroup's accumulators across the query tiles.
@@ -101,7 +112,12 @@ struct BwdMainloop {
   static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
   static constexpr int kK = wg::Wgmma<T, kBwdRows>::kK;
   static constexpr int kConsumerWarps = wg::kThreads / 32;
-  static constexpr int kDqCols = kHeadDimPadded / kBwdConsumers;  // dQ columns per warpgroup
+  static constexpr int kDqCols = Shared::kDqCols;  // dQ columns per warpgroup
+  static constexpr uint32_t kDqWriters = kBwdConsumers * kConsumerWarps;  // arrivals on dq_full
+
+  // dQ by bulk reductions from shared memory (the dQ warp), except in the deterministic mode,
+  // whose warpgroups add their shares themselves, in turn.
+  static constexpr bool kBulkDq = !ORDERED_DQ;
 
   Shared& shared;
   const AttentionArgs& args;
@@ -156,7 +172,8 @@ struct BwdMainloop {
   }
 
   // One query tile: rows [row0, row0 + 64) of head `head` against this warpgroup's keys.
-  // `keys` is the block's key tile (clamped to seqlen_k); dq_buffer alternates per step.
+  // `keys` is the block's key tile (clamped to seqlen_k); dq_buffer alternates per step (the dS
+  // buffer, and the parity of the step's dQ hand-off).
   __device__ void step(const Pipeline& at, int batch, int head, int m, Range keys, int dq_buffer,
                        typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv) {
     const int64_t row0 = int64_t(m) * kBwdRows;
@@ -231,7 +248,7 @@ struct BwdMainloop {
     wg::fence_operand(dq.d);
     release(shared.empty[stage]);
     if constexpr (!ORDERED_DQ) {
-      accumulate_dq(dq, batch, head, row0);
+      stage_dq(dq, dq_buffer);
       return;
     }
     // Deterministic: this warpgroup's share of query tile m is added when every key tile before
@@ -247,44 +264,38 @@ struct BwdMainloop {
     if (thread == 0) tile::pass_turn(counter, turn + 1);
   }
 
-  // dQ share += into the fp32 accumulator [B, H, Sq, head_dim], rows past seqlen_q and columns
-  // past head_dim dropped. When head_dim fills the padded tile (the common case) no column needs
-  // a test: that path keeps no per-column state in registers.
+  // The dQ share into shared memory for the dQ warp, once it has read the previous step's.
+  __device__ __forceinline__ void stage_dq(const typename Tiles::QueryGrad& dq, int parity) {
+    using Q = typename Tiles::QueryGrad;
+    shared.dq_empty.wait(parity ^ 1);
+    float* share = shared.dq[warpgroup];
+#pragma unroll
+    for (int i = 0; i < Q::kRows; ++i)
+#pragma unroll
+      for (int j = 0; j < Q::kCols; j += 2)
+        *reinterpret_cast<float2*>(share + Q::row(i, thread) * Shared::kDqStride + Q::col(j, thread)) =
+            make_float2(dq(i, j), dq(i, j + 1));
+    tile::fence_async_shared();  // the bulk reductions read through the async proxy
+    __syncwarp();
+    if (thread % 32 == 0) shared.dq_full.arrive();
+  }
+
+  // dQ share += into the fp32 accumulator, whose rows are whole padded tiles (the host lays it
+  // out so): rows past seqlen_q dropped, no column tests (columns past head_dim add dS·0, K's
+  // zero-filled columns).
   __device__ __forceinline__ void accumulate_dq(const typename Tiles::QueryGrad& dq, int batch, int head,
                                                 int64_t row0) {
     using Q = typename Tiles::QueryGrad;
     const int col0 = warpgroup * kDqCols;
-    if (args.head_dim == kHeadDimPadded) {
-#pragma unroll
-      for (int i = 0; i < Q::kRows; ++i) {
-        const int64_t row = row0 + Q::row(i, thread);
-        if (row >= args.seqlen_q) continue;
-        float* out = args.dq_accum + args.row_index(batch, head, row) * kHeadDimPadded + col0;
-#pragma unroll
-        for (int j = 0; j < Q::kCols; j += 2) tile::atomic_add_pair(out + Q::col(j, thread), dq(i, j), dq(i, j + 1));
-      }
-      return;
-    }
-    const bool pairs = args.head_dim % 2 == 0;  // 8-byte aligned pairs
 #pragma unroll
     for (int i = 0; i < Q::kRows; ++i) {
       const int64_t row = row0 + Q::row(i, thread);
       if (row >= args.seqlen_q) continue;
-      float* out = args.dq_accum + args.row_index(batch, head, row) * args.head_dim;
+      float* out = args.dq_accum + args.row_index(batch, head, row) * kHeadDimPadded + col0;
 #pragma unroll
-      for (int j = 0; j < Q::kCols; j += 2) {
-        const int col = col0 + Q::col(j, thread);
-        if (col >= args.head_dim) continue;
-        if (pairs) {
-          tile::atomic_add_pair(out + col, dq(i, j), dq(i, j + 1));
-        } else {
-          atomicAdd(out + col, dq(i, j));
-          if (col + 1 < args.head_dim) atomicAdd(out + col + 1, dq(i, j + 1));
-        }
-      }
+      for (int j = 0; j < Q::kCols; j += 2) tile::atomic_add_pair(out + Q::col(j, thread), dq(i, j), dq(i, j + 1));
     }
   }
-
 };
 
 }  // namespace fmha::cuda::sm90

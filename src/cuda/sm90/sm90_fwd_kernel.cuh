@@ -67,7 +67,7 @@ struct FwdKernel {
     for (int t = blockIdx.x;; q_phase ^= 1) {
       if (t >= total) {  // no work left: the consumers see an index past the last tile and stop
         shared.q_empty.wait(q_phase ^ 1);
-        shared.work_tile = t;
+        shared.work_tile[q_phase] = t;
         shared.q_full.arrive();
         break;
       }
@@ -94,7 +94,7 @@ struct FwdKernel {
       // the query tile (the previous work tile's epilogue, when O is staged over Q).
       if (plan_t.key_tiles > 0) load_keys(0);
       shared.q_empty.wait(q_phase ^ 1);
-      shared.work_tile = t;  // published by the query tile's barrier (release), read after it completes
+      shared.work_tile[q_phase] = t;  // published by the query tile's barrier (release)
       load_tile(shared.q, &params.q, BM, int(plan_t.rows.begin), w.head, shared.q_full, Shared::kQBytes);
       for (int j = 0; j < plan_t.key_tiles; ++j) {
         const int col0 = int(plan_t.keys.begin) + j * BN;
@@ -113,17 +113,20 @@ struct FwdKernel {
     uint32_t q_phase = 0;
     for (;; q_phase ^= 1) {
       shared.q_full.wait(q_phase);
-      // Read before this warp releases the query tile: only then may the producer publish the next.
-      const int t = shared.work_tile;
-      if (t >= params.scheduler.total) break;
-      const Plan plan_t = plan(params, t);
-      const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
-      const Range my_rows{my_row0, my_row0 + kConsumerRows < plan_t.rows.end ? my_row0 + kConsumerRows : plan_t.rows.end};
+      if (shared.work_tile[q_phase] >= params.scheduler.total) break;
       typename Tiles::Output o;  // [64, HDP] fp32
       o.fill(0.f);
       typename Tiles::Softmax softmax;
       softmax.init();
-      mainloop.run(pipe, Range{my_row0, my_row0 + kConsumerRows}, plan_t.keys, plan_t.key_tiles, o, softmax);
+      {
+        const Plan plan_t = plan(params, shared.work_tile[q_phase]);
+        const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
+        mainloop.run(pipe, Range{my_row0, my_row0 + kConsumerRows}, plan_t.keys, plan_t.key_tiles, o, softmax);
+      }
+      // The plan again, from the slot (not kept in registers through the mainloop).
+      const Plan plan_t = plan(params, shared.work_tile[q_phase]);
+      const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
+      const Range my_rows{my_row0, my_row0 + kConsumerRows < plan_t.rows.end ? my_row0 + kConsumerRows : plan_t.rows.end};
       Epilogue::run(params, shared, warpgroup, thread, plan_t.work, my_rows.empty() ? Range{my_row0, my_row0} : my_rows,
                     o, softmax);
     }

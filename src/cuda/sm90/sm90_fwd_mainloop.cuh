@@ -43,7 +43,10 @@ struct FwdShared {
   // [chunks][BM, 64] output staging (a token element when O is staged over Q)
   alignas(wg::kSwizzleAtomBytes) T o[SEPARATE_O ? BM * kHeadDimPadded : 1];
   tile::MBarrier q_full, q_empty;
-  int work_tile;  // the scheduler's index of the work tile the query tile belongs to
+  // The scheduler's index of the work tile the query tile belongs to, one slot per phase of the
+  // query barriers: the producer rewrites a slot only once the consumers have released the query
+  // tile of the work tile after it, so they may read their slot until the end of the work tile.
+  int work_tile[2];
 
   __device__ __forceinline__ T* output() { return SEPARATE_O ? o : q; }
   // Arrivals that release the query tile: each consumer warp once its last Q·Kᵀ is done, or each
@@ -145,8 +148,12 @@ struct FwdMainloop {
   }
   // After the work tile's last Q·Kᵀ has completed: the query tile is free for the next work tile
   // (when O is staged over Q, the epilogue releases it instead).
+  // Every lane's reads of the work tile's slot come before the warp's arrival.
   __device__ __forceinline__ void release_queries() {
-    if constexpr (SEPARATE_O) release(shared.q_empty);
+    if constexpr (SEPARATE_O) {
+      __syncwarp();
+      release(shared.q_empty);
+    }
   }
 
   // Mask where the tile needs it, then the online-softmax update: s becomes P, rescale[i] is what
@@ -228,7 +235,6 @@ struct FwdMainloop {
         wg::wait<1>();  // S(j) is done; P·V may still run
         wg::fence_operand(s.d);
         release(shared.k_empty[pipe.index]);
-        if (j == num_tiles - 1) release_queries();
         softmax_step(s, softmax, rescale, rows, keys.begin + int64_t(j) * BN, keys.end);
         wg::wait<0>();
         wg::fence_operand(o.d);
@@ -239,6 +245,7 @@ struct FwdMainloop {
         previous = pipe;
         pipe.advance();
       }
+      if (num_tiles > 1) release_queries();  // the last Q·Kᵀ completed in the loop
       pv_step(o, p, previous, true);
     }
   }

@@ -73,6 +73,13 @@ __device__ __forceinline__ void store(const CUtensorMap* map, int c0, int c1, in
   ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, map, coords, src);
 }
 
+// `bytes` contiguous fp32 values from shared memory added into global memory element by element
+// (the reduction runs in the memory system, atomically per element; one thread issues it). Both
+// addresses 16-byte aligned, `bytes` a multiple of 16. Completes with the stores' bulk group.
+__device__ __forceinline__ void reduce_add_bytes(float* dst, const float* src, uint32_t bytes) {
+  ptx::cp_reduce_async_bulk(ptx::space_global, ptx::space_shared, ptx::op_add, dst, src, bytes);
+}
+
 __device__ __forceinline__ void store_commit() { ptx::cp_async_bulk_commit_group(); }
 // Waits until the committed stores have read their shared memory (it may then be reused).
 __device__ __forceinline__ void store_wait_read() { ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{}); }
