@@ -55,4 +55,6 @@ CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install -q --no-build-isolati
 timeout 300 python3 bench/compare_torch.py --sweep fa --dtypes bf16 --providers fmha,flash,cudnn \
   --directions fwd,bwd --repeats 10 --out "$OUT/compare" > "$OUT/compare.log" 2>&1 || status=1
 tail -45 "$OUT/compare.log"
+rm -f "$OUT/python_build.log" "$OUT"/compare/*.png  # what comes back is limited
+ls -R "$OUT"
 exit $status
