@@ -105,7 +105,8 @@ WorkspaceLayout workspace_layout(const Problem& s, bool deterministic, OrderedDq
   w.dq_accum_stride = s.head_dim;
   if (ordered.accum_align > 1) {
     const int64_t widest = std::max(s.head_dim, s.head_dim_v);
-    w.dq_accum_stride = (widest + ordered.accum_align - 1) / ordered.accum_align * ordered.accum_align;
+    w.dq_accum_stride =
+        (widest + ordered.accum_align - 1) / ordered.accum_align * ordered.accum_align + ordered.accum_pad;
   }
   if (w.has_dq_accum) {
     w.dq_accum = at;

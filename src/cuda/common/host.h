@@ -29,7 +29,7 @@ struct WorkspaceLayout {
   // Rows are (query row, head) pairs: [B, H, Sq] dense, [H, total_q] packed (args.h); the row
   // statistics pad each head's run to a multiple of kStatRowAlign rows.
   size_t dq_accum = 0;  // [rows, dq_accum_stride] fp32; absent (size 0) when deterministic (but sm90's)
-  int64_t dq_accum_stride = 0;  // floats per accumulator row: head_dim, or padded (OrderedDq::accum_align)
+  int64_t dq_accum_stride = 0;  // floats per accumulator row: head_dim, or padded (OrderedDq)
   size_t lse_log2 = 0;  // [padded rows] fp32
   size_t delta = 0;     // [padded rows] fp32
   size_t dq_turns = 0;  // [B, H, ceil(Sq / rows), parts] int32 (OrderedDq); absent otherwise
@@ -42,11 +42,13 @@ struct WorkspaceLayout {
 // accumulator); otherwise by additions into the accumulator in a fixed order, with `parts` turn
 // counters per `rows` query rows. accum_align > 1: the accumulator's rows are padded to a multiple
 // of accum_align floats covering max(head_dim, head_dim_v) (the tier's padded tile, so that a
-// tile's share of a row is one contiguous run); 1: rows of head_dim floats.
+// tile's share of a row is one contiguous run), then accum_pad floats more; 1: rows of head_dim
+// floats.
 struct OrderedDq {
   int rows = 0;
   int parts = 0;
   int accum_align = 1;
+  int accum_pad = 0;
 };
 WorkspaceLayout workspace_layout(const Problem& problem, bool deterministic, OrderedDq ordered = {});
 

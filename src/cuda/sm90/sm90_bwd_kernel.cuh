@@ -59,40 +59,37 @@ struct BwdKernel {
   }
 
   // The dQ warp: per step (the consumers' order), once both warpgroups have staged their shares,
-  // one bulk reduction per row and share (rows past seqlen_q skipped), spread over the lanes; the
-  // buffer is handed back once the reductions have read it.
+  // one bulk reduction of the tile's rows (those before seqlen_q), which are one contiguous run of
+  // the accumulator; the buffer is handed back once the reduction has read it.
   static constexpr int kDqWarp = 1;  // warp of the producer warpgroup
   __device__ static void reduce_dq(const BwdParams& params, Shared& shared, int lane) {
     const AttentionArgs& args = params.args;
     if constexpr (!Mainloop::kBulkDq) return;
     const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
     const Range tiles = bwd_query_tiles(args, bwd_key_tile(args, int(blockIdx.x)));
-    static_assert(kBwdRows % 32 == 0, "a lane's rows are whole warps apart");
-    // 24 registers: 32-bit row arithmetic inside a head, the lanes' rows unrolled.
-    constexpr int kRowsPerLane = kBwdConsumers * kBwdRows / 32;
+    // The padding columns are never written by the consumers: zero, so that they add nothing.
+    for (int r = lane; r < kBwdRows; r += 32)
+      for (int c = Shared::kHeadDimPadded; c < Shared::kDqStride; ++c) shared.dq[r * Shared::kDqStride + c] = 0.f;
+    tile::fence_async_shared();
+    __syncwarp();
     int step = 0;
     for (int g = 0; g < args.group; ++g) {
       const int head = kv_head * args.group + g;
-      float* head_rows = args.dq_accum + args.row_index(batch, head, 0) * Shared::kHeadDimPadded;
       for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
-        const int row0 = m * kBwdRows;
+        const int64_t row0 = int64_t(m) * kBwdRows;
         const int rows = int(args.seqlen_q - row0 < kBwdRows ? args.seqlen_q - row0 : kBwdRows);
         shared.dq_full.wait(step & 1);
-#pragma unroll
-        for (int k = 0; k < kRowsPerLane; ++k) {
-          const int share = k * 32 / kBwdRows, row = lane + k * 32 % kBwdRows;
-          if (row < rows)
-            tile::tma::reduce_add_bytes(
-                head_rows + int64_t(row0 + row) * Shared::kHeadDimPadded + share * Shared::kDqCols,
-                shared.dq[share] + row * Shared::kDqStride, Shared::kDqCols * sizeof(float));
+        if (lane == 0) {
+          tile::tma::reduce_add_bytes(args.dq_accum + args.row_index(batch, head, row0) * Shared::kDqStride, shared.dq,
+                                      uint32_t(rows) * Shared::kDqStride * sizeof(float));
+          tile::tma::store_commit();
+          tile::tma::store_wait_read();
         }
-        tile::tma::store_commit();
-        tile::tma::store_wait_read();
         __syncwarp();
         if (lane == 0) shared.dq_empty.arrive();
       }
     }
-    tile::tma::store_wait();
+    if (lane == 0) tile::tma::store_wait();
   }
 
   __device__ static void consume(const BwdParams& params, Shared& shared, int warpgroup, int thread) {

@@ -50,13 +50,15 @@ struct BwdShared {
   // dS [64 q, 128 keys], chunk w from warpgroup w; two buffers, alternating per query tile, so a
   // warpgroup may store the next dS while the other still multiplies the previous one.
   alignas(wg::kSwizzleAtomBytes) T ds[2][kBwdRows * kBwdKeys];
-  // dQ shares [warpgroup][64 q, kDqCols] fp32 on their way to the global accumulator. Rows are
-  // padded by kDqPad floats: a warp's stores of its accumulator fragment (8 rows × 4 column pairs)
-  // then meet two wavefronts, the least 256 bytes can take; rows stay 16-byte aligned.
+  // dQ of one query tile [64 q, kDqStride] fp32 on its way to the global accumulator, warpgroup w
+  // writing the columns [w · kDqCols, (w + 1) · kDqCols). The rows are padded by kDqPad floats: a
+  // warp's stores of its accumulator fragment (8 rows × 4 column pairs) then meet two wavefronts,
+  // the least 256 bytes can take. The accumulator's rows have the same stride (the host lays it out
+  // so), so the tile's rows are one contiguous run there and leave in one bulk reduction.
   static constexpr int kDqCols = kHeadDimPadded / kBwdConsumers;
-  static constexpr int kDqPad = 8;
-  static constexpr int kDqStride = kDqCols + kDqPad;
-  alignas(128) float dq[kBwdConsumers][kBwdRows * kDqStride];
+  static constexpr int kDqPad = kBwdDqPad;
+  static constexpr int kDqStride = kHeadDimPadded + kDqPad;
+  alignas(128) float dq[kBwdRows * kDqStride];
   alignas(16) float lse[kBwdStages][kBwdRows];    // LSE · log2 e of the tile's rows; +inf past seqlen_q
   alignas(16) float delta[kBwdStages][kBwdRows];  // Δ = rowsum(dO ∘ O); 0 past seqlen_q
   tile::MBarrier kv_full;
@@ -268,20 +270,22 @@ struct BwdMainloop {
   __device__ __forceinline__ void stage_dq(const typename Tiles::QueryGrad& dq, int parity) {
     using Q = typename Tiles::QueryGrad;
     shared.dq_empty.wait(parity ^ 1);
-    float* share = shared.dq[warpgroup];
+    // One base address per thread (its first element); every other element sits at a constant
+    // offset from it, so no per-element addresses stay live across the steps.
+    float* first = shared.dq + warpgroup * kDqCols + Q::row(0, thread) * Shared::kDqStride + Q::col(0, thread);
 #pragma unroll
     for (int i = 0; i < Q::kRows; ++i)
 #pragma unroll
       for (int j = 0; j < Q::kCols; j += 2)
-        *reinterpret_cast<float2*>(share + Q::row(i, thread) * Shared::kDqStride + Q::col(j, thread)) =
-            make_float2(dq(i, j), dq(i, j + 1));
+        *reinterpret_cast<float2*>(first + (Q::row(i, 0) - Q::row(0, 0)) * Shared::kDqStride +
+                                   (Q::col(j, 0) - Q::col(0, 0))) = make_float2(dq(i, j), dq(i, j + 1));
     tile::fence_async_shared();  // the bulk reductions read through the async proxy
     __syncwarp();
     if (thread % 32 == 0) shared.dq_full.arrive();
   }
 
-  // dQ share += into the fp32 accumulator, whose rows are whole padded tiles (the host lays it
-  // out so): rows past seqlen_q dropped, no column tests (columns past head_dim add dS·0, K's
+  // dQ share += into the fp32 accumulator, whose rows are kDqStride floats (the host lays it out
+  // so): rows past seqlen_q dropped, no column tests (columns past head_dim add dS·0, K's
   // zero-filled columns).
   __device__ __forceinline__ void accumulate_dq(const typename Tiles::QueryGrad& dq, int batch, int head,
                                                 int64_t row0) {
@@ -291,7 +295,7 @@ struct BwdMainloop {
     for (int i = 0; i < Q::kRows; ++i) {
       const int64_t row = row0 + Q::row(i, thread);
       if (row >= args.seqlen_q) continue;
-      float* out = args.dq_accum + args.row_index(batch, head, row) * kHeadDimPadded + col0;
+      float* out = args.dq_accum + args.row_index(batch, head, row) * Shared::kDqStride + col0;
 #pragma unroll
       for (int j = 0; j < Q::kCols; j += 2) tile::atomic_add_pair(out + Q::col(j, thread), dq(i, j), dq(i, j + 1));
     }

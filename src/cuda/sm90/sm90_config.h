@@ -98,6 +98,7 @@ inline constexpr int kBwdConsumers = 2;
 inline constexpr int kBwdKeys = kBwdConsumers * kConsumerRows;  // keys per block
 inline constexpr int kBwdRows = 64;                              // query rows per step
 inline constexpr int kBwdStages = 2;
+inline constexpr int kBwdDqPad = 8;  // floats padding each row of the dQ tile and accumulator
 inline constexpr int kBwdMaxHeadDim = 128;
 inline constexpr int kBwdProducerRegisters = 24;
 inline constexpr int kBwdConsumerRegisters = 240;

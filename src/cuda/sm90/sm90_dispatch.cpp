@@ -179,8 +179,8 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
       return unsupported("head_dim: no sm90 backward kernel at head dim " + std::to_string(HD));
     } else {
       if (s.batch == 0) return Status::success();
-      if (args.dq_accum != nullptr && args.dq_accum_stride != padded_head_dim(HD))
-        return {Code::internal, "sm90 backward: the dQ accumulator's rows are not whole tiles"};
+      if (args.dq_accum != nullptr && args.dq_accum_stride != padded_head_dim(HD) + kBwdDqPad)
+        return {Code::internal, "sm90 backward: the dQ accumulator's rows do not have the kernel's stride"};
       // Empty sides are never read (no query tiles, or no blocks), but their maps need valid
       // addresses: the other side's. Blocks with no query tile still write dK = dV = 0.
       Tensor queries = p.q, grads = p.dout, keys = p.k, values = p.v;
@@ -200,8 +200,9 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
 
 struct Sm90 {
   // The deterministic backward adds each warpgroup's dQ share of a query tile in key-tile order.
-  // Its dQ accumulator rows are whole padded tiles (the dQ warp adds a share of a row at once).
-  static constexpr OrderedDq kOrderedDq{kBwdRows, kBwdConsumers, kChunkCols};
+  // Its dQ accumulator rows have the stride of the kernel's staging tile (whole padded tiles plus
+  // a bank-conflict pad), so that a query tile's dQ leaves in one bulk reduction.
+  static constexpr OrderedDq kOrderedDq{kBwdRows, kBwdConsumers, kChunkCols, kBwdDqPad};
   static Status check(const Params& p, Direction direction, DeviceProps& props) {
     return check_call(p, direction, props);
   }
