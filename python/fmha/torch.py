@@ -95,6 +95,16 @@ def _export(tables):
     return {name: _to_dlpack(value) if isinstance(value, _Tensor) else value for name, value in tables.items()}
 
 
+def _run_with_workspace(run, device):
+    """run(None) returns the workspace bytes the call needs (0: it ran, CPU calls always); then
+    run with a workspace from torch's caching allocator (graph-private memory while a CUDA graph
+    is captured), on the tensors' device."""
+    with _DeviceGuard(device):
+        needed = run(None)
+        if needed:
+            run(_to_dlpack(torch.empty((needed,), dtype=torch.uint8, device=device)))
+
+
 def _forward(q, k, v, scale, causal, window_left, window_right, q_offset, precision, deterministic, backend,
              with_lse=True, tables=_NO_TABLES):
     """out and lse (None when with_lse is False: an inference call that needs no LSE skips it).
@@ -111,11 +121,8 @@ def _forward(q, k, v, scale, causal, window_left, window_right, q_offset, precis
 
     if device.type != "cuda":  # CPU backends need no workspace
         run(None)
-        return out, lse
-    with _DeviceGuard(device):
-        needed = run(None)
-        if needed:
-            run(_to_dlpack(torch.empty((needed,), dtype=torch.uint8, device=device)))
+    else:
+        _run_with_workspace(run, device)
     return out, lse
 
 
@@ -131,10 +138,7 @@ def _backward_impl(dout, q, k, v, out, lse, scale, causal, window_left, window_r
     def run(workspace):
         return _C.backward(*[_to_dlpack(t) for t in args], workspace, options, **_export(tables))
 
-    with _DeviceGuard(device):
-        needed = run(None)
-        if needed:
-            run(_to_dlpack(torch.empty((needed,), dtype=torch.uint8, device=device)))
+    _run_with_workspace(run, device)
     return dq, dk, dv
 
 
