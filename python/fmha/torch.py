@@ -36,7 +36,9 @@ from ._api import (
 )
 from ._frameworks import current_torch_stream
 
-__all__ = ["attention", "attention_backward", "attention_varlen", "attention_with_kvcache"]
+__all__ = [
+    "attention", "attention_backward", "attention_varlen", "attention_varlen_backward", "attention_with_kvcache",
+]
 
 _to_dlpack = torch._C._to_dlpack
 _Tensor = torch.Tensor
@@ -513,6 +515,21 @@ def attention_varlen(
     tables = (cu_seqlens_q, cu_seqlens_k, _max_seqlen(cu_seqlens_q, max_seqlen_q, "max_seqlen_q"),
               _max_seqlen(cu_seqlens_k, max_seqlen_k, "max_seqlen_k"))
     return _attend(_PACKED, q, k, v, tables, options, return_lse)
+
+
+def attention_varlen_backward(
+    q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *, causal=None,
+    window=None, scale=None, q_offset=0, precision=None, backend="auto", deterministic=False,
+):
+    """(dq, dk, dv) of a packed batch through the fmha::attention_varlen_bwd op (traceable by
+    torch.compile); the tables and options must be the forward's."""
+    options = _op_options(causal, window, scale, q_offset, precision, backend, deterministic)
+    _check_tables(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    return attention_varlen_bwd(
+        _last_dim_contiguous(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+        _max_seqlen(cu_seqlens_q, max_seqlen_q, "max_seqlen_q"),
+        _max_seqlen(cu_seqlens_k, max_seqlen_k, "max_seqlen_k"), *options,
+    )
 
 
 def _append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table):

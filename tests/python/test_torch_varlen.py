@@ -165,7 +165,8 @@ def test_opcheck(device):
     torch.library.opcheck(torch.ops.fmha.attention_varlen_fwd.default, args)
     out, lse = torch.ops.fmha.attention_varlen_fwd(*args)
     detached = tuple(x.detach() for x in (q, k, v, out, lse))
-    torch.library.opcheck(torch.ops.fmha.attention_varlen_bwd.default, (dout,) + detached + (cu_q, cu_k, 7, 9) + options)
+    torch.library.opcheck(torch.ops.fmha.attention_varlen_bwd.default,
+                          (dout,) + detached + (cu_q, cu_k, 7, 9) + options)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -237,10 +238,11 @@ def test_generic_entry_point_and_errors():
         fmha.attention_varlen(q, k, v, cu_q, cu_k, out=buffer)
     with torch.no_grad():
         out, lse = ft.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True)
-    dq, dk, dv = fmha.attention_varlen_backward(q.detach(), k.detach(), v.detach(), out, dout, lse, cu_q, cu_k)
     expected = torch.autograd.grad(fmha.attention_varlen(q, k, v, cu_q, cu_k), (q, k, v), dout)
-    for got, want in zip((dq, dk, dv), expected):
-        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    detached = (q.detach(), k.detach(), v.detach(), out, dout, lse, cu_q, cu_k)
+    for backward in (fmha.attention_varlen_backward, ft.attention_varlen_backward):
+        for got, want in zip(backward(*detached), expected):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
 
     with pytest.raises(TypeError, match="cu_seqlens_k: expected an int32 torch.Tensor, got list"):
         ft.attention_varlen(q, k, v, cu_q, [0, 4, 6, 11])
