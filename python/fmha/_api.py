@@ -201,8 +201,11 @@ def result_shapes(q_shape, v_shape):
     """The shapes of a forward's out and lse, dense ([batch, seqlen_q, heads, head_dim]) or packed
     ([total_q, heads, head_dim]) alike: out is q's shape with v's head_dim_v; lse is q's shape
     without head_dim, heads before the query rows ([batch, heads, seqlen_q] or [heads, total_q])."""
-    *batch, rows, heads, _ = q_shape
-    return (*batch, rows, heads, v_shape[-1]), (*batch, heads, rows)
+    if len(q_shape) == 3:
+        rows, heads, _ = q_shape
+        return (rows, heads, v_shape[-1]), (heads, rows)
+    batch, rows, heads, _ = q_shape
+    return (batch, rows, heads, v_shape[-1]), (batch, heads, rows)
 
 
 def _forward(adapter, q, k, v, out, return_lse, layout, options, stream, num_threads, tables=None):

@@ -117,14 +117,16 @@ def _forward(q, k, v, scale, causal, window_left, window_right, q_offset, precis
     lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if with_lse else None
     options = _options(scale, causal, window_left, window_right, q_offset, precision, deterministic, backend, device)
 
+    if device.type != "cuda":  # CPU backends need no workspace (and the call is the hot path)
+        _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse) if with_lse else None,
+                   None, options, **_export(tables))
+        return out, lse
+
     def run(workspace):
         return _C.forward(_to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out),
                           _to_dlpack(lse) if with_lse else None, workspace, options, **_export(tables))
 
-    if device.type != "cuda":  # CPU backends need no workspace
-        run(None)
-    else:
-        _run_with_workspace(run, device)
+    _run_with_workspace(run, device)
     return out, lse
 
 
