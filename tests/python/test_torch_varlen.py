@@ -141,6 +141,17 @@ def test_gradcheck_finite_differences(device):
     assert torch.autograd.gradcheck(attention_fp32, (q, k, v), eps=1e-3, atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.parametrize("lengths", [([0, 0], [3, 4]), ([2, 3], [0, 0]), ([0], [0])], ids=str)
+def test_batches_without_queries_or_keys(lengths):
+    """No query rows at all, or no keys at all: empty or zero results, -inf lse, zero gradients."""
+    q, k, v, dout, cu_q, cu_k = packed(*lengths, 2, 1, 8, 8)
+    out, lse = ft.attention_varlen(q, k, v, cu_q, cu_k, causal="bottom-right", return_lse=True)
+    assert out.shape == (sum(lengths[0]), 2, 8) and lse.shape == (2, sum(lengths[0]))
+    assert torch.all(out == 0) and torch.all(lse == -math.inf)
+    for grad in torch.autograd.grad(out, (q, k, v), dout):
+        assert torch.all(grad == 0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_op_and_eager_paths_agree(device):
     """The eager path (plain function, autograd.Function) and the registered op with its autograd
