@@ -274,6 +274,8 @@ def test_cuda_graph_capture_and_replay():
     lengths_q, lengths_k = [100, 0, 37, 64], [128, 9, 40, 64]
     q, k, v, dout, cu_q, cu_k = packed(lengths_q, lengths_k, 4, 2, 64, 64, "cuda")
     require_backend(q[:1], k[:1], v[:1], direction="backward")
+    with pytest.raises(ValueError, match="max_seqlen_q: required when the sequence tables are in device memory"):
+        ft.attention_varlen(q, k, v, cu_q, cu_k)  # reading them would synchronize
 
     def step():
         out = ft.attention_varlen(q, k, v, cu_q, cu_k, 128, 128, causal="bottom-right")
