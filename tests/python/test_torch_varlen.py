@@ -205,6 +205,28 @@ def test_torch_compile_fullgraph(device, compiler):
         torch.testing.assert_close(got, want)
 
 
+def test_torch_compile_dynamic_shapes():
+    """One graph for packed batches of any total length, count of sequences and longest length
+    (dynamic=True): the fakes and the autograd formula work on symbolic sizes."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+
+    def loss_fn(q, k, v, cu_q, cu_k, max_q, max_k):
+        return (ft.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal="bottom-right") ** 2).sum()
+
+    compiled = torch.compile(loss_fn, fullgraph=True, backend=counter, dynamic=True)
+    for seed, (lengths_q, lengths_k) in enumerate([([5, 0, 9], [7, 2, 9]), ([12, 3], [12, 30]),
+                                                   ([1, 1, 1, 1], [4, 3, 2, 1])]):
+        q, k, v, _, cu_q, cu_k = packed(lengths_q, lengths_k, 6, 3, 16, 16, seed=seed)
+        args = (q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k))
+        got = torch.autograd.grad(compiled(*args), (q, k, v))
+        for x, y in zip(got, torch.autograd.grad(loss_fn(*args), (q, k, v))):
+            torch.testing.assert_close(x, y, atol=0, rtol=0)
+    assert counter.frame_count == 1
+
+
 class count_calls:
     """Counts the calls of the packed ops' implementations ('fwd', 'bwd') within the block (the
     dict is the context value). The eager path runs the same functions through _PACKED's own
