@@ -7,7 +7,8 @@
     out, lse = fmha.merge_attention(out_a, lse_a, out_b, lse_b)         # over disjoint key sets
     out = fmha.attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens)  # decoding
 
-fmha.torch.attention is the differentiable PyTorch op (autograd, torch.compile, CUDA graphs).
+fmha.torch.attention and fmha.torch.attention_varlen are the differentiable PyTorch ops (autograd,
+torch.compile, CUDA graphs); fmha.torch.attention_with_kvcache is captured by torch.compile.
 """
 
 from ._api import (

@@ -197,16 +197,26 @@ def _check_call(adapter, q, k, v, layout, options, stream, num_threads, tables):
     return shapes, stream_handle, options, varlen
 
 
+def result_shapes(q_shape, v_shape):
+    """The shapes of a forward's out and lse, dense ([batch, seqlen_q, heads, head_dim]) or packed
+    ([total_q, heads, head_dim]) alike: out is q's shape with v's head_dim_v; lse is q's shape
+    without head_dim, heads before the query rows ([batch, heads, seqlen_q] or [heads, total_q])."""
+    if len(q_shape) == 3:
+        rows, heads, _ = q_shape
+        return (rows, heads, v_shape[-1]), (heads, rows)
+    batch, rows, heads, _ = q_shape
+    return (batch, rows, heads, v_shape[-1]), (batch, heads, rows)
+
+
 def _forward(adapter, q, k, v, out, return_lse, layout, options, stream, num_threads, tables=None):
     """attention and attention_varlen after their framework checks."""
     _refuse_jax_outputs(adapter, (("out", out),))
     (q_shape, _, v_shape), stream_handle, options, varlen = _check_call(adapter, q, k, v, layout, options, stream,
                                                                         num_threads, tables)
-    if out is None:  # q's shape with v's head_dim_v
-        out = adapter.empty(q, q_shape[:-1] + v_shape[-1:])
-    # lse: q's shape without head_dim, heads before the query rows ([batch, heads, seqlen_q] or
-    # [heads, total_q]).
-    lse = adapter.empty_f32(q, q_shape[:-3] + (q_shape[-2], q_shape[-3])) if return_lse else None
+    out_shape, lse_shape = result_shapes(q_shape, v_shape)
+    if out is None:
+        out = adapter.empty(q, out_shape)
+    lse = adapter.empty_f32(q, lse_shape) if return_lse else None
     return _call_forward(adapter, q, k, v, out, lse, options, stream_handle, varlen)
 
 
@@ -256,19 +266,12 @@ def attention(
     stream= is given.
     """
     adapter = adapter_for(q)
-    if adapter.name == "torch":
-        if out is None and stream is None and num_threads == 0:
-            from . import torch as fmha_torch
-
-            return fmha_torch.attention(
-                q, k, v, causal=causal, window=window, scale=scale, q_offset=q_offset, precision=precision,
-                backend=backend, deterministic=deterministic, return_lse=return_lse,
-            )
-        if _torch_grad_wanted((q, k, v)):
-            raise ValueError(
-                "out: calls with out=, stream= or num_threads= do not record gradients; detach the inputs, or "
-                "drop those arguments to get autograd through fmha.torch.attention"
-            )
+    fmha_torch = _torch_module(adapter, (q, k, v), out, stream, num_threads, "attention")
+    if fmha_torch is not None:
+        return fmha_torch.attention(
+            q, k, v, causal=causal, window=window, scale=scale, q_offset=q_offset, precision=precision,
+            backend=backend, deterministic=deterministic, return_lse=return_lse,
+        )
     return _forward(adapter, q, k, v, out, return_lse, _DENSE_LAYOUT,
                     (causal, window, scale, q_offset, precision, backend, deterministic), stream, num_threads)
 
@@ -304,15 +307,31 @@ def attention_backward(
                      (causal, window, scale, q_offset, precision, backend, deterministic), stream, num_threads)
 
 
-def _refuse_torch_grad(adapter, tensors, what):
-    if adapter.name == "torch" and _torch_grad_wanted(tensors):
+def _torch_module(adapter, inputs, out, stream, num_threads, name):
+    """fmha.torch, whose `name` (autograd, torch.compile) takes PyTorch tensors called without out=,
+    stream= or num_threads=; None for other calls, which run here and record no gradients (refused
+    when the inputs want them)."""
+    if adapter.name != "torch":
+        return None
+    if out is None and stream is None and num_threads == 0:
+        from . import torch as fmha_torch
+
+        return fmha_torch
+    if _torch_grad_wanted(inputs):
         raise ValueError(
-            "%s: records no gradients yet (no autograd through fmha.torch); detach the inputs and call the "
-            "backward function explicitly" % what
+            "out: calls with out=, stream= or num_threads= do not record gradients; detach the inputs, or "
+            "drop those arguments to get autograd through fmha.torch.%s" % name
         )
+    return None
 
 
-def _max_seqlen(table, given, name):
+def _refuse_torch_grad(adapter, tensors, what, why="records no gradients yet (no autograd through fmha.torch); "
+                      "detach the inputs and call the backward function explicitly"):
+    if adapter.name == "torch" and _torch_grad_wanted(tensors):
+        raise ValueError("%s: %s" % (what, why))
+
+
+def max_seqlen(table, given, name):
     """The longest sequence of a table: `given`, or read off a table in host memory."""
     if given is not None:
         if not _is_int(given) or given < 0:
@@ -333,8 +352,8 @@ def _varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, export)
     return dict(
         cu_seqlens_q=export(cu_seqlens_q),
         cu_seqlens_k=export(cu_seqlens_k),
-        max_seqlen_q=_max_seqlen(cu_seqlens_q, max_seqlen_q, "max_seqlen_q"),
-        max_seqlen_k=_max_seqlen(cu_seqlens_k, max_seqlen_k, "max_seqlen_k"),
+        max_seqlen_q=max_seqlen(cu_seqlens_q, max_seqlen_q, "max_seqlen_q"),
+        max_seqlen_k=max_seqlen(cu_seqlens_k, max_seqlen_k, "max_seqlen_k"),
     )
 
 
@@ -370,10 +389,18 @@ def attention_varlen(
 
     Returns out [total_q, heads, head_dim_v], or (out, lse) with lse [heads, total_q] float32.
     Runs on the reference and cpu backends and on the simt and sm80 GPU tiers (sm90 refuses packed
-    batches; backend="auto" picks sm80 or simt).
+    batches; backend="auto" picks sm80 or simt). PyTorch tensors go through
+    fmha.torch.attention_varlen (autograd, torch.compile) unless out=, stream= or num_threads= is
+    given.
     """
     adapter = adapter_for(q)
-    _refuse_torch_grad(adapter, (q, k, v), "attention_varlen")
+    fmha_torch = _torch_module(adapter, (q, k, v), out, stream, num_threads, "attention_varlen")
+    if fmha_torch is not None:
+        return fmha_torch.attention_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, window=window,
+            scale=scale, q_offset=q_offset, precision=precision, backend=backend, deterministic=deterministic,
+            return_lse=return_lse,
+        )
     return _forward(adapter, q, k, v, out, return_lse, _PACKED_LAYOUT,
                     (causal, window, scale, q_offset, precision, backend, deterministic), stream, num_threads,
                     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
@@ -444,7 +471,20 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, num_th
     return k_cache, v_cache
 
 
-def _grown_lengths(cache_seqlens, seqlen_new):
+def check_new_rows(k, v, cache_seqlens):
+    """attention_with_kvcache's new rows: both k and v or neither, and with them cache_seqlens."""
+    if (k is None) != (v is None):
+        raise ValueError("k, v: pass both new-row arrays or neither")
+    if k is not None and cache_seqlens is None:
+        raise ValueError("cache_seqlens: required with k, v (where each sequence's new rows go)")
+
+
+def seqlen_new(k):
+    """The rows per sequence of attention_with_kvcache's new keys k."""
+    return _require_rank(k, "k", _DENSE_LAYOUT[1][1])[1]
+
+
+def grown_lengths(cache_seqlens, seqlen_new):
     """cache_seqlens + seqlen_new, still int32."""
     grown = cache_seqlens + seqlen_new
     dtype = getattr(grown, "dtype", None)
@@ -487,25 +527,32 @@ def attention_with_kvcache(
     'bottom-right' aligns the last query with the last cached key.
 
     Returns out [batch, seqlen_q, heads, head_dim_v], or (out, lse) with return_lse. Forward only;
-    runs on the reference and cpu backends (the GPU tiers do not take a KV cache yet).
+    runs on the reference and cpu backends (the GPU tiers do not take a KV cache yet). PyTorch
+    tensors go through fmha.torch.attention_with_kvcache (torch.compile) unless out=, stream= or
+    num_threads= is given.
     """
     adapter = adapter_for(q)
-    _refuse_torch_grad(adapter, (q, k_cache, v_cache), "attention_with_kvcache")
-    if (k is None) != (v is None):
-        raise ValueError("k, v: pass both new-row arrays or neither")
+    _refuse_torch_grad(adapter, (q, k_cache, v_cache), "attention_with_kvcache",
+                       "is forward only (no gradients); detach the inputs")
+    fmha_torch = _torch_module(adapter, (), out, stream, num_threads, "attention_with_kvcache")
+    if fmha_torch is not None:
+        return fmha_torch.attention_with_kvcache(
+            q, k_cache, v_cache, block_table, cache_seqlens, k=k, v=v, causal=causal, window=window, scale=scale,
+            q_offset=q_offset, precision=precision, backend=backend, return_lse=return_lse,
+        )
+    check_new_rows(k, v, cache_seqlens)
     if k is not None:
-        if cache_seqlens is None:
-            raise ValueError("cache_seqlens: required with k, v (where each sequence's new rows go)")
         append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table, num_threads=num_threads)
-        cache_seqlens = _grown_lengths(cache_seqlens, _require_rank(k, "k", _DENSE_LAYOUT[1][1])[1])
+        cache_seqlens = grown_lengths(cache_seqlens, seqlen_new(k))
     layout = _PAGED_LAYOUT if block_table is not None else _DENSE_LAYOUT
     _refuse_jax_outputs(adapter, (("out", out),))
     (q_shape, _, v_shape), stream_handle, options, _ = _check_call(
         adapter, q, k_cache, v_cache, layout, (causal, window, scale, q_offset, precision, backend, False), stream,
         num_threads, None)
+    out_shape, lse_shape = result_shapes(q_shape, v_shape)
     if out is None:
-        out = adapter.empty(q, q_shape[:-1] + v_shape[-1:])
-    lse = adapter.empty_f32(q, (q_shape[0], q_shape[2], q_shape[1])) if return_lse else None
+        out = adapter.empty(q, out_shape)
+    lse = adapter.empty_f32(q, lse_shape) if return_lse else None
     export = adapter.export
     cache = dict(block_table=None if block_table is None else export(block_table),
                  cache_seqlens=None if cache_seqlens is None else export(cache_seqlens))
