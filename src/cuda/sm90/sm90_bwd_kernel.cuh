@@ -60,11 +60,12 @@ struct BwdKernel {
 
   // The dQ warp: per step (the consumers' order), once both warpgroups have staged their shares,
   // one bulk reduction of the tile's rows (those before seqlen_q), which are one contiguous run of
-  // the accumulator; the buffer is handed back once the reduction has read it.
+  // the accumulator; the buffer is handed back once the reduction has read it. Deterministic: the
+  // reduction waits for the tile's turn, and the turn passes on once the reduction is complete in
+  // global memory.
   static constexpr int kDqWarp = 1;  // warp of the producer warpgroup
   __device__ static void reduce_dq(const BwdParams& params, Shared& shared, int lane) {
     const AttentionArgs& args = params.args;
-    if constexpr (!Mainloop::kBulkDq) return;
     const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
     const Range tiles = bwd_query_tiles(args, bwd_key_tile(args, int(blockIdx.x)));
     // The padding columns are never written by the consumers: zero, so that they add nothing.
@@ -76,17 +77,29 @@ struct BwdKernel {
     for (int g = 0; g < args.group; ++g) {
       const int head = kv_head * args.group + g;
       for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
-        const int64_t row0 = int64_t(m) * kBwdRows;
-        const int rows = int(args.seqlen_q - row0 < kBwdRows ? args.seqlen_q - row0 : kBwdRows);
         shared.dq_full.wait(step & 1);
         if (lane == 0) {
+          // Deterministic: the tile's turn counter (recomputed where needed: few registers here).
+          auto turn_counter = [&] { return args.dq_turns + (int64_t(batch) * args.heads + head) * args.dq_turn_tiles + m; };
+          const int turn = ORDERED_DQ ? shared.dq_turn : 0;  // read before the buffer is handed back
+          if constexpr (ORDERED_DQ) {
+            tile::wait_turn(turn_counter(), turn);
+            tile::fence_async_global();
+          }
+          const int64_t row0 = int64_t(m) * kBwdRows;
+          const int rows = int(args.seqlen_q - row0 < kBwdRows ? args.seqlen_q - row0 : kBwdRows);
           tile::tma::reduce_add_bytes(args.dq_accum + args.row_index(batch, head, row0) * Shared::kDqStride, shared.dq,
                                       uint32_t(rows) * Shared::kDqStride * sizeof(float));
           tile::tma::store_commit();
           tile::tma::store_wait_read();
+          shared.dq_empty.arrive();
+          if constexpr (ORDERED_DQ) {
+            tile::tma::store_wait();
+            tile::fence_async_global();
+            tile::pass_turn(turn_counter(), turn + 1);
+          }
         }
         __syncwarp();
-        if (lane == 0) shared.dq_empty.arrive();
       }
     }
     if (lane == 0) tile::tma::store_wait();
@@ -104,13 +117,11 @@ struct BwdKernel {
     shared.kv_full.wait(0);
     tile::PipelineState<kBwdStages> pipe;
     int step = 0;
-    for (int g = 0; g < args.group; ++g) {
-      const int head = kv_head * args.group + g;
+    for (int g = 0; g < args.group; ++g)  // every head of the GQA group: the same query tiles
       for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
-        mainloop.step(pipe, batch, head, m, keys, step % 2, dk, dv);
+        mainloop.step(pipe, m, keys, step % 2, dk, dv);
         pipe.advance();
       }
-    }
     store_key_grads(args, warpgroup, thread, kv_head, batch, keys, dk, dv);
   }
 

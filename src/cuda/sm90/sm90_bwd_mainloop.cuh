@@ -10,13 +10,13 @@
 //   dQ  = dS·K        [64 q, D / 2]     SS: dSᵀ is stored transposed (stmatrix.trans) so that
 //                                        both warpgroups' keys form dS [64 q, 128 keys] K-major;
 //                                        warpgroup w takes the columns [w·D/2, (w+1)·D/2) of K
-// dQ goes to the fp32 accumulator in global memory (rows of the padded tile width), converted
-// afterwards by the shared convert kernel: each warpgroup writes its share into shared memory and
-// the producer warpgroup's dQ warp adds it with bulk reductions (cp.reduce.async.bulk, one per
-// row), so the consumers issue no atomics. dK is
-// scaled once, in the epilogue. In the deterministic mode each warpgroup adds its dQ share of a
-// query tile itself when the tile's turn counter says that every key tile before its own has
-// added, so the fp32 sums run in key-tile order every time.
+// dQ goes to the fp32 accumulator in global memory, converted afterwards by the shared convert
+// kernel: each warpgroup writes its share of the query tile's dQ into shared memory and the
+// producer warpgroup's dQ warp adds the tile with one bulk reduction (cp.reduce.async.bulk), so
+// the consumers issue no atomics. dK is scaled once, in the epilogue. In the deterministic mode
+// the dQ warp adds a query tile's dQ when the tile's turn counter says that every key tile before
+// its own has added, so the fp32 sums run in key-tile order every time, while the consumers go on
+// with the next step.
 #pragma once
 
 #include "cuda/common/args.h"
@@ -64,6 +64,7 @@ struct BwdShared {
   tile::MBarrier kv_full;
   tile::MBarrier full[kBwdStages], empty[kBwdStages];
   tile::MBarrier dq_full, dq_empty;  // the dQ shares written (every consumer warp) / read (the dQ warp)
+  int dq_turn;  // deterministic: the staged tile's turn (written with the shares, read by the dQ warp)
 };
 
 // One consumer warpgroup's accumulators across the query tiles.
@@ -117,9 +118,6 @@ struct BwdMainloop {
   static constexpr int kDqCols = Shared::kDqCols;  // dQ columns per warpgroup
   static constexpr uint32_t kDqWriters = kBwdConsumers * kConsumerWarps;  // arrivals on dq_full
 
-  // dQ by bulk reductions from shared memory (the dQ warp), except in the deterministic mode,
-  // whose warpgroups add their shares themselves, in turn.
-  static constexpr bool kBulkDq = !ORDERED_DQ;
 
   Shared& shared;
   const AttentionArgs& args;
@@ -173,10 +171,10 @@ struct BwdMainloop {
     if (thread % 32 == 0) empty.arrive();
   }
 
-  // One query tile: rows [row0, row0 + 64) of head `head` against this warpgroup's keys.
+  // One query tile m (rows [64 m, 64 m + 64) of one head of the group) against this warpgroup's keys.
   // `keys` is the block's key tile (clamped to seqlen_k); dq_buffer alternates per step (the dS
   // buffer, and the parity of the step's dQ hand-off).
-  __device__ void step(const Pipeline& at, int batch, int head, int m, Range keys, int dq_buffer,
+  __device__ void step(const Pipeline& at, int m, Range keys, int dq_buffer,
                        typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv) {
     const int64_t row0 = int64_t(m) * kBwdRows;
     using Scores = typename Tiles::Scores;
@@ -249,27 +247,17 @@ struct BwdMainloop {
     wg::wait<0>();
     wg::fence_operand(dq.d);
     release(shared.empty[stage]);
-    if constexpr (!ORDERED_DQ) {
-      stage_dq(dq, dq_buffer);
-      return;
-    }
-    // Deterministic: this warpgroup's share of query tile m is added when every key tile before
-    // this block's that adds into m has (its turn = their number), then the turn moves on.
-    const int order_barrier = int(NamedBarrier::dq_order_first) + warpgroup;
-    int* counter = args.dq_turns + ((int64_t(batch) * args.heads + head) * args.dq_turn_tiles + m) * kBwdConsumers +
-                   warpgroup;
-    const int turn = int(blockIdx.x) - bwd_first_key_tile(args, m, int(blockIdx.x));
-    if (thread == 0) tile::wait_turn(counter, turn);
-    tile::named_sync(order_barrier, wg::kThreads);
-    accumulate_dq(dq, batch, head, row0);
-    tile::named_sync(order_barrier, wg::kThreads);
-    if (thread == 0) tile::pass_turn(counter, turn + 1);
+    stage_dq(dq, dq_buffer, m);
   }
 
-  // The dQ share into shared memory for the dQ warp, once it has read the previous step's.
-  __device__ __forceinline__ void stage_dq(const typename Tiles::QueryGrad& dq, int parity) {
+  // The dQ share of query tile m into shared memory for the dQ warp, once it has read the
+  // previous step's. Deterministic: with the tile's turn, the number of key tiles before this
+  // block's that add into it (found by a binary search with the blocks' own tile test).
+  __device__ __forceinline__ void stage_dq(const typename Tiles::QueryGrad& dq, int parity, int m) {
     using Q = typename Tiles::QueryGrad;
     shared.dq_empty.wait(parity ^ 1);
+    if constexpr (ORDERED_DQ)
+      if (warpgroup == 0 && thread == 0) shared.dq_turn = int(blockIdx.x) - bwd_first_key_tile(args, m, int(blockIdx.x));
     // One base address per thread (its first element); every other element sits at a constant
     // offset from it, so no per-element addresses stay live across the steps.
     float* first = shared.dq + warpgroup * kDqCols + Q::row(0, thread) * Shared::kDqStride + Q::col(0, thread);
@@ -282,23 +270,6 @@ struct BwdMainloop {
     tile::fence_async_shared();  // the bulk reductions read through the async proxy
     __syncwarp();
     if (thread % 32 == 0) shared.dq_full.arrive();
-  }
-
-  // dQ share += into the fp32 accumulator, whose rows are kDqStride floats (the host lays it out
-  // so): rows past seqlen_q dropped, no column tests (columns past head_dim add dS·0, K's
-  // zero-filled columns).
-  __device__ __forceinline__ void accumulate_dq(const typename Tiles::QueryGrad& dq, int batch, int head,
-                                                int64_t row0) {
-    using Q = typename Tiles::QueryGrad;
-    const int col0 = warpgroup * kDqCols;
-#pragma unroll
-    for (int i = 0; i < Q::kRows; ++i) {
-      const int64_t row = row0 + Q::row(i, thread);
-      if (row >= args.seqlen_q) continue;
-      float* out = args.dq_accum + args.row_index(batch, head, row) * Shared::kDqStride + col0;
-#pragma unroll
-      for (int j = 0; j < Q::kCols; j += 2) tile::atomic_add_pair(out + Q::col(j, thread), dq(i, j), dq(i, j + 1));
-    }
   }
 };
 

@@ -99,6 +99,7 @@ inline constexpr int kBwdKeys = kBwdConsumers * kConsumerRows;  // keys per bloc
 inline constexpr int kBwdRows = 64;                              // query rows per step
 inline constexpr int kBwdStages = 2;
 inline constexpr int kBwdDqPad = 8;  // floats padding each row of the dQ tile and accumulator
+inline constexpr int kBwdTurnParts = 1;  // deterministic: one turn counter per query tile (the dQ warp adds it whole)
 inline constexpr int kBwdMaxHeadDim = 128;
 inline constexpr int kBwdProducerRegisters = 24;
 inline constexpr int kBwdConsumerRegisters = 240;
@@ -106,13 +107,11 @@ inline constexpr int kBwdConsumerRegisters = 240;
 // Named barriers (0 is __syncthreads), per consumer warpgroup w: its epilogue's, and the one it
 // waits on for its turn to issue matrix work under pingpong.
 // The backward uses ds_ready: both consumer warpgroups have stored their share of dS.
-// The forward's epilogue and turn barriers (one per consumer), the backward's dS barrier and its
-// deterministic dQ turns (one per consumer).
-enum class NamedBarrier : int { epilogue_first = 1, ds_ready = 4, turn_first = 5, dq_order_first = 8 };
+// The forward's epilogue and turn barriers (one per consumer), the backward's dS barrier.
+enum class NamedBarrier : int { epilogue_first = 1, ds_ready = 4, turn_first = 5 };
 inline constexpr int kMaxConsumers = 3;
-static_assert(int(NamedBarrier::epilogue_first) + kMaxConsumers <= int(NamedBarrier::turn_first) &&
-                  int(NamedBarrier::turn_first) + kMaxConsumers <= int(NamedBarrier::dq_order_first) &&
-                  int(NamedBarrier::dq_order_first) + kMaxConsumers <= 16,
+static_assert(int(NamedBarrier::epilogue_first) + kMaxConsumers <= int(NamedBarrier::ds_ready) &&
+                  int(NamedBarrier::turn_first) + kMaxConsumers <= 16,
               "a block has 16 named barriers");
 
 }  // namespace fmha::cuda::sm90

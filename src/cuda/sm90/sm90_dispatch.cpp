@@ -202,7 +202,7 @@ struct Sm90 {
   // The deterministic backward adds each warpgroup's dQ share of a query tile in key-tile order.
   // Its dQ accumulator rows have the stride of the kernel's staging tile (whole padded tiles plus
   // a bank-conflict pad), so that a query tile's dQ leaves in one bulk reduction.
-  static constexpr OrderedDq kOrderedDq{kBwdRows, kBwdConsumers, kChunkCols, kBwdDqPad};
+  static constexpr OrderedDq kOrderedDq{kBwdRows, kBwdTurnParts, kChunkCols, kBwdDqPad};
   static Status check(const Params& p, Direction direction, DeviceProps& props) {
     return check_call(p, direction, props);
   }

@@ -55,7 +55,7 @@ Status backward(const BwdParams& params, cudaStream_t stream) {
     if (Status s = check_launch("sm90 backward preprocess launch"); !s.ok()) return s;
   }
   if (args.dq_turns != nullptr && rows > 0) {
-    const size_t counters = size_t(args.batch) * size_t(args.heads) * size_t(args.dq_turn_tiles) * kBwdConsumers;
+    const size_t counters = size_t(args.batch) * size_t(args.heads) * size_t(args.dq_turn_tiles) * kBwdTurnParts;
     if (Status s = cuda_status(cudaMemsetAsync(args.dq_turns, 0, counters * sizeof(int), stream),
                                "sm90 backward turn counters reset");
         !s.ok())

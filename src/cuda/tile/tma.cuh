@@ -45,6 +45,10 @@ __device__ __forceinline__ void fence_barrier_init() { ptx::fence_mbarrier_init(
 // Ordinary shared-memory stores become visible to TMA and wgmma (the async proxy) after this,
 // in each writing thread, followed by a barrier among the writers.
 __device__ __forceinline__ void fence_async_shared() { ptx::fence_proxy_async(ptx::space_shared); }
+// Orders global-memory accesses of the async proxy (bulk copies and reductions) with this thread's
+// generic ones: after waiting for its bulk operations and before releasing what they wrote, and
+// after acquiring what other threads' bulk operations wrote and before issuing its own.
+__device__ __forceinline__ void fence_async_global() { ptx::fence_proxy_async(ptx::space_global); }
 
 // ---- TMA ------------------------------------------------------------------------------------
 
