@@ -69,11 +69,17 @@ __device__ __forceinline__ void gather_kv(const DecodeArgs& args, typename Tiles
   const T* k_base = static_cast<const T*>(args.k) + kv_head * args.k_head_stride + c;
   const T* v_base = static_cast<const T*>(args.v) + kv_head * args.v_head_stride + c;
   const bool k_col = c < args.head_dim, v_col = c < args.head_dim_v;
+  // Keys and page sizes fit 32 bits (check_decode bounds the capacity): 32-bit division here, on
+  // the path of every page lookup; the clamped entry comes from PagedCache::page as everywhere.
+  const int page_size = int(args.cache.page_size);
 #pragma unroll
   for (int r = int(threadIdx.x) / Tiles::kChunksPerRow; r < Tiles::kKeys; r += kRowStep) {
     const bool row = r < valid;
     CacheRow at{0, 0};
-    if (row) at = args.cache.row_of(b, col0 + r);
+    if (row) {
+      const int key = int(col0) + r;
+      at = CacheRow{args.cache.page(b, key / page_size), key % page_size};
+    }
     const T* k_from = k_base + at.page * args.k_page_stride + at.row * args.k_row_stride;
     const T* v_from = v_base + at.page * args.v_page_stride + at.row * args.v_row_stride;
     // A zero-filled chunk reads nothing; its source is only a harmless address inside the cache.
