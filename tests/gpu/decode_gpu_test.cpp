@@ -293,8 +293,10 @@ TEST(DecodeGpu, AutoTakesTheDecodeKernel) {
   EXPECT_EQ(chosen, Backend::cuda_sm80);
   dense.q.shape[1] = 17;  // no longer decoding: not the decode kernel's call
   dense.o.shape[1] = 17;
+  dense.lse = Tensor{};
   VariantChoice choice;
-  if (select_backend(dense, Direction::forward, &chosen).ok() && chosen == Backend::cuda_sm80) {
+  ASSERT_TRUE(select_backend(dense, Direction::forward, &chosen).ok());
+  if (chosen == Backend::cuda_sm80) {
     ASSERT_TRUE(selected_variant(dense, Direction::forward, &choice).ok());
     EXPECT_NE(choice.variant, "decode");
   }
