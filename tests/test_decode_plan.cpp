@@ -3,6 +3,7 @@
 // the split partials take; Params::num_splits out of range is refused. No GPU needed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "common/decode.h"
@@ -41,21 +42,29 @@ TEST(DecodePlan, DecodeShape) {
 }
 
 TEST(DecodePlan, SplitsFillTheGpuWithoutStarvingSplits) {
-  const int64_t target = kH200Sms * decode::kBlocksPerSm;
+  const int64_t slots = kH200Sms * decode::kBlocksPerSm;
   // Enough CTAs already: no split.
-  EXPECT_EQ(decode::choose_splits(target, 1 << 20, kH200Sms), 1);
+  EXPECT_EQ(decode::choose_splits(slots, 1 << 20, kH200Sms), 1);
   EXPECT_EQ(decode::choose_splits(64 * 8, 8192, kH200Sms), 1);
-  // 1 x 8k, 8 KV heads: 8 CTAs want 33 splits; 8192 keys allow 32 of kMinKeysPerSplit.
-  EXPECT_EQ(decode::choose_splits(8, 8192, kH200Sms), 8192 / decode::kMinKeysPerSplit);
-  // 1 x 128k: as many as fill the GPU.
-  EXPECT_EQ(decode::choose_splits(8, 128 * 1024, kH200Sms), (target + 7) / 8);
-  // 16 x 8k: 128 CTAs, three splits.
-  EXPECT_EQ(decode::choose_splits(128, 8192, kH200Sms), 3);
+  // 1 x 8k and 1 x 128k, 8 KV heads: close to one full wave, never past it; 8k keys allow at most
+  // 32 splits of kMinKeysPerSplit.
+  for (int64_t keys : {int64_t(8192), int64_t(128 * 1024)}) {
+    const int64_t s = decode::choose_splits(8, keys, kH200Sms);
+    EXPECT_LE(8 * s, slots) << keys;
+    EXPECT_GE(8 * s, slots * 9 / 10) << keys;
+    EXPECT_LE(s, std::max<int64_t>(1, keys / decode::kMinKeysPerSplit)) << keys;
+  }
+  // 16 x 8k and 16 x 32k: 128 CTAs take 2 splits (one nearly full wave), not 3 (one and a half).
+  EXPECT_EQ(decode::choose_splits(128, 8192, kH200Sms), 2);
+  EXPECT_EQ(decode::choose_splits(128, 32768, kH200Sms), 2);
+  EXPECT_GT(decode::wave_efficiency(256, slots), decode::wave_efficiency(384, slots));
   // A short cache is not split below kMinKeysPerSplit keys per split.
   EXPECT_EQ(decode::choose_splits(1, 300, kH200Sms), 2);
   EXPECT_EQ(decode::choose_splits(1, 10, kH200Sms), 1);
-  // Never more than kMaxSplits, even on a large GPU.
-  EXPECT_EQ(decode::choose_splits(1, int64_t(1) << 30, 100000), decode::kMaxSplits);
+  // Never more than kMaxSplits, even on a large GPU (and within kSplitGain of it there).
+  const int64_t huge = decode::choose_splits(1, int64_t(1) << 30, 100000);
+  EXPECT_LE(huge, decode::kMaxSplits);
+  EXPECT_GE(double(huge), double(decode::kMaxSplits) * (1.0 - decode::kSplitGain));
   // The override wins (capped); no CTAs: one split.
   EXPECT_EQ(decode::choose_splits(4096, 100, kH200Sms, 7), 7);
   EXPECT_EQ(decode::choose_splits(1, 100, kH200Sms, 100000), decode::kMaxSplits);
@@ -81,8 +90,9 @@ TEST(DecodePlan, PlanOfACall) {
   decode::Plan plan = decode::plan(p, kH200Sms);
   EXPECT_EQ(plan.row_tiles, 1);
   EXPECT_EQ(plan.max_keys, 128 * 64);
-  EXPECT_EQ(plan.splits, 32);
-  EXPECT_EQ(plan.workspace.total, decode::workspace(32, 1, 1, 32, 128).total);
+  EXPECT_EQ(plan.splits, decode::choose_splits(8, 128 * 64, kH200Sms));
+  EXPECT_GT(plan.splits, 1);
+  EXPECT_EQ(plan.workspace.total, decode::workspace(plan.splits, 1, 1, 32, 128).total);
   // 16 query rows × group 4 = 64 packed rows: four row tiles.
   p = paged_call(1, 16, 32, 8, 128);
   EXPECT_EQ(decode::plan(p, kH200Sms).row_tiles, 4);

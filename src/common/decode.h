@@ -43,18 +43,35 @@ inline int64_t row_tiles(int64_t seqlen_q, int64_t group) {
   return (seqlen_q * group + kTileRows - 1) / kTileRows;
 }
 
+// A split count is taken over a smaller one only when it fills the GPU's CTA slots by more than
+// this fraction (relative) better: each split adds a CTA's fixed cost and partials to merge.
+inline constexpr double kSplitGain = 0.05;
+
+// How well `ctas` CTAs fill whole waves of `slots` CTA slots (1: the last wave is full).
+inline double wave_efficiency(int64_t ctas, int64_t slots) {
+  const int64_t waves = (ctas + slots - 1) / slots;
+  return waves > 0 ? double(ctas) / double(waves * slots) : 0.0;
+}
+
 // Splits of each sequence's keys for `blocks` CTAs without splitting (batch · kv_heads · row
 // tiles) on a GPU of `sm_count` SMs, where a sequence has at most `max_keys` keys. One split when
-// the CTAs fill the GPU; otherwise enough to give it kBlocksPerSm CTAs per SM, no more than leave
-// each split kMinKeysPerSplit keys, at most kMaxSplits. `requested` > 0 (Params::num_splits)
-// overrides the heuristic (up to kMaxSplits).
+// the CTAs fill the GPU's kBlocksPerSm slots per SM; otherwise the count up to the one that fills
+// them all, no more than leave each split kMinKeysPerSplit keys and at most kMaxSplits, whose
+// waves are fullest (the smallest such count within kSplitGain of the best: 128 CTAs on 264
+// slots take 2 splits, one nearly full wave, rather than 3, one and a half). `requested` > 0
+// (Params::num_splits) overrides the heuristic (up to kMaxSplits).
 inline int64_t choose_splits(int64_t blocks, int64_t max_keys, int64_t sm_count, int64_t requested = 0) {
   if (requested > 0) return std::min(requested, kMaxSplits);
-  const int64_t target = std::max<int64_t>(1, sm_count) * kBlocksPerSm;
-  if (blocks <= 0 || blocks >= target) return 1;
-  const int64_t wanted = (target + blocks - 1) / blocks;
+  const int64_t slots = std::max<int64_t>(1, sm_count) * kBlocksPerSm;
+  if (blocks <= 0 || blocks >= slots) return 1;
+  const int64_t fill = (slots + blocks - 1) / blocks;
   const int64_t by_keys = std::max<int64_t>(1, (max_keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
-  return std::max<int64_t>(1, std::min({wanted, by_keys, kMaxSplits}));
+  const int64_t most = std::max<int64_t>(1, std::min({fill, by_keys, kMaxSplits}));
+  double best = 0.0;
+  for (int64_t s = 1; s <= most; ++s) best = std::max(best, wave_efficiency(blocks * s, slots));
+  for (int64_t s = 1; s <= most; ++s)
+    if (wave_efficiency(blocks * s, slots) >= best * (1.0 - kSplitGain)) return s;
+  return most;
 }
 
 // The split partials in the workspace: fp32 outputs [splits, B, Sq, H, Dv] and LSEs
