@@ -94,6 +94,16 @@ def make_options(causal, window, scale, q_offset, precision, backend, determinis
     return options
 
 
+def _with_num_splits(options, num_splits):
+    """A copy of (possibly cached, so shared) options with Params::num_splits set."""
+    copy = _C.Options()
+    for field in ("causal", "window_left", "window_right", "scale", "q_offset", "precision", "backend",
+                  "deterministic", "stream", "num_threads"):
+        setattr(copy, field, getattr(options, field))
+    copy.num_splits = num_splits
+    return copy
+
+
 def options_from_parsed(parsed, stream=0, num_threads=0):
     causal, window_left, window_right, scale, q_offset, precision, backend, deterministic = parsed
     options = _C.Options()
@@ -422,7 +432,7 @@ _PAGED_LAYOUT = (
 )
 
 
-def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, num_threads=0):
+def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, stream=None, num_threads=0):
     """Writes new keys and values into a KV cache, in place.
 
     For each sequence b, rows k[b, i] and v[b, i] (k: [batch, seqlen_new, kv_heads, head_dim], v:
@@ -431,16 +441,19 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, num_th
     with block_table int32 [batch, max_pages_per_seq]) or contiguous (k_cache [batch, capacity,
     kv_heads, head_dim], block_table None). cache_seqlens (int32 [batch]) is read, not updated.
     Every page a new row falls in must be in the table, and no two sequences may write one row.
-    CPU arrays only for now. Returns (k_cache, v_cache).
+    CPU or CUDA arrays (on CUDA, one kernel on `stream`, default the framework's current stream;
+    tables in device memory are clamped into the cache). Returns (k_cache, v_cache).
     """
     adapter = adapter_for(k_cache)
     if adapter.name == "jax":
         raise TypeError("k_cache: JAX arrays are immutable; append_kv writes the cache in place")
     _check_num_threads(num_threads)
+    stream_handle = adapter.stream(k_cache, stream)
     export = adapter.export
     _C.append_kv(export(k_cache), export(v_cache), export(k), export(v),
-                 None if block_table is None else export(block_table), export(cache_seqlens), num_threads,
-                 adapter.raw_bf16)
+                 None if block_table is None else export(block_table), export(cache_seqlens), stream_handle,
+                 num_threads, adapter.raw_bf16)
+    adapter.finish(stream_handle)
     return k_cache, v_cache
 
 
@@ -472,6 +485,7 @@ def attention_with_kvcache(
     out=None,
     stream=None,
     num_threads=0,
+    num_splits=0,
 ):
     """fmha.attention of new queries against a KV cache (decoding).
 
@@ -486,8 +500,12 @@ def attention_with_kvcache(
     Options as fmha.attention; causal and window apply per sequence with its own length, so
     'bottom-right' aligns the last query with the last cached key.
 
+    num_splits: the GPU decode kernel's CTAs per sequence's keys (0: chosen from the shape and
+    the GPU; 1 to 256 forces a count; ignored on the CPU).
+
     Returns out [batch, seqlen_q, heads, head_dim_v], or (out, lse) with return_lse. Forward only;
-    runs on the reference and cpu backends (the GPU tiers do not take a KV cache yet).
+    runs on the reference and cpu backends, and on CUDA arrays on the sm80 tier's decode kernel
+    (float16, bfloat16).
     """
     adapter = adapter_for(q)
     _refuse_torch_grad(adapter, (q, k_cache, v_cache), "attention_with_kvcache")
@@ -496,13 +514,15 @@ def attention_with_kvcache(
     if k is not None:
         if cache_seqlens is None:
             raise ValueError("cache_seqlens: required with k, v (where each sequence's new rows go)")
-        append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table, num_threads=num_threads)
+        append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table, stream=stream, num_threads=num_threads)
         cache_seqlens = _grown_lengths(cache_seqlens, _require_rank(k, "k", _DENSE_LAYOUT[1][1])[1])
     layout = _PAGED_LAYOUT if block_table is not None else _DENSE_LAYOUT
     _refuse_jax_outputs(adapter, (("out", out),))
     (q_shape, _, v_shape), stream_handle, options, _ = _check_call(
         adapter, q, k_cache, v_cache, layout, (causal, window, scale, q_offset, precision, backend, False), stream,
         num_threads, None)
+    if num_splits:
+        options = _with_num_splits(options, num_splits)
     if out is None:
         out = adapter.empty(q, q_shape[:-1] + v_shape[-1:])
     lse = adapter.empty_f32(q, (q_shape[0], q_shape[2], q_shape[1])) if return_lse else None
