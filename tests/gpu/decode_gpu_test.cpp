@@ -30,22 +30,19 @@ using testing::CacheSpec;
 using testing::HostTensor;
 using testing::PagedCall;
 
-// The head dim the decode tests run at: 128 where it is compiled, else the first decode head dim
-// of this build (FMHA_TEST_HEAD_DIMS); 0 when none is.
+// The head dim the decode tests run at: 128 where the decode kernel is compiled for it, else the
+// first head dim it is compiled for in this build; 0 when none is.
 int64_t decode_head_dim() {
-  std::vector<int64_t> dims;
-  std::stringstream list(FMHA_TEST_HEAD_DIMS);
-  for (std::string item; std::getline(list, item, ',');) dims.push_back(std::stoll(item));
-  for (int64_t want : {128, 64, 256})
-    if (std::find(dims.begin(), dims.end(), want) != dims.end()) return want;
-  return 0;
+  const std::vector<int64_t> dims = decode_head_dims();
+  if (std::find(dims.begin(), dims.end(), 128) != dims.end()) return 128;
+  return dims.empty() ? 0 : dims.front();
 }
 
 #define FMHA_DECODE_PRECONDITIONS()                                                      \
   do {                                                                                   \
     if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";                          \
     if (device_arch() < 80) GTEST_SKIP() << "the decode kernel needs sm_80 or newer";   \
-    if (decode_head_dim() == 0) GTEST_SKIP() << "no decode head dim compiled (64, 128, 256)"; \
+    if (decode_head_dim() == 0) GTEST_SKIP() << "no decode head dim compiled (FMHA_DECODE_HEAD_DIMS)"; \
   } while (0)
 
 std::vector<uint8_t> bytes_of(const HostTensor& t) {
