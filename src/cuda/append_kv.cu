@@ -81,6 +81,8 @@ Status cuda_append_kv(const Params& p) {
                                           std::to_string(p.k.device.index) + ") for append_kv on the GPU"};
   AppendArgs a;
   a.cache = PagedCache::of(p);
+  // A pool without pages takes no row, whatever a device table claims: no page to clamp into.
+  if (a.cache.num_pages == 0) a.cache.pages_per_seq = 0;
   a.k = p.k.data;
   a.v = p.v.data;
   a.k_new = p.k_new.data;

@@ -99,12 +99,14 @@ Status with_dtype(DType dtype, F&& f) {
 // (common/decode.h is_decode_shape) at the head dims it is compiled for.
 // ------------------------------------------------------------------------------------------------
 
-// Whether the call runs on the decode kernel: every call on a KV cache, and dense decode-shaped
-// ones whose head dim it is compiled for (the others keep the dense kernel).
+// Whether the call is the decode kernel's: every call on a KV cache (which it runs or refuses, say
+// for fp32: the dense kernels cannot read a cache), and dense decode-shaped ones whose head dim it
+// is compiled for (the others keep the dense kernel).
 bool takes_decode(const Params& p, Direction direction) {
+  if (is_paged(p)) return true;
   if (!decode::is_decode_shape(p, direction)) return false;
   const Problem s = Problem::of(p);
-  return is_paged(p) || has_decode_kernel(head_dim_bucket(s.head_dim, s.head_dim_v));
+  return has_decode_kernel(head_dim_bucket(s.head_dim, s.head_dim_v));
 }
 
 // f(std::integral_constant<int, HD>{}) for the decode kernel's compiled bucket HD.
@@ -130,6 +132,8 @@ Status with_decode_dtype(DType dtype, F&& f) {
 
 Status check_decode(const Params& p, DeviceProps& props) {
   const Problem s = Problem::of(p);
+  if (p.cu_seqlens_q.defined() || p.cu_seqlens_k.defined())  // validation refuses these with a cache
+    return unsupported("cu_seqlens_q: the sm80 decode kernel takes dense queries");
   if (p.q.dtype != DType::fp16 && p.q.dtype != DType::bf16)
     return unsupported(std::string("q: calls on a KV cache run on the GPU in fp16 and bf16; ") + to_string(p.q.dtype) +
                        " ones run on the cpu and reference backends (CPU tensors)");
@@ -167,6 +171,8 @@ DecodeArgs decode_args(const Params& p, const decode::Plan& plan) {
   a.k_page_stride = p.k.stride[0], a.k_row_stride = p.k.stride[1], a.k_head_stride = p.k.stride[2];
   a.v_page_stride = p.v.stride[0], a.v_row_stride = p.v.stride[1], a.v_head_stride = p.v.stride[2];
   a.cache = is_paged(p) ? PagedCache::of(p) : PagedCache::dense(s.batch, s.seqlen_k);
+  // A pool without pages holds no key, whatever a device table claims: no page to clamp into.
+  if (a.cache.num_pages == 0) a.cache.pages_per_seq = 0;
   a.masks = CacheMask::of(p);
   if (p.lse.defined()) {
     a.lse = static_cast<float*>(p.lse.data);
