@@ -125,11 +125,15 @@ void expect_matches(const PagedCall& gpu_call, const PagedCall& oracle_call, con
   EXPECT_TRUE(e.empty_rows_ok) << "rows that see no key must be 0 / -inf; " << what;
 }
 
-// The contiguous cache [B, capacity, ...] over the first B · pages_per_seq pages of the pool:
-// the table dropped, k and v viewed per sequence.
-Params contiguous_view(Params p, const PagedCall& call) {
+// How run_and_check lays out the keys: the block table; the contiguous cache [B, capacity, ...]
+// over the first B · pages_per_seq pages of the pool with the lengths; or that view as a dense
+// call (every sequence all `capacity` keys, no tables).
+enum class Layout { paged, contiguous, dense };
+
+Params contiguous_view(Params p, const PagedCall& call, Layout layout) {
   const int64_t capacity = call.pages_per_seq * call.spec.page_size;
   p.block_table = Tensor{};
+  if (layout == Layout::dense) p.cache_seqlens = Tensor{};
   for (Tensor* t : {&p.k, &p.v}) {
     t->shape[0] = call.batch;
     t->shape[1] = capacity;
@@ -138,24 +142,26 @@ Params contiguous_view(Params p, const PagedCall& call) {
   return p;
 }
 
-// Runs `c` on the GPU with `num_splits` (0: the heuristic) and checks it against the oracle; with
-// `contiguous`, on the contiguous cache of the same pool instead of the block table.
-void run_and_check(CacheSpec c, int num_splits, bool contiguous = false) {
+// Runs `c` on the GPU with `num_splits` (0: the heuristic) in `layout` and checks it against the
+// oracle on the same layout.
+void run_and_check(CacheSpec c, int num_splits, Layout layout = Layout::paged) {
+  const bool contiguous = layout != Layout::paged;
   if (contiguous) c.spare_pages = int64_t(c.lengths.size()) * (kMaxPagesPerSeqHint + 1);
   PagedCall call(c);
   ASSERT_GE(call.num_pages, call.batch * call.pages_per_seq);
   DeviceCall d(call);
-  if (contiguous) d.params = contiguous_view(d.params, call);
+  if (contiguous) d.params = contiguous_view(d.params, call, layout);
   d.params.num_splits = num_splits;
   d.attach_workspace();
   const std::string what =
-      testing::describe(c) + " splits " + std::to_string(num_splits) + (contiguous ? " contiguous" : "");
+      testing::describe(c) + " splits " + std::to_string(num_splits) +
+      (layout == Layout::contiguous ? " contiguous" : layout == Layout::dense ? " dense" : "");
   const Status s = forward(d.params);
   ASSERT_TRUE(s.ok()) << s.message << "; " << what;
   ASSERT_EQ(sync_status(), "") << what;
   d.download_into(call);
   Params oracle = call.params(Backend::reference);
-  if (contiguous) oracle = contiguous_view(oracle, call);
+  if (contiguous) oracle = contiguous_view(oracle, call, layout);
   const reference::ForwardResult ref = reference::forward(oracle, 1);
   const testing::Errors e = testing::compare(call, ref);
   const double tol = tolerance(c.dtype, Precision::ieee, Direction::forward);
@@ -226,7 +232,26 @@ TEST(DecodeGpu, ContiguousCacheWithLengths) {
   c.seqlen_q = 2;
   c.dtype = DType::fp16;
   c.head_dim = c.head_dim_v = decode_head_dim();
-  for (int splits : {1, 4}) run_and_check(c, splits, true);
+  for (int splits : {1, 4}) run_and_check(c, splits, Layout::contiguous);
+}
+
+// A dense decode-shaped call (no tables): the decode kernel reads k and v as one page per
+// sequence; split too.
+TEST(DecodeGpu, DenseCallSplitAcrossCtas) {
+  FMHA_DECODE_PRECONDITIONS();
+  CacheSpec c;
+  c.page_size = 128;
+  c.lengths = {0, 200};  // the dense call's seqlen_k is the capacity, 3 pages of 128
+  c.heads = 12;
+  c.kv_heads = 4;
+  c.seqlen_q = 5;
+  c.dtype = DType::bf16;
+  c.head_dim = c.head_dim_v = decode_head_dim();
+  for (Causal causal : {Causal::none, Causal::bottom_right})
+    for (int splits : {1, 3, 0}) {
+      c.causal = causal;
+      run_and_check(c, splits, Layout::dense);
+    }
 }
 
 // Entries out of the pool and lengths out of range in device memory (unchecked there): the
