@@ -1,7 +1,8 @@
 // A paged KV cache (Params::block_table, cache_seqlens) as every implementation reads it: where
 // key j of sequence b lives, with the table entries and lengths clamped into the cache, so that a
 // bad device-resident table (the caller's promise, never checked there) reads wrong pages but
-// never memory outside k and v. The host view reads tables in CPU memory; the clamps are written
+// never memory outside k and v. The same view reads tables in CPU memory on the host and in
+// device memory in the GPU kernels (the sm80 decode kernel, append_kv): the clamps are written
 // once for the CPU paths and the GPU tiers.
 #pragma once
 
@@ -27,8 +28,9 @@ struct CacheRow {
   int64_t page = 0, row = 0;
 };
 
-// The tables of a validated paged call (or of append_kv) in CPU memory. Without a block table the
-// cache is contiguous [B, capacity, ...]: sequence b is the one page b of `capacity` rows.
+// The tables of a validated paged call (or of append_kv), in the memory of whoever reads them.
+// Without a block table the cache is contiguous [B, capacity, ...]: sequence b is the one page b
+// of `capacity` rows; without lengths (a dense call) every sequence fills its capacity.
 struct PagedCache {
   const int32_t* table = nullptr;  // null: contiguous
   int64_t table_stride[2] = {0, 0};
