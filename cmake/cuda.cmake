@@ -9,6 +9,8 @@ set(FMHA_HEAD_DIMS "32;64;96;128;192;256" CACHE STRING
     "Head-dim buckets to compile GPU kernels for (subset of 32;64;96;128;192;256)")
 set(FMHA_TUNED_HEAD_DIMS "64;128" CACHE STRING
     "Head-dim buckets compiled in every kernel variant (FMHA_SIMT_CONFIG, FMHA_SIMT_BWD_CONFIG, FMHA_SM80_FWD_CONFIG, FMHA_SM80_BWD_CONFIG); the others get each tier's default only")
+set(FMHA_DECODE_HEAD_DIMS "64;128;256" CACHE STRING
+    "Head-dim buckets the sm80 decode kernel (KV cache, seqlen_q <= 16; fp16 and bf16) is compiled for, of those in FMHA_HEAD_DIMS")
 option(FMHA_PTXAS_VERBOSE "Print registers and spills of every kernel (-Xptxas -v)" OFF)
 
 set(_fmha_all_head_dims 32 64 96 128 192 256)
@@ -91,6 +93,15 @@ foreach(tier SIMT SM80)
       string(APPEND FMHA_${tier}_COMPACT_HEAD_DIMS_X "X(${hd}) ")
     endif()
   endforeach()
+endforeach()
+
+set(FMHA_DECODE_HEAD_DIMS_X "")
+set(_fmha_decode_head_dims "")
+foreach(hd IN LISTS FMHA_DECODE_HEAD_DIMS)
+  if(hd IN_LIST FMHA_HEAD_DIMS)
+    string(APPEND FMHA_DECODE_HEAD_DIMS_X "X(${hd}) ")
+    list(APPEND _fmha_decode_head_dims ${hd})
+  endif()
 endforeach()
 
 set(FMHA_HEAD_DIMS_X "")
@@ -188,6 +199,17 @@ foreach(hd IN LISTS FMHA_HEAD_DIMS)
   endif()
 endforeach()
 
+# The decode kernel: one instance per 16-bit dtype at each decode head dim (no variants).
+if(_fmha_sm80_archs)
+  foreach(hd IN LISTS _fmha_decode_head_dims)
+    foreach(dtype fp16 bf16)
+      set(t "fmha::cuda::sm80::${dtype}_t")
+      _fmha_instance(_fmha_sm80_sources "sm80_decode_${dtype}_hd${hd}" "cuda/sm80/sm80_decode_launch.cuh"
+        "template fmha::Status fmha::cuda::sm80::decode<${t}, ${hd}>(const fmha::cuda::DecodeArgs&, cudaStream_t);\ntemplate size_t fmha::cuda::sm80::decode_shared_bytes<${t}, ${hd}>();")
+    endforeach()
+  endforeach()
+endif()
+
 # sm90 forward instances: every variant at the tuned head dims, the default elsewhere.
 if(_fmha_sm90)
   foreach(hd IN LISTS FMHA_HEAD_DIMS)
@@ -239,7 +261,7 @@ if(_fmha_sm90)
   target_sources(fmha PRIVATE src/cuda/sm90/sm90_dispatch.cpp src/cuda/sm90/sm90_tma.cpp)
 endif()
 
-target_sources(fmha PRIVATE src/cuda/registry.cu src/cuda/merge.cu src/cuda/common/host.cpp
+target_sources(fmha PRIVATE src/cuda/registry.cu src/cuda/merge.cu src/cuda/append_kv.cu src/cuda/common/host.cpp
   src/cuda/common/tune_device.cpp src/cuda/simt/simt_dispatch.cpp)
 target_include_directories(fmha PRIVATE "${_fmha_gen}")
 set_target_properties(fmha PROPERTIES CUDA_ARCHITECTURES "${FMHA_CUDA_ARCHS}")

@@ -184,9 +184,11 @@ Status workspace_size(const Params& params, Direction direction, size_t* bytes) 
 
 Status append_kv(const Params& params) {
   if (Status s = detail::validate_append(params); !s.ok()) return s;
-  if (params.k.device.type != DeviceType::cpu)
-    return {Code::unsupported, "k: append_kv runs on CPU tensors only for now; the cache is on " +
-                                   device_name(params.k.device)};
+  if (params.k.device.type == DeviceType::cuda) {
+    if (cuda_device_count() == 0)
+      return {Code::no_device, "k: the cache is on " + device_name(params.k.device) + " but no CUDA device was found"};
+    return detail::cuda_append_kv(params);
+  }
   try {
     cpu::append_kv(params);
   } catch (const std::bad_alloc&) {

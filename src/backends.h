@@ -50,4 +50,19 @@ Status validate_merge(const MergeParams& params, MergeRows* rows);
 // The merge on CUDA tensors (src/cuda/merge.cu); an error in a build without CUDA.
 Status cuda_merge(const MergeRows& rows, void* stream);
 
+// The split-KV partials of the GPU decode kernel, fp32 out [splits, batch, seqlen, heads,
+// head_dim_v] and lse [splits, batch, heads, seqlen] in device memory, merged into out (dense
+// [batch, seqlen, heads, head_dim_v], any of the merge's dtypes) and lse ([batch, heads, seqlen]
+// fp32, or undefined) on `stream` (src/cuda/merge.cu; CUDA builds only).
+struct SplitParts {
+  const float* out = nullptr;
+  const float* lse = nullptr;
+  int64_t splits = 0, batch = 0, seqlen = 0, heads = 0, head_dim_v = 0;
+};
+Status cuda_merge_splits(const SplitParts& parts, const Tensor& out, const Tensor& lse, void* stream);
+
+// append_kv on CUDA tensors (src/cuda/append_kv.cu): one kernel on params.stream; an error in a
+// build without CUDA.
+Status cuda_append_kv(const Params& params);
+
 }  // namespace fmha::detail

@@ -12,4 +12,8 @@ Status cuda_merge(const MergeRows&, void*) {
   return {Code::no_device, "out: tensors are on a CUDA device but this build has no CUDA support (configure with CUDA)"};
 }
 
+Status cuda_append_kv(const Params&) {
+  return {Code::no_device, "k: the cache is on a CUDA device but this build has no CUDA support (configure with CUDA)"};
+}
+
 }  // namespace fmha::detail

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends.h"
+#include "common/decode.h"
 #include "common/paged.h"
 
 namespace fmha::detail {
@@ -383,6 +384,9 @@ Status validate(const Params& p, Direction direction) {
   if (p.precision == Precision::tf32 && p.q.dtype != DType::fp32)
     return invalid(std::string("precision: tf32 applies to fp32 inputs only; q is ") + to_string(p.q.dtype));
   if (p.num_threads < 0) return invalid("num_threads: is " + std::to_string(p.num_threads) + ", expected >= 0");
+  if (p.num_splits < 0 || p.num_splits > decode::kMaxSplits)
+    return invalid("num_splits: is " + std::to_string(p.num_splits) + ", expected 0 (chosen from the shape) ... " +
+                   std::to_string(decode::kMaxSplits));
   if (p.workspace_bytes > 0 && p.workspace == nullptr)
     return invalid("workspace: null pointer with workspace_bytes > 0");
   return Status::success();

@@ -312,6 +312,10 @@ TEST(Cli, RunPagedChecksAgainstTheOracle) {
   EXPECT_EQ(fmha("run --backend cpu --paged --page-size 8 --batch 1 --seqlen-q 1 --seqlen-k 64 --iters 1").exit_code, 2);
   EXPECT_EQ(fmha("run --backend cpu --paged --page-size 0 --batch 1 --seqlen-q 1 --seqlen-k 64 --iters 1").exit_code, 2);
   EXPECT_EQ(fmha("run --backend cpu --paged --seqlens-q 3,4 --iters 1").exit_code, 2);
+  // --num-splits reaches Params::num_splits: out of range refused (the CPU backends ignore it).
+  EXPECT_EQ(fmha("run --backend cpu --paged --num-splits -1 --batch 1 --seqlen-q 1 --seqlen-k 64 --iters 1").exit_code, 2);
+  EXPECT_EQ(fmha("run --backend cpu --paged --num-splits 300 --batch 1 --seqlen-q 1 --seqlen-k 64 --iters 1").exit_code, 2);
+  EXPECT_EQ(fmha("run --backend cpu --paged --num-splits 3 --batch 1 --seqlen-q 1 --seqlen-k 64 --iters 1").exit_code, 0);
   const Result bwd = fmha("run --backend cpu --paged --mode bwd --batch 1 --seqlen-q 1 --seqlen-k 64 --iters 1", true);
   EXPECT_EQ(bwd.exit_code, 2);
   EXPECT_NE(bwd.out.find("block_table: backward"), std::string::npos) << bwd.out;

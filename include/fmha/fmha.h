@@ -141,7 +141,14 @@ enum class Direction : int { forward, backward };
 // they are in range is the caller's promise, and every implementation clamps lengths to
 // [0, capacity] and entries to [0, num_pages) (common/paged.h) so that a bad table reads wrong
 // pages but never memory outside k and v. Forward only (backward is refused), dense queries only
-// (not with cu_seqlens). Backends: reference and cpu; the GPU tiers refuse paged calls for now.
+// (not with cu_seqlens). Backends: reference and cpu, and on the GPU the sm80 tier's decode kernel
+// (fp16 and bf16; sm_80 and newer, the H100/H200 included), which packs the query heads of one KV
+// head into one tile (each K/V byte read once per sequence) and splits a sequence's keys over
+// several CTAs when batch · kv_heads cannot fill the GPU (num_splits below); `auto` also runs
+// dense fp16/bf16 forwards with seqlen_q <= 16 on it. fp32 calls on a cache run on the CPU only.
+// The split partials live in the workspace (workspace_size counts them): without enough of it
+// the call runs unsplit, which is slower for few long sequences, unless num_splits asks for
+// splits, which is then an error.
 //
 // forward writes o and (when lse is defined) lse.
 // backward reads q, k, v, o, dout, lse and writes dq, dk, dv; dk/dv are summed over the query
@@ -183,6 +190,10 @@ struct Params {
   void* workspace = nullptr;   // device memory of at least workspace_size(...) bytes (GPU backends)
   size_t workspace_bytes = 0;
   int num_threads = 0;         // CPU backends: 0 = all hardware threads
+  // GPU decode kernel (KV cache, or dense forward with seqlen_q <= 16): CTAs that split each
+  // sequence's keys, 0 = chosen from the shape and the SM count, else 1 ... 256 (for tests and
+  // tuning). Other implementations ignore it.
+  int num_splits = 0;
 };
 
 // The page sizes a paged KV cache may use (Params::block_table).
@@ -235,8 +246,10 @@ Status workspace_size(const Params& params, Direction direction, size_t* bytes);
 // as for forward; q, o and lse are not read). cache_seqlens is read, not updated: the next
 // forward passes cache_seqlens + seqlen_new. Every page that a written position falls in must be
 // listed in the table, and no two sequences may write the same cache row (a shared prefix page
-// is read-only). k_new / v_new have the cache's dtype and device. CPU tensors only for now (CUDA
-// tensors get `unsupported`). On any error nothing is written. Rotary embedding is the caller's.
+// is read-only). k_new / v_new have the cache's dtype and device: CPU tensors, or CUDA tensors
+// (one kernel on params.stream, no synchronisation; device tables are clamped as for forward, so
+// a broken promise writes wrong rows of the cache but never outside it). On any error nothing is
+// written. Rotary embedding is the caller's.
 Status append_kv(const Params& params);
 
 // ---------------------------------------------------------------------------------------------

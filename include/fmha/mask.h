@@ -33,7 +33,7 @@ struct Mask {
   int64_t window_left = -1;  // -1: unbounded
   int64_t window_right = -1; // -1: unbounded; 0 under causal masking
 
-  static Mask make(Causal causal, int64_t window_left, int64_t window_right, int64_t q_offset,
+  FMHA_HOST_DEVICE static Mask make(Causal causal, int64_t window_left, int64_t window_right, int64_t q_offset,
                    int64_t seqlen_q, int64_t seqlen_k) {
     Mask m;
     m.seqlen_q = seqlen_q;

@@ -94,6 +94,16 @@ def make_options(causal, window, scale, q_offset, precision, backend, determinis
     return options
 
 
+def _with_num_splits(options, num_splits):
+    """A copy of (possibly cached, so shared) options with Params::num_splits set."""
+    copy = _C.Options()
+    for field in ("causal", "window_left", "window_right", "scale", "q_offset", "precision", "backend",
+                  "deterministic", "stream", "num_threads"):
+        setattr(copy, field, getattr(options, field))
+    copy.num_splits = num_splits
+    return copy
+
+
 def options_from_parsed(parsed, stream=0, num_threads=0):
     causal, window_left, window_right, scale, q_offset, precision, backend, deterministic = parsed
     options = _C.Options()
@@ -449,7 +459,7 @@ _PAGED_LAYOUT = (
 )
 
 
-def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, num_threads=0):
+def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, stream=None, num_threads=0):
     """Writes new keys and values into a KV cache, in place.
 
     For each sequence b, rows k[b, i] and v[b, i] (k: [batch, seqlen_new, kv_heads, head_dim], v:
@@ -458,16 +468,19 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, num_th
     with block_table int32 [batch, max_pages_per_seq]) or contiguous (k_cache [batch, capacity,
     kv_heads, head_dim], block_table None). cache_seqlens (int32 [batch]) is read, not updated.
     Every page a new row falls in must be in the table, and no two sequences may write one row.
-    CPU arrays only for now. Returns (k_cache, v_cache).
+    CPU or CUDA arrays (on CUDA, one kernel on `stream`, default the framework's current stream;
+    tables in device memory are clamped into the cache). Returns (k_cache, v_cache).
     """
     adapter = adapter_for(k_cache)
     if adapter.name == "jax":
         raise TypeError("k_cache: JAX arrays are immutable; append_kv writes the cache in place")
     _check_num_threads(num_threads)
+    stream_handle = adapter.stream(k_cache, stream)
     export = adapter.export
     _C.append_kv(export(k_cache), export(v_cache), export(k), export(v),
-                 None if block_table is None else export(block_table), export(cache_seqlens), num_threads,
-                 adapter.raw_bf16)
+                 None if block_table is None else export(block_table), export(cache_seqlens), stream_handle,
+                 num_threads, adapter.raw_bf16)
+    adapter.finish(stream_handle)
     return k_cache, v_cache
 
 
@@ -512,6 +525,7 @@ def attention_with_kvcache(
     out=None,
     stream=None,
     num_threads=0,
+    num_splits=0,
 ):
     """fmha.attention of new queries against a KV cache (decoding).
 
@@ -526,15 +540,18 @@ def attention_with_kvcache(
     Options as fmha.attention; causal and window apply per sequence with its own length, so
     'bottom-right' aligns the last query with the last cached key.
 
+    num_splits: the GPU decode kernel's CTAs per sequence's keys (0: chosen from the shape and
+    the GPU; 1 to 256 forces a count; ignored on the CPU).
+
     Returns out [batch, seqlen_q, heads, head_dim_v], or (out, lse) with return_lse. Forward only;
-    runs on the reference and cpu backends (the GPU tiers do not take a KV cache yet). PyTorch
-    tensors go through fmha.torch.attention_with_kvcache (torch.compile) unless out=, stream= or
-    num_threads= is given.
+    runs on the reference and cpu backends, and on CUDA arrays on the sm80 tier's decode kernel
+    (float16, bfloat16). PyTorch tensors go through fmha.torch.attention_with_kvcache
+    (torch.compile) unless out=, stream=, num_threads= or num_splits= is given.
     """
     adapter = adapter_for(q)
     _refuse_torch_grad(adapter, (q, k_cache, v_cache), "attention_with_kvcache",
                        "is forward only (no gradients); detach the inputs")
-    fmha_torch = _torch_module(adapter, (), out, stream, num_threads, "attention_with_kvcache")
+    fmha_torch = None if num_splits else _torch_module(adapter, (), out, stream, num_threads, "attention_with_kvcache")
     if fmha_torch is not None:
         return fmha_torch.attention_with_kvcache(
             q, k_cache, v_cache, block_table, cache_seqlens, k=k, v=v, causal=causal, window=window, scale=scale,
@@ -542,7 +559,7 @@ def attention_with_kvcache(
         )
     check_new_rows(k, v, cache_seqlens)
     if k is not None:
-        append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table, num_threads=num_threads)
+        append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table, stream=stream, num_threads=num_threads)
         cache_seqlens = grown_lengths(cache_seqlens, seqlen_new(k))
     layout = _PAGED_LAYOUT if block_table is not None else _DENSE_LAYOUT
     _refuse_jax_outputs(adapter, (("out", out),))
@@ -550,6 +567,8 @@ def attention_with_kvcache(
         adapter, q, k_cache, v_cache, layout, (causal, window, scale, q_offset, precision, backend, False), stream,
         num_threads, None)
     out_shape, lse_shape = result_shapes(q_shape, v_shape)
+    if num_splits:
+        options = _with_num_splits(options, num_splits)
     if out is None:
         out = adapter.empty(q, out_shape)
     lse = adapter.empty_f32(q, lse_shape) if return_lse else None

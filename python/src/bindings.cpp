@@ -211,6 +211,7 @@ struct Options {
   std::string backend = "auto";
   uintptr_t stream = 0;
   int num_threads = 0;
+  int num_splits = 0;
 };
 
 void apply(const Options& o, fmha::Params& p) {
@@ -227,6 +228,7 @@ void apply(const Options& o, fmha::Params& p) {
     raise_value("backend: unknown backend '" + o.backend + "'; expected auto, reference, cpu, simt, sm80 or sm90");
   p.stream = reinterpret_cast<void*>(o.stream);
   p.num_threads = o.num_threads;
+  p.num_splits = o.num_splits;
 }
 
 // Attaches the caller's workspace (any contiguous array on q's device) to the call. Returns the
@@ -333,7 +335,7 @@ void merge(nb::handle out_a, nb::handle lse_a, nb::handle out_b, nb::handle lse_
 
 // fmha::append_kv: k_new / v_new written into the cache k / v at each sequence's length.
 void append_kv(nb::handle k, nb::handle v, nb::handle k_new, nb::handle v_new, nb::handle block_table,
-               nb::handle cache_seqlens, int num_threads, bool raw_bf16) {
+               nb::handle cache_seqlens, uintptr_t stream, int num_threads, bool raw_bf16) {
   OutputArray ka, va;
   InputArray kna, vna, bta, csa;
   fmha::Params p;
@@ -343,6 +345,7 @@ void append_kv(nb::handle k, nb::handle v, nb::handle k_new, nb::handle v_new, n
   p.v_new = import_input(v_new, "v", 4, raw_bf16, vna);
   p.block_table = import_int_table(block_table, "block_table", 2, bta);
   p.cache_seqlens = import_int_table(cache_seqlens, "cache_seqlens", 1, csa);
+  p.stream = reinterpret_cast<void*>(stream);
   p.num_threads = num_threads;
   check_without_gil([&] { return fmha::append_kv(p); });
 }
@@ -565,7 +568,8 @@ NB_MODULE(_C, m) {
       .def_rw("deterministic", &Options::deterministic)
       .def_rw("backend", &Options::backend)
       .def_rw("stream", &Options::stream)
-      .def_rw("num_threads", &Options::num_threads);
+      .def_rw("num_threads", &Options::num_threads)
+      .def_rw("num_splits", &Options::num_splits);
 
   m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "workspace"_a.none(), "options"_a,
         "raw_bf16"_a = false, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(),
@@ -574,7 +578,7 @@ NB_MODULE(_C, m) {
         "Runs the forward pass into `out` (and `lse` unless None). Returns 0, or, for a CUDA call "
         "whose workspace is missing or too small, the bytes it needs (nothing runs then).");
   m.def("append_kv", &append_kv, "k"_a, "v"_a, "k_new"_a, "v_new"_a, "block_table"_a.none(), "cache_seqlens"_a,
-        "num_threads"_a = 0, "raw_bf16"_a = false,
+        "stream"_a = 0, "num_threads"_a = 0, "raw_bf16"_a = false,
         "Writes k_new / v_new into the KV cache k / v at positions cache_seqlens[b] ... (fmha::append_kv).");
   m.def("backward", &backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
         "workspace"_a.none(), "options"_a, "raw_bf16"_a = false, "cu_seqlens_q"_a.none() = nb::none(),

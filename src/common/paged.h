@@ -1,7 +1,8 @@
 // A paged KV cache (Params::block_table, cache_seqlens) as every implementation reads it: where
 // key j of sequence b lives, with the table entries and lengths clamped into the cache, so that a
 // bad device-resident table (the caller's promise, never checked there) reads wrong pages but
-// never memory outside k and v. The host view reads tables in CPU memory; the clamps are written
+// never memory outside k and v. The same view reads tables in CPU memory on the host and in
+// device memory in the GPU kernels (the sm80 decode kernel, append_kv): the clamps are written
 // once for the CPU paths and the GPU tiers.
 #pragma once
 
@@ -27,8 +28,9 @@ struct CacheRow {
   int64_t page = 0, row = 0;
 };
 
-// The tables of a validated paged call (or of append_kv) in CPU memory. Without a block table the
-// cache is contiguous [B, capacity, ...]: sequence b is the one page b of `capacity` rows.
+// The tables of a validated paged call (or of append_kv), in the memory of whoever reads them.
+// Without a block table the cache is contiguous [B, capacity, ...]: sequence b is the one page b
+// of `capacity` rows; without lengths (a dense call) every sequence fills its capacity.
 struct PagedCache {
   const int32_t* table = nullptr;  // null: contiguous
   int64_t table_stride[2] = {0, 0};
@@ -54,23 +56,48 @@ struct PagedCache {
     return c;
   }
 
-  int64_t capacity() const { return pages_per_seq * page_size; }
+  // A dense [B, Sk, ...] call seen as a cache (the GPU decode kernel's view of it): no tables,
+  // sequence b is page b, and every sequence has all Sk keys.
+  static PagedCache dense(int64_t batch, int64_t seqlen_k) {
+    PagedCache c;
+    c.batch = c.num_pages = batch;
+    c.page_size = seqlen_k;
+    c.pages_per_seq = 1;
+    return c;
+  }
+
+  // The methods below run on the host and in the GPU kernels alike.
+  FMHA_HOST_DEVICE int64_t capacity() const { return pages_per_seq * page_size; }
   // The raw entries, unclamped (what validation checks).
-  int64_t raw_length(int64_t b) const { return lengths[b * lengths_stride]; }
-  int64_t raw_entry(int64_t b, int64_t i) const {
+  FMHA_HOST_DEVICE int64_t raw_length(int64_t b) const {
+    return lengths ? lengths[b * lengths_stride] : capacity();
+  }
+  FMHA_HOST_DEVICE int64_t raw_entry(int64_t b, int64_t i) const {
     return table ? table[b * table_stride[0] + i * table_stride[1]] : b;
   }
   // The clamped ones (what implementations read).
-  int64_t length(int64_t b) const { return clamp_cache_length(raw_length(b), capacity()); }
-  int64_t page(int64_t b, int64_t i) const { return clamp_page(raw_entry(b, i), num_pages); }
-  CacheRow row_of(int64_t b, int64_t key) const {
+  FMHA_HOST_DEVICE int64_t length(int64_t b) const { return clamp_cache_length(raw_length(b), capacity()); }
+  FMHA_HOST_DEVICE int64_t page(int64_t b, int64_t i) const { return clamp_page(raw_entry(b, i), num_pages); }
+  FMHA_HOST_DEVICE CacheRow row_of(int64_t b, int64_t key) const {
     return {page(b, key / page_size), key % page_size};
+  }
+};
+
+// The options a paged call's masks share; each sequence's mask adds its own seqlen_k (host and
+// GPU kernels alike).
+struct CacheMask {
+  Causal causal = Causal::none;
+  int64_t window_left = -1, window_right = -1, q_offset = 0;
+
+  static CacheMask of(const Params& p) { return {p.causal, p.window_left, p.window_right, p.q_offset}; }
+  FMHA_HOST_DEVICE Mask sequence(int64_t seqlen_q, int64_t seqlen_k) const {
+    return Mask::make(causal, window_left, window_right, q_offset, seqlen_q, seqlen_k);
   }
 };
 
 // The mask of sequence b of a paged call: the call's options with that sequence's own seqlen_k.
 inline Mask sequence_mask(const Params& p, int64_t seqlen_q, int64_t seqlen_k) {
-  return Mask::make(p.causal, p.window_left, p.window_right, p.q_offset, seqlen_q, seqlen_k);
+  return CacheMask::of(p).sequence(seqlen_q, seqlen_k);
 }
 
 }  // namespace fmha

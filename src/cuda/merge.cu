@@ -1,6 +1,7 @@
 // fmha::merge on CUDA tensors: a memory-bound kernel, one warp per (batch, row, head) row of the
 // output, lanes striding over head_dim_v so that loads and stores are coalesced. The per-row
-// weights are common/merge.h's, the same function the CPU path calls.
+// weights are common/merge.h's, the same function the CPU path calls. The decode kernel's split
+// partials are combined here too, by the same weights and element rule.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -63,6 +64,16 @@ __device__ __forceinline__ int64_t lse_offset(const RowView& v, int64_t b, int64
   return b * v.stride[0] + h * v.stride[1] + s * v.stride[2];
 }
 
+// One merged element: weight_a · a() + weight_b · b(), where a side of weight 0 is not read (an
+// unstarted accumulator, a part that saw no key).
+template <class A, class B>
+__device__ __forceinline__ float merged(const MergeWeights& w, A a, B b) {
+  float x = 0.f;
+  if (w.a != 0.f) x += w.a * a();
+  if (w.b != 0.f) x += w.b * b();
+  return x;
+}
+
 __global__ void __launch_bounds__(kThreadsPerBlock) merge_kernel(const MergeArgs a) {
   const int lane = int(threadIdx.x) % kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * kWarpsPerBlock;
@@ -74,18 +85,77 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_kernel(const MergeArgs
     const MergeWeights w = merge_weights(lse_a, lse_b);
     const int64_t oa = out_offset(a.out_a, b, s, h), ob = out_offset(a.out_b, b, s, h), o = out_offset(a.out, b, s, h);
     // Each element is read and written by the same lane, so out may be out_a or out_b.
-    for (int64_t d = lane; d < a.head_dim_v; d += kWarpSize) {
-      float x = 0.f;
-      if (w.a != 0.f) x += w.a * load(a.out_a, oa + d);
-      if (w.b != 0.f) x += w.b * load(a.out_b, ob + d);
-      store(a.out, o + d, x);
-    }
+    for (int64_t d = lane; d < a.head_dim_v; d += kWarpSize)
+      store(a.out, o + d, merged(w, [&] { return load(a.out_a, oa + d); }, [&] { return load(a.out_b, ob + d); }));
     __syncwarp();
     if (lane == 0) static_cast<float*>(a.lse.data)[lse_offset(a.lse, b, s, h)] = w.lse;
   }
 }
 
+// The split-KV parts of the decode kernel: fp32 out [splits, B, S, H, Dv] and lse [splits, B, H, S].
+constexpr int kMaxSplitDim = 256;  // the GPU tiers' largest head dim
+constexpr int kSplitValuesPerLane = kMaxSplitDim / kWarpSize;
+struct SplitMergeArgs {
+  const float* part_out = nullptr;
+  const float* part_lse = nullptr;
+  RowView out, lse;  // lse.data null: the caller wants no LSE
+  int64_t splits = 0, batch = 0, seqlen = 0, heads = 0, head_dim_v = 0, rows = 0;
+};
+
+// Folds every split of a row into registers (merge_into over the parts in order), then stores the
+// row once in out's dtype: one launch whatever the number of splits.
+__global__ void __launch_bounds__(kThreadsPerBlock) merge_splits_kernel(const SplitMergeArgs a) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int64_t warps = int64_t(gridDim.x) * kWarpsPerBlock;
+  for (int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize; r < a.rows; r += warps) {
+    const int64_t h = r % a.heads, s = (r / a.heads) % a.seqlen, b = r / (a.heads * a.seqlen);
+    float acc[kSplitValuesPerLane] = {};
+    float acc_lse = -INFINITY;
+    for (int64_t split = 0; split < a.splits; ++split) {
+      const float part_lse = a.part_lse[((split * a.batch + b) * a.heads + h) * a.seqlen + s];
+      const MergeWeights w = merge_weights(acc_lse, part_lse);
+      const float* part = a.part_out + (((split * a.batch + b) * a.seqlen + s) * a.heads + h) * a.head_dim_v;
+#pragma unroll
+      for (int e = 0; e < kSplitValuesPerLane; ++e) {
+        const int64_t d = lane + int64_t(e) * kWarpSize;
+        if (d < a.head_dim_v) acc[e] = merged(w, [&] { return acc[e]; }, [&] { return part[d]; });
+      }
+      acc_lse = w.lse;
+    }
+    const int64_t o = out_offset(a.out, b, s, h);
+#pragma unroll
+    for (int e = 0; e < kSplitValuesPerLane; ++e) {
+      const int64_t d = lane + int64_t(e) * kWarpSize;
+      if (d < a.head_dim_v) store(a.out, o + d, acc[e]);
+    }
+    if (lane == 0 && a.lse.data != nullptr) static_cast<float*>(a.lse.data)[lse_offset(a.lse, b, s, h)] = acc_lse;
+  }
+}
+
 }  // namespace
+
+Status cuda_merge_splits(const SplitParts& parts, const Tensor& out, const Tensor& lse, void* stream) {
+  if (parts.head_dim_v > kMaxSplitDim)
+    return {Code::internal, "merge_splits: head_dim_v " + std::to_string(parts.head_dim_v) + " is above " +
+                                std::to_string(kMaxSplitDim)};
+  SplitMergeArgs a;
+  a.part_out = parts.out;
+  a.part_lse = parts.lse;
+  a.out = row_view(out);
+  if (lse.defined()) a.lse = row_view(lse);
+  a.splits = parts.splits;
+  a.batch = parts.batch;
+  a.seqlen = parts.seqlen;
+  a.heads = parts.heads;
+  a.head_dim_v = parts.head_dim_v;
+  a.rows = parts.batch * parts.seqlen * parts.heads;
+  if (a.rows == 0) return Status::success();
+  const int64_t blocks = std::min<int64_t>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks);
+  merge_splits_kernel<<<unsigned(blocks), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess)
+    return {Code::cuda_error, std::string("merge_splits: kernel launch failed: ") + cudaGetErrorString(err)};
+  return Status::success();
+}
 
 Status cuda_merge(const MergeRows& m, void* stream) {
   int ordinal = 0, count = 0;

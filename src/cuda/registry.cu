@@ -26,7 +26,7 @@ std::vector<BackendEntry> cuda_backends() {
 #endif
 #if FMHA_CUDA_SM80_MIN_ARCH
   out.push_back({Backend::cuda_sm80, DeviceType::cuda, cuda::sm80::supports, cuda::sm80::run,
-                 cuda::workspace_size, cuda::sm80::variants, cuda::sm80::variant_of});
+                 cuda::sm80::workspace_size, cuda::sm80::variants, cuda::sm80::variant_of});
 #endif
   out.push_back({Backend::cuda_simt, DeviceType::cuda, cuda::simt::supports, cuda::simt::run,
                  cuda::workspace_size, cuda::simt::variants, cuda::simt::variant_of});

@@ -330,6 +330,14 @@ bool have_cuda_device() {
   return count > 0;
 }
 
+std::vector<int64_t> decode_head_dims() {
+  std::vector<int64_t> out;
+  std::stringstream in(FMHA_TEST_DECODE_HEAD_DIMS);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(std::stoll(item));
+  return out;
+}
+
 uint64_t test_seed() {
   static const uint64_t seed = [] {
     if (const char* env = std::getenv("FMHA_TEST_SEED")) return uint64_t(std::strtoull(env, nullptr, 10));

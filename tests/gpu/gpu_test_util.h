@@ -24,6 +24,9 @@ namespace fmha::test {
 bool have_cuda_device();
 // The current device's compute capability as major · 10 + minor (90 for sm_90).
 int device_arch();
+// The head-dim buckets the sm80 decode kernel is compiled for (FMHA_DECODE_HEAD_DIMS of those in
+// FMHA_HEAD_DIMS).
+std::vector<int64_t> decode_head_dims();
 // The seed of this process's random inputs (from the clock unless FMHA_TEST_SEED is set).
 uint64_t test_seed();
 

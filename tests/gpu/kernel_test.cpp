@@ -278,21 +278,21 @@ struct Refusal {
   DeviceBuffer backward_buffer;
 };
 
-// A tiny valid call on the current device; tests then break one thing.
-Refusal tiny_call(Backend backend, DType dtype, int64_t head_dim) {
+// A tiny valid call on the current device (`seqlen` queries and keys); tests then break one thing.
+Refusal tiny_call(Backend backend, DType dtype, int64_t head_dim, int64_t seqlen = 8) {
   Refusal r;
   int ordinal = 0;
   cudaGetDevice(&ordinal);
   const Device dev{DeviceType::cuda, ordinal};
-  const int64_t n = 2 * 8 * 2 * head_dim;
+  const int64_t n = 2 * seqlen * 2 * head_dim;
   r.buffer = DeviceBuffer(size_t(n) * 4 * 8 + 1024);
   char* base = static_cast<char*>(r.buffer.ptr);
   const size_t stride = size_t(n) * 4;
   Params& p = r.params;
-  p.q = make_tensor(base, dtype, {2, 8, 2, head_dim}, dev);
-  p.k = make_tensor(base + stride, dtype, {2, 8, 2, head_dim}, dev);
-  p.v = make_tensor(base + 2 * stride, dtype, {2, 8, 2, head_dim}, dev);
-  p.o = make_tensor(base + 3 * stride, dtype, {2, 8, 2, head_dim}, dev);
+  p.q = make_tensor(base, dtype, {2, seqlen, 2, head_dim}, dev);
+  p.k = make_tensor(base + stride, dtype, {2, seqlen, 2, head_dim}, dev);
+  p.v = make_tensor(base + 2 * stride, dtype, {2, seqlen, 2, head_dim}, dev);
+  p.o = make_tensor(base + 3 * stride, dtype, {2, seqlen, 2, head_dim}, dev);
   p.backend = backend;
   return r;
 }
@@ -434,14 +434,24 @@ TEST(Refuse, SmallTierLimits) {
       refused(r, Direction::forward, "head_dim");
     }
     {
-      // auto: bf16 goes to sm90, also with padded rows; K and V shared by the whole batch (batch
-      // stride 0, which TMA cannot encode) fall back to sm80, which reads them with cp.async.
-      Refusal r = tiny_call(Backend::auto_select, DType::bf16, big);
+      // auto: decoding (seqlen_q <= 16) goes to sm80's decode kernel where it is compiled.
       Backend chosen{};
+      {
+        Refusal small = tiny_call(Backend::auto_select, DType::bf16, big);
+        ASSERT_TRUE(select_backend(small.params, Direction::forward, &chosen).ok());
+        const auto decode = decode_head_dims();
+        const bool has_decode = std::find(decode.begin(), decode.end(), int64_t(big)) != decode.end();
+        EXPECT_EQ(chosen, has_decode ? Backend::cuda_sm80 : Backend::cuda_sm90);
+      }
+      // Longer queries in bf16 go to sm90, also with padded rows; K and V shared by the whole
+      // batch (batch stride 0, which TMA cannot encode) fall back to sm80, which reads them with
+      // cp.async.
+      constexpr int64_t kRows = 32;
+      Refusal r = tiny_call(Backend::auto_select, DType::bf16, big, kRows);
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
       EXPECT_EQ(chosen, Backend::cuda_sm90);
       r.params.q.stride[1] = 2 * big + 8;  // rows padded by 16 bytes: fine for TMA
-      r.params.q.stride[0] = 8 * (2 * big + 8);
+      r.params.q.stride[0] = kRows * (2 * big + 8);
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
       EXPECT_EQ(chosen, Backend::cuda_sm90);
       r.params.k.stride[0] = r.params.v.stride[0] = 0;
@@ -454,10 +464,10 @@ TEST(Refuse, SmallTierLimits) {
       EXPECT_TRUE(mentions(why, "k:")) << why.message;
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
       EXPECT_EQ(chosen, Backend::cuda_sm80);
-      r.params.k.stride[0] = r.params.v.stride[0] = 8 * 2 * big;
+      r.params.k.stride[0] = r.params.v.stride[0] = kRows * 2 * big;
       r.params.precision = Precision::tf32;
       r.params.q.dtype = r.params.k.dtype = r.params.v.dtype = r.params.o.dtype = DType::fp32;
-      r.params.q.stride[1] = 2 * big, r.params.q.stride[0] = 8 * 2 * big;
+      r.params.q.stride[1] = 2 * big, r.params.q.stride[0] = kRows * 2 * big;
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
       EXPECT_EQ(chosen, Backend::cuda_sm80);
     }

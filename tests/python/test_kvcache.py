@@ -1,7 +1,8 @@
 """fmha.attention_with_kvcache and fmha.append_kv on NumPy arrays (PyTorch where installed): a paged
 cache with shuffled pages, a shared prefix, partly filled last pages and lengths 0 and 1 against the
 float64 oracle run per sequence on the gathered keys; the contiguous cache; appending new rows;
-and bad input refused with the argument named."""
+bad input refused with the argument named; num_splits; the GPU decode kernel through PyTorch CUDA
+tensors where present."""
 
 import numpy as np
 import pytest
@@ -158,3 +159,42 @@ def test_torch_tensors():
                                             torch.from_numpy(table), torch.from_numpy(cache_seqlens),
                                             causal="bottom-right")
     np.testing.assert_array_equal(out_torch.numpy(), out_np)
+
+
+def test_num_splits_checked_and_ignored_on_the_cpu():
+    k_cache, v_cache, table, cache_seqlens = paged_cache([40, 3], 16, 2, 16, 16, seed=6)
+    q = np.random.default_rng(7).standard_normal((2, 1, 4, 16)).astype(np.float32)
+    plain = fmha.attention_with_kvcache(q, k_cache, v_cache, table, cache_seqlens, causal="bottom-right")
+    split = fmha.attention_with_kvcache(q, k_cache, v_cache, table, cache_seqlens, causal="bottom-right", num_splits=3)
+    np.testing.assert_array_equal(split, plain)
+    with pytest.raises(ValueError, match="num_splits"):
+        fmha.attention_with_kvcache(q, k_cache, v_cache, table, cache_seqlens, num_splits=-1)
+
+
+def test_torch_cuda_decode_kernel_and_append():
+    """The sm80 decode kernel through PyTorch CUDA tensors (bfloat16), with new rows appended on the
+    GPU first, against the same call on the CPU; split counts forced and chosen."""
+    torch = pytest.importorskip("torch")
+    if not (torch.cuda.is_available() and fmha.info()["cuda"]):
+        pytest.skip("needs a CUDA GPU and a CUDA build of fmha")
+    k_cache, v_cache, table, cache_seqlens = paged_cache([300, 1, 0, 77], 16, 2, 64, 64, spare_pages=8, seed=8)
+    rng = np.random.default_rng(9)
+    q = torch.from_numpy(rng.standard_normal((4, 3, 8, 64)).astype(np.float32)).bfloat16()
+    k_new = torch.from_numpy(rng.standard_normal((4, 2, 2, 64)).astype(np.float32)).bfloat16()
+    v_new = torch.from_numpy(rng.standard_normal((4, 2, 2, 64)).astype(np.float32)).bfloat16()
+    for b in range(4):  # the page each sequence's new rows reach
+        last = (int(cache_seqlens[b]) + 1) // 16
+        if table[b, last] < 0:
+            table[b, last] = k_cache.shape[0] - 1 - b
+    cpu = [torch.from_numpy(x).bfloat16() for x in (k_cache, v_cache)]
+    args = dict(causal="bottom-right", return_lse=True)
+    want, want_lse = fmha.attention_with_kvcache(q, cpu[0], cpu[1], torch.from_numpy(table),
+                                                 torch.from_numpy(cache_seqlens), k=k_new, v=v_new, **args)
+    for splits in (0, 1, 4):
+        gpu = [torch.from_numpy(x).bfloat16().cuda() for x in (k_cache, v_cache)]
+        got, got_lse = fmha.attention_with_kvcache(q.cuda(), gpu[0], gpu[1], torch.from_numpy(table).cuda(),
+                                                   torch.from_numpy(cache_seqlens).cuda(), k=k_new.cuda(),
+                                                   v=v_new.cuda(), num_splits=splits, **args)
+        torch.testing.assert_close(got.cpu().float(), want.float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(got_lse.cpu(), want_lse, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(gpu[0].cpu(), cpu[0])  # the appended rows, as the CPU wrote them

@@ -419,6 +419,7 @@ Params Harness::params(int input_set) const {
   p.deterministic = spec_.deterministic;
   p.backend = spec_.backend;
   p.num_threads = spec_.num_threads;
+  p.num_splits = spec_.num_splits;
   p.stream = stream_;
   p.workspace = workspace_.data();
   p.workspace_bytes = workspace_.bytes();

@@ -29,6 +29,7 @@ struct CaseSpec {
   bool with_lse = true;  // forward: also write LSE
   uint64_t seed = 0;
   int num_threads = 0;
+  int num_splits = 0;  // GPU decode kernel: CTAs per sequence's keys (Params::num_splits; 0 = chosen)
   // A variable-length (packed) batch when non-empty: one entry per sequence (batch and seqlen_q /
   // seqlen_k are then the count and the longest); seqlens_k empty means "same as seqlens_q".
   std::vector<int64_t> seqlens_q, seqlens_k;

@@ -42,6 +42,10 @@ void add_case_options(CLI::App* app, RunOptions& o) {
                 "K/V in a paged KV cache (decoding): each sequence's seqlen-k keys in pages of --page-size rows, "
                 "in a random order; forward only");
   app->add_option("--page-size", o.page_size, "Rows per page of --paged (16 to 256)")->capture_default_str();
+  app->add_option("--num-splits", o.num_splits,
+                  "GPU decode kernel (a KV cache, or seqlen-q <= 16 in fp16/bf16): CTAs that split each sequence's "
+                  "keys (0 = chosen from the shape and the SM count; up to 256)")
+      ->capture_default_str();
 }
 
 namespace {
@@ -130,6 +134,8 @@ bool RunOptions::to_case(CaseSpec* spec, std::string* error) const {
       return *error = "--paged: does not combine with --seqlens-q (a paged cache takes dense queries)", false;
     s.page_size = page_size;
   }
+  if (num_splits < 0) return *error = "--num-splits: expected >= 0, got " + std::to_string(num_splits), false;
+  s.num_splits = num_splits;
   s.q_offset = q_offset;
   s.softmax_scale = scale;
   s.deterministic = deterministic;

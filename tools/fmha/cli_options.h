@@ -22,6 +22,7 @@ struct RunOptions {
   int warmup = -1;      // -1: 5 on a GPU, 1 on the CPU
   int64_t seed = -1;    // -1: a fresh random seed (reported)
   int threads = 0;
+  int num_splits = 0;
   float scale = 0.f;
   bool deterministic = false;
   bool no_lse = false;

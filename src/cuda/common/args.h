@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "common/paged.h"
 #include "fmha/fmha.h"
 #include "fmha/mask.h"
 
@@ -126,6 +127,31 @@ struct AttentionArgs {
   FMHA_HOST_DEVICE int64_t stat_index(int64_t start, int64_t h, int64_t s) const {
     return start * stat_start_stride + h * stat_rows + s;
   }
+};
+
+// The decode kernel's view of a call (sm80_decode_kernel.cuh): dense queries, a KV cache read
+// through PagedCache (common/paged.h: a block table, a contiguous cache, or a dense call's k and v
+// as one page per sequence), and where each split's partial result goes.
+struct DecodeArgs {
+  View4 q, o;                                       // [B, Sq, H, D] and [B, Sq, H, Dv]
+  const void* k = nullptr;                          // [pages, page_size, Hkv, D]
+  const void* v = nullptr;                          // [pages, page_size, Hkv, Dv]
+  int64_t k_page_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_page_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  PagedCache cache;                                 // tables in device memory, clamped as read
+  CacheMask masks;                                  // each sequence's mask with its own length
+  float* lse = nullptr;                             // [B, H, Sq]; null when the caller wants none
+  int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_seq_stride = 0;
+  int batch = 0, heads = 0, kv_heads = 0, group = 1, head_dim = 0, head_dim_v = 0;
+  int seqlen_q = 0;
+  int rows = 0;                                     // packed query rows per KV head: seqlen_q · group
+  int row_tiles = 1;                                // blocks of decode::kTileRows packed rows
+  float scale_log2 = 0.f;
+  int splits = 1;                                   // CTAs per (sequence, KV head, row tile)
+  // splits > 1: fp32 partials [splits, B, Sq, H, Dv] and LSEs [splits, B, H, Sq] (workspace);
+  // the merge of the parts writes o and lse.
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
 };
 
 }  // namespace fmha::cuda

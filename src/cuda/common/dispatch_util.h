@@ -20,6 +20,11 @@ constexpr bool in_head_dims(int head_dim, std::initializer_list<int> dims) {
   return false;
 }
 
+// True when the sm80 decode kernel is compiled for head-dim bucket `bucket` (FMHA_DECODE_HEAD_DIMS).
+constexpr bool has_decode_kernel(int bucket) {
+  return in_head_dims(bucket, {FMHA_CUDA_DECODE_HEAD_DIMS(FMHA_CUDA_LIST_ITEM)});
+}
+
 // f(std::integral_constant<int, HD>{}) for the compiled bucket HD; `unsupported` when the bucket
 // is not compiled into this build.
 template <class F>

@@ -168,21 +168,24 @@ Status current_device(const Params& p, Direction direction, DeviceProps* props) 
     const Tensor* t;
   } tensors[] = {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"o", &p.o}, {"lse", &p.lse},
                  {"cu_seqlens_q", &p.cu_seqlens_q}, {"cu_seqlens_k", &p.cu_seqlens_k},
+                 {"block_table", &p.block_table}, {"cache_seqlens", &p.cache_seqlens},
                  {"dout", &p.dout}, {"dq", &p.dq}, {"dk", &p.dk}, {"dv", &p.dv}};
   for (const auto& named : tensors) {
     if (!named.t->defined()) continue;
     const bool forward_only = named.t == &p.o || named.t == &p.lse || named.t == &p.q || named.t == &p.k ||
-                              named.t == &p.v || named.t == &p.cu_seqlens_q || named.t == &p.cu_seqlens_k;
+                              named.t == &p.v || named.t == &p.cu_seqlens_q || named.t == &p.cu_seqlens_k ||
+                              named.t == &p.block_table || named.t == &p.cache_seqlens;
     if (direction == Direction::forward && !forward_only) continue;
     if (named.t->device.index != ordinal)
       return unsupported(std::string(named.name) + ": is on cuda:" + std::to_string(named.t->device.index) +
                          " but the current device is cuda:" + std::to_string(ordinal) +
                          "; make that device current (cudaSetDevice) before the call");
   }
-  int major = 0, minor = 0, shared = 0;
+  int major = 0, minor = 0, shared = 0, sms = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal) != cudaSuccess ||
-      cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal) != cudaSuccess) {
+      cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal) != cudaSuccess) {
     const cudaError_t err = cudaGetLastError();
     return {Code::cuda_error, std::string("device attributes of cuda:") + std::to_string(ordinal) + ": " +
                                   cudaGetErrorString(err)};
@@ -190,6 +193,7 @@ Status current_device(const Params& p, Direction direction, DeviceProps* props) 
   props->ordinal = ordinal;
   props->arch = major * 10 + minor;
   props->max_shared_per_block = size_t(shared);
+  props->multiprocessors = sms;
   return Status::success();
 }
 

@@ -64,6 +64,7 @@ struct DeviceProps {
   int ordinal = 0;
   int arch = 0;                   // 80 for sm_80
   size_t max_shared_per_block = 0;  // opt-in limit for dynamic shared memory
+  int multiprocessors = 0;
 };
 // The current device's properties; an error if any tensor of the call is on another device.
 Status current_device(const Params& params, Direction direction, DeviceProps* props);

@@ -25,14 +25,21 @@ inline Status refuse_varlen(const Params& p, const char* tier, const char* inste
   return Status::success();
 }
 
-// A KV cache (block_table / cache_seqlens) runs on the CPU backends only for now: every GPU
-// tier refuses it here, before its own checks read k and v as the dense layout's [B, Sk, ...].
+// A KV cache (block_table / cache_seqlens) runs on the sm80 tier's decode kernel (fp16, bf16),
+// which declares kRunsKvCache; every other tier refuses it here, before its own checks read k and
+// v as the dense layout's [B, Sk, ...].
 inline Status refuse_paged(const Params& p) {
   if (p.block_table.defined() || p.cache_seqlens.defined())
     return {Code::unsupported, std::string(p.block_table.defined() ? "block_table" : "cache_seqlens") +
-                                   ": calls on a KV cache are not implemented on the GPU tiers yet; the reference "
-                                   "and cpu backends run them on CPU tensors"};
+                                   ": calls on a KV cache run on the sm80 tier's decode kernel (fp16, bf16) on the "
+                                   "GPU, and on the reference and cpu backends"};
   return Status::success();
+}
+
+template <class Tier>
+constexpr bool runs_kv_cache() {
+  if constexpr (requires { Tier::kRunsKvCache; }) return Tier::kRunsKvCache;
+  else return false;
 }
 
 // The tier's deterministic dQ scheme: Tier::kOrderedDq where it declares one.
@@ -44,14 +51,16 @@ constexpr OrderedDq ordered_dq() {
 
 template <class Tier>
 Status tier_supports(const Params& p, Direction direction) {
-  if (Status st = refuse_paged(p); !st.ok()) return st;
+  if constexpr (!runs_kv_cache<Tier>())
+    if (Status st = refuse_paged(p); !st.ok()) return st;
   DeviceProps props;
   return Tier::check(p, direction, props);
 }
 
 template <class Tier>
 Status tier_run(const Params& p, Direction direction) {
-  if (Status st = refuse_paged(p); !st.ok()) return st;
+  if constexpr (!runs_kv_cache<Tier>())
+    if (Status st = refuse_paged(p); !st.ok()) return st;
   DeviceProps props;
   if (Status st = Tier::check(p, direction, props); !st.ok()) return st;
   const Problem s = Problem::of(p);

@@ -26,4 +26,11 @@ Status backward(const AttentionArgs& args, cudaStream_t stream);
 template <class T, int HD, int VARIANT>
 size_t backward_shared_bytes(bool deterministic);
 
+// The decode kernel (sm80_decode_kernel.cuh) for fp16/bf16 at the head dims of
+// FMHA_DECODE_HEAD_DIMS (instances.h FMHA_CUDA_DECODE_HEAD_DIMS); the split merge is the caller's.
+template <class T, int HD>
+Status decode(const DecodeArgs& args, cudaStream_t stream);
+template <class T, int HD>
+size_t decode_shared_bytes();
+
 }  // namespace fmha::cuda::sm80

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/decode.h"
 #include "cuda/common/dispatch_util.h"
 #include "cuda/common/launch.h"
 #include "cuda/common/tier.h"
@@ -105,6 +106,13 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   if (Status st = refuse_varlen(p, "sm90", "auto runs them on sm80 (fp16, bf16, tf32) or simt (fp32)"); !st.ok())
     return st;
   const Problem s = Problem::of(p);
+  // Decoding (seqlen_q <= 16) is bound by reading K and V once: `auto` leaves it to the sm80
+  // tier's decode kernel, which packs the query heads of a KV head into one tile and splits long
+  // caches over CTAs; naming this tier still runs it here.
+  if (p.backend == Backend::auto_select && decode::is_decode_shape(p, direction) &&
+      has_decode_kernel(head_dim_bucket(s.head_dim, s.head_dim_v)))
+    return unsupported("q: seqlen_q " + std::to_string(s.seqlen_q) +
+                       " <= 16 is decoding, which auto runs on the sm80 tier's decode kernel");
   int bucket = 0;
   const bool backward = direction == Direction::backward;
   if (p.q.dtype == DType::fp32)

@@ -1,0 +1,255 @@
+// The sm80 decode kernel: a few query rows per sequence against a long KV cache, bound by reading
+// K and V once. One CTA per (split, KV head · row tile, sequence):
+//   - GQA packing: the query heads of one KV head are stacked in the M dimension of the tile
+//     (packed row r = query i · group + head-in-group), so each K/V tile feeds every query head
+//     that reads it, and the sequence's K/V bytes are read once (once per row tile beyond 16 rows);
+//   - pages are gathered with cp.async through the block table (common/paged.h PagedCache, whose
+//     clamps keep a broken device table inside the cache), kStages tiles in flight;
+//   - the 4 warps take 16 keys each of every 64-key tile, each with its own online softmax over
+//     its keys, and their partial results are merged through shared memory at the end with the
+//     weights of fmha::merge (common/merge.h merge_weights);
+//   - with splits > 1, CTA `split` covers its share of the sequence's visible key tiles and
+//     writes an fp32 partial (O, LSE) that merge_splits (src/cuda/merge.cu) combines.
+#pragma once
+
+#include "common/decode.h"
+#include "common/merge.h"
+#include "cuda/common/args.h"
+#include "cuda/sm80/sm80_fwd_mainloop.cuh"
+
+namespace fmha::cuda::sm80 {
+
+template <class T, int HD>
+struct DecodeTiles {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = decode::kTileRows;           // packed query rows: one m16 block
+  static constexpr int kKeys = decode::kTileKeys;           // keys per stage
+  static constexpr int kWarpKeys = kKeys / kWarps;          // keys per warp and stage: one k16 step of P·V
+  static constexpr int kVec = 16 / int(sizeof(T));          // elements per 16-byte cp.async
+  static constexpr int kChunksPerRow = HD / kVec;
+  // ~100 KB of K/V in flight per CTA at every head dim (two CTAs per SM on sm_90).
+  static constexpr int kStages = HD <= 64 ? 4 : (HD <= 128 ? 3 : 2);
+  static_assert(kWarpKeys == tile::warp::MmaOp<T>::kK, "one P·V k-step per warp and tile");
+  static_assert(kThreads % kChunksPerRow == 0, "each thread copies one column chunk of fixed rows");
+  static constexpr int kPartPad = 4;  // fp32 words: rows of the merge buffer on distinct banks
+
+  using QTile = tile::SmemTile<T, kRows, HD, SmemPads<T>::kQK>;     // [16, HD] packed queries
+  using KTile = tile::SmemTile<T, kKeys, HD, SmemPads<T>::kQK>;     // [64, HD] keys
+  using VTile = tile::SmemTile<T, kKeys, HD, SmemPads<T>::kV>;      // [64, HD] values
+  using PartTile = tile::SmemTile<float, kRows, HD, kPartPad>;      // [16, HD] one warp's O, fp32
+  struct Pipeline {
+    tile::SmemArray<KTile> k[kStages];
+    tile::SmemArray<VTile> v[kStages];
+  };
+  struct Combine {
+    tile::SmemArray<PartTile> o[kWarps];
+    float lse[kWarps][kRows];
+  };
+  struct SharedStorage {
+    tile::SmemArray<QTile> q;
+    union {
+      Pipeline pipe;      // the mainloop
+      Combine combine;    // the warps' merge, after the last tile
+    };
+  };
+  using Scores = Acc16<kWarpKeys>;  // [16, 16] a warp's scores, then P, fp32
+  using Output = Acc16<HD>;         // [16, HD] a warp's unnormalised output, fp32
+  using Softmax = tile::OnlineSoftmax<2, 4>;  // rows g and g + 8, each on a quad
+};
+
+// Rows [0, valid) of a [kKeys, HD] K and V tile from keys col0 ... of sequence b, KV head h:
+// each thread looks up the page of its rows once for both tensors. Rows past `valid` are zero.
+template <class T, class Tiles>
+__device__ __forceinline__ void gather_kv(const DecodeArgs& args, typename Tiles::KTile k, typename Tiles::VTile v,
+                                          int64_t b, int kv_head, int64_t col0, int valid) {
+  constexpr int kRowStep = Tiles::kThreads / Tiles::kChunksPerRow;
+  constexpr size_t kBytes = 16;
+  const int c = (int(threadIdx.x) % Tiles::kChunksPerRow) * Tiles::kVec;
+  const T* k_base = static_cast<const T*>(args.k) + kv_head * args.k_head_stride + c;
+  const T* v_base = static_cast<const T*>(args.v) + kv_head * args.v_head_stride + c;
+  const bool k_col = c < args.head_dim, v_col = c < args.head_dim_v;
+  // Keys and page sizes fit 32 bits (check_decode bounds the capacity): 32-bit division here, on
+  // the path of every page lookup; the clamped entry comes from PagedCache::page as everywhere.
+  const int page_size = int(args.cache.page_size);
+#pragma unroll
+  for (int r = int(threadIdx.x) / Tiles::kChunksPerRow; r < Tiles::kKeys; r += kRowStep) {
+    const bool row = r < valid;
+    CacheRow at{0, 0};
+    if (row) {
+      const int key = int(col0) + r;
+      at = CacheRow{args.cache.page(b, key / page_size), key % page_size};
+    }
+    const T* k_from = k_base + at.page * args.k_page_stride + at.row * args.k_row_stride;
+    const T* v_from = v_base + at.page * args.v_page_stride + at.row * args.v_row_stride;
+    // A zero-filled chunk reads nothing; its source is only a harmless address inside the cache.
+    __pipeline_memcpy_async(&k(r, c), row && k_col ? k_from : k_base, kBytes, row && k_col ? 0 : kBytes);
+    __pipeline_memcpy_async(&v(r, c), row && v_col ? v_from : v_base, kBytes, row && v_col ? 0 : kBytes);
+  }
+}
+
+template <class T, int HD>
+__global__ void __launch_bounds__(DecodeTiles<T, HD>::kThreads) decode_kernel(const DecodeArgs args) {
+  using Tiles = DecodeTiles<T, HD>;
+  constexpr int kThreads = Tiles::kThreads, kRows = Tiles::kRows, kKeys = Tiles::kKeys;
+  constexpr int kStages = Tiles::kStages, kWarpKeys = Tiles::kWarpKeys, kK = tile::warp::MmaOp<T>::kK;
+  extern __shared__ float4 shared_raw[];
+  auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
+
+  const int split = int(blockIdx.x);
+  const int kv_head = int(blockIdx.y) / args.row_tiles;
+  const int row0 = (int(blockIdx.y) % args.row_tiles) * kRows;  // first packed row of the tile
+  const int64_t b = blockIdx.z;
+  const int rows_valid = args.rows - row0 < kRows ? args.rows - row0 : kRows;
+  const int warp = int(threadIdx.x) / 32, g = lane_id() / 4, t = lane_id() % 4;
+
+  // The sequence's mask with its own (clamped) length, and the keys this CTA's queries see.
+  const int64_t seqlen_k = args.cache.length(b);
+  const Mask mask = args.masks.sequence(args.seqlen_q, seqlen_k);
+  const int query_begin = row0 / args.group, query_end = (row0 + rows_valid - 1) / args.group + 1;
+  const Range visible = mask.keys(Range{query_begin, query_end});
+  // This split's share: whole tiles of the visible keys.
+  const int64_t tiles = (visible.size() + kKeys - 1) / kKeys;
+  const int64_t per_split = (tiles + args.splits - 1) / args.splits;
+  const int64_t first_tile = split * per_split;
+  const int64_t end_tile = first_tile + per_split < tiles ? first_tile + per_split : tiles;
+  const int num_tiles = first_tile < end_tile ? int(end_tile - first_tile) : 0;
+  const int64_t key0 = visible.begin + first_tile * kKeys;
+  const int64_t key_end = visible.end;
+
+  // The packed query tile: row r is query r / group of head kv_head · group + r % group.
+  auto query_of = [&](int r) { return (row0 + r) / args.group; };
+  auto head_of = [&](int r) { return kv_head * args.group + (row0 + r) % args.group; };
+  {
+    const auto q = shared.q.tile();
+    for (int chunk = threadIdx.x; chunk < kRows * Tiles::kChunksPerRow; chunk += kThreads) {
+      const int r = chunk / Tiles::kChunksPerRow, c = (chunk % Tiles::kChunksPerRow) * Tiles::kVec;
+      const bool valid = r < rows_valid && c < args.head_dim && num_tiles > 0;
+      const T* from = valid ? args.q.at<const T>(b, query_of(r), head_of(r)) + c : static_cast<const T*>(args.q.data);
+      __pipeline_memcpy_async(&q(r, c), from, 16, valid ? 0 : 16);
+    }
+    tile::block::commit();
+  }
+
+  auto issue = [&](int tile_index) {
+    if (tile_index < num_tiles) {
+      const int64_t col0 = key0 + int64_t(tile_index) * kKeys;
+      const int valid = int(key_end - col0 < kKeys ? key_end - col0 : kKeys);
+      gather_kv<T, Tiles>(args, shared.pipe.k[tile_index % kStages].tile(), shared.pipe.v[tile_index % kStages].tile(),
+                          b, kv_head, col0, valid);
+    }
+    tile::block::commit();
+  };
+
+  typename Tiles::Output acc;  // [16, HD] this warp's unnormalised output over its keys, fp32
+  acc.fill(0.f);
+  typename Tiles::Softmax softmax;
+  softmax.init();
+  const Range query_rows{query_begin, query_end};
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  for (int tile_index = 0; tile_index < num_tiles; ++tile_index) {
+    issue(tile_index + kStages - 1);
+    tile::block::wait<kStages - 1>();
+    __syncthreads();
+    const int stage = tile_index % kStages;
+    const auto q = shared.q.tile();
+    const auto k = shared.pipe.k[stage].tile();
+    const auto v = shared.pipe.v[stage].tile();
+    const int64_t col0 = key0 + int64_t(tile_index) * kKeys + warp * kWarpKeys;  // this warp's first key
+    const Range cols{col0, col0 + kWarpKeys < key_end ? col0 + kWarpKeys : key_end};
+
+    typename Tiles::Scores s;  // [16, 16] S = Q·K^T of this warp's keys
+    s.fill(0.f);
+#pragma unroll
+    for (int k0 = 0; k0 < HD; k0 += kK) {
+      uint32_t a[4], bk[2][2];
+      load_a<T>(a, q, 0, k0);
+      load_b_nk<T>(bk, k, warp * kWarpKeys, k0);
+      tile::warp::mma<T>(s.c[0], a, bk[0]);
+      tile::warp::mma<T>(s.c[1], a, bk[1]);
+    }
+    tile::thread::scale(s, args.scale_log2);
+    if (!(cols.size() == kWarpKeys && mask.tile_is_full(query_rows, cols)))
+      tile::thread::mask_scores(
+          s, mask, [&](int i) { return int64_t(query_of(g + 8 * i)); },
+          [&](int j) { return col0 + Tiles::Scores::col(j, t); });
+
+    float rescale[2];
+    softmax.template update<true>(s, rescale);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < Tiles::Output::kCols; ++j) acc(i, j) *= rescale[i];
+
+    uint32_t p[4];  // [16, 16] P as the A fragment of the one k-step of P·V
+    a_from_acc<T>(p, s, 0);
+#pragma unroll
+    for (int n0 = 0; n0 < HD; n0 += 16) {
+      uint32_t bv[2][2];
+      load_b_kn<T>(bv, v, warp * kWarpKeys, n0);
+      tile::warp::mma<T>(acc.c[n0 / 8], p, bv[0]);
+      tile::warp::mma<T>(acc.c[n0 / 8 + 1], p, bv[1]);
+    }
+    __syncthreads();  // this stage is refilled kStages - 1 iterations from now
+  }
+  tile::block::wait<0>();
+  __syncthreads();  // the pipeline's shared memory becomes the merge buffer
+
+  // Each warp's normalised output and LSE over its keys (0 and -inf where it saw none).
+  softmax.finish();
+  {
+    const auto part = shared.combine.o[warp].tile();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float inv = softmax.inv_sum(i);
+#pragma unroll
+      for (int j = 0; j < Tiles::Output::kCols; ++j) part(g + 8 * i, Tiles::Output::col(j, t)) = acc(i, j) * inv;
+      if (t == 0) shared.combine.lse[warp][g + 8 * i] = softmax.lse(i);
+    }
+  }
+  __syncthreads();
+
+  // The warps' parts merged row by row with fmha::merge's weights: kThreads / kRows threads per
+  // row, each over a stripe of its columns. Folding the parts in warp order gives each part's
+  // final weight (the later merges scale what came before).
+  constexpr int kThreadsPerRow = kThreads / kRows;
+  const int r = int(threadIdx.x) / kThreadsPerRow;
+  if (r >= rows_valid) return;
+  float weight[Tiles::kWarps];
+  float lse = tile::kNegInf;
+#pragma unroll
+  for (int w = 0; w < Tiles::kWarps; ++w) {
+    const MergeWeights m = merge_weights(lse, shared.combine.lse[w][r]);
+#pragma unroll
+    for (int u = 0; u < w; ++u) weight[u] *= m.a;
+    weight[w] = m.b;
+    lse = m.lse;
+  }
+  const int64_t query = query_of(r);
+  const int head = head_of(r);
+  const bool direct = args.splits == 1;
+  T* o = args.o.at<T>(b, query, head);
+  float* part_o =
+      direct ? nullptr
+             : args.part_o + (((int64_t(split) * args.batch + b) * args.seqlen_q + query) * args.heads + head) *
+                                 args.head_dim_v;
+  for (int d = int(threadIdx.x) % kThreadsPerRow; d < args.head_dim_v; d += kThreadsPerRow) {
+    float x = 0.f;
+#pragma unroll
+    for (int w = 0; w < Tiles::kWarps; ++w)
+      if (weight[w] != 0.f) x += weight[w] * shared.combine.o[w].tile()(r, d);
+    if (direct)
+      o[d] = tile::from_float<T>(x);
+    else
+      part_o[d] = x;
+  }
+  if (int(threadIdx.x) % kThreadsPerRow != 0) return;
+  if (direct) {
+    if (args.lse != nullptr)
+      args.lse[b * args.lse_batch_stride + head * args.lse_head_stride + query * args.lse_seq_stride] = lse;
+  } else {
+    args.part_lse[((int64_t(split) * args.batch + b) * args.heads + head) * args.seqlen_q + query] = lse;
+  }
+}
+
+}  // namespace fmha::cuda::sm80
