@@ -3,7 +3,8 @@
 # "64;96;128"), the tile tests, the sm90 backward and deterministic cases, the cases in EXTRA_FILTER,
 # memcheck/racecheck on the small sm90 backward cases, `fmha bench --sweep fa` backward on sm90 and
 # the deterministic mode, then the Python package: its varlen CUDA tests and compare_torch's fa
-# sweep (DIRECTIONS, default bwd) -> $OUT.
+# sweep (DIRECTIONS, default bwd) -> $OUT. DECODE=1 adds memcheck and the decode sweep of the
+# sm80 decode kernel; PYTHON=0 leaves out the Python part.
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}
 export OUT HEAD_DIMS=${HEAD_DIMS:-"64;96;128"}
@@ -43,6 +44,17 @@ for det in "" --deterministic; do
   done
 done
 cat "$OUT/bench.txt"
+
+if [ "${DECODE:-0}" = 1 ]; then
+  step "decode: memcheck, bench -> $OUT/decode.txt"
+  timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 "$TESTS" --gtest_color=no \
+    --gtest_filter='DecodeGpu.BrokenDeviceTableIsClamped:DecodeGpu.SplitCountsFromOneToMany:DecodeGpu.AppendKvOnDevice' \
+    > "$OUT/decode_memcheck.log" 2>&1 || { status=1; echo "   decode memcheck: FAILED"; }
+  tail -2 "$OUT/decode_memcheck.log"
+  timeout 90 "$BUILD/fmha" bench --sweep decode --page-size 64 --no-progress > "$OUT/decode.txt" 2>&1 || status=1
+  cat "$OUT/decode.txt"
+fi
+[ "${PYTHON:-1}" = 1 ] || exit $status
 
 step "pip install ., varlen CUDA tests, compare_torch"
 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install -q --no-build-isolation --no-deps . \
