@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One short GPU pass over what changed last, from the repository root on an H100/H200 (results
-# under $OUT): build; the whole GPU suite in shards and `fmha run --check` (scripts/gpu_check.sh);
+# The decode kernel's GPU pass, from the repository root on an H100/H200 (results under $OUT):
+# build; the whole GPU suite in shards and `fmha run --check` (scripts/gpu_check.sh);
 # memcheck and racecheck on the sm80 decode kernel (broken device table, many splits, append_kv,
 # graph replay); the decode sweep (contiguous and paged, page 64); 1 x 128k with forced splits.
 set -u
