@@ -2,10 +2,11 @@
 // Warpgroup 0 is the producer: one of its threads loads the block's K and V tiles once (TMA),
 // then, for every query tile that sees those keys (every head of the GQA group), Q and dO by TMA
 // and the tile's LSE and Δ rows by bulk copies, into a kBwdStages-deep ring; the warpgroup gives
-// its registers back; another of its warps, the dQ warp, adds the consumers' dQ shares of every
-// step into the global accumulator by bulk reductions. Warpgroups 1-2 are consumers of 64 keys
-// each (sm90_bwd_mainloop.cuh); dK and dV stay in their registers until the epilogue writes them. Between the shared preprocess
-// (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and convert kernels (cuda/common).
+// its registers back; another of its warps, the dQ warp, adds each step's dQ tile, staged by the
+// consumers, into the global accumulator by a bulk reduction. Warpgroups 1-2 are consumers of 64
+// keys each (sm90_bwd_mainloop.cuh); dK and dV stay in their registers until the epilogue writes
+// them. Between the shared preprocess (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and
+// convert kernels (cuda/common).
 #pragma once
 
 #include "cuda/sm90/sm90_bwd_mainloop.cuh"
@@ -80,7 +81,9 @@ struct BwdKernel {
         shared.dq_full.wait(step & 1);
         if (lane == 0) {
           // Deterministic: the tile's turn counter (recomputed where needed: few registers here).
-          auto turn_counter = [&] { return args.dq_turns + (int64_t(batch) * args.heads + head) * args.dq_turn_tiles + m; };
+          auto turn_counter = [&] {
+            return args.dq_turns + (int64_t(batch) * args.heads + head) * args.dq_turn_tiles + m;
+          };
           const int turn = ORDERED_DQ ? shared.dq_turn : 0;  // read before the buffer is handed back
           if constexpr (ORDERED_DQ) {
             tile::wait_turn(turn_counter(), turn);

@@ -257,7 +257,8 @@ struct BwdMainloop {
     using Q = typename Tiles::QueryGrad;
     shared.dq_empty.wait(parity ^ 1);
     if constexpr (ORDERED_DQ)
-      if (warpgroup == 0 && thread == 0) shared.dq_turn = int(blockIdx.x) - bwd_first_key_tile(args, m, int(blockIdx.x));
+      if (warpgroup == 0 && thread == 0)
+        shared.dq_turn = int(blockIdx.x) - bwd_first_key_tile(args, m, int(blockIdx.x));
     // One base address per thread (its first element); every other element sits at a constant
     // offset from it, so no per-element addresses stay live across the steps.
     float* first = shared.dq + warpgroup * kDqCols + Q::row(0, thread) * Shared::kDqStride + Q::col(0, thread);

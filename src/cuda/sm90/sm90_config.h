@@ -99,7 +99,8 @@ inline constexpr int kBwdKeys = kBwdConsumers * kConsumerRows;  // keys per bloc
 inline constexpr int kBwdRows = 64;                              // query rows per step
 inline constexpr int kBwdStages = 2;
 inline constexpr int kBwdDqPad = 8;  // floats padding each row of the dQ tile and accumulator
-inline constexpr int kBwdTurnParts = 1;  // deterministic: one turn counter per query tile (the dQ warp adds it whole)
+// Deterministic: one turn counter per query tile (the dQ warp adds the tile whole).
+inline constexpr int kBwdTurnParts = 1;
 inline constexpr int kBwdMaxHeadDim = 128;
 inline constexpr int kBwdProducerRegisters = 24;
 inline constexpr int kBwdConsumerRegisters = 240;

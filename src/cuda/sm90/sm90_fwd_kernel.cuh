@@ -126,7 +126,8 @@ struct FwdKernel {
       // The plan again, from the slot (not kept in registers through the mainloop).
       const Plan plan_t = plan(params, shared.work_tile[q_phase]);
       const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
-      const Range my_rows{my_row0, my_row0 + kConsumerRows < plan_t.rows.end ? my_row0 + kConsumerRows : plan_t.rows.end};
+      const int64_t my_end = my_row0 + kConsumerRows < plan_t.rows.end ? my_row0 + kConsumerRows : plan_t.rows.end;
+      const Range my_rows{my_row0, my_end};
       Epilogue::run(params, shared, warpgroup, thread, plan_t.work, my_rows.empty() ? Range{my_row0, my_row0} : my_rows,
                     o, softmax);
     }

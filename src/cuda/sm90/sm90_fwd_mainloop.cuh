@@ -51,7 +51,9 @@ struct FwdShared {
   __device__ __forceinline__ T* output() { return SEPARATE_O ? o : q; }
   // Arrivals that release the query tile: each consumer warp once its last Q·Kᵀ is done, or each
   // consumer warpgroup's storing thread once its O rows (staged over Q) have been read.
-  static constexpr uint32_t q_releases(int consumers) { return SEPARATE_O ? consumers * (wg::kThreads / 32) : consumers; }
+  static constexpr uint32_t q_releases(int consumers) {
+    return SEPARATE_O ? consumers * (wg::kThreads / 32) : consumers;
+  }
   tile::MBarrier k_full[STAGES], k_empty[STAGES];
   tile::MBarrier v_full[STAGES], v_empty[STAGES];
 };
