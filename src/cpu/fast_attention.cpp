@@ -11,8 +11,9 @@
 // the parts' running max, sum and output as the online softmax merges two key tiles.
 //
 // Backward, after Δ = rowsum(dO∘O) (the preprocess step):
-//   statistics pass, per query tile: over key tiles, S = Q·K^T, row max and sum online as the
-//     forward forms them (RowStats says why the stored LSE is not read);
+//   statistics pass, per query tile: over key tiles, S^T = K·Q^T (the fused pass's tile), each
+//     query's max and sum online as the forward forms them (RowStats says why the stored LSE is
+//     not read);
 //   fused pass, per key tile: over the group's query heads and query tiles,
 //     P = exp2((x - max)·|scale_log2|) / sum, dV += P^T·dO, dP = dO·V^T, dS = P∘(dP - Δ),
 //     dK += dS^T·Q, dQ^T += K^T·dS^T
