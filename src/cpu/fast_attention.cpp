@@ -11,8 +11,9 @@
 // the parts' running max, sum and output as the online softmax merges two key tiles.
 //
 // Backward, after Δ = rowsum(dO∘O) (the preprocess step):
-//   statistics pass, per query tile: over key tiles, S = Q·K^T, row max and sum online as the
-//     forward forms them (RowStats says why the stored LSE is not read);
+//   statistics pass, per query tile: over key tiles, S^T = K·Q^T (the fused pass's tile), each
+//     query's max and sum online as the forward forms them (RowStats says why the stored LSE is
+//     not read);
 //   fused pass, per key tile: over the group's query heads and query tiles,
 //     P = exp2((x - max)·|scale_log2|) / sum, dV += P^T·dO, dP = dO·V^T, dS = P∘(dP - Δ),
 //     dK += dS^T·Q, dQ^T += K^T·dS^T
@@ -443,6 +444,34 @@ void preprocess(const Params& p, const Problem& s, int64_t item, RowStats& st) {
   }
 }
 
+// One key row of an S^T tile (queries row0.. as its columns) made ready for the softmax:
+// x = sign(scale)·(q·k) where the query (in `rows`) and the key (in `cols`: the panels loaded) see
+// each other, -inf elsewhere; `full` when the whole tile is visible. Multiplying by ±1 is exact.
+void sign_and_mask_key_row(float* srow, const Problem& pr, float sign, int64_t key, int64_t row0, Range rows,
+                           Range cols, bool full) {
+  if (full) {
+    if (sign < 0.0f)
+      for (int v = 0; v < kVecsN; ++v) store(srow + v * kLanes, -load(srow + v * kLanes));
+    return;
+  }
+  const Range visible = key >= cols.begin && key < cols.end ? intersect(pr.mask.queries(key), rows) : Range{};
+  for (int64_t r = 0; r < kTileM; ++r) {
+    const int64_t row = row0 + r;
+    srow[r] = row >= visible.begin && row < visible.end ? srow[r] * sign : kNegInf;
+  }
+}
+
+bool transposed_tile_is_full(const Problem& pr, Range rows, Range cols) {
+  return rows.size() == kTileM && cols.size() == kTileN && pr.mask.tile_is_full(rows, cols);
+}
+
+// sign_and_mask_key_row over a whole S^T tile; rows and cols within the tile's.
+void sign_and_mask_transposed(float* s, const Problem& pr, int64_t row0, int64_t col0, Range rows, Range cols) {
+  const bool full = transposed_tile_is_full(pr, rows, cols);
+  const float sign = score_sign(pr);
+  for (int64_t c = 0; c < kTileN; ++c) sign_and_mask_key_row(s + c * kTileM, pr, sign, col0 + c, row0, rows, cols, full);
+}
+
 // P^T on a 64 x 64 tile of S^T (rows are keys col0.., columns queries row0..), masked, from the
 // rows' statistics (RowStats; row_max and inv_sum indexed by query - row0). Only queries in
 // `queries` and keys in `keys` count (the panels loaded).
@@ -450,7 +479,7 @@ void probabilities(float* s, const Problem& pr, int64_t row0, int64_t col0, Rang
                    const float* row_max, const float* inv_sum) {
   const Range rows = intersect(queries, Range{row0, row0 + kTileM});
   const Range cols = intersect(keys, Range{col0, col0 + kTileN});
-  const bool full = rows.size() == kTileM && cols.size() == kTileN && pr.mask.tile_is_full(rows, cols);
+  const bool full = transposed_tile_is_full(pr, rows, cols);
   const float sign = score_sign(pr), scale_log2 = std::abs(pr.scale_log2);
   vf max_v[kVecsN], inv_v[kVecsN];
   for (int v = 0; v < kVecsN; ++v) {
@@ -459,12 +488,7 @@ void probabilities(float* s, const Problem& pr, int64_t row0, int64_t col0, Rang
   }
   for (int64_t c = 0; c < kTileN; ++c) {
     float* srow = s + c * kTileM;
-    const Range visible = col0 + c < cols.end ? intersect(pr.mask.queries(col0 + c), rows) : Range{};
-    for (int64_t r = 0; r < kTileM; ++r) {
-      const int64_t row = row0 + r;
-      const bool on = full || (row >= visible.begin && row < visible.end);
-      srow[r] = on ? srow[r] * sign : kNegInf;
-    }
+    sign_and_mask_key_row(srow, pr, sign, col0 + c, row0, rows, cols, full);
     // Rows that see no key have max -inf and inv_sum 0: their masked entries give 0·0, not NaN.
     for (int v = 0; v < kVecsN; ++v) {
       const vf x = load(srow + v * kLanes) - max_v[v];
@@ -548,8 +572,8 @@ struct BackwardScratch {
   using Operand = std::conditional_t<kBf16, Bf16Panel, Panel>;
   Operand k, v, kt;            // key chunk: K a, V a, K a_transposed               (fused pass)
   Operand q, qt, dout, doutt;  // query block: Q b_rows, Q b_dim, dO b_rows, dO b_dim (fused pass)
-  Operand kb, vb;              // key block: K b_dim, V b_dim                       (statistics pass)
-  Operand qc, doc;             // chunk rows of one head: Q a, dO a                 (statistics pass)
+  Operand kb, vb;              // key block: K a, V a                               (statistics pass)
+  Operand qc, doc;             // chunk rows of one head: Q b_dim, dO b_dim         (statistics pass)
   Scratch s, dprob;            // [64, 64] probabilities then dS; dP
   Scratch operand, b_operand;  // [64, 64] P or dS rounded to bf16 (or tf32) as an A / a B operand
   Scratch dk, dv, dq;          // fp32 accumulators
@@ -601,23 +625,29 @@ struct StatsPart {
 // Statistics pass: one item = (batch, KV head, chunk of query tiles), over every query head of the
 // group. Each row's softmax max and sum, online over the keys as the forward forms them, go to
 // `st` as row_max and inv_sum (RowStats says why they are not taken from LSE), for the fused pass.
+// The pass works on S^T tiles [kTileN keys, kTileM queries], formed exactly as the fused pass forms
+// them (same operands, same matmul): a vector then holds kLanes queries, so the row max, the exp2
+// sums and the online rescale are lane-wise over the key rows of the tile, with no horizontal
+// reduction and no scalar exp2 per row. Each query's sum still runs over its keys in key order.
 template <bool kBf16>
 void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& config, RowStats& st, int64_t b,
                           int64_t kv_head, Range rows, Range key_part, const StatsPart* part,
                           BackwardScratch<kBf16>& t) {
+  constexpr int kVecsM = int(kTileM / kLanes);
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(rows.size(), kTileM);
-  const float sign = score_sign(s), scale_log2 = std::abs(s.scale_log2);
+  const float scale_log2 = std::abs(s.scale_log2);
   float* scores = t.s.reserve(kTileM * kTileN);
   float* dprob = t.dprob.reserve(kTileM * kTileN);
   float* row_buffer = t.row.reserve(std::max(dp, dvp));
+  // [group][n] each, vector-aligned per tile (n and tile offsets are multiples of kTileM)
   float* row_max = t.row_max.reserve(s.group * n);
   float* row_sum = t.row_sum.reserve(s.group * n);
   // fp16/bf16 storage: Δ = rowsum(dO ∘ O) from O as stored is off by O's rounding (2^-9 for bf16),
   // and where logits are large that offset swamps dS = P ∘ (dP - Δ). The pass therefore also
   // forms Δ = rowsum(P ∘ dP) from its own P and dP, as a plain softmax backward does (one more
-  // product, dP = dO·V^T), and the fused pass takes that Δ instead.
+  // product, dP^T = V·dO^T), and the fused pass takes that Δ instead.
   const bool correct_delta = s.dtype != DType::fp32;
   float* delta_sum = t.delta_sum.reserve(s.group * n);
   std::fill_n(delta_sum, s.group * n, 0.0f);
@@ -626,12 +656,12 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
   const Range keys = intersect(s.mask.keys(rows), key_part);
   for (int64_t block0 = align_down(keys.begin, key_block); block0 < keys.end; block0 += key_block) {
     const Range block = intersect(keys, Range{block0, block0 + key_block});
-    load_operand(t.kb, p.k, b, kv_head, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
-    if (correct_delta) load_operand(t.vb, p.v, b, kv_head, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
+    load_operand(t.kb, p.k, b, kv_head, block, s.head_dim, Role::a, s.tf32, row_buffer);
+    if (correct_delta) load_operand(t.vb, p.v, b, kv_head, block, s.head_dim_v, Role::a, s.tf32, row_buffer);
     for (int64_t g = 0; g < s.group; ++g) {
       const int64_t h = kv_head * s.group + g;
-      load_operand(t.qc, p.q, b, h, rows, s.head_dim, Role::a, s.tf32, row_buffer);
-      if (correct_delta) load_operand(t.doc, p.dout, b, h, rows, s.head_dim_v, Role::a, s.tf32, row_buffer);
+      load_operand(t.qc, p.q, b, h, rows, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+      if (correct_delta) load_operand(t.doc, p.dout, b, h, rows, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
       for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
         const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
         const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
@@ -640,42 +670,44 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
         float* sum_tile = row_sum + g * n + r_off;
         float* delta_sum_tile = delta_sum + g * n + r_off;
         for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
-          const Range cols{col0, col0 + kTileN};
-          // S = Q·K^T; mask, row max, exp2, row sum, rescale: E = exp2((x - max)·|scale_log2|)
-          tile_gemm(kTileM, kTileN, dp, t.qc.tile(row0), t.qc.ld, t.kb.tile(col0), t.kb.ld, scores, kTileN, false);
-          const bool full = tile_rows.size() == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
-                            s.mask.tile_is_full(tile_rows, cols);
-          for (int64_t r = 0; r < kTileM; ++r) {
-            float* srow = scores + r * kTileN;
-            const Range visible = r < tile_rows.size() ? intersect(s.mask.keys(row0 + r), block) : Range{};
-            sign_and_mask_row(srow, sign, col0, visible, full);
-            vf m = load(srow);
-            for (int v = 1; v < kVecsN; ++v) {
-              const vf x = load(srow + v * kLanes);
-              m = x > m ? x : m;
+          // S^T = K·Q^T  [kTileN keys, kTileM queries]; x = sign(scale)·(q·k), -inf where masked
+          tile_gemm(kTileN, kTileM, dp, t.kb.tile(col0), t.kb.ld, t.qc.tile(row0), t.qc.ld, scores, kTileM, false);
+          sign_and_mask_transposed(scores, s, row0, col0, tile_rows, intersect(block, Range{col0, col0 + kTileN}));
+          // The tile's max per query, then E = exp2((x - max)·|scale_log2|) summed per query, and
+          // the running sums rescaled to the new max.
+          vf max_v[kVecsM], base_v[kVecsM], sum_v[kVecsM], rescale_v[kVecsM];
+          for (int v = 0; v < kVecsM; ++v) max_v[v] = load(max_tile + v * kLanes);
+          for (int64_t c = 0; c < kTileN; ++c)
+            for (int v = 0; v < kVecsM; ++v) {
+              const vf x = load(scores + c * kTileM + v * kLanes);
+              max_v[v] = x > max_v[v] ? x : max_v[v];
             }
-            const float new_max = std::max(max_tile[r], horizontal_max(m));
-            const float base = new_max == kNegInf ? 0.0f : new_max;  // nothing visible yet
-            vf sum{};
-            for (int v = 0; v < kVecsN; ++v) {
-              const vf e = exp2((load(srow + v * kLanes) - base) * scale_log2);
-              store(srow + v * kLanes, e);
-              sum += e;
+          for (int v = 0; v < kVecsM; ++v) {
+            base_v[v] = max_v[v] == kNegInf ? splat(0.0f) : max_v[v];  // nothing visible yet
+            rescale_v[v] = exp2((load(max_tile + v * kLanes) - base_v[v]) * scale_log2);
+            sum_v[v] = vf{};
+          }
+          for (int64_t c = 0; c < kTileN; ++c)
+            for (int v = 0; v < kVecsM; ++v) {
+              float* x = scores + c * kTileM + v * kLanes;
+              const vf e = exp2((load(x) - base_v[v]) * scale_log2);
+              store(x, e);
+              sum_v[v] += e;
             }
-            const float rescale = exp2(splat((max_tile[r] - base) * scale_log2))[0];
-            sum_tile[r] = sum_tile[r] * rescale + horizontal_sum(sum);
-            max_tile[r] = new_max;
-            delta_sum_tile[r] *= rescale;
+          for (int v = 0; v < kVecsM; ++v) {
+            store(sum_tile + v * kLanes, load(sum_tile + v * kLanes) * rescale_v[v] + sum_v[v]);
+            store(max_tile + v * kLanes, max_v[v]);
+            store(delta_sum_tile + v * kLanes, load(delta_sum_tile + v * kLanes) * rescale_v[v]);
           }
           if (!correct_delta) continue;
-          // dP = dO·V^T; rowsum(E ∘ dP)
-          tile_gemm(kTileM, kTileN, dvp, t.doc.tile(row0), t.doc.ld, t.vb.tile(col0), t.vb.ld, dprob, kTileN, false);
-          for (int64_t r = 0; r < kTileM; ++r) {
-            vf sum{};
-            for (int v = 0; v < kVecsN; ++v)
-              sum += load(scores + r * kTileN + v * kLanes) * load(dprob + r * kTileN + v * kLanes);
-            delta_sum_tile[r] += horizontal_sum(sum);
-          }
+          // dP^T = V·dO^T; rowsum(E ∘ dP), per query
+          tile_gemm(kTileN, kTileM, dvp, t.vb.tile(col0), t.vb.ld, t.doc.tile(row0), t.doc.ld, dprob, kTileM, false);
+          for (int v = 0; v < kVecsM; ++v) sum_v[v] = vf{};
+          for (int64_t c = 0; c < kTileN; ++c)
+            for (int v = 0; v < kVecsM; ++v)
+              sum_v[v] += load(scores + c * kTileM + v * kLanes) * load(dprob + c * kTileM + v * kLanes);
+          for (int v = 0; v < kVecsM; ++v)
+            store(delta_sum_tile + v * kLanes, load(delta_sum_tile + v * kLanes) + sum_v[v]);
         }
       }
     }
@@ -784,12 +816,18 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
         inv_sum[r - t.q.first] = in ? st.inv_sum[stat0 + size_t(r)] : 0.0f;
         delta[r - t.q.first] = in ? st.delta[stat0 + size_t(r)] : 0.0f;
       }
-      for (int64_t col0 = keys.begin; col0 < keys.end; col0 += kTileN) {
-        const Range tile_keys{col0, std::min(col0 + kTileN, keys.end)};
-        const Range tile_queries = s.mask.queries(block, tile_keys);
-        float* dk_tile = dk + (col0 - keys.begin) * dp;
-        float* dv_tile = dv + (col0 - keys.begin) * dvp;
-        for (int64_t row0 = align_down(tile_queries.begin, kTileM); row0 < tile_queries.end; row0 += kTileM) {
+      // Query tiles outside, key tiles inside: one query tile's four operand tiles stay in L1 while
+      // the chunk's key panels and dK/dV accumulators stay in L2, instead of the whole query block
+      // (four panels of up to query_block rows, more than an L2) streaming by for every key tile.
+      // Each accumulator still sums its terms in the same order (dK, dV over ascending query
+      // tiles; dQ^T over ascending key tiles): the result is the same bit for bit.
+      for (int64_t row0 = align_down(block.begin, kTileM); row0 < block.end; row0 += kTileM) {
+        for (int64_t col0 = keys.begin; col0 < keys.end; col0 += kTileN) {
+          const Range tile_keys{col0, std::min(col0 + kTileN, keys.end)};
+          const Range tile_queries = s.mask.queries(block, tile_keys);
+          float* dk_tile = dk + (col0 - keys.begin) * dp;
+          float* dv_tile = dv + (col0 - keys.begin) * dvp;
+          if (row0 < align_down(tile_queries.begin, kTileM) || row0 >= tile_queries.end) continue;
           const int64_t stat = row0 - t.q.first;
           // S^T = K·Q^T  [kTileN keys, kTileM queries]; P^T
           tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
