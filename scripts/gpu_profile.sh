@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Nsight Compute profiles of the sm90 kernels on an H100/H200, from the repository root, with a
+# build in $BUILD (default ./build-sm90, built with -lineinfo by scripts/gpu_sm90.sh): for each
+# case, one launch of the main kernel after the warm-up ones, the full section set, then
+#   $OUT/ncu_<case>.txt   the details page (speed of light, occupancy, warp states, pipes)
+#   $OUT/ncu_<case>_sass.csv  per-SASS-line samples (stall reasons) — where the warps wait
+# CASES (default "fwd128 fwd64 bwd128") picks the cases below.
+set -u -o pipefail
+OUT=${OUT:-$PWD/out}
+BUILD=${BUILD:-$PWD/build-sm90}
+mkdir -p "$OUT"
+status=0
+shape="--dtype bf16 --iters 1 --warmup 3 --no-progress"
+declare -A ARGS=(
+  [fwd128]="--backend sm90 --mode fwd --head-dim 128 --heads 16 --batch 4 --seqlen-q 4096 $shape"
+  [fwd128c]="--backend sm90 --mode fwd --head-dim 128 --heads 16 --batch 4 --seqlen-q 4096 --causal top-left $shape"
+  [fwd64]="--backend sm90 --mode fwd --head-dim 64 --heads 32 --batch 4 --seqlen-q 4096 $shape"
+  [bwd128]="--backend sm90 --mode bwd --head-dim 128 --heads 16 --batch 4 --seqlen-q 4096 $shape"
+)
+declare -A KERNEL=([fwd128]=fwd_kernel [fwd128c]=fwd_kernel [fwd64]=fwd_kernel [bwd128]=bwd_kernel)
+for c in ${CASES:-fwd128 fwd64 bwd128}; do
+  echo "== ncu $c ($(date +%T))"
+  timeout 240 ncu --set full --import-source yes -k "regex:^${KERNEL[$c]}" -s 3 -c 1 -f -o "/tmp/ncu_$c" \
+    "$BUILD/fmha" bench ${ARGS[$c]} > "$OUT/ncu_${c}_run.log" 2>&1 || { status=1; tail -5 "$OUT/ncu_${c}_run.log"; continue; }
+  ncu -i "/tmp/ncu_$c.ncu-rep" --page details > "$OUT/ncu_$c.txt" 2>&1 || status=1
+  ncu -i "/tmp/ncu_$c.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_${c}_sass.csv" 2>&1 || status=1
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|L2 Hit|Issue Slots Busy|No Eligible" \
+    "$OUT/ncu_$c.txt" | head -12
+done
+exit $status
