@@ -338,6 +338,16 @@ TEST(MaskObject, MatchesTheDefinition) {
                 const Range keys = m.keys(rows);
                 if (any) ASSERT_TRUE(keys.begin < cols.end && keys.end > cols.begin);
               }
+            // full_keys(rows): exactly the keys that every row of the range sees.
+            for (int64_t r0 = 0; r0 < sq; ++r0)
+              for (int64_t r1 = r0 + 1; r1 <= std::min(r0 + 5, sq); ++r1) {
+                const Range full = m.full_keys(Range{r0, r1});
+                for (int64_t j = 0; j < sk; ++j) {
+                  bool all = true;
+                  for (int64_t i = r0; i < r1; ++i) all = all && m.visible(i, j);
+                  ASSERT_EQ(all, j >= full.begin && j < full.end) << "full_keys([" << r0 << "," << r1 << ")) key " << j;
+                }
+              }
           }
 }
 

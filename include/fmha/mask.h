@@ -89,12 +89,20 @@ struct Mask {
   }
 
   // True when every (row, key) of the tile is visible: such a tile needs no per-element mask.
+  // The keys that every row of `rows` sees (empty where no key is seen by all). begin is
+  // non-decreasing in the row, end likewise: the binding rows are the last (begin) and the first
+  // (end). Every rows range sees all keys when it is empty.
+  FMHA_HOST_DEVICE Range full_keys(Range rows) const {
+    if (rows.empty()) return {0, seqlen_k};
+    const Range first = keys(rows.begin), last = keys(rows.end - 1);
+    return {last.begin, first.end};
+  }
+
+  // Whether every row of `rows` sees every key of `cols` (a tile that needs no masking).
   FMHA_HOST_DEVICE bool tile_is_full(Range rows, Range cols) const {
     if (rows.empty() || cols.empty()) return true;
-    const Range first = keys(rows.begin), last = keys(rows.end - 1);
-    // begin is non-decreasing in the row, end likewise: the binding rows are the last (begin)
-    // and the first (end).
-    return last.begin <= cols.begin && first.end >= cols.end;
+    const Range full = full_keys(rows);
+    return full.begin <= cols.begin && full.end >= cols.end;
   }
 };
 

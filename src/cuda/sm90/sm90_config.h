@@ -50,7 +50,10 @@ struct FwdConfig {
   bool overlap;   // intra-warpgroup overlap of softmax and matrix work
   bool pingpong;  // consumer warpgroups issue their GEMMs in turn (needs overlap)
   // The softmax scale folded into the exponent (one FMA per score) rather than a multiply first.
-  // Measured on an H200 (docs/PERF.md): +18 % at head dim 64, -10 to -15 % at 128: on at 64 only.
+  // Measured on an H200 (docs/PERF.md): +18 % at head dim 64; at 128 it once lost 10-15 %, but
+  // with P converted at the top of the next key tile it measured level (2026-12-04), and it keeps
+  // the softmax between the two wgmma waits in the SASS (the multiply-first form let the compiler
+  // hoist the P·V wait above it): on at every head dim.
   bool fold_scale;
   constexpr int tile_m() const { return consumers * kConsumerRows; }
   constexpr int threads() const { return (consumers + 1) * kWarpgroupThreads; }
@@ -75,7 +78,7 @@ constexpr int default_fwd_variant(int head_dim, int64_t seqlen_q, bool masked) {
 // shared memory next to the query tile (Q 128 × D, K and V stages of tile_n × D each).
 constexpr FwdConfig fwd_config(int head_dim, int variant) {
   const int d = padded_head_dim(head_dim);
-  FwdConfig c{2, 128, 2, true, true, d <= 64};
+  FwdConfig c{2, 128, 2, true, true, true};
   if (d <= 64) c.stages = 3;
   if (d == 192) c.tile_n = 96;
   if (d == 256) c.tile_n = 64;

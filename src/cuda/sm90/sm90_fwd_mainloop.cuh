@@ -158,14 +158,28 @@ struct FwdMainloop {
     }
   }
 
+  // The key tiles j in [begin, end) of a work tile that every row of the warpgroup sees whole:
+  // they skip the mask. Found once per work tile (the mask's visible keys are bands, so these
+  // tiles are contiguous), which leaves one compare per tile in the loop.
+  struct FullTiles {
+    int begin, end;
+    __device__ __forceinline__ FullTiles(const Mask& mask, Range rows, Range keys, int num_tiles) {
+      const Range full = mask.full_keys(rows);
+      const int64_t lo = full.begin - keys.begin;
+      const int64_t hi = (full.end < keys.end ? full.end : keys.end) - keys.begin;
+      begin = lo <= 0 ? 0 : int((lo + BN - 1) / BN);
+      end = hi <= 0 ? 0 : int(hi / BN < num_tiles ? hi / BN : num_tiles);
+    }
+    __device__ __forceinline__ bool need_mask(int j) const { return j < begin || j >= end; }
+  };
+
   // Mask where the tile needs it, then the online-softmax update: s becomes P, rescale[i] is what
   // row i's output accumulated so far must be multiplied by. With FOLD_SCALE the scale is folded
   // into the exponent (a negative softmax scale takes the plain path: scale, then update).
   __device__ __forceinline__ void softmax_step(typename Tiles::Scores& s, typename Tiles::Softmax& softmax,
                                                float (&rescale)[Tiles::Scores::kRows], Range rows, int64_t col0,
-                                               int64_t keys_end) {
-    const Range cols{col0, col0 + BN < keys_end ? col0 + BN : keys_end};
-    if (!(cols.size() == BN && args.mask.tile_is_full(rows, cols)))
+                                               bool need_mask) {
+    if (need_mask)
       tile::thread::mask_outside(
           s, [&](int i) { return args.mask.keys(rows.begin + Tiles::Scores::row(i, thread)); }, col0,
           [&](int j) { return Tiles::Scores::col(j, thread); });
@@ -196,6 +210,7 @@ struct FwdMainloop {
       release_queries();
       return;
     }
+    const FullTiles full(args.mask, rows, keys, num_tiles);
     if constexpr (!OVERLAP) {
       for (int j = 0; j < num_tiles; ++j) {
         shared.k_full[pipe.index].wait(pipe.phase);
@@ -204,7 +219,7 @@ struct FwdMainloop {
         wg::fence_operand(s.d);
         release(shared.k_empty[pipe.index]);
         if (j == num_tiles - 1) release_queries();
-        softmax_step(s, softmax, rescale, rows, keys.begin + int64_t(j) * BN, keys.end);
+        softmax_step(s, softmax, rescale, rows, keys.begin + int64_t(j) * BN, full.need_mask(j));
         apply_rescale(o, rescale);
         wg::a_from_acc<T>(p, s);
         pv_step(o, p, pipe);
@@ -221,15 +236,21 @@ struct FwdMainloop {
       wg::fence_operand(s.d);
       release(shared.k_empty[pipe.index]);
       if (num_tiles == 1) release_queries();
-      softmax_step(s, softmax, rescale, rows, keys.begin, keys.end);
-      wg::a_from_acc<T>(p, s);
+      softmax_step(s, softmax, rescale, rows, keys.begin, full.need_mask(0));
       Pipeline previous = pipe;
       pipe.advance();
       for (int j = 1; j < num_tiles; ++j) {
+        // P(j-1) is converted here and O rescaled just before the P·V that adds to it, not after
+        // the previous iteration's final wait: nothing then touches the registers that P·V reads or
+        // writes until the iteration ends, so ptxas keeps that wait below the softmax, which runs
+        // while P·V is in flight (with the conversion after the wait, the SASS showed the wait
+        // hoisted above the whole softmax).
+        wg::a_from_acc<T>(p, s);
         // S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) in flight together.
         shared.k_full[pipe.index].wait(pipe.phase);
         take_turn();
         issue_scores(s, pipe.index);
+        apply_rescale(o, rescale);  // to tile j-1's row max, while S(j) runs
         shared.v_full[previous.index].wait(previous.phase);
         wg::fence_operand(o.d);
         issue_pv(o, p, previous.index);
@@ -237,17 +258,17 @@ struct FwdMainloop {
         wg::wait<1>();  // S(j) is done; P·V may still run
         wg::fence_operand(s.d);
         release(shared.k_empty[pipe.index]);
-        softmax_step(s, softmax, rescale, rows, keys.begin + int64_t(j) * BN, keys.end);
+        softmax_step(s, softmax, rescale, rows, keys.begin + int64_t(j) * BN, full.need_mask(j));
         wg::wait<0>();
         wg::fence_operand(o.d);
         wg::fence_operand(p);
         release(shared.v_empty[previous.index]);
-        apply_rescale(o, rescale);
-        wg::a_from_acc<T>(p, s);
         previous = pipe;
         pipe.advance();
       }
       if (num_tiles > 1) release_queries();  // the last Q·Kᵀ completed in the loop
+      wg::a_from_acc<T>(p, s);
+      apply_rescale(o, rescale);
       pv_step(o, p, previous, true);
     }
   }

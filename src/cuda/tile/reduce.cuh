@@ -31,15 +31,30 @@ __device__ __forceinline__ float row_sum(float x) {
 }
 
 // Per-row max / sum of a register tile whose row i is spread over LANES lanes: out[i].
+// A thread's part of a row is reduced through kChains independent chains, then across them: the
+// dependent path is kCols / kChains + log2(kChains) operations, not kCols (max is exact in any
+// order; a sum's rounding changes only within fp32's usual error).
+inline constexpr int kChains = 4;
+template <class Op, class Reg>
+__device__ __forceinline__ float thread_row_reduce(const Reg& s, int i, Op op) {
+  constexpr int kChainsUsed = Reg::kCols % kChains == 0 ? kChains : 1;
+  float part[kChainsUsed];
+#pragma unroll
+  for (int c = 0; c < kChainsUsed; ++c) part[c] = s(i, c);
+#pragma unroll
+  for (int j = kChainsUsed; j < Reg::kCols; ++j) part[j % kChainsUsed] = op(part[j % kChainsUsed], s(i, j));
+#pragma unroll
+  for (int width = kChainsUsed / 2; width > 0; width /= 2)
+#pragma unroll
+    for (int c = 0; c < width; ++c) part[c] = op(part[c], part[c + width]);
+  return part[0];
+}
+
 template <int LANES, class Reg>
 __device__ __forceinline__ void row_max(float (&out)[Reg::kRows], const Reg& s) {
 #pragma unroll
-  for (int i = 0; i < Reg::kRows; ++i) {
-    float m = s(i, 0);
-#pragma unroll
-    for (int j = 1; j < Reg::kCols; ++j) m = fmaxf(m, s(i, j));
-    out[i] = row_max<LANES>(m);
-  }
+  for (int i = 0; i < Reg::kRows; ++i)
+    out[i] = row_max<LANES>(thread_row_reduce(s, i, [](float a, float b) { return fmaxf(a, b); }));
 }
 template <int LANES, class Reg>
 __device__ __forceinline__ void row_sum(float (&out)[Reg::kRows], const Reg& s) {
@@ -138,14 +153,9 @@ struct OnlineSoftmax {
       // A row that has seen only masked keys keeps max = -inf; subtracting 0 keeps P = 0, not NaN.
       const float base = new_max == kNegInf ? 0.f : new_max;
       rescale[i] = FAST ? exp2_fast(max[i] - base) : exp2_exact(max[i] - base);
-      float local = 0.f;
 #pragma unroll
-      for (int j = 0; j < Reg::kCols; ++j) {
-        const float p = FAST ? exp2_fast(s(i, j) - base) : exp2_exact(s(i, j) - base);
-        s(i, j) = p;
-        local += p;
-      }
-      sum[i] = sum[i] * rescale[i] + local;
+      for (int j = 0; j < Reg::kCols; ++j) s(i, j) = FAST ? exp2_fast(s(i, j) - base) : exp2_exact(s(i, j) - base);
+      sum[i] = sum[i] * rescale[i] + warp::thread_row_reduce(s, i, [](float a, float b) { return a + b; });
       max[i] = new_max;
     }
   }
@@ -163,15 +173,12 @@ struct OnlineSoftmax {
       const float new_max = fmaxf(max[i], tile_max[i] * scale);
       const float base = new_max == kNegInf ? 0.f : new_max;
       rescale[i] = FAST ? exp2_fast(max[i] - base) : exp2_exact(max[i] - base);
-      float local = 0.f;
 #pragma unroll
       for (int j = 0; j < Reg::kCols; ++j) {
         const float x = fmaf(s(i, j), scale, -base);
-        const float p = FAST ? exp2_fast(x) : exp2_exact(x);
-        s(i, j) = p;
-        local += p;
+        s(i, j) = FAST ? exp2_fast(x) : exp2_exact(x);
       }
-      sum[i] = sum[i] * rescale[i] + local;
+      sum[i] = sum[i] * rescale[i] + warp::thread_row_reduce(s, i, [](float a, float b) { return a + b; });
       max[i] = new_max;
     }
   }
