@@ -1,4 +1,14 @@
 // The simt backward kernels: exact fp32 arithmetic from fp32, fp16 or bf16 storage (T).
+//   bwd_stats_kernel: one block per (query tile, head, batch), before the others. Each row's
+//                  softmax max and sum, online over the keys it sees as the forward forms them,
+//                  from the scores the other kernels form again bit for bit. P is not recovered
+//                  from the given LSE: an fp32 LSE of magnitude ~100 (peaked softmax: large
+//                  logits) is off by ~|LSE|·2^-24, and 2^(S·scale_log2 - LSE·log2 e) adds two
+//                  more roundings of that size, an error in every P (dV ~60x a plain fp32
+//                  softmax's on such rows; dQ, dK 3-10x) where a plain softmax gets the dominant
+//                  P exactly (exp(s - max) = 1). With the row's own max, the exp2 argument
+//                  (x - max)·|scale_log2| is exact near the max. Costs one S = Q·K^T product (of
+//                  the five the backward forms) and one exp2 per score.
 //   bwd_kernel:    one block per (key tile, KV head, batch). Loops over the group's query heads and
 //                  the query tiles that see the key tile, accumulating dK and dV in registers (no
 //                  atomics, GQA sums included); adds dS·K into the fp32 dQ accumulator with
@@ -16,6 +26,107 @@
 #include "cuda/simt/simt_bwd_micro_mainloop.cuh"
 
 namespace fmha::cuda::simt {
+
+// The statistics kernel's tiles: Q and one K tile, Grid16 (the deterministic dQ kernel's shapes).
+template <int HD, int BM, int BN>
+struct StatsTiles {
+  static_assert(BM % 16 == 0 && BN % 16 == 0 && HD % 16 == 0, "Grid16 tiles are multiples of 16");
+  using QTile = tile::SmemTile<float, BM, HD, kRowPad>;  // [BM, HD] queries
+  using KTile = tile::SmemTile<float, BN, HD, kRowPad>;  // [BN, HD] keys
+  struct SharedStorage {
+    tile::SmemArray<QTile> q;
+    tile::SmemArray<KTile> k;
+  };
+  using Scores = tile::RegTile<float, BM / 16, BN / 16>;  // [BM, BN] x, then 2^((x - max)·|scale_log2|)
+};
+
+// The factor that turns the row's own softmax (its recomputed max and sum) into the one the given
+// LSE defines, P = exp(scale·s - lse): 1 where lse is the row's own, within what the forward's
+// rounding and its differently ordered scores leave (kOwnUlps fp32 units of lse); exp(own - lse)
+// where lse is larger, as when the call is one part of the keys and lse the merged softmax's
+// (fmha::merge; ring attention): P is then the part's share. 0 where lse is -inf (no key seen).
+__device__ __forceinline__ float lse_factor(float row_max, float row_sum, float abs_scale, float lse) {
+  constexpr double kOwnUlps = 32.0;
+  constexpr double kFp32Epsilon = 1.1920928955078125e-7;  // 2^-23
+  if (lse == tile::kNegInf) return 0.f;
+  const double own = double(row_max) * abs_scale + log(double(row_sum));
+  const double tolerance = kOwnUlps * kFp32Epsilon * fmax(1.0, fabs(double(lse)));
+  if (fabs(own - double(lse)) <= tolerance) return 1.f;
+  return float(exp(own - double(lse)));
+}
+
+template <class T, int HD, int BM, int BN, int MIN_BLOCKS, bool kPacked>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const AttentionArgs args) {
+  using Tiles = StatsTiles<HD, BM, BN>;
+  constexpr int kRows = BM / 16;  // query rows per thread
+  extern __shared__ float4 shared_raw[];
+  auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
+  const tile::Grid16 g = tile::Grid16::of_thread();
+  const BlockSequence<kPacked> block(args);
+  const SequenceStart seq = block.start();
+  const Mask& mask = block.mask();  // the block's sequence: its lengths and its mask
+  const int h = blockIdx.y;
+  const int kv_head = h / args.group;
+  const int64_t row0 = int64_t(blockIdx.x) * BM;
+  if (row0 >= mask.seqlen_q) return;  // past a packed sequence's end
+  const Range rows{row0, row0 + BM < mask.seqlen_q ? row0 + BM : mask.seqlen_q};
+  const Range keys = mask.keys(rows);
+  const float scale_log2 = fabsf(args.scale_log2);
+
+  float max[kRows], sum[kRows];  // running max of x (reduced over the row's lanes); this thread's share of the sum
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) max[i] = tile::kNegInf, sum[i] = 0.f;
+
+  if (!keys.empty()) {
+    load_fp32_tile(shared.q.tile(), args.q.at<const T>(seq.q, rows.begin, h), args.q.seq_stride, int(rows.size()),
+                   args.head_dim);
+    for (int64_t col0 = keys.begin; col0 < keys.end; col0 += BN) {
+      const Range cols{col0, col0 + BN < keys.end ? col0 + BN : keys.end};
+      load_fp32_tile(shared.k.tile(), args.k.at<const T>(seq.k, cols.begin, kv_head), args.k.seq_stride,
+                     int(cols.size()), args.head_dim);
+      tile::block::commit();
+      tile::block::wait<0>();
+      __syncthreads();
+      typename Tiles::Scores x;  // [BM, BN] x = sign(scale)·(q·k), -inf where masked
+      x.fill(0.f);
+      tile::thread::mma_nt<HD>(x, shared.q.tile(), shared.k.tile(), g);  // as score_gradients forms S
+      tile::thread::scale(x, score_sign(args));
+      if (!(rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols)))
+        tile::thread::mask_scores(
+            x, mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
+      float tile_max[kRows];
+      tile::warp::row_max<tile::Grid16::kSide>(tile_max, x);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const float new_max = fmaxf(max[i], tile_max[i]);
+        const float base = new_max == tile::kNegInf ? 0.f : new_max;  // nothing visible yet: P stays 0, not NaN
+        float part = 0.f;
+#pragma unroll
+        for (int j = 0; j < BN / 16; ++j) part += tile::exp2_exact((x(i, j) - base) * scale_log2);
+        sum[i] = sum[i] * tile::exp2_exact((max[i] - base) * scale_log2) + part;
+        max[i] = new_max;
+      }
+      __syncthreads();  // K is overwritten by the next key tile
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) sum[i] = tile::warp::row_sum<tile::Grid16::kSide>(sum[i]);
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int64_t row = rows.begin + g.row(i);
+    if (row >= rows.end || g.tx != 0) continue;
+    const int64_t stat = args.stat_index(seq.q, h, row);
+    if (!(sum[i] > 0.f)) {  // sees no key: P = 2^(x - inf)·0 = 0
+      args.row_max[stat] = __int_as_float(0x7f800000);
+      args.row_inv_sum[stat] = 0.f;
+      continue;
+    }
+    const float lse = args.lse[seq.q * args.lse_batch_stride + h * args.lse_head_stride + row * args.lse_seq_stride];
+    args.row_max[stat] = max[i];
+    args.row_inv_sum[stat] = lse_factor(max[i], sum[i], fabsf(args.scale), lse) / sum[i];
+  }
+}
 
 template <class T, int HD, int BM, int BN, int MIN_BLOCKS, bool kPacked>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const AttentionArgs args) {
