@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -162,6 +164,62 @@ TEST_P(GpuPeakedSoftmax, BackwardWithinTwiceNaiveFp32Error) {
     }
   }
   if (ran == 0) GTEST_SKIP() << "no fp32 backward call ran on this tier";
+}
+
+// A given LSE larger than the call's own (the call is one part of the keys, the LSE the merged
+// softmax's, as in ring attention's backward): P = exp(scale·S - LSE) is the part's share of that
+// softmax. The simt backward forms P from its own statistics, scaled by exp(own - LSE) where the
+// two differ; against the CPU backend's backward of the same call (Merge.PerPart* tests that one
+// against the fp64 oracle). Row r's share is 1 (the own-softmax path) or 0.3 to 0.99.
+TEST(SimtBackward, GivenLseLargerThanItsOwnScalesP) {
+  SKIP_UNLESS_RUNNABLE(Backend::cuda_simt);
+  constexpr double kShares[] = {1.0, 0.3, 0.5, 0.9, 0.99, 1.0 - 1e-3};
+  constexpr double kTolerance = 1e-5;  // relative 2-norm, fp32 against fp32
+  int64_t ran = 0;
+  for (int64_t head_dim : compiled_head_dims())
+    for (bool deterministic : {false, true}) {
+      Config c;
+      c.seed = 20261204 + uint64_t(head_dim) + (deterministic ? 1 : 0);
+      c.backend = Backend::cpu;
+      c.batch = 2, c.heads = 4, c.kv_heads = 2, c.seqlen_q = 77, c.seqlen_k = 130;
+      c.head_dim = c.head_dim_v = head_dim;
+      c.causal = Causal::bottom_right;
+      c.window_left = 90;
+      c.softmax_scale = 0.5f;
+      c.magnitude = 1.5f;
+      c.deterministic = deterministic;
+      Problem pr = make_problem(c);
+      Params fwd = pr.params();
+      fwd.dout = fwd.dq = fwd.dk = fwd.dv = Tensor{};
+      ASSERT_TRUE(forward(fwd).ok());
+      float* lse = reinterpret_cast<float*>(pr.lse.bytes.data());
+      const int64_t rows = int64_t(pr.lse.bytes.size() / sizeof(float));
+      for (int64_t r = 0; r < rows; ++r) lse[r] -= float(std::log(kShares[r % std::size(kShares)]));
+
+      Params cpu = pr.params();
+      ASSERT_TRUE(backward(cpu).ok());
+      const std::vector<uint8_t> dq = pr.dq.bytes, dk = pr.dk.bytes, dv = pr.dv.bytes;
+      Params gpu = pr.params();
+      gpu.backend = Backend::cuda_simt;
+      const Status st = run_on_device(gpu, Direction::backward);
+      if (st.code == Code::unsupported) continue;
+      ASSERT_TRUE(st.ok()) << st.message;
+      ++ran;
+      const auto rel_err = [](const std::vector<uint8_t>& got, const std::vector<uint8_t>& want) {
+        const float* a = reinterpret_cast<const float*>(got.data());
+        const float* b = reinterpret_cast<const float*>(want.data());
+        double diff2 = 0, ref2 = 0;
+        for (size_t i = 0; i < want.size() / sizeof(float); ++i) {
+          diff2 += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+          ref2 += double(b[i]) * b[i];
+        }
+        return std::sqrt(diff2 / ref2);  // NaN (never below the tolerance) if any output is NaN
+      };
+      EXPECT_LT(rel_err(pr.dq.bytes, dq), kTolerance) << "dq, " << c.describe();
+      EXPECT_LT(rel_err(pr.dk.bytes, dk), kTolerance) << "dk, " << c.describe();
+      EXPECT_LT(rel_err(pr.dv.bytes, dv), kTolerance) << "dv, " << c.describe();
+    }
+  if (ran == 0) GTEST_SKIP() << "simt refused every call";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fuzz, GpuPeakedSoftmax, ::testing::Values(Backend::cuda_simt, Backend::cuda_sm80),
