@@ -39,7 +39,7 @@ constexpr size_t backward_dq_shared_bytes() {
   return sizeof(typename BwdTiles<HD, c.tile_m, c.tile_n>::SharedStorage);
 }
 
-// The statistics kernel's (the deterministic dQ kernel's Grid16 shapes, Q and K tiles only).
+// The statistics kernel's (the deterministic dQ kernel's Grid16 shapes; Q, dO, K and V tiles, no P or dS).
 template <int HD, int VARIANT>
 constexpr size_t backward_stats_shared_bytes() {
   constexpr TileConfig c = bwd_config(HD, VARIANT).dq;
