@@ -56,6 +56,9 @@ struct Draw {
   const T& pick(const std::vector<T>& v) { return v[size_t(uniform(0, int64_t(v.size()) - 1))]; }
 };
 
+// The share of calls drawn peaked (on top of those that scale 1 and magnitude 3 make peaked).
+constexpr double kPeakedChance = 0.1;
+
 // A sequence length: 1 (a single row or key) one time in six, otherwise log-uniform.
 int64_t draw_length(Draw& d, int64_t max_seqlen) { return d.chance(1.0 / 6) ? 1 : d.log_uniform(max_seqlen); }
 
@@ -147,6 +150,12 @@ Config generate(uint64_t seed, const Tier& tier) {
   const Layout layouts[] = {Layout::bshd, Layout::bshd, Layout::bhsd, Layout::padded};
   c.layout = layouts[d.uniform(0, 3)];
   c.deterministic = d.chance(0.5);
+  // The peaked class (fuzz.h): scores of ~kPeakedLogit whatever the head dim. Drawn last, so
+  // that the draws above stay those of a seed without it.
+  if (d.chance(kPeakedChance)) {
+    c.softmax_scale = 1.f;
+    c.magnitude = float(std::sqrt(kPeakedLogit / std::sqrt(double(c.head_dim))));
+  }
 
   if (c.dtype != DType::fp32) {
     const double scale = c.softmax_scale != 0.f ? c.softmax_scale : 1.0 / std::sqrt(double(c.head_dim));
@@ -552,6 +561,34 @@ std::vector<uint64_t> seeds(int64_t count, int shard, int shards) {
     out.push_back((z ^ (z >> 31)) & 0xffffffffffffull);  // 48 bits: short enough to copy
   }
   return out;
+}
+
+Config peaked_config(uint64_t seed, Backend backend, Precision precision, Causal causal, int64_t group,
+                     int64_t head_dim, bool deterministic) {
+  Config c;
+  c.seed = seed;
+  c.backend = backend;
+  c.dtype = DType::fp32;
+  c.precision = precision;
+  c.batch = 1, c.kv_heads = 1, c.heads = group;
+  c.seqlen_q = 256, c.seqlen_k = 200, c.head_dim = c.head_dim_v = head_dim;
+  c.causal = causal;
+  c.softmax_scale = 1.f;
+  c.magnitude = kPeakedMagnitude;
+  c.deterministic = deterministic;
+  return c;
+}
+
+std::string peaked_failure(const Outcome& outcome) {
+  std::ostringstream out;
+  for (const TensorError& e : outcome.errors) {
+    if (e.name != "dq" && e.name != "dk" && e.name != "dv") continue;
+    const double bound = kPeakedNaiveFactor * e.naive + kPeakedRoundingFactor * kFp32Roundoff * e.ref;
+    if (!(e.kernel <= bound))
+      out << "  " << e.name << ": ||error|| " << e.kernel << " > peaked bound " << bound << " (" << e.kernel / e.naive
+          << "x the naive error " << e.naive << ", ||fp64|| " << e.ref << ")\n";
+  }
+  return out.str();
 }
 
 }  // namespace fmha::fuzz

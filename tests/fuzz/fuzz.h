@@ -118,6 +118,29 @@ struct Outcome {
 // forward's own O and LSE, and checks dQ, dK and dV.
 Outcome check(const Config& config, const Runner& runner);
 
+// The peaked softmax: scale 1.0 and inputs of standard deviation kPeakedMagnitude at head dim 128
+// (scores of ~100: one key dominates each row, its P near 1). The generator draws this class as
+// scores of that size at any head dim (kPeakedLogit); peaked_config makes the fixed cases.
+inline constexpr float kPeakedMagnitude = 3.f;
+inline constexpr double kPeakedLogit = 100.0;  // the standard deviation of the scores drawn peaked
+
+// THE PEAKED BOUND, on dQ, dK and dV of a peaked call (tighter than the fuzz rule, which lets the
+// backward's own rounding through):
+//     ||X - X_fp64||  <=  kPeakedNaiveFactor · ||X_naive - X_fp64||  +  kPeakedRoundingFactor · u_fp32 · ||X_fp64||
+// A backward that recovers P from an fp32 LSE of ~100, or forms Δ from O as stored, misses it
+// (dV ~60x, dQ and dK 2-10x the naive error on such calls).
+inline constexpr double kPeakedNaiveFactor = 2.0;
+inline constexpr double kPeakedRoundingFactor = 2.0;
+
+// A peaked call: batch 1, one KV head with `group` query heads, 256 queries and 200 keys (so that
+// bottom_right leaves the first rows with no key), fp32 storage, head dims `head_dim`.
+Config peaked_config(uint64_t seed, Backend backend, Precision precision, Causal causal, int64_t group,
+                     int64_t head_dim, bool deterministic);
+
+// Empty when dQ, dK and dV of `outcome` (from check) are within the peaked bound; otherwise what
+// is not, one line per tensor.
+std::string peaked_failure(const Outcome& outcome);
+
 // The seeds of one run: FMHA_FUZZ_SEED=<seed> replays one case; otherwise `count` cases
 // (FMHA_FUZZ_COUNT overrides it) from a fixed base, FMHA_FUZZ_BASE_SEED=<n>, or
 // FMHA_FUZZ_BASE_SEED=clock (fresh cases every run). Shard `shard` of `shards` takes every

@@ -116,6 +116,10 @@ WorkspaceLayout workspace_layout(const Problem& s, bool deterministic, OrderedDq
   at = align_up(at + padded_rows * sizeof(float));
   w.delta = at;
   at = align_up(at + padded_rows * sizeof(float));
+  w.row_max = at;
+  at = align_up(at + padded_rows * sizeof(float));
+  w.row_inv_sum = at;
+  at = align_up(at + padded_rows * sizeof(float));
   if (deterministic && ordered.rows > 0) {
     w.has_dq_turns = true;
     w.dq_turn_tiles = (s.seqlen_q + ordered.rows - 1) / ordered.rows;
@@ -143,6 +147,8 @@ Status bind_workspace(const Params& p, const WorkspaceLayout& w, AttentionArgs* 
   a->dq_accum_stride = w.dq_accum_stride;
   a->lse_log2 = reinterpret_cast<float*>(base + w.lse_log2);
   a->delta = reinterpret_cast<float*>(base + w.delta);
+  a->row_max = reinterpret_cast<float*>(base + w.row_max);
+  a->row_inv_sum = reinterpret_cast<float*>(base + w.row_inv_sum);
   a->dq_turns = w.has_dq_turns ? reinterpret_cast<int*>(base + w.dq_turns) : nullptr;
   a->dq_turn_tiles = w.dq_turn_tiles;
   return Status::success();

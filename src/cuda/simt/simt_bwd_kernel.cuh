@@ -1,4 +1,15 @@
 // The simt backward kernels: exact fp32 arithmetic from fp32, fp16 or bf16 storage (T).
+//   bwd_stats_kernel: one block per (query tile, head, batch), before the others. Each row's
+//                  softmax max and sum, online over the keys it sees as the forward forms them,
+//                  from the scores the other kernels form again bit for bit. P is not recovered
+//                  from the given LSE: an fp32 LSE of magnitude ~100 (peaked softmax: large
+//                  logits) is off by ~|LSE|·2^-24, and 2^(S·scale_log2 - LSE·log2 e) adds two
+//                  more roundings of that size, an error in every P (dV ~60x a plain fp32
+//                  softmax's on such rows; dQ, dK 3-10x) where a plain softmax gets the dominant
+//                  P exactly (exp(s - max) = 1). With the row's own max, the exp2 argument
+//                  (x - max)·|scale_log2| is exact near the max. Costs one S = Q·K^T product (of
+//                  the five the backward forms) and one exp2 per score; query tiles with a peaked
+//                  row also form Δ = rowsum(P ∘ dP) (kOwnDeltaMinPeak), two products more.
 //   bwd_kernel:    one block per (key tile, KV head, batch). Loops over the group's query heads and
 //                  the query tiles that see the key tile, accumulating dK and dV in registers (no
 //                  atomics, GQA sums included); adds dS·K into the fp32 dQ accumulator with
@@ -16,6 +27,167 @@
 #include "cuda/simt/simt_bwd_micro_mainloop.cuh"
 
 namespace fmha::cuda::simt {
+
+// The statistics kernel's tiles, Grid16 (the deterministic dQ kernel's shapes): Q and K for the
+// rows' max and sum; dO and V besides for the Δ pass.
+template <int HD, int BM, int BN>
+struct StatsTiles {
+  static_assert(BM % 16 == 0 && BN % 16 == 0 && HD % 16 == 0, "Grid16 tiles are multiples of 16");
+  using QTile = tile::SmemTile<float, BM, HD, kRowPad>;   // [BM, HD] queries, or dO (head_dim_v <= HD)
+  using KVTile = tile::SmemTile<float, BN, HD, kRowPad>;  // [BN, HD] keys, or values
+  struct SharedStorage {
+    tile::SmemArray<QTile> q, dout;
+    tile::SmemArray<KVTile> k, v;
+  };
+  using Scores = tile::RegTile<float, BM / 16, BN / 16>;  // [BM, BN] x = sign(scale)·(q·k), or dP
+};
+
+// Δ = rowsum(dO ∘ O) cancels against dP = dO·V^T only to O's rounding: where one key dominates a
+// row (P near 1), dS = P·(dP - Δ) keeps that residue, and dQ and dK reach 2-3x a plain fp32
+// softmax's error (whose Δ = rowsum(P ∘ dP) cancels exactly). A query tile with a row whose
+// largest P is at least this forms Δ = rowsum(P ∘ dP) from its own P and dP (a second pass over
+// its keys: S and dP again); the others keep the preprocess's Δ.
+inline constexpr float kOwnDeltaMinPeak = 0.5f;
+
+// The factor that turns the row's own softmax (its recomputed max and sum) into the one the given
+// LSE defines, P = exp(scale·s - lse): 1 where lse is the row's own, within what the forward's
+// rounding and its differently ordered scores leave (kOwnUlps fp32 units of lse); exp(own - lse)
+// where lse is larger, as when the call is one part of the keys and lse the merged softmax's
+// (fmha::merge; ring attention): P is then the part's share. 0 where lse is -inf (no key seen).
+__device__ __forceinline__ float lse_factor(float row_max, float row_sum, float abs_scale, float lse) {
+  constexpr double kOwnUlps = 32.0;
+  constexpr double kFp32Epsilon = 1.1920928955078125e-7;  // 2^-23
+  if (lse == tile::kNegInf) return 0.f;
+  const double own = double(row_max) * abs_scale + log(double(row_sum));
+  const double tolerance = kOwnUlps * kFp32Epsilon * fmax(1.0, fabs(double(lse)));
+  if (fabs(own - double(lse)) <= tolerance) return 1.f;
+  return float(exp(own - double(lse)));
+}
+
+// x = sign(scale)·(q·k) of one (query tile, key tile) pair, -inf where masked: the scores of
+// score_gradients and micro_bwd_scores bit for bit (the same fp32 operands, summed over the head
+// dim first to last, one FMA per element).
+template <class Tiles, int HD, int BM, int BN>
+__device__ __forceinline__ void stats_scores(const AttentionArgs& args, const Mask& mask,
+                                             typename Tiles::SharedStorage& shared, Range rows, Range cols,
+                                             tile::Grid16 g, typename Tiles::Scores& x) {
+  x.fill(0.f);
+  tile::thread::mma_nt<HD>(x, shared.q.tile(), shared.k.tile(), g);
+  tile::thread::scale(x, score_sign(args));
+  if (!(rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols)))
+    tile::thread::mask_scores(
+        x, mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
+}
+
+template <class T, int HD, int BM, int BN, int MIN_BLOCKS, bool kPacked>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const AttentionArgs args) {
+  using Tiles = StatsTiles<HD, BM, BN>;
+  constexpr int kRows = BM / 16;  // query rows per thread
+  constexpr int kLanes = tile::Grid16::kSide;  // lanes per query row
+  extern __shared__ float4 shared_raw[];
+  auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
+  const tile::Grid16 g = tile::Grid16::of_thread();
+  const BlockSequence<kPacked> block(args);
+  const SequenceStart seq = block.start();
+  const Mask& mask = block.mask();  // the block's sequence: its lengths and its mask
+  const int h = blockIdx.y;
+  const int kv_head = h / args.group;
+  const int64_t row0 = int64_t(blockIdx.x) * BM;
+  if (row0 >= mask.seqlen_q) return;  // past a packed sequence's end
+  const Range rows{row0, row0 + BM < mask.seqlen_q ? row0 + BM : mask.seqlen_q};
+  const Range keys = mask.keys(rows);
+  const float scale_log2 = fabsf(args.scale_log2);
+  const auto key_tile = [&](int64_t col0) { return Range{col0, col0 + BN < keys.end ? col0 + BN : keys.end}; };
+  const auto load_keys = [&](Range cols, bool values) {
+    load_fp32_tile(shared.k.tile(), args.k.at<const T>(seq.k, cols.begin, kv_head), args.k.seq_stride,
+                   int(cols.size()), args.head_dim);
+    if (values)
+      load_fp32_tile(shared.v.tile(), args.v.at<const T>(seq.k, cols.begin, kv_head), args.v.seq_stride,
+                     int(cols.size()), args.head_dim_v);
+    tile::block::commit();
+    tile::block::wait<0>();
+    __syncthreads();
+  };
+
+  // Pass 1: each row's max of x and sum of 2^((x - max)·|scale_log2|), online over its keys.
+  float max[kRows], sum[kRows];  // running max (reduced over the row's lanes); this thread's share of the sum
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) max[i] = tile::kNegInf, sum[i] = 0.f;
+  if (!keys.empty()) {
+    load_fp32_tile(shared.q.tile(), args.q.at<const T>(seq.q, rows.begin, h), args.q.seq_stride, int(rows.size()),
+                   args.head_dim);  // joins the first key tile's group
+    for (int64_t col0 = keys.begin; col0 < keys.end; col0 += BN) {
+      const Range cols = key_tile(col0);
+      load_keys(cols, false);
+      typename Tiles::Scores x;  // [BM, BN]
+      stats_scores<Tiles, HD, BM, BN>(args, mask, shared, rows, cols, g, x);
+      float tile_max[kRows];
+      tile::warp::row_max<kLanes>(tile_max, x);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const float new_max = fmaxf(max[i], tile_max[i]);
+        const float base = new_max == tile::kNegInf ? 0.f : new_max;  // nothing visible yet: 0, not NaN
+        float part = 0.f;
+#pragma unroll
+        for (int j = 0; j < BN / 16; ++j) part += tile::exp2_exact((x(i, j) - base) * scale_log2);
+        sum[i] = sum[i] * tile::exp2_exact((max[i] - base) * scale_log2) + part;
+        max[i] = new_max;
+      }
+      __syncthreads();  // K is overwritten by the next key tile
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) sum[i] = tile::warp::row_sum<kLanes>(sum[i]);
+
+  // The rows' statistics. `own`: P is this row's own softmax (not a part of a merged one), so a
+  // Δ from its own P and dP is the right one.
+  bool own[kRows], peaked = false;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int64_t row = rows.begin + g.row(i);
+    own[i] = false;
+    if (row >= rows.end) continue;
+    const int64_t stat = args.stat_index(seq.q, h, row);
+    if (!(sum[i] > 0.f)) {  // sees no key: P = 2^(x - inf)·0 = 0
+      if (g.tx == 0) args.row_max[stat] = __int_as_float(0x7f800000), args.row_inv_sum[stat] = 0.f;
+      continue;
+    }
+    const float lse = args.lse[seq.q * args.lse_batch_stride + h * args.lse_head_stride + row * args.lse_seq_stride];
+    const float factor = lse_factor(max[i], sum[i], fabsf(args.scale), lse);
+    if (g.tx == 0) args.row_max[stat] = max[i], args.row_inv_sum[stat] = factor / sum[i];
+    own[i] = factor == 1.f;
+    peaked = peaked || (own[i] && 1.f / sum[i] >= kOwnDeltaMinPeak);  // the largest P is 1/sum
+  }
+
+  // Pass 2, where a row is peaked: Δ = rowsum(P ∘ dP) over the same keys (kOwnDeltaMinPeak).
+  if (!__syncthreads_or(peaked)) return;
+  load_fp32_tile(shared.dout.tile(), args.dout.at<const T>(seq.q, rows.begin, h), args.dout.seq_stride,
+                 int(rows.size()), args.head_dim_v);  // joins the first key tile's group
+  float delta[kRows];  // this thread's share of rowsum(2^((x - max)·|scale_log2|) ∘ dP)
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) delta[i] = 0.f;
+  for (int64_t col0 = keys.begin; col0 < keys.end; col0 += BN) {
+    const Range cols = key_tile(col0);
+    load_keys(cols, true);
+    typename Tiles::Scores x, dp;  // [BM, BN] each
+    stats_scores<Tiles, HD, BM, BN>(args, mask, shared, rows, cols, g, x);
+    dp.fill(0.f);
+    tile::thread::mma_nt<HD>(dp, shared.dout.tile(), shared.v.tile(), g);  // dP = dO·V^T, as the main kernels form it
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const float base = max[i] == tile::kNegInf ? 0.f : max[i];
+#pragma unroll
+      for (int j = 0; j < BN / 16; ++j) delta[i] = fmaf(tile::exp2_exact((x(i, j) - base) * scale_log2), dp(i, j), delta[i]);
+    }
+    __syncthreads();  // K and V are overwritten by the next key tile
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    delta[i] = tile::warp::row_sum<kLanes>(delta[i]);
+    const int64_t row = rows.begin + g.row(i);
+    if (own[i] && g.tx == 0) args.delta[args.stat_index(seq.q, h, row)] = delta[i] / sum[i];
+  }
+}
 
 template <class T, int HD, int BM, int BN, int MIN_BLOCKS, bool kPacked>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_kernel(const AttentionArgs args) {

@@ -1,8 +1,12 @@
 // Storage may be fp32, fp16 or bf16 (T); tiles are fp32 in shared memory either way.
 // The simt backward's shared step: for one (query tile, key tile) pair in shared memory,
-// P = 2^(S·scale_log2 - LSE) masked and dS = P ∘ (dP - Δ) with dP = dO·V^T, in the Grid16 layout
-// (rows = queries, columns = keys). The main kernel (dK, dV, atomic dQ) and the deterministic dQ
-// kernel both call it, so the two backward variants cannot differ on what P and dS are.
+// P = 2^((x - row_max)·|scale_log2|)·row_inv_sum masked, with x = sign(scale)·(q·k) and the row
+// statistics of the statistics kernel (simt_bwd_kernel.cuh says why not 2^(S·scale_log2 - LSE)),
+// and dS = P ∘ (dP - Δ) with dP = dO·V^T, in the Grid16 layout (rows = queries, columns = keys).
+// The main kernel (dK, dV, atomic dQ) and the deterministic dQ kernel both call it, so the two
+// backward variants cannot differ on what P and dS are. The statistics kernel forms S with the
+// same loads and the same product (mma_nt over the head dim, first to last), so its row max is
+// one of these very scores.
 #pragma once
 
 #include "cuda/common/args.h"
@@ -12,6 +16,10 @@
 #include "cuda/tile/simt.cuh"
 
 namespace fmha::cuda::simt {
+
+// ±1: the scores x = sign(scale)·(q·k) whose max the row statistics hold; the exp2 argument is
+// then (x - row_max)·|scale_log2|, where the difference is exact near the max (Sterbenz).
+__device__ __forceinline__ float score_sign(const AttentionArgs& args) { return args.scale_log2 < 0.f ? -1.f : 1.f; }
 
 template <int HD, int BM, int BN>
 struct BwdTiles {
@@ -23,8 +31,9 @@ struct BwdTiles {
     tile::SmemArray<QTile> q, dout;
     tile::SmemArray<KVTile> k, v;
     tile::SmemArray<PTile> p, ds;
-    float lse_log2[BM];  // [BM] LSE·log2(e) per query row, +inf past the tile's rows
-    float delta[BM];     // [BM] Δ per query row, 0 past the tile's rows
+    float row_max[BM];      // [BM] max of x per query row, +inf past the tile's rows (P = 0)
+    float row_inv_sum[BM];  // [BM] the softmax's normalisation per query row, 0 past the tile's rows
+    float delta[BM];        // [BM] Δ per query row, 0 past the tile's rows
   };
   using Scores = tile::RegTile<float, BM / 16, BN / 16>;   // [BM, BN] queries × keys, Grid16
   using KeyAcc = tile::RegTile<float, BN / 16, HD / 16>;   // [BN, HD] dK or dV, Grid16
@@ -40,7 +49,7 @@ __device__ __forceinline__ void load_fp32_tile(Tile dst, const T* src, int64_t r
     tile::block::load_convert<kThreads>(dst, src, row_stride, rows, cols);
 }
 
-// Loads the query-side tiles (Q, dO, LSE, Δ) of `rows` of head h; one cp.async group.
+// Loads the query-side tiles (Q, dO, the row statistics, Δ) of `rows` of head h; one cp.async group.
 template <class T, class Tiles, int BM>
 __device__ __forceinline__ void load_query_side(const AttentionArgs& args, typename Tiles::SharedStorage& shared,
                                                 int64_t q_start, int64_t h, Range rows) {
@@ -50,7 +59,8 @@ __device__ __forceinline__ void load_query_side(const AttentionArgs& args, typen
                  args.head_dim_v);
   tile::block::commit();
   const int64_t stat0 = args.stat_index(q_start, h, rows.begin);
-  tile::block::load_vector<BM, kThreads>(shared.lse_log2, args.lse_log2 + stat0, valid, __int_as_float(0x7f800000));
+  tile::block::load_vector<BM, kThreads>(shared.row_max, args.row_max + stat0, valid, __int_as_float(0x7f800000));
+  tile::block::load_vector<BM, kThreads>(shared.row_inv_sum, args.row_inv_sum + stat0, valid, 0.f);
   tile::block::load_vector<BM, kThreads>(shared.delta, args.delta + stat0, valid, 0.f);
 }
 
@@ -76,17 +86,18 @@ __device__ __forceinline__ void score_gradients(const AttentionArgs& args, const
   typename Tiles::Scores dp;                                           // [BM, BN] dP = dO·V^T
   dp.fill(0.f);
   tile::thread::mma_nt<HD>(dp, shared.dout.tile(), shared.v.tile(), g);
-  tile::thread::scale(p, args.scale_log2);
+  tile::thread::scale(p, score_sign(args));  // x = sign(scale)·S: exact
   if (!(rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols)))
     tile::thread::mask_scores(
         p, mask, [&](int i) { return rows.begin + g.row(i); }, [&](int j) { return cols.begin + g.col(j); });
+  const float scale_log2 = fabsf(args.scale_log2);
 #pragma unroll
   for (int i = 0; i < BM / 16; ++i) {
-    const float lse = shared.lse_log2[g.row(i)];
+    const float row_max = shared.row_max[g.row(i)], inv_sum = shared.row_inv_sum[g.row(i)];
     const float delta = shared.delta[g.row(i)];
 #pragma unroll
     for (int j = 0; j < BN / 16; ++j) {
-      p(i, j) = tile::exp2_exact(p(i, j) - lse);
+      p(i, j) = tile::exp2_exact((p(i, j) - row_max) * scale_log2) * inv_sum;
       ds(i, j) = p(i, j) * (dp(i, j) - delta);
     }
   }

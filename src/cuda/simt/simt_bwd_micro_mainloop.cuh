@@ -1,5 +1,7 @@
 // The simt backward's micro-tile step (fp32 storage): for one query tile against the block's key
-// tile, the same math as simt_bwd_mainloop.cuh (P = 2^(S·scale_log2 - LSE) masked, dS = P ∘ (dP - Δ),
+// tile, the same math as simt_bwd_mainloop.cuh (P = 2^((x - row_max)·|scale_log2|)·row_inv_sum masked,
+// x = sign(scale)·(q·k) summed over the head dim first to last as the statistics kernel sums it,
+// dS = P ∘ (dP - Δ),
 // dV += P^T·dO, dK += dS^T·Q, dQ += dS·K) with each thread owning register blocks fed by float4
 // shared-memory loads, so that a reduction step costs one load per eight or more FMAs (the Grid16
 // kernel's cost one per two). S and dP reduce over the head dim with float4s of natural-layout
@@ -20,6 +22,7 @@
 #include <cstdint>
 
 #include "cuda/common/args.h"
+#include "cuda/simt/simt_bwd_mainloop.cuh"
 #include "cuda/simt/simt_config.h"
 #include "cuda/simt/simt_fwd_micro_mainloop.cuh"
 #include "cuda/tile/atomic.cuh"
@@ -48,8 +51,9 @@ struct MicroBwdTiles {
     tile::SmemArray<RowTile> q, dout;
     tile::SmemArray<KeyTile> k, v;
     tile::SmemArray<KeyRowTile> pt, dst;
-    float lse_log2[BM];  // [BM] LSE·log2(e) per query row, +inf past the tile's rows
-    float delta[BM];     // [BM] Δ per query row, 0 past the tile's rows
+    float row_max[BM];      // [BM] max of x per query row, +inf past the tile's rows (P = 0)
+    float row_inv_sum[BM];  // [BM] the softmax's normalisation per query row, 0 past the tile's rows
+    float delta[BM];        // [BM] Δ per query row, 0 past the tile's rows
   };
   using Scores = tile::RegTile<float, kRows, kKeys>;       // [BM, BN] S then P, or dP then dS; MicroBwd
   using KeyAcc = tile::RegTile<float, kKeyRows, kDims>;    // [BN, HD] dK or dV, MicroBwd
@@ -105,8 +109,8 @@ __device__ __forceinline__ void load_micro_key_side(const AttentionArgs& args, t
   tile::block::commit();
 }
 
-// Q, dO, LSE and Δ of `rows` of head h; one cp.async group (the fills past the valid rows of LSE
-// and Δ are plain stores, made at once).
+// Q, dO, the row statistics and Δ of `rows` of head h; one cp.async group (the fills past the
+// valid rows of the statistics and Δ are plain stores, made at once).
 template <class Tiles, int BM>
 __device__ __forceinline__ void load_micro_query_side(const AttentionArgs& args,
                                                       typename Tiles::SharedStorage& shared, int64_t q_start, int h,
@@ -117,8 +121,9 @@ __device__ __forceinline__ void load_micro_query_side(const AttentionArgs& args,
   load_micro_tile(shared.dout.tile(), args.dout.at<const float>(q_start, rows.begin, h), args.dout.seq_stride, valid,
                   args.head_dim_v, vec);
   const int64_t stat0 = args.stat_index(q_start, h, rows.begin);
-  tile::block::load_vector_async<BM, kThreads>(shared.lse_log2, args.lse_log2 + stat0, valid,
+  tile::block::load_vector_async<BM, kThreads>(shared.row_max, args.row_max + stat0, valid,
                                                __int_as_float(0x7f800000));
+  tile::block::load_vector_async<BM, kThreads>(shared.row_inv_sum, args.row_inv_sum + stat0, valid, 0.f);
   tile::block::load_vector_async<BM, kThreads>(shared.delta, args.delta + stat0, valid, 0.f);
   tile::block::commit();
 }
@@ -156,18 +161,19 @@ __device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, cons
     }
   }
 
-  tile::thread::scale(s, args.scale_log2);
+  tile::thread::scale(s, score_sign(args));  // x = sign(scale)·S: exact
   if (!(rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols)))
     tile::thread::mask_scores(
         s, mask, [&](int i) { return rows.begin + Tiles::row(i, ty); },
         [&](int j) { return cols.begin + Tiles::key(j, tx); });
+  const float scale_log2 = fabsf(args.scale_log2);
 #pragma unroll
   for (int i = 0; i < Tiles::kRows; ++i) {
-    const float lse = shared.lse_log2[Tiles::row(i, ty)];
+    const float row_max = shared.row_max[Tiles::row(i, ty)], inv_sum = shared.row_inv_sum[Tiles::row(i, ty)];
     const float delta = shared.delta[Tiles::row(i, ty)];
 #pragma unroll
     for (int j = 0; j < Tiles::kKeys; ++j) {
-      s(i, j) = tile::exp2_exact(s(i, j) - lse);  // P
+      s(i, j) = tile::exp2_exact((s(i, j) - row_max) * scale_log2) * inv_sum;  // P
       dp(i, j) = s(i, j) * (dp(i, j) - delta);    // dS
     }
   }

@@ -39,11 +39,21 @@ constexpr size_t backward_dq_shared_bytes() {
   return sizeof(typename BwdTiles<HD, c.tile_m, c.tile_n>::SharedStorage);
 }
 
-// The main kernel's shared memory, or the larger of it and the deterministic dQ kernel's.
+// The statistics kernel's (the deterministic dQ kernel's Grid16 shapes; Q, dO, K and V tiles, no P or dS).
+template <int HD, int VARIANT>
+constexpr size_t backward_stats_shared_bytes() {
+  constexpr TileConfig c = bwd_config(HD, VARIANT).dq;
+  return sizeof(typename StatsTiles<HD, c.tile_m, c.tile_n>::SharedStorage);
+}
+
+// The most shared memory one kernel of the backward asks for: the main kernel's, the statistics
+// kernel's, and when deterministic the dQ kernel's.
 template <int HD, int VARIANT>
 size_t backward_shared_bytes(bool deterministic) {
   constexpr size_t main = backward_main_shared_bytes<HD, VARIANT>(), dq = backward_dq_shared_bytes<HD, VARIANT>();
-  return deterministic && dq > main ? dq : main;
+  constexpr size_t stats = backward_stats_shared_bytes<HD, VARIANT>();
+  const size_t most = main > stats ? main : stats;
+  return deterministic && dq > most ? dq : most;
 }
 
 template <int HD, int VARIANT>
@@ -83,6 +93,20 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
     if (Status s = check_launch("simt backward preprocess launch"); !s.ok()) return s;
   }
 
+  // Each row's own softmax max and sum (simt_bwd_kernel.cuh says why), before the kernels that
+  // form P from them.
+  const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, dq.tile_m)), unsigned(args.heads), unsigned(args.batch));
+  if (q_grid.x > 0 && q_grid.y > 0 && q_grid.z > 0) {
+    const Status s = with_packing(args, [&](auto packed) {
+      auto kernel = bwd_stats_kernel<T, HD, dq.tile_m, dq.tile_n, dq.min_blocks, decltype(packed)::value>;
+      const size_t shared = backward_stats_shared_bytes<HD, VARIANT>();
+      if (Status s = prepare_kernel(kernel, shared, "simt backward statistics"); !s.ok()) return s;
+      kernel<<<q_grid, kThreads, shared, stream>>>(args);
+      return check_launch("simt backward statistics kernel launch");
+    });
+    if (!s.ok()) return s;
+  }
+
   const dim3 kv_grid(unsigned(ceil_div(args.seqlen_k, c.tile.tile_n)), unsigned(args.kv_heads),
                      unsigned(args.batch));
   if (kv_grid.x > 0 && kv_grid.y > 0 && kv_grid.z > 0) {
@@ -110,7 +134,6 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
         row_args);
     return check_launch("simt backward dQ convert launch");
   }
-  const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, dq.tile_m)), unsigned(args.heads), unsigned(args.batch));
   const size_t dq_shared = backward_dq_shared_bytes<HD, VARIANT>();
   return with_packing(args, [&](auto packed) {
     auto kernel = bwd_dq_kernel<T, HD, dq.tile_m, dq.tile_n, dq.min_blocks, decltype(packed)::value>;
