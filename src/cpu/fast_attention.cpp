@@ -93,6 +93,7 @@ struct Panel {
       for (int64_t d = 0; d < dim; ++d) data[d * ld + (r - first)] = row_buffer[d];
     }
   }
+  void trim(int64_t max_floats) { buffer.trim(max_floats); }
   // The tile whose first row is `row` (a multiple of 64 at or after `first`).
   const float* tile(int64_t row) const {
     return transposed ? buffer.get() + (row - first) : buffer.get() + (row - first) * ld;
@@ -149,6 +150,7 @@ struct Bf16Panel {
       }
     }
   }
+  void trim(int64_t max_floats) { buffer.trim(max_floats); }
   // The tile whose first row is `row` (a multiple of 64 at or after `first`).
   const uint16_t* tile(int64_t row) const {
     const uint16_t* data = reinterpret_cast<const uint16_t*>(buffer.get());
@@ -207,7 +209,31 @@ struct ForwardScratch {
   Bf16Panel q_bf16, k_bf16, v_bf16;  // one head's queries, [dp / 2 pairs, key block], [key block / 2 pairs, dvp]
   Scratch q_all_bf16;      // [group][chunk rows][dp]
   Scratch p_bf16;          // [kTileM, kTileN] probabilities rounded to bf16
+
+  void trim(int64_t max_floats) {
+    for (Panel* panel : {&q, &kt, &v}) panel->trim(max_floats);
+    for (Bf16Panel* panel : {&q_bf16, &k_bf16, &v_bf16}) panel->trim(max_floats);
+    for (Scratch* buffer : {&q_all, &s, &acc, &row_max, &row_sum, &row, &q_all_bf16, &p_bf16}) buffer->trim(max_floats);
+  }
 };
+
+// Per-thread scratch, kept across calls: the pool's threads live on (common/parallel.h), so a
+// short call finds its buffers allocated and their pages mapped. A buffer larger than
+// kKeptScratchFloats is given back at the thread's first use in a later parallel_for call, so
+// that one large call does not hold its memory for the life of the process.
+constexpr int64_t kKeptScratchFloats = int64_t(1) << 20;  // 4 MiB
+
+template <class T>
+T& thread_scratch() {
+  thread_local T scratch;
+  thread_local uint64_t epoch = 0;
+  const uint64_t now = parallel_call_epoch();
+  if (epoch != now) {
+    epoch = now;
+    scratch.trim(kKeptScratchFloats);
+  }
+  return scratch;
+}
 
 // kBf16: bf16 storage multiplied as stored, with fp32 accumulation (vdpbf16ps): S = Q·K^T on the
 // stored values, and O += P·V with P rounded to bf16 (as the GPU tiers' bf16 tensor-core
@@ -581,6 +607,13 @@ struct BackwardScratch {
   Scratch row_max, inv_sum, delta;  // per-query statistics of the current block, padded
   Scratch row_sum;                  // statistics pass: running sums of exp2
   Scratch row;
+
+  void trim(int64_t max_floats) {
+    for (Operand* panel : {&k, &v, &kt, &q, &qt, &dout, &doutt, &kb, &vb, &qc, &doc}) panel->trim(max_floats);
+    for (Scratch* buffer : {&s, &dprob, &operand, &b_operand, &dk, &dv, &dq, &delta_sum, &row_max, &inv_sum, &delta,
+                            &row_sum, &row})
+      buffer->trim(max_floats);
+  }
 };
 
 // The factor that turns this call's own softmax (the row's recomputed max and sum) into the one
@@ -932,12 +965,12 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     }
     for (size_t i = 0; i < order.size(); ++i) items[i] = problems[order[i]].batch * problems[order[i]].kv_heads * chunks[order[i]];
     const ItemPool pool(items);
-    parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
+    parallel_for(pool.size(), threads, [&](int, int64_t item) {
       const size_t position = pool.call(item), c = order[position];
       const Problem& s = problems[c];
       const int64_t local = item - pool.first[position], head = local / chunks[c], rank = local % chunks[c];
       const int64_t chunk = reversed ? chunks[c] - 1 - rank : rank;
-      body(worker, calls[c], s, c, head / s.kv_heads, head % s.kv_heads,
+      body(calls[c], s, c, head / s.kv_heads, head % s.kv_heads,
            Range{chunk * per_chunk[c], std::min(chunk * per_chunk[c] + per_chunk[c], length_of(s))}, rank);
     });
   };
@@ -967,52 +1000,51 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
       part_max[c].reserve(rows);
       part_sum[c].reserve(rows);
     }
-  // body(worker, call, batch, KV head, keys of the part, part item within the call)
+  // body(call, batch, KV head, keys of the part, part item within the call)
   auto for_parts = [&](auto&& body) {
     const ItemPool pool(part_items);
-    parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
+    parallel_for(pool.size(), threads, [&](int, int64_t item) {
       const size_t c = pool.call(item);
       const Problem& s = problems[c];
       const int64_t local = item - pool.first[c], head = local / part_count[c], k = local % part_count[c];
-      body(worker, c, head / s.kv_heads, head % s.kv_heads,
+      body(c, head / s.kv_heads, head % s.kv_heads,
            Range{k * part_keys[c], std::min(k * part_keys[c] + part_keys[c], s.seqlen_k)}, local);
     });
   };
-  // body(worker, call, batch, KV head, the head's first row in the part buffers)
+  // body(call, batch, KV head, the head's first row in the part buffers)
   auto for_heads = [&](auto&& body) {
     const ItemPool pool(heads);
-    parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
+    parallel_for(pool.size(), threads, [&](int, int64_t item) {
       const size_t c = pool.call(item);
       const Problem& s = problems[c];
       const int64_t head = item - pool.first[c];
-      body(worker, c, head / s.kv_heads, head % s.kv_heads, head * part_count[c] * s.group * s.seqlen_q);
+      body(c, head / s.kv_heads, head % s.kv_heads, head * part_count[c] * s.group * s.seqlen_q);
     });
   };
   if (direction == Direction::forward) {
-    std::vector<ForwardScratch> scratch(static_cast<size_t>(threads));
-    auto run = [&](int worker, const Params& p, const Problem& s, int64_t b, int64_t kv_head, Range rows, Range keys,
+    auto run = [&](const Params& p, const Problem& s, int64_t b, int64_t kv_head, Range rows, Range keys,
                    const ForwardPart* part) {
-      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, keys, part, scratch[size_t(worker)]);
-      else forward_chunk<false>(p, s, config, b, kv_head, rows, keys, part, scratch[size_t(worker)]);
+      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, keys, part, thread_scratch<ForwardScratch>());
+      else forward_chunk<false>(p, s, config, b, kv_head, rows, keys, part, thread_scratch<ForwardScratch>());
     };
     if (parts == 1) {
       for_chunks(seqlen_q, kTileM, threads, false,
-                 [&](int worker, const Params& p, const Problem& s, size_t, int64_t b, int64_t kv_head, Range rows,
-                     int64_t) { run(worker, p, s, b, kv_head, rows, Range{0, s.seqlen_k}, nullptr); });
+                 [&](const Params& p, const Problem& s, size_t, int64_t b, int64_t kv_head, Range rows,
+                     int64_t) { run(p, s, b, kv_head, rows, Range{0, s.seqlen_k}, nullptr); });
       return Status::success();
     }
-    for_parts([&](int worker, size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
+    for_parts([&](size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
       const Problem& s = problems[c];
       const int64_t rows = s.group * s.seqlen_q;
       const ForwardPart part{part_acc[c].get() + local * rows * round_up(s.head_dim_v, kLanes),
                              part_max[c].get() + local * rows, part_sum[c].get() + local * rows};
-      run(worker, calls[c], s, b, kv_head, Range{0, s.seqlen_q}, keys, &part);
+      run(calls[c], s, b, kv_head, Range{0, s.seqlen_q}, keys, &part);
     });
-    for_heads([&](int worker, size_t c, int64_t b, int64_t kv_head, int64_t first) {
+    for_heads([&](size_t c, int64_t b, int64_t kv_head, int64_t first) {
       const Problem& s = problems[c];
       merge_parts(calls[c], s, b, kv_head, part_count[c], part_acc[c].get() + first * round_up(s.head_dim_v, kLanes),
                   part_max[c].get() + first, part_sum[c].get() + first,
-                  scratch[size_t(worker)].row.reserve(round_up(s.head_dim_v, kLanes)));
+                  thread_scratch<ForwardScratch>().row.reserve(round_up(s.head_dim_v, kLanes)));
     });
     return Status::success();
   }
@@ -1041,25 +1073,24 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
   std::atomic<bool> abandoned{false};
   auto backward = [&](auto bf16_tag) {
     constexpr bool kBf16 = decltype(bf16_tag)::value;
-    std::vector<BackwardScratch<kBf16>> scratch(static_cast<size_t>(threads));
     // The statistics first: the fused pass forms P from them.
     if (parts == 1) {
       for_chunks(seqlen_q, kTileM, threads, false,
-                 [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows,
+                 [&](const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows,
                      int64_t) {
                    backward_stats_chunk<kBf16>(p, s, config, stats[c], b, kv_head, rows, Range{0, s.seqlen_k},
-                                               nullptr, scratch[size_t(worker)]);
+                                               nullptr, thread_scratch<BackwardScratch<kBf16>>());
                  });
     } else {
-      for_parts([&](int worker, size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
+      for_parts([&](size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
         const Problem& s = problems[c];
         const int64_t rows = s.group * s.seqlen_q;
         const StatsPart part{part_max[c].get() + local * rows, part_sum[c].get() + local * rows,
                              part_acc[c].get() + local * rows};
         backward_stats_chunk<kBf16>(calls[c], s, config, stats[c], b, kv_head, Range{0, s.seqlen_q}, keys, &part,
-                                    scratch[size_t(worker)]);
+                                    thread_scratch<BackwardScratch<kBf16>>());
       });
-      for_heads([&](int, size_t c, int64_t b, int64_t kv_head, int64_t first) {
+      for_heads([&](size_t c, int64_t b, int64_t kv_head, int64_t first) {
         merge_stats_parts(calls[c], problems[c], stats[c], b, kv_head, part_count[c], part_max[c].get() + first,
                           part_sum[c].get() + first, part_acc[c].get() + first);
       });
@@ -1067,11 +1098,11 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     // Key chunks run last first: under a causal mask the last keys see the fewest queries, so the
     // lighter chunks come first and a chunk rarely waits for its turn behind a heavier one.
     for_chunks(seqlen_k, kTileN, hardware_threads(), true,
-               [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range keys,
+               [&](const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range keys,
                    int64_t rank) {
                  try {
                    backward_chunk<kBf16>(p, s, config, stats[c], b, kv_head, keys, rank, dq[c], abandoned,
-                                         scratch[size_t(worker)]);
+                                         thread_scratch<BackwardScratch<kBf16>>());
                  } catch (...) {
                    abandoned.store(true);  // the chunks after this one would wait for it forever
                    throw;
@@ -1081,10 +1112,9 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
   if (bf16_dot) backward(std::bool_constant<kBf16Dot>{});
   else backward(std::false_type{});
   const ItemPool dq_pool(dq_items);
-  std::vector<Scratch> rows(static_cast<size_t>(threads));
-  parallel_for(dq_pool.size(), threads, [&](int worker, int64_t item) {
+  parallel_for(dq_pool.size(), threads, [&](int, int64_t item) {
     const size_t c = dq_pool.call(item);
-    write_dq(calls[c], problems[c], item - dq_pool.first[c], dq[c], rows[size_t(worker)].reserve(kTileM * dq[c].dp));
+    write_dq(calls[c], problems[c], item - dq_pool.first[c], dq[c], thread_scratch<Scratch>().reserve(kTileM * dq[c].dp));
   });
   return Status::success();
 }
