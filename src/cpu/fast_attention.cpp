@@ -655,6 +655,35 @@ struct StatsPart {
   float* delta_sum = nullptr;  // [group][rows] rowsum(E ∘ dP) over them (fp16/bf16 storage)
 };
 
+// Short calls: the statistics pass's S^T tiles kept for the fused pass, which then takes them
+// instead of forming S^T = K·Q^T again (one of its six matmuls per tile pair, and the K and Q^T
+// operand panels that only this matmul reads). Worth it while the tiles stay in the caches: only
+// calls whose tiles, every (batch, head) together, fit config.score_cache_bytes (cpu_config.h)
+// keep them. A kept tile is
+// the matmul's output as the fused pass would form it, bit for bit (same operands, same kernel;
+// entries outside the panels' rows are masked by both passes), so the result does not depend on
+// whether the call keeps its tiles.
+constexpr int64_t kTileFloats = kTileM * kTileN;
+
+struct ScoreCache {
+  float* data = nullptr;             // [batch * heads][key tiles][query tiles][kTileN keys, kTileM queries]
+  std::vector<uint8_t> present;      // 1 where the statistics pass left the tile
+  int64_t key_tiles = 0, query_tiles = 0;
+
+  static int64_t floats_for(const Problem& s) {
+    return s.batch * s.heads * tiles(s.seqlen_k, kTileN) * tiles(s.seqlen_q, kTileM) * kTileFloats;
+  }
+  int64_t slot(int64_t bh, int64_t col0, int64_t row0) const {
+    return (bh * key_tiles + col0 / kTileN) * query_tiles + row0 / kTileM;
+  }
+  float* tile(int64_t bh, int64_t col0, int64_t row0) { return data + slot(bh, col0, row0) * kTileFloats; }
+  // The kept tile of keys col0.. and queries row0.., or nullptr.
+  const float* find(int64_t bh, int64_t col0, int64_t row0) const {
+    const int64_t i = slot(bh, col0, row0);
+    return present[size_t(i)] ? data + i * kTileFloats : nullptr;
+  }
+};
+
 // Statistics pass: one item = (batch, KV head, chunk of query tiles), over every query head of the
 // group. Each row's softmax max and sum, online over the keys as the forward forms them, go to
 // `st` as row_max and inv_sum (RowStats says why they are not taken from LSE), for the fused pass.
@@ -664,7 +693,7 @@ struct StatsPart {
 // reduction and no scalar exp2 per row. Each query's sum still runs over its keys in key order.
 template <bool kBf16>
 void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& config, RowStats& st, int64_t b,
-                          int64_t kv_head, Range rows, Range key_part, const StatsPart* part,
+                          int64_t kv_head, Range rows, Range key_part, const StatsPart* part, ScoreCache* cache,
                           BackwardScratch<kBf16>& t) {
   constexpr int kVecsM = int(kTileM / kLanes);
   const int64_t key_block = config.key_block;
@@ -705,6 +734,11 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
         for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
           // S^T = K·Q^T  [kTileN keys, kTileM queries]; x = sign(scale)·(q·k), -inf where masked
           tile_gemm(kTileN, kTileM, dp, t.kb.tile(col0), t.kb.ld, t.qc.tile(row0), t.qc.ld, scores, kTileM, false);
+          if (cache) {
+            const int64_t bh = b * s.heads + h;
+            std::copy_n(scores, kTileFloats, cache->tile(bh, col0, row0));
+            cache->present[size_t(cache->slot(bh, col0, row0))] = 1;
+          }
           sign_and_mask_transposed(scores, s, row0, col0, tile_rows, intersect(block, Range{col0, col0 + kTileN}));
           // The tile's max per query, then E = exp2((x - max)·|scale_log2|) summed per query, and
           // the running sums rescaled to the new max.
@@ -804,7 +838,7 @@ struct DqAccumulator {
 template <bool kBf16>
 void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, const RowStats& st, int64_t b,
                     int64_t kv_head, Range keys, int64_t ordinal, DqAccumulator& dq_acc,
-                    const std::atomic<bool>& abandoned, BackwardScratch<kBf16>& t) {
+                    const std::atomic<bool>& abandoned, const ScoreCache* cache, BackwardScratch<kBf16>& t) {
   const int64_t query_block = config.query_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(keys.size(), kTileN);
@@ -827,8 +861,9 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
   const int64_t dq_ld = dq_width + kLanes;
   float* dq_share = t.dq.reserve(s.group * dq_rows * dq_ld);
   std::fill_n(dq_share, s.group * dq_rows * dq_ld, 0.0f);
+  // K (as the A operand) and Q^T only form S^T: loaded at the first tile the cache lacks.
+  bool k_loaded = false, qt_loaded = false;
   if (!queries.empty()) {
-    load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
     load_operand(t.kt, p.k, b, kv_head, keys, s.head_dim, Role::a_transposed, s.tf32, row_buffer);
     load_operand(t.v, p.v, b, kv_head, keys, s.head_dim_v, Role::a, s.tf32, row_buffer);
   }
@@ -838,7 +873,7 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
     for (int64_t qb0 = align_down(queries.begin, query_block); qb0 < queries.end; qb0 += query_block) {
       const Range block = intersect(queries, Range{qb0, qb0 + query_block});
       load_operand(t.q, p.q, b, h, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
-      load_operand(t.qt, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+      qt_loaded = false;
       load_operand(t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_rows, s.tf32, row_buffer);
       load_operand(t.doutt, p.dout, b, h, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
       // Statistics indexed from the panel's first row; rows outside the block see nothing.
@@ -862,8 +897,15 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
           float* dv_tile = dv + (col0 - keys.begin) * dvp;
           if (row0 < align_down(tile_queries.begin, kTileM) || row0 >= tile_queries.end) continue;
           const int64_t stat = row0 - t.q.first;
-          // S^T = K·Q^T  [kTileN keys, kTileM queries]; P^T
-          tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
+          // S^T = K·Q^T  [kTileN keys, kTileM queries] (or as the statistics pass kept it); P^T
+          if (const float* kept = cache ? cache->find(b * s.heads + h, col0, row0) : nullptr) {
+            std::copy_n(kept, kTileFloats, scores);
+          } else {
+            if (!k_loaded) load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
+            if (!qt_loaded) load_operand(t.qt, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+            k_loaded = qt_loaded = true;
+            tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
+          }
           probabilities(scores, s, row0, col0, block, tile_keys, row_max + stat, inv_sum + stat);
           // dV += P^T·dO (P rounded to the operand format in a copy: dS below is formed from the
           // unrounded P, so that it is rounded once, not twice)
@@ -1070,6 +1112,25 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     dq[c].turn = std::vector<std::atomic<int64_t>>(size_t(s.batch * s.kv_heads));
     dq_items[c] = s.batch * s.heads;
   }
+  // Short calls keep their S^T tiles (ScoreCache) in a buffer of the calling thread's, kept for
+  // its later calls (at most config.score_cache_bytes).
+  std::vector<ScoreCache> caches(static_cast<size_t>(count));
+  int64_t cache_floats = 0;
+  for (const Problem& s : problems) cache_floats += ScoreCache::floats_for(s);
+  const bool keep_scores = cache_floats * int64_t(sizeof(float)) <= config.score_cache_bytes;
+  if (keep_scores) {
+    thread_local Scratch cache_buffer;
+    float* data = cache_buffer.reserve(cache_floats);
+    for (size_t c = 0; c < size_t(count); ++c) {
+      const Problem& s = problems[c];
+      caches[c].data = data;
+      caches[c].key_tiles = tiles(s.seqlen_k, kTileN);
+      caches[c].query_tiles = tiles(s.seqlen_q, kTileM);
+      caches[c].present.assign(size_t(s.batch * s.heads * caches[c].key_tiles * caches[c].query_tiles), 0);
+      data += ScoreCache::floats_for(s);
+    }
+  }
+  auto cache_of = [&](size_t c) { return keep_scores ? &caches[c] : nullptr; };
   std::atomic<bool> abandoned{false};
   auto backward = [&](auto bf16_tag) {
     constexpr bool kBf16 = decltype(bf16_tag)::value;
@@ -1079,7 +1140,7 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
                  [&](const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows,
                      int64_t) {
                    backward_stats_chunk<kBf16>(p, s, config, stats[c], b, kv_head, rows, Range{0, s.seqlen_k},
-                                               nullptr, thread_scratch<BackwardScratch<kBf16>>());
+                                               nullptr, cache_of(c), thread_scratch<BackwardScratch<kBf16>>());
                  });
     } else {
       for_parts([&](size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
@@ -1088,7 +1149,7 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
         const StatsPart part{part_max[c].get() + local * rows, part_sum[c].get() + local * rows,
                              part_acc[c].get() + local * rows};
         backward_stats_chunk<kBf16>(calls[c], s, config, stats[c], b, kv_head, Range{0, s.seqlen_q}, keys, &part,
-                                    thread_scratch<BackwardScratch<kBf16>>());
+                                    cache_of(c), thread_scratch<BackwardScratch<kBf16>>());
       });
       for_heads([&](size_t c, int64_t b, int64_t kv_head, int64_t first) {
         merge_stats_parts(calls[c], problems[c], stats[c], b, kv_head, part_count[c], part_max[c].get() + first,
@@ -1102,7 +1163,7 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
                    int64_t rank) {
                  try {
                    backward_chunk<kBf16>(p, s, config, stats[c], b, kv_head, keys, rank, dq[c], abandoned,
-                                         thread_scratch<BackwardScratch<kBf16>>());
+                                         cache_of(c), thread_scratch<BackwardScratch<kBf16>>());
                  } catch (...) {
                    abandoned.store(true);  // the chunks after this one would wait for it forever
                    throw;
