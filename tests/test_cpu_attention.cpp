@@ -28,7 +28,9 @@ std::string describe(const CaseSpec& c) {
       << " --seqlen-q " << c.seqlen_q << " --seqlen-k " << c.seqlen_k << " --head-dim " << c.head_dim
       << " --head-dim-v " << c.head_dim_v << " --causal " << to_string(c.causal) << " --window " << c.window_left
       << "," << c.window_right << " --q-offset " << c.q_offset << " --seed " << c.seed
-      << (c.deterministic ? " --deterministic" : "") << (c.with_lse ? "" : " --no-lse") << " --check";
+      << (c.deterministic ? " --deterministic" : "") << (c.with_lse ? "" : " --no-lse");
+  if (c.paged()) out << " --paged --page-size " << c.page_size;
+  out << " --check";
   return out.str();
 }
 
@@ -354,6 +356,35 @@ std::vector<OptionCase> decode_cases() {
   add("keys_1013_no_lse", [](CaseSpec& c) { c.seqlen_k = 1013; c.with_lse = false; });
   add("rows_beyond_keys", [](CaseSpec& c) { c.seqlen_q = 3; c.causal = Causal::top_left; c.q_offset = -2; });
   add("gqa_8_bf16", [](CaseSpec& c) { c.dtype = DType::bf16; c.heads = 8; c.seqlen_q = 2; });
+  // The query heads of a KV group packed into one tile (fewer than 64 rows per head): GQA ratios
+  // 1 (nothing to pack), 4 and 8, tiles that hold several heads' rows or split one head's rows
+  // (20 rows x 4 heads: 64 + 16), masks, q_offset, fp32 and bf16, a paged cache.
+  add("gqa_1_one_row", [](CaseSpec& c) { c.heads = c.kv_heads = 2; });
+  add("gqa_4_one_row", [](CaseSpec& c) { c.heads = 8; c.kv_heads = 2; c.batch = 2; });
+  add("gqa_8_one_row", [](CaseSpec& c) { c.heads = 8; });
+  add("gqa_8_rows_16_causal", [](CaseSpec& c) { c.heads = 8; c.seqlen_q = 16; c.causal = Causal::bottom_right; });
+  add("gqa_4_rows_20_window_offset", [](CaseSpec& c) {
+    c.heads = 4;
+    c.seqlen_q = 20;
+    c.causal = Causal::top_left;
+    c.q_offset = 2900;
+    c.window_left = 300;
+  });
+  add("gqa_8_rows_3_bf16_window", [](CaseSpec& c) {
+    c.dtype = DType::bf16;
+    c.heads = 8;
+    c.seqlen_q = 3;
+    c.causal = Causal::bottom_right;
+    c.window_left = 500;
+  });
+  add("gqa_4_paged", [](CaseSpec& c) { c.heads = 8; c.kv_heads = 2; c.seqlen_q = 2; c.page_size = 64; });
+  add("gqa_8_paged_bf16_causal", [](CaseSpec& c) {
+    c.dtype = DType::bf16;
+    c.heads = 8;
+    c.seqlen_q = 4;
+    c.causal = Causal::bottom_right;
+    c.page_size = 128;
+  });
   return cases;
 }
 
@@ -362,7 +393,10 @@ class Decode : public ::testing::TestWithParam<std::tuple<std::string, OptionCas
 TEST_P(Decode, ForwardAndBackwardMatchOracle) {
   const auto& [path, option] = GetParam();
   FORCE_CPU_PATH_OR_SKIP(path);
-  check_both_directions(option);
+  if (!option.spec.paged()) return check_both_directions(option);
+  CaseSpec c = option.spec;  // a paged KV cache: forward only
+  c.mode = Direction::forward;
+  run_and_check(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Decode,

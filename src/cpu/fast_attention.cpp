@@ -252,33 +252,42 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
                    Range key_part, const ForwardPart* part, ForwardScratch& t) {
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
-  const int64_t n = round_up(rows.size(), kTileM);  // chunk rows, padded
-  float* acc = t.acc.reserve(s.group * n * dvp);
-  float* row_max = t.row_max.reserve(s.group * n);
-  float* row_sum = t.row_sum.reserve(s.group * n);
-  float* q_all = kBf16 ? nullptr : t.q_all.reserve(s.group * n * dp);
-  uint16_t* q_all_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.q_all_bf16.reserve(s.group * n * dp / 2)) : nullptr;
+  // The group's query rows one after another, head by head: row g * n + r is query rows.begin + r
+  // of head kv_head * group + g. With a tile or more of rows per head each head's rows are padded
+  // to whole tiles (n = rows rounded up); with fewer (decode: a query or a few per head) they are
+  // packed (n = rows), so that one tile holds the rows of several heads: one matmul over K and
+  // one over V per key tile serve the whole group, instead of one nearly empty tile per head.
+  const bool packed = rows.size() < kTileM && s.group > 1;
+  const int64_t n = packed ? rows.size() : round_up(rows.size(), kTileM);
+  const int64_t total = round_up(s.group * n, kTileM);  // every tile's rows, padding included
+  float* acc = t.acc.reserve(total * dvp);
+  float* row_max = t.row_max.reserve(total);
+  float* row_sum = t.row_sum.reserve(total);
+  float* q_all = kBf16 ? nullptr : t.q_all.reserve(total * dp);
+  uint16_t* q_all_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.q_all_bf16.reserve(total * dp / 2)) : nullptr;
   uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kTileN / 2)) : nullptr;
   float* scores = t.s.reserve(kTileM * kTileN);
   float* row_buffer = t.row.reserve(std::max(dp, dvp));
   const float sign = score_sign(s), scale_log2 = std::abs(s.scale_log2);
-  std::fill_n(acc, s.group * n * dvp, 0.0f);
-  std::fill_n(row_max, s.group * n, kNegInf);
-  std::fill_n(row_sum, s.group * n, 0.0f);
+  std::fill_n(acc, total * dvp, 0.0f);
+  std::fill_n(row_max, total, kNegInf);
+  std::fill_n(row_sum, total, 0.0f);
   const Range keys = intersect(s.mask.keys(rows), key_part);
 
+  if (!keys.empty()) {
+    if constexpr (kBf16) std::fill_n(q_all_bf16, total * dp, uint16_t{0});
+    else std::fill_n(q_all, total * dp, 0.0f);
+  }
   if (!keys.empty())
     for (int64_t g = 0; g < s.group; ++g) {
       if constexpr (kBf16) {
         t.q_bf16.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, Bf16Layout::rows);
         uint16_t* dst = q_all_bf16 + g * n * dp;
-        std::fill_n(dst, n * dp, uint16_t{0});
         for (int64_t r = 0; r < rows.size(); ++r) std::copy_n(t.q_bf16.tile(rows.begin + r), dp, dst + r * dp);
         continue;
       }
       t.q.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, false, s.tf32, row_buffer);
       float* dst = q_all + g * n * dp;
-      std::fill_n(dst, n * dp, 0.0f);
       for (int64_t r = 0; r < rows.size(); ++r) std::copy_n(t.q.tile(rows.begin + r), dp, dst + r * dp);
     }
 
@@ -291,62 +300,67 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
       t.kt.load(p.k, b, kv_head, block, s.head_dim, true, s.tf32, row_buffer);
       t.v.load(p.v, b, kv_head, block, s.head_dim_v, false, s.tf32, row_buffer);
     }
-    for (int64_t g = 0; g < s.group; ++g)
-      for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
-        const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
-        const int64_t r_off = row0 - rows.begin;  // tile's first row within the chunk
-        const int64_t active = round_up(tile_rows.size(), kRowBlock);
-        const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
-        const int64_t q_tile = (g * n + r_off) * dp;  // offset in q_all / q_all_bf16
-        float* acc_tile = acc + (g * n + r_off) * dvp;
-        float* max_tile = row_max + g * n + r_off;
-        float* sum_tile = row_sum + g * n + r_off;
-        for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
-          const Range cols{col0, col0 + kTileN};
-          // Load K tile (from the panel); S = Q·K^T  [kTileM, kTileN]
-          if constexpr (kBf16)
-            gemm_bf16(active, kTileN, dp / 2, q_all_bf16 + q_tile, dp, t.k_bf16.tile(col0), t.k_bf16.ld, scores, kTileN,
-                      false);
-          else
-            gemm(active, kTileN, dp, q_all + q_tile, dp, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
-          const bool full = tile_rows.size() == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
-                            s.mask.tile_is_full(tile_rows, cols);
-          for (int64_t r = 0; r < active; ++r) {
-            float* srow = scores + r * kTileN;
-            // Mask, row max, exp2, row sum, rescale.
-            const Range visible = r < tile_rows.size() ? intersect(s.mask.keys(row0 + r), block) : Range{};
-            sign_and_mask_row(srow, sign, col0, visible, full);
-            vf m = load(srow);
-            for (int v = 1; v < kVecsN; ++v) {
-              const vf x = load(srow + v * kLanes);
-              m = x > m ? x : m;
-            }
-            const float new_max = std::max(max_tile[r], horizontal_max(m));
-            const float base = new_max == kNegInf ? 0.0f : new_max;  // nothing visible yet
-            vf sum{};
-            for (int v = 0; v < kVecsN; ++v) {
-              const vf prob = exp2((load(srow + v * kLanes) - base) * scale_log2);
-              store(srow + v * kLanes, prob);
-              sum += prob;
-            }
-            const float rescale = exp2(splat((max_tile[r] - base) * scale_log2))[0];
-            sum_tile[r] = sum_tile[r] * rescale + horizontal_sum(sum);
-            max_tile[r] = new_max;
-            if (rescale != 1.0f) {
-              float* a = acc_tile + r * dvp;
-              for (int64_t d = 0; d < dvp; d += kLanes) store(a + d, load(a + d) * rescale);
-            }
+    // Tiles of kTileM consecutive rows of the group's (padded or packed) rows.
+    for (int64_t first = 0; first < s.group * n; first += kTileM) {
+      // The tile's rows [0, valid) hold queries; the queries they hold span tile_rows.
+      const int64_t g = first / n, r_off = first % n;
+      const int64_t valid = packed ? std::min(kTileM, s.group * n - first) : std::min(kTileM, rows.size() - r_off);
+      const Range tile_rows = packed && (first + valid - 1) / n != g
+                                  ? rows  // rows of two or more heads
+                                  : Range{rows.begin + r_off, rows.begin + r_off + valid};
+      const auto query_of = [&](int64_t r) { return rows.begin + (first + r) % n; };
+      const int64_t active = round_up(valid, kRowBlock);
+      const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
+      const int64_t q_tile = first * dp;  // offset in q_all / q_all_bf16
+      float* acc_tile = acc + first * dvp;
+      float* max_tile = row_max + first;
+      float* sum_tile = row_sum + first;
+      for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
+        const Range cols{col0, col0 + kTileN};
+        // Load K tile (from the panel); S = Q·K^T  [kTileM, kTileN]
+        if constexpr (kBf16)
+          gemm_bf16(active, kTileN, dp / 2, q_all_bf16 + q_tile, dp, t.k_bf16.tile(col0), t.k_bf16.ld, scores, kTileN,
+                    false);
+        else
+          gemm(active, kTileN, dp, q_all + q_tile, dp, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
+        const bool full = valid == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
+                          s.mask.tile_is_full(tile_rows, cols);
+        for (int64_t r = 0; r < active; ++r) {
+          float* srow = scores + r * kTileN;
+          // Mask, row max, exp2, row sum, rescale.
+          const Range visible = r < valid ? intersect(s.mask.keys(query_of(r)), block) : Range{};
+          sign_and_mask_row(srow, sign, col0, visible, full);
+          vf m = load(srow);
+          for (int v = 1; v < kVecsN; ++v) {
+            const vf x = load(srow + v * kLanes);
+            m = x > m ? x : m;
           }
-          // Load V tile (from the panel); O += P·V
-          if constexpr (kBf16) {
-            to_bf16(scores, p_bf16, active * kTileN);
-            gemm_bf16(active, dvp, kTileN / 2, p_bf16, kTileN, t.v_bf16.tile(col0), t.v_bf16.ld, acc_tile, dvp, true);
-          } else {
-            if (s.tf32) round_tile_to_tf32(scores, active * kTileN);
-            gemm(active, dvp, kTileN, scores, kTileN, t.v.tile(col0), dvp, acc_tile, dvp, true);
+          const float new_max = std::max(max_tile[r], horizontal_max(m));
+          const float base = new_max == kNegInf ? 0.0f : new_max;  // nothing visible yet
+          vf sum{};
+          for (int v = 0; v < kVecsN; ++v) {
+            const vf prob = exp2((load(srow + v * kLanes) - base) * scale_log2);
+            store(srow + v * kLanes, prob);
+            sum += prob;
+          }
+          const float rescale = exp2(splat((max_tile[r] - base) * scale_log2))[0];
+          sum_tile[r] = sum_tile[r] * rescale + horizontal_sum(sum);
+          max_tile[r] = new_max;
+          if (rescale != 1.0f) {
+            float* a = acc_tile + r * dvp;
+            for (int64_t d = 0; d < dvp; d += kLanes) store(a + d, load(a + d) * rescale);
           }
         }
+        // Load V tile (from the panel); O += P·V
+        if constexpr (kBf16) {
+          to_bf16(scores, p_bf16, active * kTileN);
+          gemm_bf16(active, dvp, kTileN / 2, p_bf16, kTileN, t.v_bf16.tile(col0), t.v_bf16.ld, acc_tile, dvp, true);
+        } else {
+          if (s.tf32) round_tile_to_tf32(scores, active * kTileN);
+          gemm(active, dvp, kTileN, scores, kTileN, t.v.tile(col0), dvp, acc_tile, dvp, true);
+        }
       }
+    }
   }
 
   // Epilogue: O = acc / row_sum, LSE = ln(row_sum) + max; rows that saw nothing get 0 and -inf.
