@@ -61,6 +61,19 @@ Range intersect(Range a, Range b) {
   return r.empty() ? Range{r.begin, r.begin} : r;
 }
 
+// One head's rows of a [B, S, H, dim] tensor lie H rows apart: with several heads, each row is a
+// short run (a few cache lines) in its own stretch of memory, often its own page, which the
+// hardware prefetcher does not follow across pages. Panel loads ask for the row kPrefetchRows
+// ahead while they convert the current one.
+constexpr int64_t kPrefetchRows = 8;
+constexpr int64_t kCacheLine = 64;
+
+void prefetch_row(const Tensor& t, int64_t b, int64_t r, int64_t h, int64_t dim) {
+  const char* row = static_cast<const char*>(t.data) + offset4(t, b, r, h, 0) * (t.dtype == DType::fp32 ? 4 : 2);
+  const int64_t bytes = dim * (t.dtype == DType::fp32 ? 4 : 2);
+  for (int64_t i = 0; i < bytes; i += kCacheLine) __builtin_prefetch(row + i);
+}
+
 // Rows [rows.begin, rows.end) of one head of a [B, S, H, dim] tensor converted to fp32, once, for
 // many tiles to read. The panel starts at a multiple of the tile size (so every tile that starts
 // at a multiple of 64 sits at a 64-byte aligned offset) and is zero outside `rows` and `dim`.
@@ -85,6 +98,7 @@ struct Panel {
     float* data = buffer.reserve(size);
     std::fill_n(data, size, 0.0f);
     for (int64_t r = rows.begin; r < rows.end; ++r) {
+      if (r + kPrefetchRows < rows.end) prefetch_row(t, b, r + kPrefetchRows, h, dim);
       if (!transposed) {
         read_row(t, offset4(t, b, r, h, 0), dim, data + (r - first) * ld, tf32);
         continue;
@@ -134,6 +148,7 @@ struct Bf16Panel {
     uint16_t* data = reinterpret_cast<uint16_t*>(buffer.reserve((size + 1) / 2));
     std::fill_n(data, size, uint16_t{0});
     for (int64_t r = rows.begin; r < rows.end; ++r) {
+      if (r + kPrefetchRows < rows.end) prefetch_row(t, b, r + kPrefetchRows, h, dim);
       const uint16_t* src = static_cast<const uint16_t*>(t.data) + offset4(t, b, r, h, 0);
       const int64_t i = r - first;
       switch (layout) {
