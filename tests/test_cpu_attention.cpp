@@ -178,6 +178,8 @@ const ShortCall kShortCalls[] = {
     {"window_offset", 1, 2, 1, 150, 200, 40, Causal::top_left, 33, 20, DType::fp32, true},
     {"bf16_gqa", 1, 8, 2, 65, 127, 64, Causal::none, -1, 0, DType::bf16, true},
     {"decode_keys_in_parts", 1, 8, 1, 2, 3001, 64, Causal::bottom_right, -1, 0, DType::fp32, true},
+    // Parts of the keys that the window leaves without a key, beside the part that has its first.
+    {"decode_window_parts", 1, 8, 1, 3, 3001, 64, Causal::bottom_right, 500, 0, DType::bf16, true},
     // Many short heads: the budget counts tiles, the oracle's cost stays small.
     {"at_the_budget", 4, 32, 8, 65, 65, 16, Causal::none, -1, 0, DType::fp32, true},           // 512 tiles
     {"over_the_budget", 5, 26, 13, 65, 65, 16, Causal::none, -1, 0, DType::fp32, false},       // 520 tiles

@@ -756,6 +756,9 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
       for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
         const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
         const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
+        // No key: nothing to add, and no tile to keep (the aligned loop below would form one over
+        // an empty panel, which a part of the keys that does see the tile's keys must not meet).
+        if (tile_keys.empty()) continue;
         const int64_t r_off = row0 - rows.begin;
         float* max_tile = row_max + g * n + r_off;
         float* sum_tile = row_sum + g * n + r_off;
