@@ -30,7 +30,8 @@ TEST(Parallel, EveryItemOnceForAnyCountOfItemsAndThreads) {
   for (int threads : {1, 2, 3, 8})
     for (int64_t n : {0, 1, 2, 7, 64, 1001}) {
       const std::vector<int> v = visits(n, threads);
-      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(v[size_t(i)], 1) << "item " << i << " of " << n << ", " << threads << " threads";
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(v[size_t(i)], 1) << "item " << i << " of " << n << ", " << threads << " threads";
     }
 }
 

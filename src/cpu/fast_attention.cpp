@@ -1098,8 +1098,9 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
   if (direction == Direction::forward) {
     auto run = [&](const Params& p, const Problem& s, int64_t b, int64_t kv_head, Range rows, Range keys,
                    const ForwardPart* part) {
-      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, keys, part, thread_scratch<ForwardScratch>());
-      else forward_chunk<false>(p, s, config, b, kv_head, rows, keys, part, thread_scratch<ForwardScratch>());
+      ForwardScratch& scratch = thread_scratch<ForwardScratch>();
+      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, keys, part, scratch);
+      else forward_chunk<false>(p, s, config, b, kv_head, rows, keys, part, scratch);
     };
     if (parts == 1) {
       for_chunks(seqlen_q, kTileM, threads, false,
@@ -1207,7 +1208,8 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
   const ItemPool dq_pool(dq_items);
   parallel_for(dq_pool.size(), threads, [&](int, int64_t item) {
     const size_t c = dq_pool.call(item);
-    write_dq(calls[c], problems[c], item - dq_pool.first[c], dq[c], thread_scratch<Scratch>().reserve(kTileM * dq[c].dp));
+    float* rows_buffer = thread_scratch<Scratch>().reserve(kTileM * dq[c].dp);
+    write_dq(calls[c], problems[c], item - dq_pool.first[c], dq[c], rows_buffer);
   });
   return Status::success();
 }
