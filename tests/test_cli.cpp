@@ -245,6 +245,13 @@ TEST(Cli, TuneSweepAndBadFlags) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key << "\n" << r.out;
   r = fmha("tune --sweep seed --backend cpu --dtype bf16 --mode bwd --list", false, env);
   EXPECT_EQ(r.out, "cpu bwd bf16 d64 none g1 q4096 k4096\n");
+  // The cpu sweep (also `fmha bench --sweep cpu`): long, short and decode-shaped classes.
+  r = fmha("tune --sweep cpu --backend cpu --dtype fp32 --list", false, env);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* key : {"cpu fwd fp32 d64 none g1 q4096 k4096", "cpu bwd fp32 d128 none g1 q256 k256",
+                          "cpu fwd fp32 d128 causal g8 q64 k32768", "cpu fwd fp32 d128 causal g4 q64 k8192"})
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << "\n" << r.out;
+  EXPECT_EQ(r.out.find("bf16"), std::string::npos) << r.out;
   // A dry run measures and writes nothing.
   r = fmha("tune --backend cpu --batch 1 --heads 1 --seqlen-q 64 --iters 1 --warmup 0 --no-progress --dry-run", false,
            env);

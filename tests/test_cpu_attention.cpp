@@ -28,7 +28,9 @@ std::string describe(const CaseSpec& c) {
       << " --seqlen-q " << c.seqlen_q << " --seqlen-k " << c.seqlen_k << " --head-dim " << c.head_dim
       << " --head-dim-v " << c.head_dim_v << " --causal " << to_string(c.causal) << " --window " << c.window_left
       << "," << c.window_right << " --q-offset " << c.q_offset << " --seed " << c.seed
-      << (c.deterministic ? " --deterministic" : "") << (c.with_lse ? "" : " --no-lse") << " --check";
+      << (c.deterministic ? " --deterministic" : "") << (c.with_lse ? "" : " --no-lse");
+  if (c.paged()) out << " --paged --page-size " << c.page_size;
+  out << " --check";
   return out.str();
 }
 
@@ -155,6 +157,88 @@ TEST_P(CpuPath, Bf16OddShapes) {
     }
 }
 
+// ---- Short backward calls: S^T tiles kept from the statistics pass (ScoreCache) --------------------
+// A call keeps its tiles while all of them, every (batch, head) together, fit 8 MiB (cpu_config.h,
+// kScoreCacheBytes): 16 KiB per 64 x 64 tile, so 512 tiles. Cases on both sides of that budget.
+
+struct ShortCall {
+  const char* name;
+  int64_t batch, heads, kv_heads, sq, sk, head_dim;
+  Causal causal;
+  int64_t window_left, q_offset;
+  DType dtype;
+  bool kept;  // under the budget
+};
+
+int64_t score_tiles(const ShortCall& c) { return c.batch * c.heads * ((c.sq + 63) / 64) * ((c.sk + 63) / 64); }
+
+const ShortCall kShortCalls[] = {
+    {"b1_h4_s192_d128", 1, 4, 4, 192, 192, 128, Causal::none, -1, 0, DType::fp32, true},
+    {"gqa_causal_unequal", 2, 4, 2, 100, 130, 64, Causal::bottom_right, -1, 0, DType::fp32, true},
+    {"window_offset", 1, 2, 1, 150, 200, 40, Causal::top_left, 33, 20, DType::fp32, true},
+    {"bf16_gqa", 1, 8, 2, 65, 127, 64, Causal::none, -1, 0, DType::bf16, true},
+    {"decode_keys_in_parts", 1, 8, 1, 2, 3001, 64, Causal::bottom_right, -1, 0, DType::fp32, true},
+    // Parts of the keys that the window leaves without a key, beside the part that has its first.
+    {"decode_window_parts", 1, 8, 1, 3, 3001, 64, Causal::bottom_right, 500, 0, DType::bf16, true},
+    // Many short heads: the budget counts tiles, the oracle's cost stays small.
+    {"at_the_budget", 4, 32, 8, 65, 65, 16, Causal::none, -1, 0, DType::fp32, true},           // 512 tiles
+    {"over_the_budget", 5, 26, 13, 65, 65, 16, Causal::none, -1, 0, DType::fp32, false},       // 520 tiles
+    {"over_the_budget_bf16", 5, 26, 13, 65, 65, 32, Causal::bottom_right, -1, 0, DType::bf16, false},  // 520
+};
+
+// A host tensor's elements as bytes (the harness's tensors are contiguous).
+std::string tensor_bytes(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.data), size_t(t.numel()) * dtype_size(t.dtype));
+}
+
+CaseSpec short_call_case(const ShortCall& shape) {
+  CaseSpec c = base_case();
+  c.batch = shape.batch;
+  c.heads = shape.heads;
+  c.kv_heads = shape.kv_heads;
+  c.seqlen_q = shape.sq;
+  c.seqlen_k = shape.sk;
+  c.head_dim = shape.head_dim;
+  c.causal = shape.causal;
+  c.window_left = shape.window_left;
+  c.q_offset = shape.q_offset;
+  c.dtype = shape.dtype;
+  c.mode = Direction::backward;
+  return c;
+}
+
+TEST_P(CpuPath, ShortCallsBackwardMatchesOracleOnBothSidesOfTheScoreBudget) {
+  FORCE_CPU_PATH_OR_SKIP(GetParam());
+  for (const ShortCall& shape : kShortCalls) {
+    ASSERT_EQ(score_tiles(shape) <= 512, shape.kept) << shape.name << ": the case is on the wrong side of the budget";
+    SCOPED_TRACE(shape.name);
+    run_and_check(short_call_case(shape));
+  }
+}
+
+// A kept tile is the matmul's output as the fused pass forms it: the gradients are the same bits
+// whether the call keeps its tiles or (variant `recompute`) forms them again.
+TEST_P(CpuPath, ShortCallsKeptScoresGiveTheBitsOfRecomputedOnes) {
+  FORCE_CPU_PATH_OR_SKIP(GetParam());
+  for (const ShortCall& shape : kShortCalls) {
+    if (!shape.kept) continue;
+    SCOPED_TRACE(shape.name);
+    CaseSpec c = short_call_case(shape);
+    c.seed = fresh_seed();
+    Harness kept(c, Device{});
+    ASSERT_TRUE(kept.run_once().ok());
+    setenv("FMHA_CPU_CONFIG", "recompute", 1);
+    Harness recomputed(c, Device{});
+    const Status s = recomputed.run_once();
+    unsetenv("FMHA_CPU_CONFIG");
+    ASSERT_TRUE(s.ok()) << s.message;
+    const Params a = kept.params(), b = recomputed.params();
+    EXPECT_EQ(tensor_bytes(a.dq), tensor_bytes(b.dq)) << "dq\n  " << describe(c);
+    EXPECT_EQ(tensor_bytes(a.dk), tensor_bytes(b.dk)) << "dk\n  " << describe(c);
+    EXPECT_EQ(tensor_bytes(a.dv), tensor_bytes(b.dv)) << "dv\n  " << describe(c);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, CpuPath, ::testing::ValuesIn(kPaths), [](const auto& info) { return info.param; });
 
 // ---- Head dims x storage dtypes ---------------------------------------------------------------------
@@ -274,6 +358,35 @@ std::vector<OptionCase> decode_cases() {
   add("keys_1013_no_lse", [](CaseSpec& c) { c.seqlen_k = 1013; c.with_lse = false; });
   add("rows_beyond_keys", [](CaseSpec& c) { c.seqlen_q = 3; c.causal = Causal::top_left; c.q_offset = -2; });
   add("gqa_8_bf16", [](CaseSpec& c) { c.dtype = DType::bf16; c.heads = 8; c.seqlen_q = 2; });
+  // The query heads of a KV group packed into one tile (fewer than 64 rows per head): GQA ratios
+  // 1 (nothing to pack), 4 and 8, tiles that hold several heads' rows or split one head's rows
+  // (20 rows x 4 heads: 64 + 16), masks, q_offset, fp32 and bf16, a paged cache.
+  add("gqa_1_one_row", [](CaseSpec& c) { c.heads = c.kv_heads = 2; });
+  add("gqa_4_one_row", [](CaseSpec& c) { c.heads = 8; c.kv_heads = 2; c.batch = 2; });
+  add("gqa_8_one_row", [](CaseSpec& c) { c.heads = 8; });
+  add("gqa_8_rows_16_causal", [](CaseSpec& c) { c.heads = 8; c.seqlen_q = 16; c.causal = Causal::bottom_right; });
+  add("gqa_4_rows_20_window_offset", [](CaseSpec& c) {
+    c.heads = 4;
+    c.seqlen_q = 20;
+    c.causal = Causal::top_left;
+    c.q_offset = 2900;
+    c.window_left = 300;
+  });
+  add("gqa_8_rows_3_bf16_window", [](CaseSpec& c) {
+    c.dtype = DType::bf16;
+    c.heads = 8;
+    c.seqlen_q = 3;
+    c.causal = Causal::bottom_right;
+    c.window_left = 500;
+  });
+  add("gqa_4_paged", [](CaseSpec& c) { c.heads = 8; c.kv_heads = 2; c.seqlen_q = 2; c.page_size = 64; });
+  add("gqa_8_paged_bf16_causal", [](CaseSpec& c) {
+    c.dtype = DType::bf16;
+    c.heads = 8;
+    c.seqlen_q = 4;
+    c.causal = Causal::bottom_right;
+    c.page_size = 128;
+  });
   return cases;
 }
 
@@ -282,7 +395,10 @@ class Decode : public ::testing::TestWithParam<std::tuple<std::string, OptionCas
 TEST_P(Decode, ForwardAndBackwardMatchOracle) {
   const auto& [path, option] = GetParam();
   FORCE_CPU_PATH_OR_SKIP(path);
-  check_both_directions(option);
+  if (!option.spec.paged()) return check_both_directions(option);
+  CaseSpec c = option.spec;  // a paged KV cache: forward only
+  c.mode = Direction::forward;
+  run_and_check(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Decode,

@@ -3,7 +3,8 @@
 // forces one. The register tile itself (64 x 64 scores, src/cpu/simd.h) is fixed by the matmul
 // kernel and is not a variant; what varies is how much of K/V (or Q/dO) is converted to fp32 at
 // once, which trades the working set against L2 reuse, and how finely a head's work is cut
-// between threads, which trades load balance against per-chunk overhead.
+// between threads, which trades load balance against per-chunk overhead, and up to what size a
+// backward keeps its score tiles instead of forming them twice, which trades memory for a matmul.
 #pragma once
 
 #include <cstdint>
@@ -16,15 +17,21 @@ struct CpuConfig {
   int64_t query_block;      // queries converted at once (backward fused pass); a multiple of 64
   int64_t max_chunk_tiles;  // at most this many 64-row tiles per work item (the fused pass: per key chunk,
                             // whose dQ shares are summed in chunk order, so it also fixes that order)
+  int64_t score_cache_bytes;  // backward: a call whose S^T tiles fit keeps them from the statistics pass
+                              // for the fused pass (src/cpu/fast_attention.cpp, ScoreCache); 0: never
 };
 
+// A few L2 caches' worth: kept tiles that spill to memory would cost about what forming them again does.
+inline constexpr int64_t kScoreCacheBytes = int64_t(8) << 20;
+
 inline constexpr CpuConfig kCpuConfigs[] = {
-    {"k2048", 2048, 2048, 8},  // the default: 2048 keys of D = 64 are 512 KiB per K/V panel pair
-    {"k512", 512, 512, 8},     // panels that stay in a small L2
-    {"k1024", 1024, 1024, 8},
-    {"k4096", 4096, 4096, 8},  // fewer conversions of the queries in the backward
-    {"c2", 2048, 2048, 2},     // short chunks: better balance on few heads
-    {"c16", 2048, 2048, 16},   // long chunks: fewer re-conversions of K/V per head
+    {"k2048", 2048, 2048, 8, kScoreCacheBytes},  // the default: 2048 keys of D = 64 are 512 KiB per K/V panel pair
+    {"k512", 512, 512, 8, kScoreCacheBytes},     // panels that stay in a small L2
+    {"k1024", 1024, 1024, 8, kScoreCacheBytes},
+    {"k4096", 4096, 4096, 8, kScoreCacheBytes},  // fewer conversions of the queries in the backward
+    {"c2", 2048, 2048, 2, kScoreCacheBytes},     // short chunks: better balance on few heads
+    {"c16", 2048, 2048, 16, kScoreCacheBytes},   // long chunks: fewer re-conversions of K/V per head
+    {"recompute", 2048, 2048, 8, 0},             // the fused pass forms S^T again at every size
 };
 inline constexpr int kCpuVariants = int(sizeof(kCpuConfigs) / sizeof(kCpuConfigs[0]));
 inline constexpr int kCpuDefaultVariant = 0;
@@ -32,7 +39,7 @@ inline constexpr const char* kCpuConfigVariable = "FMHA_CPU_CONFIG";
 
 constexpr bool valid(const CpuConfig& c) {
   return c.key_block > 0 && c.key_block % 64 == 0 && c.query_block > 0 && c.query_block % 64 == 0 &&
-         c.max_chunk_tiles > 0;
+         c.max_chunk_tiles > 0 && c.score_cache_bytes >= 0;
 }
 static_assert([] {
   for (const CpuConfig& c : kCpuConfigs)

@@ -61,6 +61,19 @@ Range intersect(Range a, Range b) {
   return r.empty() ? Range{r.begin, r.begin} : r;
 }
 
+// One head's rows of a [B, S, H, dim] tensor lie H rows apart: with several heads, each row is a
+// short run (a few cache lines) in its own stretch of memory, often its own page, which the
+// hardware prefetcher does not follow across pages. Panel loads ask for the row kPrefetchRows
+// ahead while they convert the current one.
+constexpr int64_t kPrefetchRows = 8;
+constexpr int64_t kCacheLine = 64;
+
+void prefetch_row(const Tensor& t, int64_t b, int64_t r, int64_t h, int64_t dim) {
+  const char* row = static_cast<const char*>(t.data) + offset4(t, b, r, h, 0) * (t.dtype == DType::fp32 ? 4 : 2);
+  const int64_t bytes = dim * (t.dtype == DType::fp32 ? 4 : 2);
+  for (int64_t i = 0; i < bytes; i += kCacheLine) __builtin_prefetch(row + i);
+}
+
 // Rows [rows.begin, rows.end) of one head of a [B, S, H, dim] tensor converted to fp32, once, for
 // many tiles to read. The panel starts at a multiple of the tile size (so every tile that starts
 // at a multiple of 64 sits at a 64-byte aligned offset) and is zero outside `rows` and `dim`.
@@ -85,6 +98,7 @@ struct Panel {
     float* data = buffer.reserve(size);
     std::fill_n(data, size, 0.0f);
     for (int64_t r = rows.begin; r < rows.end; ++r) {
+      if (r + kPrefetchRows < rows.end) prefetch_row(t, b, r + kPrefetchRows, h, dim);
       if (!transposed) {
         read_row(t, offset4(t, b, r, h, 0), dim, data + (r - first) * ld, tf32);
         continue;
@@ -93,6 +107,7 @@ struct Panel {
       for (int64_t d = 0; d < dim; ++d) data[d * ld + (r - first)] = row_buffer[d];
     }
   }
+  void trim(int64_t max_floats) { buffer.trim(max_floats); }
   // The tile whose first row is `row` (a multiple of 64 at or after `first`).
   const float* tile(int64_t row) const {
     return transposed ? buffer.get() + (row - first) : buffer.get() + (row - first) * ld;
@@ -133,6 +148,7 @@ struct Bf16Panel {
     uint16_t* data = reinterpret_cast<uint16_t*>(buffer.reserve((size + 1) / 2));
     std::fill_n(data, size, uint16_t{0});
     for (int64_t r = rows.begin; r < rows.end; ++r) {
+      if (r + kPrefetchRows < rows.end) prefetch_row(t, b, r + kPrefetchRows, h, dim);
       const uint16_t* src = static_cast<const uint16_t*>(t.data) + offset4(t, b, r, h, 0);
       const int64_t i = r - first;
       switch (layout) {
@@ -149,6 +165,7 @@ struct Bf16Panel {
       }
     }
   }
+  void trim(int64_t max_floats) { buffer.trim(max_floats); }
   // The tile whose first row is `row` (a multiple of 64 at or after `first`).
   const uint16_t* tile(int64_t row) const {
     const uint16_t* data = reinterpret_cast<const uint16_t*>(buffer.get());
@@ -207,7 +224,31 @@ struct ForwardScratch {
   Bf16Panel q_bf16, k_bf16, v_bf16;  // one head's queries, [dp / 2 pairs, key block], [key block / 2 pairs, dvp]
   Scratch q_all_bf16;      // [group][chunk rows][dp]
   Scratch p_bf16;          // [kTileM, kTileN] probabilities rounded to bf16
+
+  void trim(int64_t max_floats) {
+    for (Panel* panel : {&q, &kt, &v}) panel->trim(max_floats);
+    for (Bf16Panel* panel : {&q_bf16, &k_bf16, &v_bf16}) panel->trim(max_floats);
+    for (Scratch* buffer : {&q_all, &s, &acc, &row_max, &row_sum, &row, &q_all_bf16, &p_bf16}) buffer->trim(max_floats);
+  }
 };
+
+// Per-thread scratch, kept across calls: the pool's threads live on (common/parallel.h), so a
+// short call finds its buffers allocated and their pages mapped. A buffer larger than
+// kKeptScratchFloats is given back at the thread's first use in a later parallel_for call, so
+// that one large call does not hold its memory for the life of the process.
+constexpr int64_t kKeptScratchFloats = int64_t(1) << 20;  // 4 MiB
+
+template <class T>
+T& thread_scratch() {
+  thread_local T scratch;
+  thread_local uint64_t epoch = 0;
+  const uint64_t now = parallel_call_epoch();
+  if (epoch != now) {
+    epoch = now;
+    scratch.trim(kKeptScratchFloats);
+  }
+  return scratch;
+}
 
 // kBf16: bf16 storage multiplied as stored, with fp32 accumulation (vdpbf16ps): S = Q·K^T on the
 // stored values, and O += P·V with P rounded to bf16 (as the GPU tiers' bf16 tensor-core
@@ -226,33 +267,42 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
                    Range key_part, const ForwardPart* part, ForwardScratch& t) {
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
-  const int64_t n = round_up(rows.size(), kTileM);  // chunk rows, padded
-  float* acc = t.acc.reserve(s.group * n * dvp);
-  float* row_max = t.row_max.reserve(s.group * n);
-  float* row_sum = t.row_sum.reserve(s.group * n);
-  float* q_all = kBf16 ? nullptr : t.q_all.reserve(s.group * n * dp);
-  uint16_t* q_all_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.q_all_bf16.reserve(s.group * n * dp / 2)) : nullptr;
+  // The group's query rows one after another, head by head: row g * n + r is query rows.begin + r
+  // of head kv_head * group + g. With a tile or more of rows per head each head's rows are padded
+  // to whole tiles (n = rows rounded up); with fewer (decode: a query or a few per head) they are
+  // packed (n = rows), so that one tile holds the rows of several heads: one matmul over K and
+  // one over V per key tile serve the whole group, instead of one nearly empty tile per head.
+  const bool packed = rows.size() < kTileM && s.group > 1;
+  const int64_t n = packed ? rows.size() : round_up(rows.size(), kTileM);
+  const int64_t total = round_up(s.group * n, kTileM);  // every tile's rows, padding included
+  float* acc = t.acc.reserve(total * dvp);
+  float* row_max = t.row_max.reserve(total);
+  float* row_sum = t.row_sum.reserve(total);
+  float* q_all = kBf16 ? nullptr : t.q_all.reserve(total * dp);
+  uint16_t* q_all_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.q_all_bf16.reserve(total * dp / 2)) : nullptr;
   uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kTileN / 2)) : nullptr;
   float* scores = t.s.reserve(kTileM * kTileN);
   float* row_buffer = t.row.reserve(std::max(dp, dvp));
   const float sign = score_sign(s), scale_log2 = std::abs(s.scale_log2);
-  std::fill_n(acc, s.group * n * dvp, 0.0f);
-  std::fill_n(row_max, s.group * n, kNegInf);
-  std::fill_n(row_sum, s.group * n, 0.0f);
+  std::fill_n(acc, total * dvp, 0.0f);
+  std::fill_n(row_max, total, kNegInf);
+  std::fill_n(row_sum, total, 0.0f);
   const Range keys = intersect(s.mask.keys(rows), key_part);
 
+  if (!keys.empty()) {
+    if constexpr (kBf16) std::fill_n(q_all_bf16, total * dp, uint16_t{0});
+    else std::fill_n(q_all, total * dp, 0.0f);
+  }
   if (!keys.empty())
     for (int64_t g = 0; g < s.group; ++g) {
       if constexpr (kBf16) {
         t.q_bf16.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, Bf16Layout::rows);
         uint16_t* dst = q_all_bf16 + g * n * dp;
-        std::fill_n(dst, n * dp, uint16_t{0});
         for (int64_t r = 0; r < rows.size(); ++r) std::copy_n(t.q_bf16.tile(rows.begin + r), dp, dst + r * dp);
         continue;
       }
       t.q.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, false, s.tf32, row_buffer);
       float* dst = q_all + g * n * dp;
-      std::fill_n(dst, n * dp, 0.0f);
       for (int64_t r = 0; r < rows.size(); ++r) std::copy_n(t.q.tile(rows.begin + r), dp, dst + r * dp);
     }
 
@@ -265,62 +315,67 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
       t.kt.load(p.k, b, kv_head, block, s.head_dim, true, s.tf32, row_buffer);
       t.v.load(p.v, b, kv_head, block, s.head_dim_v, false, s.tf32, row_buffer);
     }
-    for (int64_t g = 0; g < s.group; ++g)
-      for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
-        const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
-        const int64_t r_off = row0 - rows.begin;  // tile's first row within the chunk
-        const int64_t active = round_up(tile_rows.size(), kRowBlock);
-        const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
-        const int64_t q_tile = (g * n + r_off) * dp;  // offset in q_all / q_all_bf16
-        float* acc_tile = acc + (g * n + r_off) * dvp;
-        float* max_tile = row_max + g * n + r_off;
-        float* sum_tile = row_sum + g * n + r_off;
-        for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
-          const Range cols{col0, col0 + kTileN};
-          // Load K tile (from the panel); S = Q·K^T  [kTileM, kTileN]
-          if constexpr (kBf16)
-            gemm_bf16(active, kTileN, dp / 2, q_all_bf16 + q_tile, dp, t.k_bf16.tile(col0), t.k_bf16.ld, scores, kTileN,
-                      false);
-          else
-            gemm(active, kTileN, dp, q_all + q_tile, dp, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
-          const bool full = tile_rows.size() == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
-                            s.mask.tile_is_full(tile_rows, cols);
-          for (int64_t r = 0; r < active; ++r) {
-            float* srow = scores + r * kTileN;
-            // Mask, row max, exp2, row sum, rescale.
-            const Range visible = r < tile_rows.size() ? intersect(s.mask.keys(row0 + r), block) : Range{};
-            sign_and_mask_row(srow, sign, col0, visible, full);
-            vf m = load(srow);
-            for (int v = 1; v < kVecsN; ++v) {
-              const vf x = load(srow + v * kLanes);
-              m = x > m ? x : m;
-            }
-            const float new_max = std::max(max_tile[r], horizontal_max(m));
-            const float base = new_max == kNegInf ? 0.0f : new_max;  // nothing visible yet
-            vf sum{};
-            for (int v = 0; v < kVecsN; ++v) {
-              const vf prob = exp2((load(srow + v * kLanes) - base) * scale_log2);
-              store(srow + v * kLanes, prob);
-              sum += prob;
-            }
-            const float rescale = exp2(splat((max_tile[r] - base) * scale_log2))[0];
-            sum_tile[r] = sum_tile[r] * rescale + horizontal_sum(sum);
-            max_tile[r] = new_max;
-            if (rescale != 1.0f) {
-              float* a = acc_tile + r * dvp;
-              for (int64_t d = 0; d < dvp; d += kLanes) store(a + d, load(a + d) * rescale);
-            }
+    // Tiles of kTileM consecutive rows of the group's (padded or packed) rows.
+    for (int64_t first = 0; first < s.group * n; first += kTileM) {
+      // The tile's rows [0, valid) hold queries; the queries they hold span tile_rows.
+      const int64_t g = first / n, r_off = first % n;
+      const int64_t valid = packed ? std::min(kTileM, s.group * n - first) : std::min(kTileM, rows.size() - r_off);
+      const Range tile_rows = packed && (first + valid - 1) / n != g
+                                  ? rows  // rows of two or more heads
+                                  : Range{rows.begin + r_off, rows.begin + r_off + valid};
+      const auto query_of = [&](int64_t r) { return rows.begin + (first + r) % n; };
+      const int64_t active = round_up(valid, kRowBlock);
+      const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
+      const int64_t q_tile = first * dp;  // offset in q_all / q_all_bf16
+      float* acc_tile = acc + first * dvp;
+      float* max_tile = row_max + first;
+      float* sum_tile = row_sum + first;
+      for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
+        const Range cols{col0, col0 + kTileN};
+        // Load K tile (from the panel); S = Q·K^T  [kTileM, kTileN]
+        if constexpr (kBf16)
+          gemm_bf16(active, kTileN, dp / 2, q_all_bf16 + q_tile, dp, t.k_bf16.tile(col0), t.k_bf16.ld, scores, kTileN,
+                    false);
+        else
+          gemm(active, kTileN, dp, q_all + q_tile, dp, t.kt.tile(col0), t.kt.ld, scores, kTileN, false);
+        const bool full = valid == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
+                          s.mask.tile_is_full(tile_rows, cols);
+        for (int64_t r = 0; r < active; ++r) {
+          float* srow = scores + r * kTileN;
+          // Mask, row max, exp2, row sum, rescale.
+          const Range visible = r < valid ? intersect(s.mask.keys(query_of(r)), block) : Range{};
+          sign_and_mask_row(srow, sign, col0, visible, full);
+          vf m = load(srow);
+          for (int v = 1; v < kVecsN; ++v) {
+            const vf x = load(srow + v * kLanes);
+            m = x > m ? x : m;
           }
-          // Load V tile (from the panel); O += P·V
-          if constexpr (kBf16) {
-            to_bf16(scores, p_bf16, active * kTileN);
-            gemm_bf16(active, dvp, kTileN / 2, p_bf16, kTileN, t.v_bf16.tile(col0), t.v_bf16.ld, acc_tile, dvp, true);
-          } else {
-            if (s.tf32) round_tile_to_tf32(scores, active * kTileN);
-            gemm(active, dvp, kTileN, scores, kTileN, t.v.tile(col0), dvp, acc_tile, dvp, true);
+          const float new_max = std::max(max_tile[r], horizontal_max(m));
+          const float base = new_max == kNegInf ? 0.0f : new_max;  // nothing visible yet
+          vf sum{};
+          for (int v = 0; v < kVecsN; ++v) {
+            const vf prob = exp2((load(srow + v * kLanes) - base) * scale_log2);
+            store(srow + v * kLanes, prob);
+            sum += prob;
+          }
+          const float rescale = exp2(splat((max_tile[r] - base) * scale_log2))[0];
+          sum_tile[r] = sum_tile[r] * rescale + horizontal_sum(sum);
+          max_tile[r] = new_max;
+          if (rescale != 1.0f) {
+            float* a = acc_tile + r * dvp;
+            for (int64_t d = 0; d < dvp; d += kLanes) store(a + d, load(a + d) * rescale);
           }
         }
+        // Load V tile (from the panel); O += P·V
+        if constexpr (kBf16) {
+          to_bf16(scores, p_bf16, active * kTileN);
+          gemm_bf16(active, dvp, kTileN / 2, p_bf16, kTileN, t.v_bf16.tile(col0), t.v_bf16.ld, acc_tile, dvp, true);
+        } else {
+          if (s.tf32) round_tile_to_tf32(scores, active * kTileN);
+          gemm(active, dvp, kTileN, scores, kTileN, t.v.tile(col0), dvp, acc_tile, dvp, true);
+        }
       }
+    }
   }
 
   // Epilogue: O = acc / row_sum, LSE = ln(row_sum) + max; rows that saw nothing get 0 and -inf.
@@ -581,6 +636,13 @@ struct BackwardScratch {
   Scratch row_max, inv_sum, delta;  // per-query statistics of the current block, padded
   Scratch row_sum;                  // statistics pass: running sums of exp2
   Scratch row;
+
+  void trim(int64_t max_floats) {
+    for (Operand* panel : {&k, &v, &kt, &q, &qt, &dout, &doutt, &kb, &vb, &qc, &doc}) panel->trim(max_floats);
+    for (Scratch* buffer : {&s, &dprob, &operand, &b_operand, &dk, &dv, &dq, &delta_sum, &row_max, &inv_sum, &delta,
+                            &row_sum, &row})
+      buffer->trim(max_floats);
+  }
 };
 
 // The factor that turns this call's own softmax (the row's recomputed max and sum) into the one
@@ -622,6 +684,35 @@ struct StatsPart {
   float* delta_sum = nullptr;  // [group][rows] rowsum(E ∘ dP) over them (fp16/bf16 storage)
 };
 
+// Short calls: the statistics pass's S^T tiles kept for the fused pass, which then takes them
+// instead of forming S^T = K·Q^T again (one of its six matmuls per tile pair, and the K and Q^T
+// operand panels that only this matmul reads). Worth it while the tiles stay in the caches: only
+// calls whose tiles, every (batch, head) together, fit config.score_cache_bytes (cpu_config.h)
+// keep them. A kept tile is
+// the matmul's output as the fused pass would form it, bit for bit (same operands, same kernel;
+// entries outside the panels' rows are masked by both passes), so the result does not depend on
+// whether the call keeps its tiles.
+constexpr int64_t kTileFloats = kTileM * kTileN;
+
+struct ScoreCache {
+  float* data = nullptr;             // [batch * heads][key tiles][query tiles][kTileN keys, kTileM queries]
+  std::vector<uint8_t> present;      // 1 where the statistics pass left the tile
+  int64_t key_tiles = 0, query_tiles = 0;
+
+  static int64_t floats_for(const Problem& s) {
+    return s.batch * s.heads * tiles(s.seqlen_k, kTileN) * tiles(s.seqlen_q, kTileM) * kTileFloats;
+  }
+  int64_t slot(int64_t bh, int64_t col0, int64_t row0) const {
+    return (bh * key_tiles + col0 / kTileN) * query_tiles + row0 / kTileM;
+  }
+  float* tile(int64_t bh, int64_t col0, int64_t row0) { return data + slot(bh, col0, row0) * kTileFloats; }
+  // The kept tile of keys col0.. and queries row0.., or nullptr.
+  const float* find(int64_t bh, int64_t col0, int64_t row0) const {
+    const int64_t i = slot(bh, col0, row0);
+    return present[size_t(i)] ? data + i * kTileFloats : nullptr;
+  }
+};
+
 // Statistics pass: one item = (batch, KV head, chunk of query tiles), over every query head of the
 // group. Each row's softmax max and sum, online over the keys as the forward forms them, go to
 // `st` as row_max and inv_sum (RowStats says why they are not taken from LSE), for the fused pass.
@@ -631,7 +722,7 @@ struct StatsPart {
 // reduction and no scalar exp2 per row. Each query's sum still runs over its keys in key order.
 template <bool kBf16>
 void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& config, RowStats& st, int64_t b,
-                          int64_t kv_head, Range rows, Range key_part, const StatsPart* part,
+                          int64_t kv_head, Range rows, Range key_part, const StatsPart* part, ScoreCache* cache,
                           BackwardScratch<kBf16>& t) {
   constexpr int kVecsM = int(kTileM / kLanes);
   const int64_t key_block = config.key_block;
@@ -665,6 +756,9 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
       for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
         const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
         const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
+        // No key: nothing to add, and no tile to keep (the aligned loop below would form one over
+        // an empty panel, which a part of the keys that does see the tile's keys must not meet).
+        if (tile_keys.empty()) continue;
         const int64_t r_off = row0 - rows.begin;
         float* max_tile = row_max + g * n + r_off;
         float* sum_tile = row_sum + g * n + r_off;
@@ -672,6 +766,11 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
         for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
           // S^T = K·Q^T  [kTileN keys, kTileM queries]; x = sign(scale)·(q·k), -inf where masked
           tile_gemm(kTileN, kTileM, dp, t.kb.tile(col0), t.kb.ld, t.qc.tile(row0), t.qc.ld, scores, kTileM, false);
+          if (cache) {
+            const int64_t bh = b * s.heads + h;
+            std::copy_n(scores, kTileFloats, cache->tile(bh, col0, row0));
+            cache->present[size_t(cache->slot(bh, col0, row0))] = 1;
+          }
           sign_and_mask_transposed(scores, s, row0, col0, tile_rows, intersect(block, Range{col0, col0 + kTileN}));
           // The tile's max per query, then E = exp2((x - max)·|scale_log2|) summed per query, and
           // the running sums rescaled to the new max.
@@ -771,7 +870,7 @@ struct DqAccumulator {
 template <bool kBf16>
 void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, const RowStats& st, int64_t b,
                     int64_t kv_head, Range keys, int64_t ordinal, DqAccumulator& dq_acc,
-                    const std::atomic<bool>& abandoned, BackwardScratch<kBf16>& t) {
+                    const std::atomic<bool>& abandoned, const ScoreCache* cache, BackwardScratch<kBf16>& t) {
   const int64_t query_block = config.query_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(keys.size(), kTileN);
@@ -794,8 +893,9 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
   const int64_t dq_ld = dq_width + kLanes;
   float* dq_share = t.dq.reserve(s.group * dq_rows * dq_ld);
   std::fill_n(dq_share, s.group * dq_rows * dq_ld, 0.0f);
+  // K (as the A operand) and Q^T only form S^T: loaded at the first tile the cache lacks.
+  bool k_loaded = false, qt_loaded = false;
   if (!queries.empty()) {
-    load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
     load_operand(t.kt, p.k, b, kv_head, keys, s.head_dim, Role::a_transposed, s.tf32, row_buffer);
     load_operand(t.v, p.v, b, kv_head, keys, s.head_dim_v, Role::a, s.tf32, row_buffer);
   }
@@ -805,7 +905,7 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
     for (int64_t qb0 = align_down(queries.begin, query_block); qb0 < queries.end; qb0 += query_block) {
       const Range block = intersect(queries, Range{qb0, qb0 + query_block});
       load_operand(t.q, p.q, b, h, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
-      load_operand(t.qt, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+      qt_loaded = false;
       load_operand(t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_rows, s.tf32, row_buffer);
       load_operand(t.doutt, p.dout, b, h, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
       // Statistics indexed from the panel's first row; rows outside the block see nothing.
@@ -829,8 +929,15 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
           float* dv_tile = dv + (col0 - keys.begin) * dvp;
           if (row0 < align_down(tile_queries.begin, kTileM) || row0 >= tile_queries.end) continue;
           const int64_t stat = row0 - t.q.first;
-          // S^T = K·Q^T  [kTileN keys, kTileM queries]; P^T
-          tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
+          // S^T = K·Q^T  [kTileN keys, kTileM queries] (or as the statistics pass kept it); P^T
+          if (const float* kept = cache ? cache->find(b * s.heads + h, col0, row0) : nullptr) {
+            std::copy_n(kept, kTileFloats, scores);
+          } else {
+            if (!k_loaded) load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
+            if (!qt_loaded) load_operand(t.qt, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+            k_loaded = qt_loaded = true;
+            tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
+          }
           probabilities(scores, s, row0, col0, block, tile_keys, row_max + stat, inv_sum + stat);
           // dV += P^T·dO (P rounded to the operand format in a copy: dS below is formed from the
           // unrounded P, so that it is rounded once, not twice)
@@ -932,12 +1039,12 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     }
     for (size_t i = 0; i < order.size(); ++i) items[i] = problems[order[i]].batch * problems[order[i]].kv_heads * chunks[order[i]];
     const ItemPool pool(items);
-    parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
+    parallel_for(pool.size(), threads, [&](int, int64_t item) {
       const size_t position = pool.call(item), c = order[position];
       const Problem& s = problems[c];
       const int64_t local = item - pool.first[position], head = local / chunks[c], rank = local % chunks[c];
       const int64_t chunk = reversed ? chunks[c] - 1 - rank : rank;
-      body(worker, calls[c], s, c, head / s.kv_heads, head % s.kv_heads,
+      body(calls[c], s, c, head / s.kv_heads, head % s.kv_heads,
            Range{chunk * per_chunk[c], std::min(chunk * per_chunk[c] + per_chunk[c], length_of(s))}, rank);
     });
   };
@@ -967,52 +1074,52 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
       part_max[c].reserve(rows);
       part_sum[c].reserve(rows);
     }
-  // body(worker, call, batch, KV head, keys of the part, part item within the call)
+  // body(call, batch, KV head, keys of the part, part item within the call)
   auto for_parts = [&](auto&& body) {
     const ItemPool pool(part_items);
-    parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
+    parallel_for(pool.size(), threads, [&](int, int64_t item) {
       const size_t c = pool.call(item);
       const Problem& s = problems[c];
       const int64_t local = item - pool.first[c], head = local / part_count[c], k = local % part_count[c];
-      body(worker, c, head / s.kv_heads, head % s.kv_heads,
+      body(c, head / s.kv_heads, head % s.kv_heads,
            Range{k * part_keys[c], std::min(k * part_keys[c] + part_keys[c], s.seqlen_k)}, local);
     });
   };
-  // body(worker, call, batch, KV head, the head's first row in the part buffers)
+  // body(call, batch, KV head, the head's first row in the part buffers)
   auto for_heads = [&](auto&& body) {
     const ItemPool pool(heads);
-    parallel_for(pool.size(), threads, [&](int worker, int64_t item) {
+    parallel_for(pool.size(), threads, [&](int, int64_t item) {
       const size_t c = pool.call(item);
       const Problem& s = problems[c];
       const int64_t head = item - pool.first[c];
-      body(worker, c, head / s.kv_heads, head % s.kv_heads, head * part_count[c] * s.group * s.seqlen_q);
+      body(c, head / s.kv_heads, head % s.kv_heads, head * part_count[c] * s.group * s.seqlen_q);
     });
   };
   if (direction == Direction::forward) {
-    std::vector<ForwardScratch> scratch(static_cast<size_t>(threads));
-    auto run = [&](int worker, const Params& p, const Problem& s, int64_t b, int64_t kv_head, Range rows, Range keys,
+    auto run = [&](const Params& p, const Problem& s, int64_t b, int64_t kv_head, Range rows, Range keys,
                    const ForwardPart* part) {
-      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, keys, part, scratch[size_t(worker)]);
-      else forward_chunk<false>(p, s, config, b, kv_head, rows, keys, part, scratch[size_t(worker)]);
+      ForwardScratch& scratch = thread_scratch<ForwardScratch>();
+      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, keys, part, scratch);
+      else forward_chunk<false>(p, s, config, b, kv_head, rows, keys, part, scratch);
     };
     if (parts == 1) {
       for_chunks(seqlen_q, kTileM, threads, false,
-                 [&](int worker, const Params& p, const Problem& s, size_t, int64_t b, int64_t kv_head, Range rows,
-                     int64_t) { run(worker, p, s, b, kv_head, rows, Range{0, s.seqlen_k}, nullptr); });
+                 [&](const Params& p, const Problem& s, size_t, int64_t b, int64_t kv_head, Range rows,
+                     int64_t) { run(p, s, b, kv_head, rows, Range{0, s.seqlen_k}, nullptr); });
       return Status::success();
     }
-    for_parts([&](int worker, size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
+    for_parts([&](size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
       const Problem& s = problems[c];
       const int64_t rows = s.group * s.seqlen_q;
       const ForwardPart part{part_acc[c].get() + local * rows * round_up(s.head_dim_v, kLanes),
                              part_max[c].get() + local * rows, part_sum[c].get() + local * rows};
-      run(worker, calls[c], s, b, kv_head, Range{0, s.seqlen_q}, keys, &part);
+      run(calls[c], s, b, kv_head, Range{0, s.seqlen_q}, keys, &part);
     });
-    for_heads([&](int worker, size_t c, int64_t b, int64_t kv_head, int64_t first) {
+    for_heads([&](size_t c, int64_t b, int64_t kv_head, int64_t first) {
       const Problem& s = problems[c];
       merge_parts(calls[c], s, b, kv_head, part_count[c], part_acc[c].get() + first * round_up(s.head_dim_v, kLanes),
                   part_max[c].get() + first, part_sum[c].get() + first,
-                  scratch[size_t(worker)].row.reserve(round_up(s.head_dim_v, kLanes)));
+                  thread_scratch<ForwardScratch>().row.reserve(round_up(s.head_dim_v, kLanes)));
     });
     return Status::success();
   }
@@ -1038,28 +1145,46 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     dq[c].turn = std::vector<std::atomic<int64_t>>(size_t(s.batch * s.kv_heads));
     dq_items[c] = s.batch * s.heads;
   }
+  // Short calls keep their S^T tiles (ScoreCache) in a buffer of the calling thread's, kept for
+  // its later calls (at most config.score_cache_bytes).
+  std::vector<ScoreCache> caches(static_cast<size_t>(count));
+  int64_t cache_floats = 0;
+  for (const Problem& s : problems) cache_floats += ScoreCache::floats_for(s);
+  const bool keep_scores = cache_floats * int64_t(sizeof(float)) <= config.score_cache_bytes;
+  if (keep_scores) {
+    thread_local Scratch cache_buffer;
+    float* data = cache_buffer.reserve(cache_floats);
+    for (size_t c = 0; c < size_t(count); ++c) {
+      const Problem& s = problems[c];
+      caches[c].data = data;
+      caches[c].key_tiles = tiles(s.seqlen_k, kTileN);
+      caches[c].query_tiles = tiles(s.seqlen_q, kTileM);
+      caches[c].present.assign(size_t(s.batch * s.heads * caches[c].key_tiles * caches[c].query_tiles), 0);
+      data += ScoreCache::floats_for(s);
+    }
+  }
+  auto cache_of = [&](size_t c) { return keep_scores ? &caches[c] : nullptr; };
   std::atomic<bool> abandoned{false};
   auto backward = [&](auto bf16_tag) {
     constexpr bool kBf16 = decltype(bf16_tag)::value;
-    std::vector<BackwardScratch<kBf16>> scratch(static_cast<size_t>(threads));
     // The statistics first: the fused pass forms P from them.
     if (parts == 1) {
       for_chunks(seqlen_q, kTileM, threads, false,
-                 [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows,
+                 [&](const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows,
                      int64_t) {
                    backward_stats_chunk<kBf16>(p, s, config, stats[c], b, kv_head, rows, Range{0, s.seqlen_k},
-                                               nullptr, scratch[size_t(worker)]);
+                                               nullptr, cache_of(c), thread_scratch<BackwardScratch<kBf16>>());
                  });
     } else {
-      for_parts([&](int worker, size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
+      for_parts([&](size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
         const Problem& s = problems[c];
         const int64_t rows = s.group * s.seqlen_q;
         const StatsPart part{part_max[c].get() + local * rows, part_sum[c].get() + local * rows,
                              part_acc[c].get() + local * rows};
         backward_stats_chunk<kBf16>(calls[c], s, config, stats[c], b, kv_head, Range{0, s.seqlen_q}, keys, &part,
-                                    scratch[size_t(worker)]);
+                                    cache_of(c), thread_scratch<BackwardScratch<kBf16>>());
       });
-      for_heads([&](int, size_t c, int64_t b, int64_t kv_head, int64_t first) {
+      for_heads([&](size_t c, int64_t b, int64_t kv_head, int64_t first) {
         merge_stats_parts(calls[c], problems[c], stats[c], b, kv_head, part_count[c], part_max[c].get() + first,
                           part_sum[c].get() + first, part_acc[c].get() + first);
       });
@@ -1067,11 +1192,11 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     // Key chunks run last first: under a causal mask the last keys see the fewest queries, so the
     // lighter chunks come first and a chunk rarely waits for its turn behind a heavier one.
     for_chunks(seqlen_k, kTileN, hardware_threads(), true,
-               [&](int worker, const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range keys,
+               [&](const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range keys,
                    int64_t rank) {
                  try {
                    backward_chunk<kBf16>(p, s, config, stats[c], b, kv_head, keys, rank, dq[c], abandoned,
-                                         scratch[size_t(worker)]);
+                                         cache_of(c), thread_scratch<BackwardScratch<kBf16>>());
                  } catch (...) {
                    abandoned.store(true);  // the chunks after this one would wait for it forever
                    throw;
@@ -1081,10 +1206,10 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
   if (bf16_dot) backward(std::bool_constant<kBf16Dot>{});
   else backward(std::false_type{});
   const ItemPool dq_pool(dq_items);
-  std::vector<Scratch> rows(static_cast<size_t>(threads));
-  parallel_for(dq_pool.size(), threads, [&](int worker, int64_t item) {
+  parallel_for(dq_pool.size(), threads, [&](int, int64_t item) {
     const size_t c = dq_pool.call(item);
-    write_dq(calls[c], problems[c], item - dq_pool.first[c], dq[c], rows[size_t(worker)].reserve(kTileM * dq[c].dp));
+    float* rows_buffer = thread_scratch<Scratch>().reserve(kTileM * dq[c].dp);
+    write_dq(calls[c], problems[c], item - dq_pool.first[c], dq[c], rows_buffer);
   });
   return Status::success();
 }

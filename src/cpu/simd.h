@@ -274,6 +274,10 @@ class Scratch {
     return data_.get();
   }
   float* get() const { return data_.get(); }
+  // Gives the memory back if more than `max_floats` are held.
+  void trim(int64_t max_floats) {
+    if (capacity_ > max_floats) data_.reset(), capacity_ = 0;
+  }
 
  private:
   struct Free {

@@ -93,9 +93,59 @@ std::vector<CaseSpec> seed_sweep(const CaseSpec& base) {
   return cases;
 }
 
+// The CPU backend's shapes, fp32 and bf16, each direction: the three cases it is compared with
+// PyTorch's CPU SDPA on (docs/PERF.md), short calls (where the fixed cost per call and the
+// backward's kept score tiles matter) and decode-shaped calls (a few query rows per head, GQA).
+namespace {
+struct CpuSweepShape {
+  int64_t batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim;
+  Causal causal;
+  bool backward;  // decode shapes are timed forward only
+};
+constexpr CpuSweepShape kCpuSweepShapes[] = {
+    {4, 4, 4, 4096, 4096, 64, Causal::none, true},           // the seed shape
+    {2, 8, 8, 2048, 2048, 128, Causal::bottom_right, true},
+    {1, 32, 32, 1024, 1024, 128, Causal::none, true},
+    {1, 4, 4, 192, 192, 128, Causal::none, true},            // short calls
+    {1, 16, 16, 256, 256, 64, Causal::bottom_right, true},
+    {8, 8, 8, 128, 128, 64, Causal::none, true},
+    {1, 8, 1, 1, 32768, 128, Causal::bottom_right, false},   // decode: GQA 8, one row
+    {1, 32, 8, 1, 8192, 128, Causal::bottom_right, false},   // GQA 4
+    {4, 32, 8, 1, 4096, 128, Causal::bottom_right, false},
+    {1, 32, 8, 16, 8192, 128, Causal::bottom_right, false},  // 16 rows (speculative decoding)
+};
+}  // namespace
+
+std::vector<CaseSpec> cpu_sweep(const CaseSpec& base) {
+  std::vector<CaseSpec> cases;
+  for (const char* dtype : {"fp32", "bf16"})
+    for (Direction mode : {Direction::forward, Direction::backward})
+      for (const CpuSweepShape& shape : kCpuSweepShapes) {
+        if (mode == Direction::backward && !shape.backward) continue;
+        CaseSpec c = base;
+        parse(dtype, &c.dtype);
+        c.precision = Precision::ieee;
+        c.mode = mode;
+        c.batch = shape.batch;
+        c.heads = shape.heads;
+        c.kv_heads = shape.kv_heads;
+        c.seqlen_q = shape.seqlen_q;
+        c.seqlen_k = shape.seqlen_k;
+        c.head_dim = c.head_dim_v = shape.head_dim;
+        c.causal = shape.causal;
+        c.window_left = c.window_right = -1;
+        c.q_offset = 0;
+        c.seqlens_q = c.seqlens_k = {};
+        c.page_size = 0;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
 bool named_sweep(const std::string& name, const CaseSpec& base, std::vector<CaseSpec>* cases) {
   if (name == "fa") *cases = fa_sweep(base);
   else if (name == "seed") *cases = seed_sweep(base);
+  else if (name == "cpu") *cases = cpu_sweep(base);
   else return false;
   return true;
 }
@@ -308,7 +358,8 @@ void add_bench_options(CLI::App* app, BenchOptions& o) {
                   "128 to 8k tokens, D128 causal, and the dense batch at their mean length) or merge (fmha::merge's "
                   "bandwidth next to a copy; bf16 unless --dtype says otherwise) or decode (one query token "
                   "against a KV cache of 8k to 128k keys, 32/8 heads, D128, contiguous and paged by --page-size; "
-                  "bf16 unless --dtype says otherwise; TB/s of Q, K, V, O bytes once)");
+                  "bf16 unless --dtype says otherwise; TB/s of Q, K, V, O bytes once) or cpu (the CPU backend's "
+                  "shapes: three long cases, short calls and decode-shaped GQA calls; fp32 and bf16)");
   app->add_option("--csv", o.csv, "Write results as CSV to this file");
   app->add_option("--json-out", o.json_out, "Write results as JSON to this file ('-' for stdout)");
   app->add_option("--rotate", o.rotate, "Input sets to rotate through (default: enough to exceed the L2 cache)");
@@ -338,7 +389,7 @@ int run_bench(const BenchOptions& opt) {
     if (!opt.dtype_given) base.dtype = DType::bf16;
     cases = decode_sweep(base, opt.run.page_size);
   } else if (!named_sweep(opt.sweep, base, &cases)) {
-    std::cerr << "fmha bench: --sweep: expected fa, seed, varlen, merge or decode, got '" << opt.sweep << "'\n";
+    std::cerr << "fmha bench: --sweep: expected fa, seed, cpu, varlen, merge or decode, got '" << opt.sweep << "'\n";
     return 2;
   }
   if (!opt.sweep.empty()) {
@@ -395,10 +446,12 @@ int run_bench(const BenchOptions& opt) {
       ++failures;
     }
     if (show_progress) std::fprintf(stderr, "\r%*s\r", 100, "");
-    if (status == "ok")
-      std::printf("%-6s %-5s %-5s %6lld %6lld %7lld %7lld %5lld %-12s %-6s %10.3f %9.2f %8.3f\n", to_string(c.mode),
-                  c.dtype_name().c_str(), backend.c_str(), (long long)c.batch, (long long)c.heads, (long long)c.seqlen_q,
-                  (long long)c.seqlen_k, (long long)c.head_dim, to_string(c.causal), kv.c_str(), ms, tflops, tbps);
+    if (status == "ok")  // CPU rates (below 1 TFLOP/s) with four decimals: GFLOP/s to one
+      std::printf(tflops < 1.0 ? "%-6s %-5s %-5s %6lld %6lld %7lld %7lld %5lld %-12s %-6s %10.3f %9.4f %8.4f\n"
+                               : "%-6s %-5s %-5s %6lld %6lld %7lld %7lld %5lld %-12s %-6s %10.3f %9.2f %8.3f\n",
+                  to_string(c.mode), c.dtype_name().c_str(), backend.c_str(), (long long)c.batch, (long long)c.heads,
+                  (long long)c.seqlen_q, (long long)c.seqlen_k, (long long)c.head_dim, to_string(c.causal), kv.c_str(),
+                  ms, tflops, tbps);
     else
       std::printf("%-6s %-5s %-5s %6lld %6lld %7lld %7lld %5lld %-12s %-6s  n/a: %s\n", to_string(c.mode),
                   c.dtype_name().c_str(), backend.c_str(), (long long)c.batch, (long long)c.heads, (long long)c.seqlen_q,

@@ -99,7 +99,7 @@ void print_result(const TuneResult& r) {
 }  // namespace
 
 void add_tune_options(CLI::App* app, TuneCliOptions& o) {
-  app->add_option("--sweep", o.sweep, "Named sweep to tune: seed or fa (default: the class the run flags describe)");
+  app->add_option("--sweep", o.sweep, "Named sweep to tune: seed, fa or cpu (default: the class the run flags describe)");
   app->add_option("--rotate", o.rotate, "Input sets to rotate through (default: enough to exceed the L2 cache)");
   app->add_flag("--show", o.show, "Print the tuning cache");
   app->add_flag("--clear", o.clear, "Remove the tuning cache");
@@ -133,7 +133,7 @@ int run_tune(const TuneCliOptions& opt) {
   std::vector<CaseSpec> cases;
   if (opt.sweep.empty()) cases = {base};
   else if (!named_sweep(opt.sweep, base, &cases)) {
-    std::cerr << "fmha tune: --sweep: expected fa or seed, got '" << opt.sweep << "'\n";
+    std::cerr << "fmha tune: --sweep: expected fa, seed or cpu, got '" << opt.sweep << "'\n";
     return kExitUsage;
   } else {
     std::erase_if(cases, [&](const CaseSpec& c) {
