@@ -24,8 +24,14 @@ inline constexpr int kChunkCols = 64;     // 16-bit columns per 128-byte swizzle
 // Register budgets after setmaxnreg: the producer keeps few, the consumers take the rest of the
 // 64K-register file: 128 · 24 + 256 · 240 = 64,512 with two consumer warpgroups,
 // 128 · 32 + 384 · 160 = 65,536 with three.
-constexpr int producer_registers(int consumers) { return consumers == 2 ? 24 : 32; }
-constexpr int consumer_registers(int consumers) { return consumers == 2 ? 240 : 160; }
+// A packed (variable-length) call's producer also walks the sequence table and publishes each
+// work tile's sequence: 40 and 232 (64,512), 40 and 152 (63,488) there.
+constexpr int producer_registers(int consumers, bool packed = false) {
+  return packed ? 40 : (consumers == 2 ? 24 : 32);
+}
+constexpr int consumer_registers(int consumers, bool packed = false) {
+  return consumers == 2 ? (packed ? 232 : 240) : (packed ? 152 : 160);
+}
 inline constexpr size_t kSharedLimit = 227 * 1024;
 
 // Head dims rounded up to whole swizzled chunks.
