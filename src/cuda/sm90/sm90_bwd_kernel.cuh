@@ -27,7 +27,7 @@ namespace fmha::cuda::sm90 {
 
 template <class T, int HD, bool ORDERED_DQ, bool PACKED>
 struct BwdKernel {
-  using Mainloop = BwdMainloop<T, HD, ORDERED_DQ>;
+  using Mainloop = BwdMainloop<T, HD, ORDERED_DQ, PACKED>;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;
   static constexpr int kThreads = (kBwdConsumers + 1) * kWarpgroupThreads;
@@ -51,14 +51,13 @@ struct BwdKernel {
   __device__ static void produce(const BwdParams& params, Shared& shared, int lane) {
     const AttentionArgs& args = params.args;
     const Mask& mask = block_mask(args, shared);
-    const SequenceStart start = block_start(shared);
     const int kv_head = int(blockIdx.y);
     const Range keys = bwd_key_tile(mask, int(blockIdx.x));
     const Range tiles = bwd_query_tiles(mask, keys);
     // TMA coordinates: dense (row, batch) of [B, S, H, D]; packed (first row + row, 0) of the
-    // packed tensors as [1, total, H, D].
+    // packed tensors as [1, total, H, D]. The sequence's first rows are read from shared memory
+    // where used (the producer has few registers).
     const int batch = PACKED ? 0 : int(blockIdx.z);
-    const int64_t q_row0 = PACKED ? start.q : 0, k_row0 = PACKED ? start.k : 0;
     // One tile of `rows` rows into `dst` (its column chunks), completing on `full`.
     auto load_tile = [&](T* dst, const CUtensorMap* map, int rows, int64_t row0, int head, tile::MBarrier& full) {
 #pragma unroll
@@ -69,6 +68,7 @@ struct BwdKernel {
       tile::tma::prefetch(&params.q);
       tile::tma::prefetch(&params.dout);
       shared.kv_full.arrive_expect_tx(2 * Shared::kKVBytes);
+      const int64_t k_row0 = PACKED ? block_start(shared).k : 0;
       load_tile(shared.k, &params.k, kBwdKeys, k_row0 + keys.begin, kv_head, shared.kv_full);
       load_tile(shared.v, &params.v, kBwdKeys, k_row0 + keys.begin, kv_head, shared.kv_full);
     }
@@ -85,19 +85,20 @@ struct BwdKernel {
           // pads a dense call's.
           for (int r = lane; r < kBwdRows; r += 32) {
             const bool inside = row0 + r < mask.seqlen_q;
-            const int64_t stat = args.stat_index(start.q, head, row0 + r);
+            const int64_t stat = args.stat_index(block_start(shared).q, head, row0 + r);
             shared.lse[pipe.index][r] = inside ? args.lse_log2[stat] : INFINITY;
             shared.delta[pipe.index][r] = inside ? args.delta[stat] : 0.f;
           }
           __threadfence_block();
           __syncwarp();  // the lanes' statistics come before lane 0's arrival (release)
           if (lane == 0) {
+            const int64_t q_row = block_start(shared).q + row0;
             full.arrive_expect_tx(2 * Shared::kRowBytes);
-            load_tile(shared.q[pipe.index], &params.q, kBwdRows, q_row0 + row0, head, full);
-            load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, q_row0 + row0, head, full);
+            load_tile(shared.q[pipe.index], &params.q, kBwdRows, q_row, head, full);
+            load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, q_row, head, full);
           }
         } else {
-          const int64_t stat = args.stat_index(start.q, head, row0);
+          const int64_t stat = args.stat_index(block_start(shared).q, head, row0);
           full.arrive_expect_tx(2 * Shared::kRowBytes + 2 * Shared::kStatBytes);
           load_tile(shared.q[pipe.index], &params.q, kBwdRows, row0, head, full);
           load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, row0, head, full);
@@ -166,7 +167,7 @@ struct BwdKernel {
     const int kv_head = int(blockIdx.y);
     const Range keys = bwd_key_tile(mask, int(blockIdx.x));
     const Range tiles = bwd_query_tiles(mask, keys);
-    Mainloop mainloop{shared, args, mask, warpgroup, thread};
+    Mainloop mainloop{shared, args, warpgroup, thread};
     typename Tiles::KeyGrad dk, dv;
     dk.fill(0.f);
     dv.fill(0.f);

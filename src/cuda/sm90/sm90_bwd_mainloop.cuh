@@ -112,8 +112,9 @@ __device__ inline int bwd_first_key_tile(const Mask& mask, int m, int n) {
 }
 
 // ORDERED_DQ: the deterministic mode (dQ added in key-tile order); a kernel of its own, so that
-// the default one carries none of its registers.
-template <class T, int HD, bool ORDERED_DQ>
+// the default one carries none of its registers. PACKED: a variable-length call, whose block's
+// mask is its sequence's, in shared memory.
+template <class T, int HD, bool ORDERED_DQ, bool PACKED>
 struct BwdMainloop {
   using Shared = BwdShared<T, HD>;
   using Tiles = BwdTiles<HD>;
@@ -127,9 +128,15 @@ struct BwdMainloop {
 
   Shared& shared;
   const AttentionArgs& args;
-  const Mask& mask;  // the call's (dense) or the block's sequence's in shared memory (packed)
   int warpgroup;  // consumer index: keys [64 · warpgroup, 64 · warpgroup + 64) of the key tile
   int thread;     // index inside the warpgroup
+
+  // The block's mask: the call's (dense, in the parameter block) or its sequence's (packed, in
+  // shared memory, addressed from `shared` rather than by a pointer of its own kept live).
+  __device__ __forceinline__ const Mask& mask() const {
+    if constexpr (PACKED) return shared.sequence.mask;
+    else return args.mask;
+  }
 
   // acc = A·Bᵀ for A = this warpgroup's 64 rows of a [128, HDP] key-side tile and B a [64, HDP]
   // query-side tile, both K-major; issued, committed, not waited.
@@ -195,6 +202,7 @@ struct BwdMainloop {
     wg::wait<1>();
     wg::fence_operand(s.d);
     const int64_t key0 = keys.begin + int64_t(warpgroup) * kConsumerRows;
+    const Mask& mask = this->mask();
     const Range rows{row0, row0 + kBwdRows < mask.seqlen_q ? row0 + kBwdRows : mask.seqlen_q};
     const Range my_keys{key0, key0 + kConsumerRows};
     if (!(my_keys.end <= mask.seqlen_k && mask.tile_is_full(rows, my_keys))) {
@@ -265,7 +273,7 @@ struct BwdMainloop {
     shared.dq_empty.wait(parity ^ 1);
     if constexpr (ORDERED_DQ)
       if (warpgroup == 0 && thread == 0)
-        shared.dq_turn = int(blockIdx.x) - bwd_first_key_tile(mask, m, int(blockIdx.x));
+        shared.dq_turn = int(blockIdx.x) - bwd_first_key_tile(mask(), m, int(blockIdx.x));
     // One base address per thread (its first element); every other element sits at a constant
     // offset from it, so no per-element addresses stay live across the steps.
     float* first = shared.dq + warpgroup * kDqCols + Q::row(0, thread) * Shared::kDqStride + Q::col(0, thread);
