@@ -31,8 +31,8 @@ struct FwdKernel {
   static constexpr int BM = kConfig.tile_m(), BN = kConfig.tile_n, STAGES = kConfig.stages;
   static constexpr int kConsumers = kConfig.consumers;
   static constexpr int kThreads = kConfig.threads();
-  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED);
-  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED);
+  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD);
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED, HD);
   static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kConsumers * kWarpgroupThreads <= 65536,
                 "the register split exceeds the register file");
   // The output gets a staging buffer of its own wherever it fits next to Q and the K/V ring.
@@ -113,20 +113,27 @@ struct FwdKernel {
       // The tile after this one, asked for now so that the counter's answer is back by then.
       const int next = params.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(params.tile_counter, 1)
                                                       : t + int(gridDim.x);
-      // Packed: the work tile's sequence (into shared memory), and the TMA coordinates of its
-      // first rows in the [1, total, H, D] maps; dense: row 0 of batch w.batch.
-      Plan plan_t;
-      if constexpr (PACKED) {
-        const WorkTile w = cursor.tile(t);
-        shared.next_sequence = args.sequence(w.batch);
-        plan_t = plan(w, shared.next_sequence.mask);
-      } else {
-        plan_t = plan(params, t);
+      // The work tile's TMA rows of its first query and key, and its key tiles, in 32 bits from
+      // here on (the producer has few registers). Packed: its sequence goes to shared memory, and
+      // rows count from the sequence's first in the [1, total, H, D] maps; dense: from row 0 of
+      // batch w.batch.
+      WorkTile w;
+      int q_row, k_row, key_tiles;
+      {
+        Plan plan_t;
+        if constexpr (PACKED) {
+          plan_t.work = cursor.tile(t);
+          shared.next_sequence = args.sequence(plan_t.work.batch);
+          plan_t = plan(plan_t.work, shared.next_sequence.mask);
+        } else {
+          plan_t = plan(params, t);
+        }
+        w = plan_t.work;
+        q_row = (PACKED ? int(shared.next_sequence.start.q) : 0) + int(plan_t.rows.begin);
+        k_row = (PACKED ? int(shared.next_sequence.start.k) : 0) + int(plan_t.keys.begin);
+        key_tiles = plan_t.key_tiles;
       }
-      const WorkTile& w = plan_t.work;
       const int kv_head = w.head / args.group;
-      const int q_row0 = PACKED ? int(shared.next_sequence.start.q) : 0;
-      const int k_row0 = PACKED ? int(shared.next_sequence.start.k) : 0;
       const int batch = PACKED ? 0 : w.batch;
       // One tile of `rows` rows into `dst` (its column chunks), completing on `full`.
       auto load_tile = [&](auto* dst, const CUtensorMap* map, int rows, int row0, int head, tile::MBarrier& full,
@@ -138,21 +145,21 @@ struct FwdKernel {
       };
       auto load_keys = [&](int j) {
         shared.k_empty[pipe.index].wait(pipe.phase ^ 1);
-        load_tile(shared.k[pipe.index], &params.k, BN, k_row0 + int(plan_t.keys.begin) + j * BN, kv_head,
-                  shared.k_full[pipe.index], Shared::kKVBytes);
+        load_tile(shared.k[pipe.index], &params.k, BN, k_row + j * BN, kv_head, shared.k_full[pipe.index],
+                  Shared::kKVBytes);
       };
       // The first key tile goes first: its ring slot is free while the consumers may still hold
       // the query tile (the previous work tile's epilogue, when O is staged over Q).
-      if (plan_t.key_tiles > 0) load_keys(0);
+      if (key_tiles > 0) load_keys(0);
       shared.q_empty.wait(q_phase ^ 1);
       shared.work_tile[q_phase] = t;  // published by the query tile's barrier (release)
       if constexpr (PACKED) {
         shared.work[q_phase] = w;
         shared.sequence[q_phase] = shared.next_sequence;
       }
-      load_tile(shared.q, &params.q, BM, q_row0 + int(plan_t.rows.begin), w.head, shared.q_full, Shared::kQBytes);
-      for (int j = 0; j < plan_t.key_tiles; ++j) {
-        const int col0 = k_row0 + int(plan_t.keys.begin) + j * BN;
+      load_tile(shared.q, &params.q, BM, q_row, w.head, shared.q_full, Shared::kQBytes);
+      for (int j = 0; j < key_tiles; ++j) {
+        const int col0 = k_row + j * BN;
         if (j > 0) load_keys(j);
         shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
         load_tile(shared.v[pipe.index], &params.v, BN, col0, kv_head, shared.v_full[pipe.index], Shared::kKVBytes);
