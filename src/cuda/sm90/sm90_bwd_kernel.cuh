@@ -168,6 +168,7 @@ struct BwdKernel {
     const Range keys = bwd_key_tile(mask, int(blockIdx.x));
     const Range tiles = bwd_query_tiles(mask, keys);
     Mainloop mainloop{shared, args, warpgroup, thread};
+    if constexpr (PACKED) mainloop.find_visible(keys);
     typename Tiles::KeyGrad dk, dv;
     dk.fill(0.f);
     dv.fill(0.f);

@@ -131,11 +131,29 @@ struct BwdMainloop {
   int warpgroup;  // consumer index: keys [64 · warpgroup, 64 · warpgroup + 64) of the key tile
   int thread;     // index inside the warpgroup
 
+  // Packed: the query rows that each of this thread's two keys sees ([0, 0) past seqlen_k), found
+  // once per block (the keys are the block's for good), in 32 bits: the step then masks from
+  // these four registers instead of loading the sequence's mask among its live accumulators.
+  int visible_begin[2], visible_end[2];
+
   // The block's mask: the call's (dense, in the parameter block) or its sequence's (packed, in
   // shared memory, addressed from `shared` rather than by a pointer of its own kept live).
   __device__ __forceinline__ const Mask& mask() const {
     if constexpr (PACKED) return shared.sequence.mask;
     else return args.mask;
+  }
+
+  // Packed: visible_begin / visible_end of the block's key tile `keys`.
+  __device__ __forceinline__ void find_visible(Range keys) {
+    static_assert(Tiles::Scores::kRows == 2, "two keys per thread");
+    const Mask& m = mask();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t key = keys.begin + int64_t(warpgroup) * kConsumerRows + Tiles::Scores::row(i, thread);
+      const Range seen = key < m.seqlen_k ? m.queries(key) : Range{0, 0};
+      visible_begin[i] = int(seen.begin);
+      visible_end[i] = int(seen.end);
+    }
   }
 
   // acc = A·Bᵀ for A = this warpgroup's 64 rows of a [128, HDP] key-side tile and B a [64, HDP]
@@ -202,18 +220,31 @@ struct BwdMainloop {
     wg::wait<1>();
     wg::fence_operand(s.d);
     const int64_t key0 = keys.begin + int64_t(warpgroup) * kConsumerRows;
-    const Mask& mask = this->mask();
-    const Range rows{row0, row0 + kBwdRows < mask.seqlen_q ? row0 + kBwdRows : mask.seqlen_q};
-    const Range my_keys{key0, key0 + kConsumerRows};
-    if (!(my_keys.end <= mask.seqlen_k && mask.tile_is_full(rows, my_keys))) {
-      // Rows are keys here, columns query rows: key i is seen by the queries mask.queries(key).
-      tile::thread::mask_outside(
-          s,
-          [&](int i) {
-            const int64_t key = key0 + Scores::row(i, thread);
-            return key < mask.seqlen_k ? mask.queries(key) : Range{0, 0};
-          },
-          row0, [&](int j) { return Scores::col(j, thread); });
+    if constexpr (PACKED) {
+      // Masked where one of this thread's keys misses a row of the tile (rows past the sequence's
+      // end included: its visible rows stop at seqlen_q). Per thread: masking what is visible
+      // changes nothing, so the threads need not agree.
+      bool cut = false;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) cut |= !(visible_begin[i] <= row0 && visible_end[i] >= row0 + kBwdRows);
+      if (cut)
+        tile::thread::mask_outside(
+            s, [&](int i) { return Range{visible_begin[i], visible_end[i]}; }, row0,
+            [&](int j) { return Scores::col(j, thread); });
+    } else {
+      const Mask& mask = this->mask();
+      const Range rows{row0, row0 + kBwdRows < mask.seqlen_q ? row0 + kBwdRows : mask.seqlen_q};
+      const Range my_keys{key0, key0 + kConsumerRows};
+      if (!(my_keys.end <= mask.seqlen_k && mask.tile_is_full(rows, my_keys))) {
+        // Rows are keys here, columns query rows: key i is seen by the queries mask.queries(key).
+        tile::thread::mask_outside(
+            s,
+            [&](int i) {
+              const int64_t key = key0 + Scores::row(i, thread);
+              return key < mask.seqlen_k ? mask.queries(key) : Range{0, 0};
+            },
+            row0, [&](int j) { return Scores::col(j, thread); });
+      }
     }
 #pragma unroll
     for (int j = 0; j < Scores::kCols; ++j) {
