@@ -31,6 +31,11 @@ struct BwdKernel {
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;
   static constexpr int kThreads = (kBwdConsumers + 1) * kWarpgroupThreads;
+  static constexpr int kProducerRegisters = bwd_producer_registers(PACKED);
+  static constexpr int kConsumerRegisters = bwd_consumer_registers(PACKED);
+  static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kBwdConsumers * kWarpgroupThreads <=
+                    65536,
+                "the register split exceeds the register file");
   static constexpr size_t kSharedBytes = sizeof(Shared) + wg::kSwizzleAtomBytes;
   static_assert(kSharedBytes <= kSharedLimit, "the backward's tiles exceed Hopper's shared memory");
   static_assert(padded_head_dim(HD) <= kBwdMaxHeadDim, "dK and dV of larger head dims do not fit the registers");
@@ -233,11 +238,11 @@ __global__ void __launch_bounds__(BwdKernel<T, HD, ORDERED_DQ, PACKED>::kThreads
   // Packed: a block past its sequence's keys has nothing to do (no key, so no query tile sees it).
   if (PACKED && bwd_key_tile(shared.sequence.mask, int(blockIdx.x)).empty()) return;
   if (warpgroup == 0) {
-    tile::registers_decrease<kBwdProducerRegisters>();
+    tile::registers_decrease<K::kProducerRegisters>();
     if (PACKED ? thread < 32 : thread == 0) K::produce(params, shared, thread);
     else if (thread / 32 == K::kDqWarp) K::reduce_dq(params, shared, thread % 32);
   } else {
-    tile::registers_increase<kBwdConsumerRegisters>();
+    tile::registers_increase<K::kConsumerRegisters>();
     K::consume(params, shared, warpgroup - 1, thread);
   }
 #endif

@@ -127,6 +127,13 @@ inline constexpr int kBwdTurnParts = 1;
 inline constexpr int kBwdMaxHeadDim = 128;
 inline constexpr int kBwdProducerRegisters = 24;
 inline constexpr int kBwdConsumerRegisters = 240;
+// A packed call's producer is a whole warp that also loads the row statistics: it gets 40
+// registers and the consumers 232 (-Xptxas -v: no spills at head dim 64; at 128, 48 bytes against
+// 112 with 24 / 240).
+inline constexpr int kBwdPackedProducerRegisters = 40;
+inline constexpr int kBwdPackedConsumerRegisters = 232;
+constexpr int bwd_producer_registers(bool packed) { return packed ? kBwdPackedProducerRegisters : kBwdProducerRegisters; }
+constexpr int bwd_consumer_registers(bool packed) { return packed ? kBwdPackedConsumerRegisters : kBwdConsumerRegisters; }
 
 // Named barriers (0 is __syncthreads), per consumer warpgroup w: its epilogue's, and the one it
 // waits on for its turn to issue matrix work under pingpong.
