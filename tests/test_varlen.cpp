@@ -4,7 +4,9 @@
 // bad sequence tables refused with an error that names them, writing nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "cpu_path.h"
+#include "cuda/sm90/sm90_packed_tiles.h"
 #include "harness.h"
 #include "test_util.h"
 
@@ -348,6 +351,77 @@ TEST(Varlen, BadTablesAreRefusedAndNothingIsWritten) {
         EXPECT_TRUE(call.outputs_untouched());
         EXPECT_FALSE(supports(p, direction).ok());
       }
+}
+
+// The sm90 packed forward's walk over the sequence table (plain code, the same on the host):
+// blocks taking every grid-th work tile, or the next one from a shared counter, each with its own
+// cursor, hand out every (sequence, query tile, head) of the clamped table exactly once, heads
+// fastest and, under masks, the last query tile first.
+void check_packed_walk(const std::vector<int32_t>& table, int64_t total_q, int64_t max_seqlen, int heads, int tile_m,
+                       bool reverse, int grid, bool dynamic) {
+  SCOPED_TRACE("tile_m " + std::to_string(tile_m) + " grid " + std::to_string(grid) +
+               (dynamic ? " dynamic" : " static") + (reverse ? " longest first" : ""));
+  cuda::AttentionArgs args;
+  args.batch = int(table.size()) - 1;
+  args.heads = heads;
+  args.seqlen_q = std::min(max_seqlen, total_q);
+  args.packed.total_q = args.packed.total_k = total_q;
+  args.packed.cu_seqlens_q = args.packed.cu_seqlens_k = table.data();
+  std::vector<int> first(args.batch), blocks(args.batch);
+  int tiles = 0;
+  for (int b = 0; b < args.batch; ++b) {
+    first[b] = tiles;
+    blocks[b] = int((args.sequence(b).mask.seqlen_q + tile_m - 1) / tile_m);
+    tiles += blocks[b] * heads;
+  }
+  std::vector<int> visits(size_t(tiles), 0);
+  std::vector<cuda::sm90::PackedTileCursor> cursors(size_t(grid), cuda::sm90::PackedTileCursor(args, tile_m, reverse));
+  std::vector<int> next(static_cast<size_t>(grid));
+  std::vector<bool> done(static_cast<size_t>(grid), false);
+  for (int g = 0; g < grid; ++g) next[size_t(g)] = g;
+  int counter = grid;
+  // Round robin over the blocks: each asks for its next tile in turn (the dynamic order).
+  for (int active = grid; active > 0;) {
+    for (int g = 0; g < grid; ++g) {
+      if (done[size_t(g)]) continue;
+      const int t = next[size_t(g)];
+      cuda::sm90::PackedTileCursor& cursor = cursors[size_t(g)];
+      if (!cursor.seek(args, t)) {
+        done[size_t(g)] = true;
+        --active;
+        continue;
+      }
+      const cuda::sm90::WorkTile w = cursor.tile(t);
+      ASSERT_TRUE(w.batch >= 0 && w.batch < args.batch && w.head >= 0 && w.head < heads && w.m_block >= 0 &&
+                  w.m_block < blocks[size_t(w.batch)])
+          << "tile " << t << ": sequence " << w.batch << ", query tile " << w.m_block << ", head " << w.head;
+      const int in_sequence = t - first[size_t(w.batch)];
+      EXPECT_EQ(w.head, in_sequence % heads) << "heads vary fastest";
+      EXPECT_EQ(w.m_block, reverse ? blocks[size_t(w.batch)] - 1 - in_sequence / heads : in_sequence / heads);
+      ++visits[size_t(first[size_t(w.batch)] + w.m_block * heads + w.head)];
+      next[size_t(g)] = dynamic ? counter++ : t + grid;
+    }
+  }
+  for (int i = 0; i < tiles; ++i) EXPECT_EQ(visits[size_t(i)], 1) << "work tile " << i;
+  EXPECT_LE(int64_t(tiles), cuda::sm90::packed_tile_bound(args, tile_m));
+}
+
+TEST(Varlen, Sm90PackedTilesEachOnce) {
+  // Lengths 37, 0, 1, 130, 64, 5, 0, 300, 129.
+  const std::vector<int32_t> mixed = {0, 37, 37, 38, 168, 232, 237, 237, 537, 666};
+  for (int tile_m : {128, 192})
+    for (bool reverse : {false, true})
+      for (int grid : {1, 7, 132})
+        for (bool dynamic : {false, true}) check_packed_walk(mixed, 666, 300, 3, tile_m, reverse, grid, dynamic);
+  std::vector<int32_t> many = {0};
+  for (int b = 0; b < 1000; ++b) many.push_back(many.back() + (b * 7) % 9);
+  check_packed_walk(many, many.back(), 8, 2, 128, true, 132, true);
+  check_packed_walk({0}, 0, 0, 2, 128, false, 4, false);
+  check_packed_walk({0, 0, 0}, 0, 0, 2, 128, false, 4, true);
+  // Tables that break the promise: the walk follows the clamped sequences, each tile once.
+  const std::vector<int32_t> broken = {7, 300, 10, INT32_MAX, -5, 480, 3};
+  for (int64_t max_seqlen : {int64_t(16), int64_t(1000)})
+    for (bool dynamic : {false, true}) check_packed_walk(broken, 480, max_seqlen, 2, 128, true, 5, dynamic);
 }
 
 }  // namespace

@@ -115,8 +115,9 @@ enum class Direction : int { forward, backward };
 // (a sequence's begin to [0, total], its end to [begin, total], its length to max_seqlen), so a
 // table that breaks the promise gives wrong results, and may leave output rows that no sequence
 // covers unwritten, but never reads or writes outside the tensors or the workspace.
-// Backends: reference, cpu, and the simt and sm80 GPU tiers; sm90 refuses them (supports() says
-// why) and `auto` then runs them on sm80 (fp16, bf16, tf32) or simt (fp32). The backward's GPU
+// Backends: reference, cpu, and the simt, sm80 and sm90 GPU tiers (sm90: fp16 and bf16, as for
+// dense calls; `auto` picks the tier as it does for a dense call of the same dtype and head dims,
+// on the longest sequences' lengths). The backward's GPU
 // workspace (workspace_size) grows with total_q · H, not with batch · max_seqlen_q.
 //
 // Paged KV cache (decoding): when block_table is defined, k and v are a pool of fixed-size pages

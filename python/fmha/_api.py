@@ -398,8 +398,8 @@ def attention_varlen(
     problem: causal alignment, window and q_offset apply within it. Sequences may be empty.
 
     Returns out [total_q, heads, head_dim_v], or (out, lse) with lse [heads, total_q] float32.
-    Runs on the reference and cpu backends and on the simt and sm80 GPU tiers (sm90 refuses packed
-    batches; backend="auto" picks sm80 or simt). PyTorch tensors go through
+    Runs on the reference and cpu backends and on the simt, sm80 and sm90 GPU tiers (backend="auto"
+    picks the tier it would pick for a dense call). PyTorch tensors go through
     fmha.torch.attention_varlen (autograd, torch.compile) unless out=, stream= or num_threads= is
     given.
     """

@@ -1,7 +1,8 @@
 // The GPU kernels' view of a packed (variable-length) call (src/cuda/common/args.h, host.cpp):
 // the argument block's packed strides and workspace rows, and sequence(), which every packed
-// kernel block runs first, on good tables and on tables that break the caller's promise.
-// Host logic only (sequence() is host-and-device code): runs without a GPU.
+// kernel block runs first, on good tables and on tables that break the caller's promise; and
+// the sm90 tier's host checks of packed views and calls. Host logic only (sequence() is
+// host-and-device code): runs without a GPU.
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -11,6 +12,11 @@
 
 #include "common/problem.h"
 #include "cuda/common/host.h"
+#include "cuda/instances.h"
+#if FMHA_CUDA_SM90
+#include "cuda/sm90/sm90_dispatch.h"
+#include "cuda/sm90/sm90_tma.h"
+#endif
 
 namespace fmha::cuda {
 namespace {
@@ -147,6 +153,40 @@ TEST(PackedArgs, BrokenTablesStayInsideTheTensors) {
     }
   }
 }
+
+#if FMHA_CUDA_SM90
+// The sm90 tier addresses a packed [total, H, D] view through TMA as [1, total, H, D]: its row
+// and head strides are the ones checked, and a bad one is named as the packed view's dimension.
+TEST(PackedArgs, Sm90ChecksPackedViewsForTma) {
+  const Tensor good = make_tensor(nullptr, DType::bf16, {100, kHeads, kDim});
+  const Status ok = sm90::check_tma_view(good, "q");
+  EXPECT_TRUE(ok.ok()) << ok.message;
+  // 68 elements (136 bytes) between rows: not a multiple of 16 bytes.
+  const Tensor bad = make_tensor(nullptr, DType::bf16, {100, kHeads, kDim}, {68, kDim, 1});
+  const Status s = sm90::check_tma_view(bad, "q");
+  EXPECT_EQ(s.code, Code::unsupported);
+  EXPECT_NE(s.message.find("stride 68 of dimension 0"), std::string::npos) << s.message;
+}
+
+// The sm90 tier's own check takes packed calls: whatever it answers (no device without a GPU),
+// it does not refuse them for being packed; fp32 storage is still refused, for its own reason.
+TEST(PackedArgs, Sm90NoLongerRefusesPackedCalls) {
+  PackedCall call({0, 30, 30, 80}, {0, 20, 50, 80}, 80, 80, 50, 50);
+  Params& p = call.params;
+  p.backend = Backend::cuda_sm90;
+  p.q.device = p.k.device = p.v.device = p.o.device = p.lse.device = Device{DeviceType::cuda, 0};
+  p.cu_seqlens_q.device = p.cu_seqlens_k.device = Device{DeviceType::cuda, 0};
+  for (Direction direction : {Direction::forward, Direction::backward}) {
+    const Status s = sm90::supports(p, direction);
+    EXPECT_EQ(s.message.find("variable-length"), std::string::npos) << s.message;
+  }
+  Params fp32 = p;
+  fp32.q.dtype = fp32.k.dtype = fp32.v.dtype = fp32.o.dtype = DType::fp32;
+  const Status s = sm90::supports(fp32, Direction::forward);
+  EXPECT_EQ(s.code, Code::unsupported);
+  EXPECT_NE(s.message.find("fp32"), std::string::npos) << s.message;
+}
+#endif
 
 }  // namespace
 }  // namespace fmha::cuda

@@ -1,13 +1,18 @@
 // Tile-op tests: each op of src/cuda/tile (and the sm80 fragment loads built on it) run by a
-// tiny kernel and compared with a host computation, over a few tile sizes. Skips without a GPU.
+// tiny kernel and compared with a host computation, over a few tile sizes; and the sm90 packed
+// forward's walk over the sequence table (plain code, run here on any GPU). Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda/sm80/sm80_fragments.cuh"
+#include "cuda/sm90/sm90_packed_tiles.h"
 #include "cuda/tile/atomic.cuh"
 #include "cuda/tile/copy.cuh"
 #include "cuda/tile/reduce.cuh"
@@ -363,6 +368,102 @@ TEST(TileOps, MmaSyncLdmatrix) {
   check_mma<__nv_bfloat16, 64, 64>(1);
   check_mma<float, 16, 16>(2);
   check_mma<float, 32, 64>(2);
+}
+
+// The sm90 packed forward's work tiles, walked as its producer walks them: one thread per block,
+// each taking work tiles t = blockIdx.x, then every grid-th (static) or the next from a counter
+// (dynamic), until the cursor runs past the last. Every (sequence, query tile, head) must come
+// exactly once; a tile outside the expected ranges counts in `bad`.
+__global__ void packed_cursor_kernel(sm90::PackedTileCursor start, AttentionArgs args, int* counter,
+                                     const int* first_tile, const int* m_blocks, int* visits, int* bad) {
+  sm90::PackedTileCursor cursor = start;
+  for (int t = int(blockIdx.x);;) {
+    if (!cursor.seek(args, t)) break;
+    const sm90::WorkTile w = cursor.tile(t);
+    if (w.batch < 0 || w.batch >= args.batch || w.head < 0 || w.head >= args.heads || w.m_block < 0 ||
+        w.m_block >= m_blocks[w.batch]) {
+      atomicAdd(bad, 1);
+    } else {
+      atomicAdd(&visits[first_tile[w.batch] + w.m_block * args.heads + w.head], 1);
+    }
+    t = counter != nullptr ? int(gridDim.x) + atomicAdd(counter, 1) : t + int(gridDim.x);
+  }
+}
+
+template <class V>
+struct DeviceArray {
+  V* ptr = nullptr;
+  explicit DeviceArray(const std::vector<V>& host) {
+    EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(1, host.size()) * sizeof(V)), cudaSuccess);
+    if (!host.empty()) EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size() * sizeof(V), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<V> download(size_t n) const {
+    std::vector<V> out(n);
+    if (n > 0) EXPECT_EQ(cudaMemcpy(out.data(), ptr, n * sizeof(V), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+  ~DeviceArray() { cudaFree(ptr); }
+};
+
+// table: cu_seqlens_q as given (broken ones included); lengths are read as the kernels read them.
+void check_packed_walk(const std::vector<int32_t>& table, int64_t total_q, int64_t max_seqlen, int heads, int tile_m,
+                       bool reverse, int grid, bool dynamic) {
+  SCOPED_TRACE("tile_m " + std::to_string(tile_m) + " grid " + std::to_string(grid) +
+               (dynamic ? " dynamic" : " static") + (reverse ? " longest first" : ""));
+  AttentionArgs args;
+  args.batch = int(table.size()) - 1;
+  args.heads = heads;
+  args.seqlen_q = std::min(max_seqlen, total_q);
+  args.packed.total_q = args.packed.total_k = total_q;
+  args.packed.cu_seqlens_q = args.packed.cu_seqlens_k = table.data();
+  // Expected: sequence b's tiles as the kernels' sequence() sees its length.
+  std::vector<int> first(args.batch), blocks(args.batch);
+  int tiles = 0;
+  for (int b = 0; b < args.batch; ++b) {
+    first[b] = tiles;
+    blocks[b] = int((args.sequence(b).mask.seqlen_q + tile_m - 1) / tile_m);
+    tiles += blocks[b] * heads;
+  }
+  DeviceArray<int32_t> dtable(table);
+  DeviceArray<int> dfirst(first), dblocks(blocks), visits(std::vector<int>(tiles, 0)), bad(std::vector<int>{0}),
+      counter(std::vector<int>{0});
+  AttentionArgs device_args = args;
+  device_args.packed.cu_seqlens_q = device_args.packed.cu_seqlens_k = dtable.ptr;
+  const sm90::PackedTileCursor start(device_args, tile_m, reverse);
+  packed_cursor_kernel<<<grid, 1>>>(start, device_args, dynamic ? counter.ptr : nullptr, dfirst.ptr, dblocks.ptr,
+                                    visits.ptr, bad.ptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(bad.download(1)[0], 0);
+  const std::vector<int> seen = visits.download(size_t(tiles));
+  for (int i = 0; i < tiles; ++i) EXPECT_EQ(seen[i], 1) << "work tile " << i;
+  // Every tile is within the bound the launcher checks against the int32 range.
+  EXPECT_LE(int64_t(tiles), sm90::packed_tile_bound(args, tile_m));
+}
+
+TEST(PackedTiles, EveryWorkTileOnce) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  // Lengths 37, 0, 1, 130, 64, 5, 0, 300, 129: empty sequences, one row, tiles split unevenly.
+  const std::vector<int32_t> mixed = {0, 37, 37, 38, 168, 232, 237, 237, 537, 666};
+  for (int tile_m : {128, 192})
+    for (bool reverse : {false, true})
+      for (int grid : {1, 7, 132})
+        for (bool dynamic : {false, true}) check_packed_walk(mixed, 666, 300, 3, tile_m, reverse, grid, dynamic);
+  // 1,000 sequences of 0 ... 8 rows.
+  std::vector<int32_t> many = {0};
+  for (int b = 0; b < 1000; ++b) many.push_back(many.back() + (b * 7) % 9);
+  check_packed_walk(many, many.back(), 8, 2, 128, true, 132, true);
+  // No sequence, and only empty ones: no work tile.
+  check_packed_walk({0}, 0, 0, 2, 128, false, 4, false);
+  check_packed_walk({0, 0, 0}, 0, 0, 2, 128, false, 4, true);
+}
+
+// Tables that break the promise (decreasing, negative, past the total, INT32_MAX): each tile the
+// walk hands out is still one of the clamped sequences' tiles, each once.
+TEST(PackedTiles, BrokenTablesStayClamped) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<int32_t> broken = {7, 300, 10, INT32_MAX, -5, 480, 3};
+  for (int64_t max_seqlen : {int64_t(16), int64_t(1000)})
+    for (bool dynamic : {false, true}) check_packed_walk(broken, 480, max_seqlen, 2, 128, true, 5, dynamic);
 }
 
 }  // namespace

@@ -1,10 +1,9 @@
-// Variable-length (packed) calls on the simt and sm80 tiers, with the sequence tables in device
-// memory: every sequence against the fp64 oracle under the rule of gpu_test_util.h (mixed
+// Variable-length (packed) calls on the simt, sm80 and sm90 tiers, with the sequence tables in
+// device memory: every sequence against the fp64 oracle under the rule of gpu_test_util.h (mixed
 // lengths with 0 and 1, one sequence, 1,000 short ones, both causal alignments, windows,
 // q_offset, GQA/MQA, Dv != D, every dtype, forward and backward, atomic and deterministic dQ);
 // tables that break the caller's promise, which must neither fault nor write outside the
-// tensors; the backward workspace's size; and the sm90 tier's refusal, after which `auto` runs
-// the call on sm80 or simt.
+// tensors; the backward workspace's size; and `auto`'s choice of tier for packed calls.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,7 +23,12 @@ bool compiled(Backend b) {
   return std::find(all.begin(), all.end(), b) != all.end();
 }
 
-bool tier_available(Backend b) { return compiled(b) && (b != Backend::cuda_sm80 || device_arch() >= 80); }
+bool tier_available(Backend b) {
+  if (!compiled(b)) return false;
+  if (b == Backend::cuda_sm80) return device_arch() >= 80;
+  if (b == Backend::cuda_sm90) return device_arch() == 90;
+  return true;
+}
 
 Device current_device() {
   int ordinal = 0;
@@ -32,13 +36,19 @@ Device current_device() {
   return Device{DeviceType::cuda, ordinal};
 }
 
-// The compiled head dim the cases run at: 64 where it is compiled.
-int main_head_dim() {
+std::vector<int> compiled_head_dims() {
   std::vector<int> dims;
   std::stringstream in(FMHA_TEST_HEAD_DIMS);
   for (std::string item; std::getline(in, item, ',');) dims.push_back(std::stoi(item));
-  return std::find(dims.begin(), dims.end(), 64) != dims.end() ? 64 : dims.back();
+  return dims;
 }
+bool has_head_dim(int dim) {
+  const std::vector<int> dims = compiled_head_dims();
+  return std::find(dims.begin(), dims.end(), dim) != dims.end();
+}
+
+// The compiled head dim the cases run at: 64 where it is compiled.
+int main_head_dim() { return has_head_dim(64) ? 64 : compiled_head_dims().back(); }
 
 struct Flavor {
   Backend backend;
@@ -48,7 +58,9 @@ struct Flavor {
 const Flavor kFlavors[] = {{Backend::cuda_simt, DType::fp32, Precision::ieee},
                            {Backend::cuda_sm80, DType::fp16, Precision::ieee},
                            {Backend::cuda_sm80, DType::bf16, Precision::ieee},
-                           {Backend::cuda_sm80, DType::fp32, Precision::tf32}};
+                           {Backend::cuda_sm80, DType::fp32, Precision::tf32},
+                           {Backend::cuda_sm90, DType::fp16, Precision::ieee},
+                           {Backend::cuda_sm90, DType::bf16, Precision::ieee}};
 
 // Lengths 0 and 1 on either side, queries longer and shorter than keys, tiles split unevenly.
 const std::vector<int64_t> kMixedQ = {37, 0, 1, 130, 64, 5, 1, 90};
@@ -134,11 +146,30 @@ std::vector<VarlenCase> all_cases() {
       c.base.causal = Causal::top_left;
       out.push_back(c);
     }
-    {  // deterministic backward (the dQ kernel over query tiles)
+    {  // deterministic backward (the dQ kernel over query tiles; sm90: dQ added in key-tile order)
       VarlenCase c = base;
       c.base.deterministic = true;
       c.base.causal = Causal::bottom_right;
       out.push_back(c);
+    }
+    if (f.backend == Backend::cuda_sm90) {
+      {  // sequences of whole and partial 64-row boxes, past several query and key tiles: the
+         // sm90 forward's TMA stores of full boxes beside its bounded stores of a sequence's tail
+        VarlenCase c = base;
+        c.seqlens_q = {64, 128, 65, 63, 257, 192, 1, 384};
+        c.seqlens_k = {64, 300, 129, 1, 257, 64, 500, 130};
+        out.push_back(c);
+        c.base.causal = Causal::top_left;
+        c.base.heads = 4;
+        c.base.kv_heads = 2;
+        out.push_back(c);
+      }
+      if (has_head_dim(128) && dim != 128) {  // head dim 128 (the pingpong variant at both head dims)
+        VarlenCase c = base;
+        c.base.head_dim = c.base.head_dim_v = 128;
+        c.base.causal = Causal::bottom_right;
+        out.push_back(c);
+      }
     }
   }
   return out;
@@ -210,7 +241,7 @@ TEST(Varlen, BrokenDeviceTablesStayInBounds) {
   std::memcpy(table_bytes.data() + cu_q.size() * sizeof(int32_t), cu_k.data(), cu_k.size() * sizeof(int32_t));
   tables.upload(table_bytes);
 
-  for (const Flavor& f : {kFlavors[0], kFlavors[2]}) {
+  for (const Flavor& f : {kFlavors[0], kFlavors[2], kFlavors[5]}) {
     if (!tier_available(f.backend)) continue;
     for (int64_t max_seqlen : {int64_t(16), int64_t(100)}) {
       for (bool deterministic : {false, true}) {
@@ -301,19 +332,20 @@ TEST(Varlen, WorkspaceFollowsTotalRows) {
   }
 }
 
-// The sm90 tier refuses packed calls and says why; `auto` then runs them on sm80 (fp16, bf16,
-// tf32) or simt (fp32), and the refusal stays what supports() reports for sm90.
-TEST(Varlen, Sm90RefusesAndAutoRunsOnSm80OrSimt) {
+// `auto` picks a packed call's tier as it picks a dense one's: sm90 for fp16 and bf16 on an
+// sm_90 device where it is compiled (which supports() then confirms), else sm80; simt for fp32
+// (sm90 refuses fp32 storage and says why). The call then runs.
+TEST(Varlen, AutoPicksTheTierOfTheDenseCall) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
-  constexpr int64_t kTotal = 24, kHeads = 2, kDim = 64;
+  constexpr int64_t kTotal = 80, kHeads = 2, kDim = 64;
   const Device gpu = current_device();
-  const std::vector<int32_t> table = {0, 10, 10, 24};
+  const std::vector<int32_t> table = {0, 30, 30, 80};
   DeviceBuffer tables(2 * table.size() * sizeof(int32_t));
   std::vector<uint8_t> table_bytes(2 * table.size() * sizeof(int32_t));
   std::memcpy(table_bytes.data(), table.data(), table.size() * sizeof(int32_t));
   std::memcpy(table_bytes.data() + table.size() * sizeof(int32_t), table.data(), table.size() * sizeof(int32_t));
   tables.upload(table_bytes);
-  for (DType dtype : {DType::bf16, DType::fp32}) {
+  for (DType dtype : {DType::bf16, DType::fp16, DType::fp32}) {
     SCOPED_TRACE(to_string(dtype));
     const size_t bytes = size_t(kTotal * kHeads * kDim) * dtype_size(dtype);
     DeviceBuffer buffer(4 * bytes + 4096);
@@ -327,15 +359,22 @@ TEST(Varlen, Sm90RefusesAndAutoRunsOnSm80OrSimt) {
     p.cu_seqlens_q = make_tensor(tables.ptr, DType::int32, {int64_t(table.size())}, gpu);
     p.cu_seqlens_k = make_tensor(static_cast<int32_t*>(tables.ptr) + table.size(), DType::int32,
                                  {int64_t(table.size())}, gpu);
-    p.max_seqlen_q = p.max_seqlen_k = 14;
-    if (compiled(Backend::cuda_sm90)) {
+    p.max_seqlen_q = p.max_seqlen_k = 50;
+    const bool sm90 = tier_available(Backend::cuda_sm90);
+    if (sm90) {
       p.backend = Backend::cuda_sm90;
       const Status s = supports(p, Direction::forward);
-      EXPECT_EQ(s.code, Code::unsupported) << s.message;
-      EXPECT_NE(s.message.find("variable-length"), std::string::npos) << s.message;
-      EXPECT_NE(s.message.find("cu_seqlens_q"), std::string::npos) << s.message;
+      if (dtype == DType::fp32) {
+        EXPECT_EQ(s.code, Code::unsupported) << s.message;
+        EXPECT_NE(s.message.find("fp32"), std::string::npos) << s.message;
+      } else {
+        EXPECT_TRUE(s.ok()) << s.message;
+        const Status b = supports(p, Direction::backward);
+        EXPECT_TRUE(b.ok()) << b.message;
+      }
     }
-    const Backend expected = dtype == DType::fp32 ? Backend::cuda_simt : Backend::cuda_sm80;
+    const Backend expected =
+        dtype == DType::fp32 ? Backend::cuda_simt : (sm90 ? Backend::cuda_sm90 : Backend::cuda_sm80);
     if (!tier_available(expected)) continue;
     p.backend = Backend::auto_select;
     Backend chosen = Backend::auto_select;

@@ -15,16 +15,6 @@
 
 namespace fmha::cuda {
 
-// Variable-length (packed) calls run on the simt and sm80 tiers (their kernels read the device
-// tables, args.h sequence()); a tier that does not run them refuses here, in its check(),
-// before reading the dense layout's dimensions, and `auto` moves on to the next tier.
-inline Status refuse_varlen(const Params& p, const char* tier, const char* instead) {
-  if (p.cu_seqlens_q.defined() || p.cu_seqlens_k.defined())
-    return {Code::unsupported, std::string("cu_seqlens_q: the ") + tier +
-                                   " tier does not run variable-length calls yet; " + instead};
-  return Status::success();
-}
-
 // A KV cache (block_table / cache_seqlens) runs on the sm80 tier's decode kernel (fp16, bf16),
 // which declares kRunsKvCache; every other tier refuses it here, before its own checks read k and
 // v as the dense layout's [B, Sk, ...].

@@ -7,53 +7,109 @@
 // keys each (sm90_bwd_mainloop.cuh); dK and dV stay in their registers until the epilogue writes
 // them. Between the shared preprocess (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and
 // convert kernels (cuda/common).
+//
+// PACKED: a variable-length call, a kernel of its own. Block (n, kv head, b) takes key tile n of
+// sequence b (read once from the tables into shared memory, clamped, args.h sequence()); the
+// blocks past the sequence's keys exit at once. Tiles load from the packed tensors as [1, total,
+// H, D] at the sequence's first rows; query rows past the sequence's end (the next sequence's)
+// get LSE = +inf and Δ = 0, so that P = dS = 0 there as on a dense call's zero-filled rows. The
+// row statistics are read with plain loads bounded by the sequence (a tile's run of them starts
+// anywhere, not on the 16 bytes a bulk copy needs), by the producer's whole warp; dQ, dK and dV
+// are written for the sequence's rows only.
 #pragma once
+
+#include <cmath>
 
 #include "cuda/sm90/sm90_bwd_mainloop.cuh"
 #include "cuda/sm90/sm90_bwd_params.h"
 
 namespace fmha::cuda::sm90 {
 
-template <class T, int HD, bool ORDERED_DQ>
+template <class T, int HD, bool ORDERED_DQ, bool PACKED>
 struct BwdKernel {
-  using Mainloop = BwdMainloop<T, HD, ORDERED_DQ>;
+  using Mainloop = BwdMainloop<T, HD, ORDERED_DQ, PACKED>;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;
   static constexpr int kThreads = (kBwdConsumers + 1) * kWarpgroupThreads;
+  static constexpr int kProducerRegisters = bwd_producer_registers(PACKED);
+  static constexpr int kConsumerRegisters = bwd_consumer_registers(PACKED);
+  static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kBwdConsumers * kWarpgroupThreads <=
+                    65536,
+                "the register split exceeds the register file");
   static constexpr size_t kSharedBytes = sizeof(Shared) + wg::kSwizzleAtomBytes;
   static_assert(kSharedBytes <= kSharedLimit, "the backward's tiles exceed Hopper's shared memory");
   static_assert(padded_head_dim(HD) <= kBwdMaxHeadDim, "dK and dV of larger head dims do not fit the registers");
 
-  __device__ static void produce(const BwdParams& params, Shared& shared) {
+  // The block's mask and where its sequence's rows start (dense: the call's mask and the batch
+  // index).
+  __device__ __forceinline__ static const Mask& block_mask(const AttentionArgs& args, const Shared& shared) {
+    if constexpr (PACKED) return shared.sequence.mask;
+    else return args.mask;
+  }
+  __device__ __forceinline__ static SequenceStart block_start(const Shared& shared) {
+    if constexpr (PACKED) return shared.sequence.start;
+    else return {int64_t(blockIdx.z), int64_t(blockIdx.z)};
+  }
+
+  // Run by one thread (dense) or by the producer's first warp (packed: lane 0 issues the copies,
+  // every lane loads row statistics).
+  __device__ static void produce(const BwdParams& params, Shared& shared, int lane) {
     const AttentionArgs& args = params.args;
-    const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
-    const Range keys = bwd_key_tile(args, int(blockIdx.x));
-    const Range tiles = bwd_query_tiles(args, keys);
+    const Mask& mask = block_mask(args, shared);
+    const int kv_head = int(blockIdx.y);
+    const Range keys = bwd_key_tile(mask, int(blockIdx.x));
+    const Range tiles = bwd_query_tiles(mask, keys);
+    // TMA coordinates: dense (row, batch) of [B, S, H, D]; packed (first row + row, 0) of the
+    // packed tensors as [1, total, H, D]. The sequence's first rows are read from shared memory
+    // where used (the producer has few registers).
+    const int batch = PACKED ? 0 : int(blockIdx.z);
     // One tile of `rows` rows into `dst` (its column chunks), completing on `full`.
     auto load_tile = [&](T* dst, const CUtensorMap* map, int rows, int64_t row0, int head, tile::MBarrier& full) {
 #pragma unroll
       for (int c = 0; c < Shared::kChunks; ++c)
         tile::tma::load(dst + c * rows * kChunkCols, map, c * kChunkCols, int(row0), head, batch, full);
     };
-    tile::tma::prefetch(&params.q);
-    tile::tma::prefetch(&params.dout);
-    shared.kv_full.arrive_expect_tx(2 * Shared::kKVBytes);
-    load_tile(shared.k, &params.k, kBwdKeys, keys.begin, kv_head, shared.kv_full);
-    load_tile(shared.v, &params.v, kBwdKeys, keys.begin, kv_head, shared.kv_full);
+    if (lane == 0) {
+      tile::tma::prefetch(&params.q);
+      tile::tma::prefetch(&params.dout);
+      shared.kv_full.arrive_expect_tx(2 * Shared::kKVBytes);
+      const int64_t k_row0 = PACKED ? block_start(shared).k : 0;
+      load_tile(shared.k, &params.k, kBwdKeys, k_row0 + keys.begin, kv_head, shared.kv_full);
+      load_tile(shared.v, &params.v, kBwdKeys, k_row0 + keys.begin, kv_head, shared.kv_full);
+    }
     // Q, dO and the rows' LSE and Δ (padded to whole tiles by the preprocess) per query tile.
     tile::PipelineState<kBwdStages> pipe;
     for (int g = 0; g < args.group; ++g) {
       const int head = kv_head * args.group + g;
       for (int m = int(tiles.begin); m < int(tiles.end); ++m) {
         const int64_t row0 = int64_t(m) * kBwdRows;
-        const int64_t stat = args.stat_index(batch, head, row0);
         tile::MBarrier& full = shared.full[pipe.index];
         shared.empty[pipe.index].wait(pipe.phase ^ 1);
-        full.arrive_expect_tx(2 * Shared::kRowBytes + 2 * Shared::kStatBytes);
-        load_tile(shared.q[pipe.index], &params.q, kBwdRows, row0, head, full);
-        load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, row0, head, full);
-        tile::tma::load_bytes(shared.lse[pipe.index], args.lse_log2 + stat, Shared::kStatBytes, full);
-        tile::tma::load_bytes(shared.delta[pipe.index], args.delta + stat, Shared::kStatBytes, full);
+        if constexpr (PACKED) {
+          // Rows past the sequence's end: LSE = +inf and Δ = 0 (P = dS = 0), as the preprocess
+          // pads a dense call's.
+          for (int r = lane; r < kBwdRows; r += 32) {
+            const bool inside = row0 + r < mask.seqlen_q;
+            const int64_t stat = args.stat_index(block_start(shared).q, head, row0 + r);
+            shared.lse[pipe.index][r] = inside ? args.lse_log2[stat] : INFINITY;
+            shared.delta[pipe.index][r] = inside ? args.delta[stat] : 0.f;
+          }
+          __threadfence_block();
+          __syncwarp();  // the lanes' statistics come before lane 0's arrival (release)
+          if (lane == 0) {
+            const int64_t q_row = block_start(shared).q + row0;
+            full.arrive_expect_tx(2 * Shared::kRowBytes);
+            load_tile(shared.q[pipe.index], &params.q, kBwdRows, q_row, head, full);
+            load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, q_row, head, full);
+          }
+        } else {
+          const int64_t stat = args.stat_index(block_start(shared).q, head, row0);
+          full.arrive_expect_tx(2 * Shared::kRowBytes + 2 * Shared::kStatBytes);
+          load_tile(shared.q[pipe.index], &params.q, kBwdRows, row0, head, full);
+          load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, row0, head, full);
+          tile::tma::load_bytes(shared.lse[pipe.index], args.lse_log2 + stat, Shared::kStatBytes, full);
+          tile::tma::load_bytes(shared.delta[pipe.index], args.delta + stat, Shared::kStatBytes, full);
+        }
         pipe.advance();
       }
     }
@@ -67,8 +123,9 @@ struct BwdKernel {
   static constexpr int kDqWarp = 1;  // warp of the producer warpgroup
   __device__ static void reduce_dq(const BwdParams& params, Shared& shared, int lane) {
     const AttentionArgs& args = params.args;
+    const Mask& mask = block_mask(args, shared);
     const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
-    const Range tiles = bwd_query_tiles(args, bwd_key_tile(args, int(blockIdx.x)));
+    const Range tiles = bwd_query_tiles(mask, bwd_key_tile(mask, int(blockIdx.x)));
     // The padding columns are never written by the consumers: zero, so that they add nothing.
     for (int r = lane; r < kBwdRows; r += 32)
       for (int c = Shared::kHeadDimPadded; c < Shared::kDqStride; ++c) shared.dq[r * Shared::kDqStride + c] = 0.f;
@@ -90,8 +147,9 @@ struct BwdKernel {
             tile::fence_async_global();
           }
           const int64_t row0 = int64_t(m) * kBwdRows;
-          const int rows = int(args.seqlen_q - row0 < kBwdRows ? args.seqlen_q - row0 : kBwdRows);
-          tile::tma::reduce_add_bytes(args.dq_accum + args.row_index(batch, head, row0) * Shared::kDqStride, shared.dq,
+          const int rows = int(mask.seqlen_q - row0 < kBwdRows ? mask.seqlen_q - row0 : kBwdRows);
+          const int64_t first = args.row_index(block_start(shared).q, head, row0);
+          tile::tma::reduce_add_bytes(args.dq_accum + first * Shared::kDqStride, shared.dq,
                                       uint32_t(rows) * Shared::kDqStride * sizeof(float));
           tile::tma::store_commit();
           tile::tma::store_wait_read();
@@ -110,10 +168,12 @@ struct BwdKernel {
 
   __device__ static void consume(const BwdParams& params, Shared& shared, int warpgroup, int thread) {
     const AttentionArgs& args = params.args;
-    const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
-    const Range keys = bwd_key_tile(args, int(blockIdx.x));
-    const Range tiles = bwd_query_tiles(args, keys);
+    const Mask& mask = block_mask(args, shared);
+    const int kv_head = int(blockIdx.y);
+    const Range keys = bwd_key_tile(mask, int(blockIdx.x));
+    const Range tiles = bwd_query_tiles(mask, keys);
     Mainloop mainloop{shared, args, warpgroup, thread};
+    if constexpr (PACKED) mainloop.find_visible(keys);
     typename Tiles::KeyGrad dk, dv;
     dk.fill(0.f);
     dv.fill(0.f);
@@ -125,12 +185,14 @@ struct BwdKernel {
         mainloop.step(pipe, m, keys, step % 2, dk, dv);
         pipe.advance();
       }
-    store_key_grads(args, warpgroup, thread, kv_head, batch, keys, dk, dv);
+    store_key_grads(args, warpgroup, thread, kv_head, block_start(shared).k, keys, dk, dv);
   }
 
   // dK = scale · acc and dV in the storage type, rows past seqlen_k and columns past the head
-  // dims dropped. Once per block: plain stores from registers.
-  __device__ static void store_key_grads(const AttentionArgs& args, int warpgroup, int thread, int kv_head, int batch,
+  // dims dropped. Once per block: plain stores from registers. start: the sequence's first key
+  // row (dense: the batch index).
+  __device__ static void store_key_grads(const AttentionArgs& args, int warpgroup, int thread, int kv_head,
+                                         int64_t start,
                                          Range keys, const typename Tiles::KeyGrad& dk,
                                          const typename Tiles::KeyGrad& dv) {
     using G = typename Tiles::KeyGrad;
@@ -138,8 +200,8 @@ struct BwdKernel {
     for (int i = 0; i < G::kRows; ++i) {
       const int64_t key = keys.begin + int64_t(warpgroup) * kConsumerRows + G::row(i, thread);
       if (key >= keys.end) continue;
-      T* dk_row = args.dk.at<T>(batch, key, kv_head);
-      T* dv_row = args.dv.at<T>(batch, key, kv_head);
+      T* dk_row = args.dk.at<T>(start, key, kv_head);
+      T* dv_row = args.dv.at<T>(start, key, kv_head);
 #pragma unroll
       for (int j = 0; j < G::kCols; ++j) {
         const int col = G::col(j, thread);
@@ -150,11 +212,11 @@ struct BwdKernel {
   }
 };
 
-template <class T, int HD, bool ORDERED_DQ>
-__global__ void __launch_bounds__(BwdKernel<T, HD, ORDERED_DQ>::kThreads, 1)
+template <class T, int HD, bool ORDERED_DQ, bool PACKED>
+__global__ void __launch_bounds__(BwdKernel<T, HD, ORDERED_DQ, PACKED>::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using K = BwdKernel<T, HD, ORDERED_DQ>;
+  using K = BwdKernel<T, HD, ORDERED_DQ, PACKED>;
   extern __shared__ char shared_raw[];
   const uintptr_t base = reinterpret_cast<uintptr_t>(shared_raw);
   auto& shared = *reinterpret_cast<typename K::Shared*>((base + wg::kSwizzleAtomBytes - 1) / wg::kSwizzleAtomBytes *
@@ -169,15 +231,18 @@ __global__ void __launch_bounds__(BwdKernel<T, HD, ORDERED_DQ>::kThreads, 1)
     }
     shared.dq_full.init(K::Mainloop::kDqWriters);
     shared.dq_empty.init(1);
+    if constexpr (PACKED) shared.sequence = params.args.sequence(blockIdx.z);
     tile::fence_barrier_init();
   }
   __syncthreads();
+  // Packed: a block past its sequence's keys has nothing to do (no key, so no query tile sees it).
+  if (PACKED && bwd_key_tile(shared.sequence.mask, int(blockIdx.x)).empty()) return;
   if (warpgroup == 0) {
-    tile::registers_decrease<kBwdProducerRegisters>();
-    if (thread == 0) K::produce(params, shared);
+    tile::registers_decrease<K::kProducerRegisters>();
+    if (PACKED ? thread < 32 : thread == 0) K::produce(params, shared, thread);
     else if (thread / 32 == K::kDqWarp) K::reduce_dq(params, shared, thread % 32);
   } else {
-    tile::registers_increase<kBwdConsumerRegisters>();
+    tile::registers_increase<K::kConsumerRegisters>();
     K::consume(params, shared, warpgroup - 1, thread);
   }
 #endif

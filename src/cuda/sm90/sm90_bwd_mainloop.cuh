@@ -65,6 +65,9 @@ struct BwdShared {
   tile::MBarrier full[kBwdStages], empty[kBwdStages];
   tile::MBarrier dq_full, dq_empty;  // the dQ shares written (every consumer warp) / read (the dQ warp)
   int dq_turn;  // deterministic: the staged tile's turn (written with the shares, read by the dQ warp)
+  // Packed calls: the block's sequence (first rows, mask of its lengths), read from the tables
+  // once, before the roles split; every role reads its mask from here.
+  Sequence sequence;
 };
 
 // One consumer warpgroup's accumulators across the query tiles.
@@ -77,15 +80,18 @@ struct BwdTiles {
   using Fragments = uint32_t[kBwdRows / 16][4];              // [64 keys, 64 q] as register-A, 16-bit
 };
 
-// Key tile n's keys (block n's), clamped to seqlen_k.
-__device__ __forceinline__ Range bwd_key_tile(const AttentionArgs& args, int n) {
+// The lengths are the mask's (mask.seqlen_q, mask.seqlen_k): the call's for dense calls, the
+// block's sequence's for packed ones.
+// Key tile n's keys (block n's), clamped to seqlen_k (empty past it: a packed call's blocks past
+// their sequence's keys).
+__device__ __forceinline__ Range bwd_key_tile(const Mask& mask, int n) {
   const int64_t begin = int64_t(n) * kBwdKeys;
-  return {begin, begin + kBwdKeys < args.seqlen_k ? begin + kBwdKeys : args.seqlen_k};
+  return {begin, begin + kBwdKeys < mask.seqlen_k ? begin + kBwdKeys : mask.seqlen_k};
 }
 
 // Query tiles [begin, end) whose rows see any of `keys` (the same for every head).
-__device__ __forceinline__ Range bwd_query_tiles(const AttentionArgs& args, Range keys) {
-  const Range rows = args.mask.queries(Range{0, args.seqlen_q}, keys);
+__device__ __forceinline__ Range bwd_query_tiles(const Mask& mask, Range keys) {
+  const Range rows = mask.queries(Range{0, mask.seqlen_q}, keys);
   if (rows.empty()) return {0, 0};
   return {rows.begin / kBwdRows, (rows.end + kBwdRows - 1) / kBwdRows};
 }
@@ -94,11 +100,11 @@ __device__ __forceinline__ Range bwd_query_tiles(const AttentionArgs& args, Rang
 // that see a query tile form one run (every mask row sees one interval of keys, and the intervals
 // move forward with the row), so over [0, n] "tile m is among its query tiles" is false, then
 // true: a binary search with the very test the blocks use finds the run's start.
-__device__ inline int bwd_first_key_tile(const AttentionArgs& args, int m, int n) {
+__device__ inline int bwd_first_key_tile(const Mask& mask, int m, int n) {
   int lo = 0, hi = n;
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    const Range t = bwd_query_tiles(args, bwd_key_tile(args, mid));
+    const Range t = bwd_query_tiles(mask, bwd_key_tile(mask, mid));
     if (t.begin <= m && m < t.end) hi = mid;
     else lo = mid + 1;
   }
@@ -106,8 +112,9 @@ __device__ inline int bwd_first_key_tile(const AttentionArgs& args, int m, int n
 }
 
 // ORDERED_DQ: the deterministic mode (dQ added in key-tile order); a kernel of its own, so that
-// the default one carries none of its registers.
-template <class T, int HD, bool ORDERED_DQ>
+// the default one carries none of its registers. PACKED: a variable-length call, whose block's
+// mask is its sequence's, in shared memory.
+template <class T, int HD, bool ORDERED_DQ, bool PACKED>
 struct BwdMainloop {
   using Shared = BwdShared<T, HD>;
   using Tiles = BwdTiles<HD>;
@@ -123,6 +130,31 @@ struct BwdMainloop {
   const AttentionArgs& args;
   int warpgroup;  // consumer index: keys [64 · warpgroup, 64 · warpgroup + 64) of the key tile
   int thread;     // index inside the warpgroup
+
+  // Packed: the query rows that each of this thread's two keys sees ([0, 0) past seqlen_k), found
+  // once per block (the keys are the block's for good), in 32 bits: the step then masks from
+  // these four registers instead of loading the sequence's mask among its live accumulators.
+  int visible_begin[2], visible_end[2];
+
+  // The block's mask: the call's (dense, in the parameter block) or its sequence's (packed, in
+  // shared memory, addressed from `shared` rather than by a pointer of its own kept live).
+  __device__ __forceinline__ const Mask& mask() const {
+    if constexpr (PACKED) return shared.sequence.mask;
+    else return args.mask;
+  }
+
+  // Packed: visible_begin / visible_end of the block's key tile `keys`.
+  __device__ __forceinline__ void find_visible(Range keys) {
+    static_assert(Tiles::Scores::kRows == 2, "two keys per thread");
+    const Mask& m = mask();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t key = keys.begin + int64_t(warpgroup) * kConsumerRows + Tiles::Scores::row(i, thread);
+      const Range seen = key < m.seqlen_k ? m.queries(key) : Range{0, 0};
+      visible_begin[i] = int(seen.begin);
+      visible_end[i] = int(seen.end);
+    }
+  }
 
   // acc = A·Bᵀ for A = this warpgroup's 64 rows of a [128, HDP] key-side tile and B a [64, HDP]
   // query-side tile, both K-major; issued, committed, not waited.
@@ -188,17 +220,31 @@ struct BwdMainloop {
     wg::wait<1>();
     wg::fence_operand(s.d);
     const int64_t key0 = keys.begin + int64_t(warpgroup) * kConsumerRows;
-    const Range rows{row0, row0 + kBwdRows < args.seqlen_q ? row0 + kBwdRows : args.seqlen_q};
-    const Range my_keys{key0, key0 + kConsumerRows};
-    if (!(my_keys.end <= args.seqlen_k && args.mask.tile_is_full(rows, my_keys))) {
-      // Rows are keys here, columns query rows: key i is seen by the queries mask.queries(key).
-      tile::thread::mask_outside(
-          s,
-          [&](int i) {
-            const int64_t key = key0 + Scores::row(i, thread);
-            return key < args.seqlen_k ? args.mask.queries(key) : Range{0, 0};
-          },
-          row0, [&](int j) { return Scores::col(j, thread); });
+    if constexpr (PACKED) {
+      // Masked where one of this thread's keys misses a row of the tile (rows past the sequence's
+      // end included: its visible rows stop at seqlen_q). Per thread: masking what is visible
+      // changes nothing, so the threads need not agree.
+      bool cut = false;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) cut |= !(visible_begin[i] <= row0 && visible_end[i] >= row0 + kBwdRows);
+      if (cut)
+        tile::thread::mask_outside(
+            s, [&](int i) { return Range{visible_begin[i], visible_end[i]}; }, row0,
+            [&](int j) { return Scores::col(j, thread); });
+    } else {
+      const Mask& mask = this->mask();
+      const Range rows{row0, row0 + kBwdRows < mask.seqlen_q ? row0 + kBwdRows : mask.seqlen_q};
+      const Range my_keys{key0, key0 + kConsumerRows};
+      if (!(my_keys.end <= mask.seqlen_k && mask.tile_is_full(rows, my_keys))) {
+        // Rows are keys here, columns query rows: key i is seen by the queries mask.queries(key).
+        tile::thread::mask_outside(
+            s,
+            [&](int i) {
+              const int64_t key = key0 + Scores::row(i, thread);
+              return key < mask.seqlen_k ? mask.queries(key) : Range{0, 0};
+            },
+            row0, [&](int j) { return Scores::col(j, thread); });
+      }
     }
 #pragma unroll
     for (int j = 0; j < Scores::kCols; ++j) {
@@ -258,7 +304,7 @@ struct BwdMainloop {
     shared.dq_empty.wait(parity ^ 1);
     if constexpr (ORDERED_DQ)
       if (warpgroup == 0 && thread == 0)
-        shared.dq_turn = int(blockIdx.x) - bwd_first_key_tile(args, m, int(blockIdx.x));
+        shared.dq_turn = int(blockIdx.x) - bwd_first_key_tile(mask(), m, int(blockIdx.x));
     // One base address per thread (its first element); every other element sits at a constant
     // offset from it, so no per-element addresses stay live across the steps.
     float* first = shared.dq + warpgroup * kDqCols + Q::row(0, thread) * Shared::kDqStride + Q::col(0, thread);

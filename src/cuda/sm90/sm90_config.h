@@ -21,15 +21,27 @@ using bf16_t = __nv_bfloat16;
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kConsumerRows = 64;  // query rows per consumer warpgroup (wgmma M)
 inline constexpr int kChunkCols = 64;     // 16-bit columns per 128-byte swizzled chunk
+// Head dims rounded up to whole swizzled chunks.
+constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1) / kChunkCols * kChunkCols; }
+
 // Register budgets after setmaxnreg: the producer keeps few, the consumers take the rest of the
 // 64K-register file: 128 · 24 + 256 · 240 = 64,512 with two consumer warpgroups,
 // 128 · 32 + 384 · 160 = 65,536 with three.
-constexpr int producer_registers(int consumers) { return consumers == 2 ? 24 : 32; }
-constexpr int consumer_registers(int consumers) { return consumers == 2 ? 240 : 160; }
+// A packed (variable-length) call's producer also walks the sequence table and publishes each
+// work tile's sequence: at head dims up to 128 it gets 40 registers and the consumers 232
+// (64,512) or 152 (63,488), where neither side then spills (-Xptxas -v, pingpong at 64 and 128);
+// above, the consumers' larger output tiles need the 240, and the producer spills a little
+// instead (a few local accesses per work tile, off the consumers' path).
+constexpr bool packed_producer_raised(bool packed, int head_dim) { return packed && padded_head_dim(head_dim) <= 128; }
+constexpr int producer_registers(int consumers, bool packed = false, int head_dim = 0) {
+  return packed_producer_raised(packed, head_dim) ? 40 : (consumers == 2 ? 24 : 32);
+}
+constexpr int consumer_registers(int consumers, bool packed = false, int head_dim = 0) {
+  if (!packed_producer_raised(packed, head_dim)) return consumers == 2 ? 240 : 160;
+  return consumers == 2 ? 232 : 152;
+}
 inline constexpr size_t kSharedLimit = 227 * 1024;
 
-// Head dims rounded up to whole swizzled chunks.
-constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1) / kChunkCols * kChunkCols; }
 
 // The forward's configurations. FMHA_SM90_FWD_CONFIG=<name> picks one at the tuned head dims
 // (64 and 128 by default; the others compile the default only):
@@ -115,6 +127,13 @@ inline constexpr int kBwdTurnParts = 1;
 inline constexpr int kBwdMaxHeadDim = 128;
 inline constexpr int kBwdProducerRegisters = 24;
 inline constexpr int kBwdConsumerRegisters = 240;
+// A packed call's producer is a whole warp that also loads the row statistics: it gets 40
+// registers and the consumers 232 (-Xptxas -v: no spills at head dim 64; at 128, 48 bytes against
+// 112 with 24 / 240).
+inline constexpr int kBwdPackedProducerRegisters = 40;
+inline constexpr int kBwdPackedConsumerRegisters = 232;
+constexpr int bwd_producer_registers(bool packed) { return packed ? kBwdPackedProducerRegisters : kBwdProducerRegisters; }
+constexpr int bwd_consumer_registers(bool packed) { return packed ? kBwdPackedConsumerRegisters : kBwdConsumerRegisters; }
 
 // Named barriers (0 is __syncthreads), per consumer warpgroup w: its epilogue's, and the one it
 // waits on for its turn to issue matrix work under pingpong.

@@ -11,6 +11,10 @@
 // The forward's workspace (workspace_size: one counter) is optional. With it, work tiles past the
 // first wave go to whichever block finishes first (a dynamic schedule); without it, each block
 // takes every grid-th tile. FMHA_SM90_SCHEDULER=static forces the latter (to measure the two).
+//
+// Variable-length (packed) calls run here too, forward and backward, on the kernels' packed
+// instantiations: the forward's producer walks the sequence table on the device
+// (sm90_packed_tiles.h), the backward has a block per key tile of the longest sequence.
 #include "cuda/sm90/sm90_dispatch.h"
 
 #include <algorithm>
@@ -102,9 +106,6 @@ Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
 }
 
 Status check_call(const Params& p, Direction direction, DeviceProps& props) {
-  // The TMA maps and the persistent scheduler are built for dense [B, S, H, D] tensors.
-  if (Status st = refuse_varlen(p, "sm90", "auto runs them on sm80 (fp16, bf16, tf32) or simt (fp32)"); !st.ok())
-    return st;
   const Problem s = Problem::of(p);
   // Decoding (seqlen_q <= 16) is bound by reading K and V once: `auto` leaves it to the sm80
   // tier's decode kernel, which packs the query heads of a KV head into one tile and splits long
@@ -137,6 +138,13 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   constexpr int64_t kMaxCoordinate = (int64_t(1) << 31) - 1;  // TMA coordinates are int32
   if (s.seqlen_q > kMaxCoordinate || s.seqlen_k > kMaxCoordinate)
     return unsupported("q: sequence lengths above 2^31 - 1 exceed TMA's coordinates (sm90 tier)");
+  // Packed tensors are addressed from their first row: every row index is a coordinate.
+  if (s.packed && (s.total_q > kMaxCoordinate || s.total_k > kMaxCoordinate))
+    return unsupported(std::string(s.total_q > kMaxCoordinate ? "q" : "k") +
+                       ": packed tensors of more than 2^31 - 1 tokens exceed TMA's coordinates (sm90 tier)");
+  // The backward's grid is (key tiles, KV heads, batch or sequences).
+  if (backward)
+    if (Status st = check_grid_limits(s); !st.ok()) return st;
   if (Status st = current_device(p, direction, &props); !st.ok()) return st;
   if (props.arch != 90)
     return unsupported("q: cuda:" + std::to_string(props.ordinal) + " is sm_" + std::to_string(props.arch) +
@@ -192,8 +200,8 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
       // Empty sides are never read (no query tiles, or no blocks), but their maps need valid
       // addresses: the other side's. Blocks with no query tile still write dK = dV = 0.
       Tensor queries = p.q, grads = p.dout, keys = p.k, values = p.v;
-      if (s.seqlen_q == 0) queries.data = grads.data = p.k.data;
-      if (s.seqlen_k == 0) keys.data = values.data = p.q.data;
+      if (s.seqlen_q == 0 || s.total_q == 0) queries.data = grads.data = p.k.data;
+      if (s.seqlen_k == 0 || s.total_k == 0) keys.data = values.data = p.q.data;
       if (Status st = encode_tile_map(&params.q, queries, kChunkCols, kBwdRows, "q"); !st.ok()) return st;
       if (Status st = encode_tile_map(&params.k, keys, kChunkCols, kBwdKeys, "k"); !st.ok()) return st;
       if (Status st = encode_tile_map(&params.v, values, kChunkCols, kBwdKeys, "v"); !st.ok()) return st;
@@ -226,17 +234,21 @@ struct Sm90 {
         constexpr int V = decltype(v)::value;
         constexpr FwdConfig c = fwd_config(HD, V);
         const int64_t m_blocks = ceil_div(s.seqlen_q, c.tile_m());
-        const int64_t total = m_blocks * s.batch * s.heads;
-        if (total == 0) return Status::success();
-        if (total > int64_t(INT32_MAX))
+        // Packed: the most work tiles any table gives (the device walk finds the real ones).
+        const int64_t total = s.packed ? packed_tile_bound(args, c.tile_m()) : m_blocks * s.batch * s.heads;
+        if (total == 0 || s.total_q == 0) return Status::success();
+        const int grid = int(std::min<int64_t>(total, multiprocessors(props.ordinal)));
+        // Tile indices run to total + grid (each block's last request).
+        if (total > int64_t(INT32_MAX) - grid)
           return unsupported("q: " + std::to_string(total) + " query tiles exceed the sm90 scheduler's int32 range");
         // Empty K/V are never read, but their maps need a valid address: Q's.
         Tensor keys = p.k, values = p.v;
-        if (s.seqlen_k == 0) keys.data = values.data = p.q.data;
+        if (s.seqlen_k == 0 || s.total_k == 0) keys.data = values.data = p.q.data;
         if (Status st = encode_tile_map(&params.q, p.q, kChunkCols, c.tile_m(), "q"); !st.ok()) return st;
         if (Status st = encode_tile_map(&params.k, keys, kChunkCols, c.tile_n, "k"); !st.ok()) return st;
         if (Status st = encode_tile_map(&params.v, values, kChunkCols, c.tile_n, "v"); !st.ok()) return st;
         if (Status st = encode_tile_map(&params.o, p.o, kChunkCols, kConsumerRows, "o"); !st.ok()) return st;
+        // Packed calls use heads and longest_first only (PackedTileCursor).
         TileScheduler& sched = params.scheduler;
         sched.m_blocks = int(m_blocks);
         sched.heads = int(s.heads);
@@ -245,7 +257,6 @@ struct Sm90 {
         sched.total = int(total);
         sched.longest_first = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
         if (Status st = forward_tile_counter(p, stream, &params.tile_counter); !st.ok()) return st;
-        const int grid = int(std::min<int64_t>(total, multiprocessors(props.ordinal)));
         return with_dtype(p.q.dtype, [&](auto type) {
           using T = decltype(type);
           return forward<T, HD, V>(params, grid, stream);
@@ -262,7 +273,7 @@ Status run(const Params& p, Direction direction) { return tier_run<Sm90>(p, dire
 Status workspace_size(const Params& p, Direction direction, size_t* bytes) {
   if (direction == Direction::forward) {
     const Problem s = Problem::of(p);
-    *bytes = s.batch * s.heads * s.seqlen_q > 0 ? kFwdWorkspaceBytes : 0;
+    *bytes = s.total_q * s.heads > 0 ? kFwdWorkspaceBytes : 0;
     return Status::success();
   }
   return cuda::workspace_size(p, direction, bytes, ordered_dq<Sm90>());

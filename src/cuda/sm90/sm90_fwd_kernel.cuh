@@ -7,7 +7,17 @@
 // then the epilogue. The producer hands each work tile's index to the consumers with its query
 // tile (an index past the last tile ends the kernel); both then walk the same ring positions, so
 // they agree on every buffer and phase without talking beyond the mbarriers.
+//
+// PACKED: a variable-length call, a kernel of its own so that the dense one carries nothing of
+// it. The producer walks the sequence table (PackedTileCursor), so work tiles are enumerated per
+// sequence with none on padding; it publishes each work tile with its sequence (first rows, mask
+// of its own lengths) in the query tile's slot. Loads address the packed tensors as [1, total, H,
+// D] at the sequence's first row plus the tile's: query rows past the sequence's end compute on
+// the next sequence's queries and are never stored (the epilogue bounds them), keys past it are
+// cut by the sequence's mask.
 #pragma once
+
+#include <climits>
 
 #include "cuda/sm90/sm90_fwd_epilogue.cuh"
 #include "cuda/sm90/sm90_fwd_mainloop.cuh"
@@ -15,14 +25,16 @@
 
 namespace fmha::cuda::sm90 {
 
-template <class T, int HD, int VARIANT>
+template <class T, int HD, int VARIANT, bool PACKED>
 struct FwdKernel {
   static constexpr FwdConfig kConfig = fwd_config(HD, VARIANT);
   static constexpr int BM = kConfig.tile_m(), BN = kConfig.tile_n, STAGES = kConfig.stages;
   static constexpr int kConsumers = kConfig.consumers;
   static constexpr int kThreads = kConfig.threads();
-  static constexpr int kProducerRegisters = producer_registers(kConsumers);
-  static constexpr int kConsumerRegisters = consumer_registers(kConsumers);
+  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD);
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED, HD);
+  static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kConsumers * kWarpgroupThreads <= 65536,
+                "the register split exceeds the register file");
   // The output gets a staging buffer of its own wherever it fits next to Q and the K/V ring.
   static constexpr bool kSeparateO =
       sizeof(FwdShared<T, HD, BM, BN, STAGES, true>) + wg::kSwizzleAtomBytes <= kSharedLimit;
@@ -37,23 +49,45 @@ struct FwdKernel {
   static_assert(kSharedBytes <= kSharedLimit, "the tile shapes exceed Hopper's shared memory");
   static_assert(BM <= 256 && BN <= 256, "a TMA box has at most 256 rows");
 
-  // A work tile as producer and consumers both see it: the query tile's rows (clamped to
-  // seqlen_q), the keys any of them sees, and how many key tiles cover those.
+  // The slot value that ends the consumers' loop of a packed call (a dense one's is any index
+  // past the last tile).
+  static constexpr int kNoWork = INT_MAX;
+
+  // A work tile as producer and consumers both see it: the query tile's rows (clamped to the
+  // sequence's seqlen_q, counted from its first row), the keys any of them sees, and how many key
+  // tiles cover those.
   struct Plan {
     WorkTile work;
     Range rows;
     Range keys;
     int key_tiles;
   };
-  __device__ __forceinline__ static Plan plan(const FwdParams& params, int t) {
-    const AttentionArgs& args = params.args;
+  __device__ __forceinline__ static Plan plan(WorkTile work, const Mask& mask) {
     Plan p;
-    p.work = params.scheduler.get(t);
+    p.work = work;
     const int64_t row0 = int64_t(p.work.m_block) * BM;
-    p.rows = {row0, row0 + BM < args.seqlen_q ? row0 + BM : args.seqlen_q};
-    p.keys = args.mask.keys(p.rows);
+    p.rows = {row0, row0 + BM < mask.seqlen_q ? row0 + BM : mask.seqlen_q};
+    p.keys = mask.keys(p.rows);
     p.key_tiles = int((p.keys.size() + BN - 1) / BN);
     return p;
+  }
+  // Dense: work tile t of the scheduler under the call's mask.
+  __device__ __forceinline__ static Plan plan(const FwdParams& params, int t) {
+    return plan(params.scheduler.get(t), params.args.mask);
+  }
+  // The work tile published in query slot `slot`: its mask, its sequence's first rows (dense:
+  // the batch index), its plan.
+  __device__ __forceinline__ static const Mask& slot_mask(const FwdParams& params, const Shared& shared, int slot) {
+    if constexpr (PACKED) return shared.sequence[slot].mask;
+    else return params.args.mask;
+  }
+  __device__ __forceinline__ static SequenceStart slot_start(const Shared& shared, const Plan& plan_t, int slot) {
+    if constexpr (PACKED) return shared.sequence[slot].start;
+    else return {plan_t.work.batch, plan_t.work.batch};
+  }
+  __device__ __forceinline__ static Plan slot_plan(const FwdParams& params, const Shared& shared, int slot) {
+    if constexpr (PACKED) return plan(shared.work[slot], shared.sequence[slot].mask);
+    else return plan(params, shared.work_tile[slot]);
   }
 
   __device__ static void produce(const FwdParams& params, Shared& shared) {
@@ -65,40 +99,67 @@ struct FwdKernel {
     tile::PipelineState<STAGES> pipe;
     uint32_t q_phase = 0;
     const int total = params.scheduler.total;
+    // Packed calls only: the walk over the sequence table, in shared memory (few registers here).
+    PackedTileCursor& cursor = shared.cursor;
+    if constexpr (PACKED) cursor = PackedTileCursor(args, BM, params.scheduler.longest_first);
     for (int t = blockIdx.x;; q_phase ^= 1) {
-      if (t >= total) {  // no work left: the consumers see an index past the last tile and stop
+      const bool done = PACKED ? !cursor.seek(args, t) : t >= total;
+      if (done) {  // no work left: the consumers see an index past the last tile and stop
         shared.q_empty.wait(q_phase ^ 1);
-        shared.work_tile[q_phase] = t;
+        shared.work_tile[q_phase] = PACKED ? kNoWork : t;
         shared.q_full.arrive();
         break;
       }
       // The tile after this one, asked for now so that the counter's answer is back by then.
       const int next = params.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(params.tile_counter, 1)
                                                       : t + int(gridDim.x);
-      const Plan plan_t = plan(params, t);
-      const WorkTile& w = plan_t.work;
+      // The work tile's TMA rows of its first query and key, and its key tiles, in 32 bits from
+      // here on (the producer has few registers). Packed: its sequence goes to shared memory, and
+      // rows count from the sequence's first in the [1, total, H, D] maps; dense: from row 0 of
+      // batch w.batch.
+      WorkTile w;
+      int q_row, k_row, key_tiles;
+      {
+        Plan plan_t;
+        if constexpr (PACKED) {
+          plan_t.work = cursor.tile(t);
+          shared.next_sequence = args.sequence(plan_t.work.batch);
+          plan_t = plan(plan_t.work, shared.next_sequence.mask);
+        } else {
+          plan_t = plan(params, t);
+        }
+        w = plan_t.work;
+        q_row = (PACKED ? int(shared.next_sequence.start.q) : 0) + int(plan_t.rows.begin);
+        k_row = (PACKED ? int(shared.next_sequence.start.k) : 0) + int(plan_t.keys.begin);
+        key_tiles = plan_t.key_tiles;
+      }
       const int kv_head = w.head / args.group;
+      const int batch = PACKED ? 0 : w.batch;
       // One tile of `rows` rows into `dst` (its column chunks), completing on `full`.
       auto load_tile = [&](auto* dst, const CUtensorMap* map, int rows, int row0, int head, tile::MBarrier& full,
                            uint32_t bytes) {
         full.arrive_expect_tx(bytes);
 #pragma unroll
         for (int c = 0; c < Shared::kChunks; ++c)
-          tile::tma::load(dst + c * rows * kChunkCols, map, c * kChunkCols, row0, head, w.batch, full);
+          tile::tma::load(dst + c * rows * kChunkCols, map, c * kChunkCols, row0, head, batch, full);
       };
       auto load_keys = [&](int j) {
         shared.k_empty[pipe.index].wait(pipe.phase ^ 1);
-        load_tile(shared.k[pipe.index], &params.k, BN, int(plan_t.keys.begin) + j * BN, kv_head,
-                  shared.k_full[pipe.index], Shared::kKVBytes);
+        load_tile(shared.k[pipe.index], &params.k, BN, k_row + j * BN, kv_head, shared.k_full[pipe.index],
+                  Shared::kKVBytes);
       };
       // The first key tile goes first: its ring slot is free while the consumers may still hold
       // the query tile (the previous work tile's epilogue, when O is staged over Q).
-      if (plan_t.key_tiles > 0) load_keys(0);
+      if (key_tiles > 0) load_keys(0);
       shared.q_empty.wait(q_phase ^ 1);
       shared.work_tile[q_phase] = t;  // published by the query tile's barrier (release)
-      load_tile(shared.q, &params.q, BM, int(plan_t.rows.begin), w.head, shared.q_full, Shared::kQBytes);
-      for (int j = 0; j < plan_t.key_tiles; ++j) {
-        const int col0 = int(plan_t.keys.begin) + j * BN;
+      if constexpr (PACKED) {
+        shared.work[q_phase] = w;
+        shared.sequence[q_phase] = shared.next_sequence;
+      }
+      load_tile(shared.q, &params.q, BM, q_row, w.head, shared.q_full, Shared::kQBytes);
+      for (int j = 0; j < key_tiles; ++j) {
+        const int col0 = k_row + j * BN;
         if (j > 0) load_keys(j);
         shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
         load_tile(shared.v[pipe.index], &params.v, BN, col0, kv_head, shared.v_full[pipe.index], Shared::kKVBytes);
@@ -114,33 +175,35 @@ struct FwdKernel {
     uint32_t q_phase = 0;
     for (;; q_phase ^= 1) {
       shared.q_full.wait(q_phase);
-      if (shared.work_tile[q_phase] >= params.scheduler.total) break;
+      if (PACKED ? shared.work_tile[q_phase] == kNoWork : shared.work_tile[q_phase] >= params.scheduler.total) break;
       typename Tiles::Output o;  // [64, HDP] fp32
       o.fill(0.f);
       typename Tiles::Softmax softmax;
       softmax.init();
       {
-        const Plan plan_t = plan(params, shared.work_tile[q_phase]);
+        const Plan plan_t = slot_plan(params, shared, q_phase);
         const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
-        mainloop.run(pipe, Range{my_row0, my_row0 + kConsumerRows}, plan_t.keys, plan_t.key_tiles, o, softmax);
+        mainloop.run(pipe, Range{my_row0, my_row0 + kConsumerRows}, plan_t.keys, plan_t.key_tiles,
+                     slot_mask(params, shared, q_phase), o, softmax);
       }
       // The plan again, from the slot (not kept in registers through the mainloop).
-      const Plan plan_t = plan(params, shared.work_tile[q_phase]);
+      const Plan plan_t = slot_plan(params, shared, q_phase);
       const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
       const int64_t my_end = my_row0 + kConsumerRows < plan_t.rows.end ? my_row0 + kConsumerRows : plan_t.rows.end;
       const Range my_rows{my_row0, my_end};
-      Epilogue::run(params, shared, warpgroup, thread, plan_t.work, my_rows.empty() ? Range{my_row0, my_row0} : my_rows,
-                    o, softmax);
+      Epilogue::template run<PACKED>(params, shared, warpgroup, thread, plan_t.work,
+                                     slot_start(shared, plan_t, q_phase),
+                                     my_rows.empty() ? Range{my_row0, my_row0} : my_rows, o, softmax);
     }
     if (thread == 0) tile::tma::store_wait();
   }
 };
 
-template <class T, int HD, int VARIANT>
-__global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT>::kThreads, 1)
+template <class T, int HD, int VARIANT, bool PACKED>
+__global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using K = FwdKernel<T, HD, VARIANT>;
+  using K = FwdKernel<T, HD, VARIANT, PACKED>;
   extern __shared__ char shared_raw[];
   const uintptr_t base = reinterpret_cast<uintptr_t>(shared_raw);
   auto& shared = *reinterpret_cast<typename K::Shared*>(

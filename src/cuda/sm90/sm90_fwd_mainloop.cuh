@@ -13,6 +13,7 @@
 
 #include "cuda/common/args.h"
 #include "cuda/sm90/sm90_config.h"
+#include "cuda/sm90/sm90_packed_tiles.h"
 #include "cuda/tile/reduce.cuh"
 #include "cuda/tile/tma.cuh"
 #include "cuda/tile/wgmma.cuh"
@@ -47,6 +48,15 @@ struct FwdShared {
   // query barriers: the producer rewrites a slot only once the consumers have released the query
   // tile of the work tile after it, so they may read their slot until the end of the work tile.
   int work_tile[2];
+  // Packed calls: the work tile and its sequence (where its rows start, its mask), per slot as
+  // above, so that the consumers read the mask from here rather than keep it in registers.
+  WorkTile work[2];
+  Sequence sequence[2];
+  // The producer's own state for packed calls, kept here rather than in its few registers: its
+  // walk over the sequence table, and the sequence of the work tile it is loading (copied into
+  // the slot once the slot is free).
+  PackedTileCursor cursor;
+  Sequence next_sequence;
 
   __device__ __forceinline__ T* output() { return SEPARATE_O ? o : q; }
   // Arrivals that release the query tile: each consumer warp once its last Q·Kᵀ is done, or each
@@ -179,11 +189,11 @@ struct FwdMainloop {
   // row i's output accumulated so far must be multiplied by. With FOLD_SCALE the scale is folded
   // into the exponent (a negative softmax scale takes the plain path: scale, then update).
   __device__ __forceinline__ void softmax_step(typename Tiles::Scores& s, typename Tiles::Softmax& softmax,
-                                               float (&rescale)[Tiles::Scores::kRows], Range rows, int64_t col0,
-                                               bool need_mask) {
+                                               float (&rescale)[Tiles::Scores::kRows], const Mask& mask, Range rows,
+                                               int64_t col0, bool need_mask) {
     if (need_mask)
       tile::thread::mask_outside(
-          s, [&](int i) { return args.mask.keys(rows.begin + Tiles::Scores::row(i, thread)); }, col0,
+          s, [&](int i) { return mask.keys(rows.begin + Tiles::Scores::row(i, thread)); }, col0,
           [&](int j) { return Tiles::Scores::col(j, thread); });
     if (FOLD_SCALE && args.scale_log2 > 0.f) {
       softmax.template update_scaled<true, LAZY>(s, args.scale_log2, rescale);
@@ -210,9 +220,11 @@ struct FwdMainloop {
   }
 
   // The key tiles [keys.begin + j·BN) for j < num_tiles, for this warpgroup's query rows `rows`
-  // (absolute; rows past seqlen_q compute on zero-filled queries and are never stored).
-  __device__ void run(Pipeline& pipe, Range rows, Range keys, int num_tiles, typename Tiles::Output& o,
-                      typename Tiles::Softmax& softmax) {
+  // under `mask` (rows and keys counted from the sequence's first; rows past seqlen_q compute on
+  // zero-filled queries, or a packed call's next sequence, and are never stored). The mask is the
+  // call's (dense) or the work tile's sequence's in shared memory (packed).
+  __device__ void run(Pipeline& pipe, Range rows, Range keys, int num_tiles, const Mask& mask,
+                      typename Tiles::Output& o, typename Tiles::Softmax& softmax) {
     typename Tiles::Scores s;  // [64, BN] scores of the tile in flight
     typename Tiles::PFragments p;  // [64, BN] P of the previous tile, 16-bit A fragments
     float rescale[Tiles::Scores::kRows];
@@ -220,7 +232,7 @@ struct FwdMainloop {
       release_queries();
       return;
     }
-    const FullTiles full(args.mask, rows, keys, num_tiles);
+    const FullTiles full(mask, rows, keys, num_tiles);
     if constexpr (!OVERLAP) {
       for (int j = 0; j < num_tiles; ++j) {
         shared.k_full[pipe.index].wait(pipe.phase);
@@ -229,7 +241,7 @@ struct FwdMainloop {
         wg::fence_operand(s.d);
         release(shared.k_empty[pipe.index]);
         if (j == num_tiles - 1) release_queries();
-        softmax_step(s, softmax, rescale, rows, keys.begin + int64_t(j) * BN, full.need_mask(j));
+        softmax_step(s, softmax, rescale, mask, rows, keys.begin + int64_t(j) * BN, full.need_mask(j));
         apply_rescale(o, rescale);
         wg::a_from_acc<T>(p, s);
         pv_step(o, p, pipe);
@@ -246,7 +258,7 @@ struct FwdMainloop {
       wg::fence_operand(s.d);
       release(shared.k_empty[pipe.index]);
       if (num_tiles == 1) release_queries();
-      softmax_step(s, softmax, rescale, rows, keys.begin, full.need_mask(0));
+      softmax_step(s, softmax, rescale, mask, rows, keys.begin, full.need_mask(0));
       Pipeline previous = pipe;
       pipe.advance();
       for (int j = 1; j < num_tiles; ++j) {
@@ -268,7 +280,7 @@ struct FwdMainloop {
         wg::wait<1>();  // S(j) is done; P·V may still run
         wg::fence_operand(s.d);
         release(shared.k_empty[pipe.index]);
-        softmax_step(s, softmax, rescale, rows, keys.begin + int64_t(j) * BN, full.need_mask(j));
+        softmax_step(s, softmax, rescale, mask, rows, keys.begin + int64_t(j) * BN, full.need_mask(j));
         wg::wait<0>();
         wg::fence_operand(o.d);
         wg::fence_operand(p);

@@ -3,6 +3,7 @@
 // tier shares (cuda/common/bwd_common.cuh).
 #pragma once
 
+#include "cuda/common/block_sequence.cuh"
 #include "cuda/common/bwd_common.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/sm90/sm90_bwd_kernel.cuh"
@@ -13,45 +14,56 @@ namespace fmha::cuda::sm90 {
 
 template <class T, int HD, int VARIANT>
 size_t forward_shared_bytes() {
-  return FwdKernel<T, HD, VARIANT>::kSharedBytes;
+  static_assert(FwdKernel<T, HD, VARIANT, true>::kSharedBytes == FwdKernel<T, HD, VARIANT, false>::kSharedBytes);
+  return FwdKernel<T, HD, VARIANT, false>::kSharedBytes;
 }
 
+// The dense or the packed kernel, by the call's layout.
 template <class T, int HD, int VARIANT>
 Status forward(const FwdParams& params, int grid, cudaStream_t stream) {
-  using K = FwdKernel<T, HD, VARIANT>;
   if (grid <= 0) return Status::success();
-  auto kernel = fwd_kernel<T, HD, VARIANT>;
-  if (Status s = prepare_kernel(kernel, K::kSharedBytes, "sm90 forward"); !s.ok()) return s;
-  kernel<<<grid, K::kThreads, K::kSharedBytes, stream>>>(params);
-  return check_launch("sm90 forward kernel launch");
+  return with_packing(params.args, [&](auto packed) {
+    using K = FwdKernel<T, HD, VARIANT, decltype(packed)::value>;
+    auto kernel = fwd_kernel<T, HD, VARIANT, decltype(packed)::value>;
+    if (Status s = prepare_kernel(kernel, K::kSharedBytes, "sm90 forward"); !s.ok()) return s;
+    kernel<<<grid, K::kThreads, K::kSharedBytes, stream>>>(params);
+    return check_launch("sm90 forward kernel launch");
+  });
 }
 
 template <class T, int HD>
 size_t backward_shared_bytes() {
-  static_assert(BwdKernel<T, HD, true>::kSharedBytes == BwdKernel<T, HD, false>::kSharedBytes);
-  return BwdKernel<T, HD, false>::kSharedBytes;
+  static_assert(BwdKernel<T, HD, true, false>::kSharedBytes == BwdKernel<T, HD, false, false>::kSharedBytes &&
+                BwdKernel<T, HD, false, true>::kSharedBytes == BwdKernel<T, HD, false, false>::kSharedBytes);
+  return BwdKernel<T, HD, false, false>::kSharedBytes;
 }
 
-// The main kernel, in its deterministic form when the workspace carries turn counters.
+// The main kernel, in its deterministic form when the workspace carries turn counters, dense or
+// packed by the call's layout: packed calls get a block per key tile of the longest sequence,
+// and the blocks past their own sequence's keys exit at once.
 template <class T, int HD, bool ORDERED_DQ>
 Status launch_backward_main(const BwdParams& params, cudaStream_t stream) {
-  using K = BwdKernel<T, HD, ORDERED_DQ>;
   const AttentionArgs& args = params.args;
   const dim3 grid(unsigned(ceil_div(args.seqlen_k, kBwdKeys)), unsigned(args.kv_heads), unsigned(args.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::success();
-  auto kernel = bwd_kernel<T, HD, ORDERED_DQ>;
-  if (Status s = prepare_kernel(kernel, K::kSharedBytes, "sm90 backward"); !s.ok()) return s;
-  kernel<<<grid, K::kThreads, K::kSharedBytes, stream>>>(params);
-  return check_launch("sm90 backward kernel launch");
+  return with_packing(args, [&](auto packed) {
+    using K = BwdKernel<T, HD, ORDERED_DQ, decltype(packed)::value>;
+    auto kernel = bwd_kernel<T, HD, ORDERED_DQ, decltype(packed)::value>;
+    if (Status s = prepare_kernel(kernel, K::kSharedBytes, "sm90 backward"); !s.ok()) return s;
+    kernel<<<grid, K::kThreads, K::kSharedBytes, stream>>>(params);
+    return check_launch("sm90 backward kernel launch");
+  });
 }
 
 template <class T, int HD>
 Status backward(const BwdParams& params, cudaStream_t stream) {
   const AttentionArgs& args = params.args;
-  const int64_t rows = int64_t(args.batch) * args.heads * args.seqlen_q;
+  // Preprocess and convert run over every (query row, head) pair, packed calls' included.
+  const AttentionArgs row_args = row_kernel_args(args);
+  const int64_t rows = int64_t(row_args.batch) * row_args.heads * row_args.seqlen_q;
   if (rows > 0) {
     const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
-    bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(args);
+    bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(row_args);
     if (Status s = check_launch("sm90 backward preprocess launch"); !s.ok()) return s;
   }
   if (args.dq_turns != nullptr && rows > 0) {
@@ -66,7 +78,8 @@ Status backward(const BwdParams& params, cudaStream_t stream) {
   if (!main.ok()) return main;
   if (rows == 0) return Status::success();
   const int64_t elements = rows * args.head_dim;
-  bwd_convert_dq_kernel<T><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(args);
+  bwd_convert_dq_kernel<T><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(
+      row_args);
   return check_launch("sm90 backward dQ convert launch");
 }
 

@@ -3,20 +3,17 @@
 // (as many heads as keep their K and V within a share of the L2): inside a section the heads
 // vary fastest, so the blocks in flight read the same K/V; the query heads of one GQA group are
 // adjacent. Under causal masks query tiles run from the last (the most keys) to the first, so
-// the longest work items start first and the short ones fill the tail.
+// the longest work items start first and the short ones fill the tail. Packed calls walk their
+// sequences with PackedTileCursor (sm90_packed_tiles.h) instead.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-namespace fmha::cuda::sm90 {
+#include "cuda/sm90/sm90_packed_tiles.h"
 
-struct WorkTile {
-  int m_block;  // query tile index
-  int head;
-  int batch;
-};
+namespace fmha::cuda::sm90 {
 
 struct TileScheduler {
   int m_blocks = 0;     // query tiles per head

@@ -46,9 +46,24 @@ CUtensorMapDataType tma_type(DType dtype) {
   }
 }
 
+// A packed [total, H, D] view as [1, total, H, D]; a dense [B, S, H, D] one as it is.
+Tensor as_rank4(const Tensor& t) {
+  if (t.rank != 3) return t;
+  Tensor out = t;
+  out.rank = 4;
+  out.shape[0] = 1;
+  out.stride[0] = t.shape[0] * t.stride[0];
+  for (int d = 0; d < 3; ++d) {
+    out.shape[d + 1] = t.shape[d];
+    out.stride[d + 1] = t.stride[d];
+  }
+  return out;
+}
+
 }  // namespace
 
-Status check_tma_view(const Tensor& t, const char* name) {
+Status check_tma_view(const Tensor& view, const char* name) {
+  const Tensor t = as_rank4(view);
   const int64_t elem = int64_t(dtype_size(t.dtype));
   if (t.numel() == 0) return Status::success();
   if (reinterpret_cast<uintptr_t>(t.data) % kTmaAlignBytes != 0)
@@ -59,14 +74,15 @@ Status check_tma_view(const Tensor& t, const char* name) {
     const int64_t bytes = t.stride[d] * elem;
     if (bytes <= 0 || bytes % kTmaAlignBytes != 0 || bytes >= kTmaMaxStrideBytes)
       return unsupported(std::string(name) + ": stride " + std::to_string(t.stride[d]) + " of dimension " +
-                         std::to_string(d) + " must be a positive multiple of " +
+                         std::to_string(d - (view.rank == 3 ? 1 : 0)) + " must be a positive multiple of " +
                          std::to_string(kTmaAlignBytes / elem) + " elements (16 bytes) below 2^40 bytes for TMA "
                          "(sm90 tier)");
   }
   return Status::success();
 }
 
-Status encode_tile_map(CUtensorMap* map, const Tensor& t, int box_cols, int box_rows, const char* name) {
+Status encode_tile_map(CUtensorMap* map, const Tensor& view, int box_cols, int box_rows, const char* name) {
+  const Tensor t = as_rank4(view);
   Status status;
   const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_function(&status);
   if (encode == nullptr) return status;

@@ -14,6 +14,8 @@ namespace fmha::cuda::sm90 {
 // of whole 16-byte units, non-zero and below 2^40 bytes, on every dimension longer than 1.
 Status check_tma_view(const Tensor& t, const char* name);
 
+// Both take dense [B, S, H, D] views and packed [total, H, D] ones, the latter as [1, total, H, D]
+// (a packed kernel addresses a sequence's rows from its first row in the packed tensor).
 // A tiled map over `t` ([B, S, H, D]) with boxes of box_cols × box_rows (columns × sequence rows),
 // SWIZZLE_128B, zero fill outside the tensor. A dimension of length 0 is encoded as length 1 (the
 // kernels never read a map of an empty tensor, but its address must still be valid).
