@@ -375,7 +375,8 @@ void DeviceBuffer::poison() {
 
 std::string Case::name() const {
   std::ostringstream out;
-  out << to_string(backend) << "_" << (precision == Precision::tf32 ? "tf32" : to_string(dtype)) << "_b" << batch
+  out << to_string(backend) << "_" << (precision != Precision::ieee ? to_string(precision) : to_string(dtype)) << "_b"
+      << batch
       << "_q" << seqlen_q << "_k" << seqlen_k << "_h" << heads << "x" << kv_heads << "_d" << head_dim;
   if (head_dim_v != head_dim) out << "v" << head_dim_v;
   if (causal == Causal::top_left) out << "_causalTL";

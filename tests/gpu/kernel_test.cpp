@@ -46,6 +46,7 @@ const Flavor kFlavors[] = {{Backend::cuda_simt, DType::fp32, Precision::ieee},
                            {Backend::cuda_sm80, DType::fp16, Precision::ieee},
                            {Backend::cuda_sm80, DType::bf16, Precision::ieee},
                            {Backend::cuda_sm80, DType::fp32, Precision::tf32},
+                           {Backend::cuda_sm80, DType::fp32, Precision::tf32x3},
                            {Backend::cuda_sm90, DType::fp16, Precision::ieee},
                            {Backend::cuda_sm90, DType::bf16, Precision::ieee}};
 
@@ -187,7 +188,8 @@ TEST_P(Deterministic, SmallBitwiseIdentical) {
 INSTANTIATE_TEST_SUITE_P(Tiers, Deterministic, ::testing::ValuesIn(kFlavors),
                          [](const ::testing::TestParamInfo<Flavor>& info) {
                            return std::string(to_string(info.param.backend)) + "_" +
-                                  (info.param.precision == Precision::tf32 ? "tf32" : to_string(info.param.dtype));
+                                  (info.param.precision != Precision::ieee ? to_string(info.param.precision)
+                                                                           : to_string(info.param.dtype));
                          });
 
 // ---- The sm90 forward's schedules: dynamic (counter in the workspace) and static agree ----------
@@ -242,7 +244,8 @@ TEST_P(FewKeys, SmallRowsSeeingOneOrTwoKeys) {
 INSTANTIATE_TEST_SUITE_P(Tiers, FewKeys, ::testing::ValuesIn(kFlavors),
                          [](const ::testing::TestParamInfo<Flavor>& info) {
                            return std::string(to_string(info.param.backend)) + "_" +
-                                  (info.param.precision == Precision::tf32 ? "tf32" : to_string(info.param.dtype));
+                                  (info.param.precision != Precision::ieee ? to_string(info.param.precision)
+                                                                           : to_string(info.param.dtype));
                          });
 
 // ---- Empty problems: nothing to compute, but backward with Sq = 0 still zeroes dK/dV -------------
