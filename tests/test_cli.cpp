@@ -110,6 +110,25 @@ TEST(Cli, BadFlagsExitTwoWithAMessage) {
   }
 }
 
+// --precision: tf32x3 (split tf32) runs on the CPU as exact fp32 and reports its name; precisions
+// that do not apply to the storage dtype are refused naming the flag.
+TEST(Cli, PrecisionTf32x3RunsAndBadCombinationsAreRefused) {
+  for (const char* mode : {"fwd", "bwd"}) {
+    const Result r = fmha(std::string("run --backend cpu --batch 1 --heads 2 --seqlen-q 40 --seqlen-k 50 --head-dim 32 "
+                                      "--precision tf32x3 --iters 1 --check --json --mode ") + mode);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["dtype"], "tf32x3");
+    EXPECT_EQ(j["check"], "pass");
+  }
+  for (const char* args : {"run --precision tf32x4", "run --dtype bf16 --precision tf32x3",
+                           "run --dtype tf32 --precision tf32x3", "run --dtype fp16 --precision tf32"}) {
+    const Result r = fmha(args, true);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_NE(r.out.find("--precision"), std::string::npos) << args << ": " << r.out;
+  }
+}
+
 TEST(Cli, InvalidCallExitsTwoNamingTheArgument) {
   Result r = fmha("run --backend cpu --heads 3 --kv-heads 2 --seqlen-q 8 --iters 0", true);
   EXPECT_EQ(r.exit_code, 2);

@@ -238,6 +238,15 @@ TEST_P(FewKeys, SmallRowsSeeingOneOrTwoKeys) {
       c.window_left = 1;
       const std::string two = check_backward(c, seed);
       EXPECT_TRUE(two.empty()) << c.name() << " (seed " << seed << ", FMHA_TEST_SEED to repeat)\n" << two;
+      // Causal bottom-right with one key (every row that sees a key sees only it) and with two
+      // (the last row sees both, the one before it one).
+      for (int64_t keys : {1, 2}) {
+        c.causal = Causal::bottom_right, c.window_left = -1, c.seqlen_k = keys;
+        const std::string few = check_single_key_rows_cancel(c, seed);
+        EXPECT_TRUE(few.empty()) << c.name() << " (seed " << seed << ", FMHA_TEST_SEED to repeat)\n" << few;
+        const std::string all = check_backward(c, seed);
+        EXPECT_TRUE(all.empty()) << c.name() << " (seed " << seed << ", FMHA_TEST_SEED to repeat)\n" << all;
+      }
     }
 }
 
@@ -395,6 +404,15 @@ TEST(Refuse, SmallTierLimits) {
       r.params.precision = Precision::tf32;
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
       EXPECT_EQ(chosen, Backend::cuda_sm80);
+      // Split tf32: auto runs it on sm80; simt takes it too (exact fp32), plain tf32 it refuses.
+      r.params.precision = Precision::tf32x3;
+      ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
+      EXPECT_EQ(chosen, Backend::cuda_sm80);
+      Params simt = r.params;
+      simt.backend = Backend::cuda_simt;
+      EXPECT_TRUE(supports(simt, Direction::forward).ok()) << supports(simt, Direction::forward).message;
+      simt.precision = Precision::tf32;
+      EXPECT_EQ(supports(simt, Direction::forward).code, Code::unsupported);
     }
   }
   if (tier_available(Backend::cuda_sm90)) {
@@ -406,6 +424,8 @@ TEST(Refuse, SmallTierLimits) {
     };
     {
       Refusal r = tiny_call(Backend::cuda_sm90, DType::fp32, big);
+      refused(r, Direction::forward, "precision");
+      r.params.precision = Precision::tf32x3;
       refused(r, Direction::forward, "precision");
     }
     const auto dims = compiled_head_dims();
