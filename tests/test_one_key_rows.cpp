@@ -83,10 +83,11 @@ std::string check_one_key_rows(const Flavor& f, const MaskCase& m, Backend backe
         const double unit = kCancelUlps * std::ldexp(1.0, -24) * std::abs(double(s.scale)) * terms;
         dk_bound[size_t((b * m.seqlen_k + j) * kKvHeads + kvh)] += unit * q_max;
         for (int64_t d = 0; d < kHeadDim; ++d)
-          if (!(std::abs(at(pr.dq, b, i, h, d)) <= unit * k_max))
-            return (out << "dq[" << b << "," << i << "," << h << "," << d << "] = " << at(pr.dq, b, i, h, d)
-                        << ", bound " << unit * k_max << " (a row that sees one key)")
-                .str();
+          if (!(std::abs(at(pr.dq, b, i, h, d)) <= unit * k_max)) {
+            out << "dq[" << b << "," << i << "," << h << "," << d << "] = " << at(pr.dq, b, i, h, d) << ", bound "
+                << unit * k_max << " (a row that sees one key)";
+            return out.str();
+          }
       }
   if (one_key_rows == 0) return "no row sees exactly one key: the case tests nothing";
   for (int64_t b = 0; b < kBatch; ++b)
@@ -95,10 +96,11 @@ std::string check_one_key_rows(const Flavor& f, const MaskCase& m, Backend backe
         const size_t idx = size_t((b * m.seqlen_k + j) * kKvHeads + kvh);
         if (!dk_only_one_key_rows[idx]) continue;
         for (int64_t d = 0; d < kHeadDim; ++d)
-          if (!(std::abs(at(pr.dk, b, j, kvh, d)) <= dk_bound[idx]))
-            return (out << "dk[" << b << "," << j << "," << kvh << "," << d << "] = " << at(pr.dk, b, j, kvh, d)
-                        << ", bound " << dk_bound[idx] << " (a key that only one-key rows see)")
-                .str();
+          if (!(std::abs(at(pr.dk, b, j, kvh, d)) <= dk_bound[idx])) {
+            out << "dk[" << b << "," << j << "," << kvh << "," << d << "] = " << at(pr.dk, b, j, kvh, d) << ", bound "
+                << dk_bound[idx] << " (a key that only one-key rows see)";
+            return out.str();
+          }
       }
   return "";
 }
@@ -134,7 +136,8 @@ TEST_P(OneKeyRows, TwoKeyRowsMatchOracle) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, OneKeyRows, ::testing::Combine(::testing::ValuesIn(kFlavors), ::testing::ValuesIn(kMasks)),
+INSTANTIATE_TEST_SUITE_P(Cpu, OneKeyRows,
+                         ::testing::Combine(::testing::ValuesIn(kFlavors), ::testing::ValuesIn(kMasks)),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param).name;
                          });

@@ -6,9 +6,9 @@
 //     forward  tolerance = 4 * u_op + 64 * u_fp32
 //     backward tolerance = 4 * that
 // u_op is the unit roundoff of the format the matmul operands are rounded to (0 for exact fp32,
-// 2^-11 for tf32 and fp16, 2^-8 for bf16, 2^-21 for split tf32: its hi·lo and lo·hi terms carry the
-// residual's own tf32 rounding, 2^-22, and the dropped lo·lo term is below 2^-22 too) and 64 * u_fp32 (~3.8e-6) covers fp32 accumulation
-// over long rows. dQ and dK, which vanish in exact arithmetic where a row sees a single key, are
+// 2^-11 for tf32 and fp16, 2^-8 for bf16, 2^-21 for split tf32: its hi·lo and lo·hi terms carry
+// the residual's own tf32 rounding, 2^-22, and the dropped lo·lo term is below 2^-22 too) and
+// 64 * u_fp32 (~3.8e-6) covers fp32 accumulation over long rows. dQ and dK, which vanish in exact arithmetic where a row sees a single key, are
 // measured against max(||ref||, rms(dV_ref) * sqrt(numel)). LSE must match to tolerance * max(1, |lse|), and rows that see no key must be
 // exactly O = 0, LSE = -inf. NaN never passes.
 #pragma once

@@ -64,7 +64,8 @@ int64_t draw_length(Draw& d, int64_t max_seqlen) { return d.chance(1.0 / 6) ? 1 
 std::string Config::describe() const {
   std::ostringstream out;
   out << "seed " << seed << ": " << to_string(backend) << " "
-      << (precision != Precision::ieee ? to_string(precision) : to_string(dtype)) << " batch " << batch << " heads " << heads << "/"
+      << (precision != Precision::ieee ? to_string(precision) : to_string(dtype)) << " batch " << batch << " heads "
+      << heads << "/"
       << kv_heads << " seqlen " << seqlen_q << "x" << seqlen_k << " head_dim " << head_dim << "/" << head_dim_v
       << " causal " << to_string(causal) << " window " << window_left << "," << window_right << " q_offset "
       << q_offset << " scale " << (softmax_scale == 0.f ? std::string("default") : std::to_string(softmax_scale))
