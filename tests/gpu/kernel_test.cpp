@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -256,6 +257,45 @@ INSTANTIATE_TEST_SUITE_P(Tiers, FewKeys, ::testing::ValuesIn(kFlavors),
                                   (info.param.precision != Precision::ieee ? to_string(info.param.precision)
                                                                            : to_string(info.param.dtype));
                          });
+
+// ---- Split tf32: as accurate as exact fp32, far more than tf32 ---------------------------------
+// The same inputs through sm80 tf32x3, simt (exact fp32) and sm80 tf32. Split tf32's error must be
+// within 2× of exact fp32's plus 8 fp32 units of the largest result (issue 12's target, against
+// PyTorch in fp32), and at least 16× below tf32's.
+
+TEST(SplitTf32, SmallAsAccurateAsFp32FarBelowTf32) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  if (!tier_available(Backend::cuda_sm80) || !tier_available(Backend::cuda_simt)) GTEST_SKIP() << "no sm80/simt";
+  constexpr double kFp32Factor = 2.0, kRoundingUnits = 8.0, kTf32Margin = 16.0;
+  const double unit = std::ldexp(1.0, -24);
+  const std::vector<int> dims = compiled_head_dims();
+  for (int hd : {dims.front(), dims.back()})
+    for (Causal causal : {Causal::none, Causal::bottom_right}) {
+      Case c = base({Backend::cuda_sm80, DType::fp32, Precision::tf32x3}, hd);
+      c.batch = 2, c.seqlen_q = 200, c.seqlen_k = 333, c.heads = 4, c.kv_heads = 2, c.causal = causal;
+      const uint64_t seed = test_seed();
+      const OutputErrors split = output_errors(c, seed);
+      c.backend = Backend::cuda_simt, c.precision = Precision::ieee;
+      const OutputErrors exact = output_errors(c, seed);
+      c.backend = Backend::cuda_sm80, c.precision = Precision::tf32;
+      const OutputErrors tf32 = output_errors(c, seed);
+      ASSERT_TRUE(split.error.empty() && exact.error.empty() && tf32.error.empty())
+          << split.error << exact.error << tf32.error;
+      const struct {
+        const char* name;
+        double split, exact, tf32, ref_max;
+      } outputs[] = {{"o", split.o, exact.o, tf32.o, split.o_max},
+                     {"dq", split.dq, exact.dq, tf32.dq, split.dq_max},
+                     {"dk", split.dk, exact.dk, tf32.dk, split.dk_max},
+                     {"dv", split.dv, exact.dv, tf32.dv, split.dv_max}};
+      for (const auto& x : outputs) {
+        EXPECT_LE(x.split, kFp32Factor * x.exact + kRoundingUnits * unit * x.ref_max)
+            << c.name() << " " << x.name << ": tf32x3 " << x.split << ", simt " << x.exact << " (seed " << seed << ")";
+        EXPECT_LT(kTf32Margin * x.split, x.tf32)
+            << c.name() << " " << x.name << ": tf32x3 " << x.split << ", tf32 " << x.tf32 << " (seed " << seed << ")";
+      }
+    }
+}
 
 // ---- Empty problems: nothing to compute, but backward with Sq = 0 still zeroes dK/dV -------------
 
