@@ -184,14 +184,15 @@ constexpr BwdConfig bwd_config(int element_bytes, int head_dim, int variant) {
   return {kWideWarps, wide};
 }
 
-// Split tf32 (tf32x3_t) runs the tf32 shapes of one variant per direction, compiled alone at every
-// head dim (FMHA_SM80_FWD_CONFIG and FMHA_SM80_BWD_CONFIG do not apply to it). Its fragments hold
-// a high and a residual half, twice tf32's operand registers, and P (dS) as A fragments is
-// 2·BN/4 registers per m16 block instead of BN/4, so
+// Split tf32 (tf32x3_t) has one configuration per direction, compiled alone at every head dim
+// (FMHA_SM80_FWD_CONFIG and FMHA_SM80_BWD_CONFIG do not apply to it). Its fragments hold a high
+// and a residual half, twice tf32's operand registers, and P (dS) as A fragments is 2·BN/4
+// registers per m16 block instead of BN/4, so
 //   forward: one m16 block per warp (32 rows per warp would hold a [32, HD] accumulator, the
 //     scores and P's two halves: past 255 registers at head dim 128): w8r16 up to head dim 128
-//     (128-row tiles, so each K/V fragment split serves as many rows as w4r32's), w4r16 above,
-//     with the register budget of one block per SM;
+//     (128-row tiles: K and V cross from global memory once per 128 queries, as in tf32's w4r32,
+//     though each warp splits the fragments it loads for its 16 rows), w4r16 above, with the
+//     register budget of one block per SM;
 //   backward: 4 warps as w4, with 16-row query steps (S^T, dP^T and their split A fragments for
 //     16 queries), dK/dV split over two warps from head dim 65 (a warp's 16 × 128 dK and dV
 //     would be 128 registers), and 32 keys per step of the deterministic dQ kernel. With tf32's
