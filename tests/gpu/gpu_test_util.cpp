@@ -388,6 +388,7 @@ std::string Case::name() const {
   if (deterministic) out << "_det";
   if (bhsd_layout) out << "_bhsd";
   if (base_offset) out << "_at" << base_offset;
+  if (key_ramp > 0) out << "_ramp" << key_ramp;
   return out.str();
 }
 
@@ -417,6 +418,19 @@ HostProblem make_problem(const Case& c, uint64_t seed) {
   hp.k = random_tensor(L.k, c.dtype, rng);
   hp.v = random_tensor(L.v, c.dtype, rng);
   hp.dout = random_tensor(L.o, c.dtype, rng);
+  if (c.key_ramp > 0) {
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t s = 0; s < c.seqlen_q; ++s)
+        for (int64_t h = 0; h < c.heads; ++h)
+          store_element(hp.q.data(), c.dtype, b * L.q.stride[0] + s * L.q.stride[1] + h * L.q.stride[2], 1.f);
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t j = 0; j < c.seqlen_k; ++j)
+        for (int64_t h = 0; h < c.kv_heads; ++h) {
+          const double x = double(j) / double(c.seqlen_k);
+          store_element(hp.k.data(), c.dtype, b * L.k.stride[0] + j * L.k.stride[1] + h * L.k.stride[2],
+                        float(c.key_ramp * x * x));
+        }
+  }
   hp.o.assign(bytes_of(L.o, c.dtype), 0);
   hp.lse.assign(size_t(c.batch * c.heads * c.seqlen_q) * sizeof(float), 0);
   // O and LSE as a forward would have stored them: the oracle's, rounded to the storage formats.

@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "cuda/sm90/sm90_config.h"
 #include "gpu_test_util.h"
+#include "tune/selection.h"
 
 namespace fmha::test {
 namespace {
@@ -207,6 +209,31 @@ TEST(Sm90Schedule, DynamicAndStaticAgreeBitwise) {
       c.batch = 3, c.heads = 16, c.kv_heads = 4, c.seqlen_q = 700, c.seqlen_k = 900, c.causal = causal;
       const std::string msg = check_schedules_agree(c, test_seed());
       EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
+    }
+  }
+}
+
+// Every forward variant of the sm90 tier (each a different pipeline, tile or rescaling scheme)
+// against the oracle, on random scores and on scores that grow along the keys, so that rows
+// rescale on some key tiles and keep their exponent base on others (the lazy variants' two paths).
+TEST(Sm90Variants, EveryForwardVariantMatchesTheOracle) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
+  for (const char* name : cuda::sm90::kFwdVariantNames) {
+    detail::CandidateScope scope(Backend::cuda_sm90, Direction::forward, name);
+    for (int d : compiled_head_dims()) {
+      if (!takes_head_dim(Backend::cuda_sm90, d)) continue;
+      for (DType dtype : {DType::bf16, DType::fp16})
+        for (Causal causal : {Causal::none, Causal::bottom_right})
+          for (double ramp : {0.0, 800.0}) {
+            Case c;
+            c.backend = Backend::cuda_sm90, c.dtype = dtype, c.head_dim = c.head_dim_v = d;
+            c.batch = 1, c.heads = 2, c.kv_heads = 1, c.seqlen_q = 200, c.seqlen_k = 1100, c.causal = causal;
+            c.key_ramp = ramp;
+            const std::string msg = check_forward(c, test_seed());
+            EXPECT_TRUE(msg.empty()) << name << " " << c.name() << " (seed " << test_seed()
+                                     << ", FMHA_TEST_SEED to repeat)\n" << msg;
+          }
     }
   }
 }

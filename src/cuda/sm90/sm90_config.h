@@ -35,7 +35,8 @@ constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1)
 // (64 and 128 by default; the others compile the default only):
 //   pingpong  overlap, and the consumer warpgroups take turns issuing their matrix work (named
 //             barriers), so one warpgroup's softmax runs while the other's GEMMs hold the tensor
-//             cores (the default)
+//             cores; lazy rescaling (a row's exponent base moves only when its max grows by more
+//             than 2^8, so most key tiles skip multiplying the output rows) (the default)
 //   overlap   intra-warpgroup overlap only: tile j+1's S = Q·Kᵀ is issued before tile j's
 //             O += P·V, so the softmax of one tile runs under the other's matrix work
 //   serial    each tile's S, softmax, then P·V, one after the other (the baseline the overlap is
@@ -43,6 +44,11 @@ constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1)
 //   c3        pingpong over three consumer warpgroups (192-row query tiles, 160 registers each):
 //             more rows share each K/V tile; 128 keys at head dim 64, 64 above (the score tile
 //             must fit)
+//   eager     pingpong rescaling the output rows on every key tile (the baseline lazy rescaling
+//             is measured against)
+// Measured on an H200 (docs/PERF.md, 2026-12-04): lazy rescaling +3-9 % at head dim 128 from 4k
+// keys, level at 1k and at head dim 64 (not measured at 192/256); a third K/V stage (O staged
+// over Q) lost 1-7 % at 128.
 struct FwdConfig {
   int consumers;  // consumer warpgroups
   int tile_n;     // keys per tile
@@ -55,12 +61,14 @@ struct FwdConfig {
   // the softmax between the two wgmma waits in the SASS (the multiply-first form let the compiler
   // hoist the P·V wait above it): on at every head dim.
   bool fold_scale;
+  // Lazy rescaling (OnlineSoftmax::update_scaled<FAST, true>); needs fold_scale.
+  bool lazy_rescale;
   constexpr int tile_m() const { return consumers * kConsumerRows; }
   constexpr int threads() const { return (consumers + 1) * kWarpgroupThreads; }
 };
 
-inline constexpr int kFwdVariants = 4;
-inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3"};
+inline constexpr int kFwdVariants = 5;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3", "eager"};
 inline constexpr int kFwdDefault = 0;
 
 // The variant a call runs when FMHA_SM90_FWD_CONFIG names none: c3 at head dim 64 (the softmax
@@ -78,7 +86,7 @@ constexpr int default_fwd_variant(int head_dim, int64_t seqlen_q, bool masked) {
 // shared memory next to the query tile (Q 128 × D, K and V stages of tile_n × D each).
 constexpr FwdConfig fwd_config(int head_dim, int variant) {
   const int d = padded_head_dim(head_dim);
-  FwdConfig c{2, 128, 2, true, true, true};
+  FwdConfig c{2, 128, 2, true, true, true, variant == kFwdDefault};
   if (d <= 64) c.stages = 3;
   if (d == 192) c.tile_n = 96;
   if (d == 256) c.tile_n = 64;

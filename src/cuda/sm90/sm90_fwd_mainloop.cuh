@@ -68,7 +68,8 @@ struct ConsumerTiles {
   using PFragments = uint32_t[BN / 16][4];         // [64, BN] P as register-A fragments, 16-bit
 };
 
-template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool PINGPONG, bool FOLD_SCALE, bool SEPARATE_O>
+template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool PINGPONG, bool FOLD_SCALE, bool LAZY,
+          bool SEPARATE_O>
 struct FwdMainloop {
   using Element = T;
   static constexpr bool kSeparateO = SEPARATE_O;
@@ -81,6 +82,7 @@ struct FwdMainloop {
   static constexpr int kConsumers = BM / kConsumerRows;
   static_assert(!PINGPONG || (OVERLAP && kConsumers > 1), "pingpong alternates overlapped GEMM pairs of warpgroups");
   static_assert(kConsumers <= kMaxConsumers, "one epilogue and one turn barrier per consumer warpgroup");
+  static_assert(!LAZY || FOLD_SCALE, "lazy rescaling is an option of the folded-scale update");
 
   Shared& shared;
   const AttentionArgs& args;
@@ -184,15 +186,23 @@ struct FwdMainloop {
           s, [&](int i) { return args.mask.keys(rows.begin + Tiles::Scores::row(i, thread)); }, col0,
           [&](int j) { return Tiles::Scores::col(j, thread); });
     if (FOLD_SCALE && args.scale_log2 > 0.f) {
-      softmax.template update_scaled<true>(s, args.scale_log2, rescale);
+      softmax.template update_scaled<true, LAZY>(s, args.scale_log2, rescale);
     } else {
       tile::thread::scale(s, args.scale_log2);
       softmax.template update<true>(s, rescale);
     }
   }
 
+  // With LAZY most tiles leave every factor at 1: a warp whose rows all keep their base skips
+  // the multiplies (the branch is warp-uniform).
   __device__ __forceinline__ static void apply_rescale(typename Tiles::Output& o,
                                                        const float (&rescale)[Tiles::Scores::kRows]) {
+    if constexpr (LAZY) {
+      bool any = false;
+#pragma unroll
+      for (int i = 0; i < Tiles::Output::kRows; ++i) any |= rescale[i] != 1.f;
+      if (!__any_sync(0xffffffffu, any)) return;
+    }
 #pragma unroll
     for (int i = 0; i < Tiles::Output::kRows; ++i)
 #pragma unroll

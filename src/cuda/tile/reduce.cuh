@@ -128,10 +128,13 @@ __device__ __forceinline__ void scale(Reg& s, float factor) {
 }  // namespace thread
 
 // The online softmax state of a thread's ROWS rows, each spread over LANES lanes: running max
-// (exp2 domain, reduced over the lanes) and this thread's share of the running sum (reduced once,
+// (exp2 domain, reduced over the lanes; after LAZY updates, the exponent base, at most
+// kLazyRescaleLog2 below the max) and this thread's share of the running sum (reduced once,
 // in finish()).
 template <int ROWS, int LANES>
 struct OnlineSoftmax {
+  // How far (log2 units) a LAZY update lets the row max outgrow the exponent base.
+  static constexpr float kLazyRescaleLog2 = 8.f;
   float max[ROWS];
   float sum[ROWS];
 
@@ -163,16 +166,25 @@ struct OnlineSoftmax {
   // update() for unscaled scores with the scale folded into the exponent (one FMA per element
   // instead of a multiply and a subtract): P = 2^(scale·s - max), the state kept in the scaled
   // domain. Needs scale > 0 (the row max of s is then the max of scale·s).
-  template <bool FAST, class Reg>
+  //
+  // LAZY: a row keeps its exponent base while the new max exceeds it by at most
+  // kLazyRescaleLog2, so P stays below 2^kLazyRescaleLog2 (far inside fp32 and 16-bit range) and
+  // rescale[i] is exactly 1: the caller may skip multiplying the output rows. The result is the
+  // same function (O and the sums share the base; LSE = base + log2(sum)); after the first tiles
+  // of a row the max rarely grows by that much, so most tiles skip the rescale.
+  template <bool FAST, bool LAZY = false, class Reg>
   __device__ __forceinline__ void update_scaled(Reg& s, float scale, float (&rescale)[ROWS]) {
     static_assert(Reg::kRows == ROWS, "one softmax row per tile row");
     float tile_max[ROWS];
     warp::row_max<LANES>(tile_max, s);
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
-      const float new_max = fmaxf(max[i], tile_max[i] * scale);
+      const float tile_row_max = tile_max[i] * scale;
+      // With -inf on both sides the difference is NaN and the compare false: the plain path.
+      const bool keep = LAZY && tile_row_max - max[i] <= kLazyRescaleLog2;
+      const float new_max = keep ? max[i] : fmaxf(max[i], tile_row_max);
       const float base = new_max == kNegInf ? 0.f : new_max;
-      rescale[i] = FAST ? exp2_fast(max[i] - base) : exp2_exact(max[i] - base);
+      rescale[i] = keep ? 1.f : FAST ? exp2_fast(max[i] - base) : exp2_exact(max[i] - base);
 #pragma unroll
       for (int j = 0; j < Reg::kCols; ++j) {
         const float x = fmaf(s(i, j), scale, -base);
