@@ -3,7 +3,7 @@
 Sweeps
   fa    bf16 and fp16; 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads = 2048 /
         head_dim); head_dim 64, 128, 256; seqlen 512 ... 16k; causal and not; forward and backward
-  seed  batch 4, heads 4, seqlen 4096, head_dim 64; fp32, tf32 and bf16; forward and backward
+  seed  batch 4, heads 4, seqlen 4096, head_dim 64; fp32, tf32, tf32x3 and bf16; forward and backward
 
 Providers: fmha (backend --fmha-backend, default auto) and torch's SDPA through
 torch.nn.attention.sdpa_kernel: flash (FlashAttention-2), cudnn, efficient (memory-efficient) and
@@ -45,7 +45,8 @@ TORCH_PROVIDERS = {
     "math": SDPBackend.MATH,
 }
 REFERENCE_ORDER = ["math", "efficient", "flash", "cudnn"]
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32,
+          "tf32x3": torch.float32}
 
 
 def flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal, direction):
@@ -65,7 +66,7 @@ def sweep_points(name):
                     for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
                         points.append(("fa", dtype, 16384 // seqlen, 2048 // head_dim, seqlen, head_dim, causal))
     elif name == "seed":
-        for dtype in ("fp32", "tf32", "bf16"):
+        for dtype in ("fp32", "tf32", "tf32x3", "bf16"):
             points.append(("seed", dtype, 4, 4, 4096, 64, False))
     elif name == "smoke":
         for dtype in ("fp32", "bf16"):
@@ -161,9 +162,10 @@ def bench_point(point, args, device, timer):
     tf32 = dtype_name == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
-    # torch's is_causal is top-left aligned; with Sq == Sk both alignments agree.
-    fmha_options = dict(causal="top-left" if causal else None, precision="tf32" if tf32 else None,
-                        backend=args.fmha_backend)
+    # torch's is_causal is top-left aligned; with Sq == Sk both alignments agree. tf32x3: fmha's
+    # split tf32 beside PyTorch in exact fp32, the accuracy it matches.
+    precision = dtype_name if dtype_name in ("tf32", "tf32x3") else None
+    fmha_options = dict(causal="top-left" if causal else None, precision=precision, backend=args.fmha_backend)
     sets = make_inputs(args.input_sets, batch, heads, seqlen, head_dim, dtype, device, seed=len(args.rows))
     results = {}  # provider -> {"fwd": s, "bwd": s, "out": tensor, "grads": tuple} or {"error": str}
 

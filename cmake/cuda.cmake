@@ -196,6 +196,15 @@ foreach(hd IN LISTS FMHA_HEAD_DIMS)
           "template fmha::Status fmha::cuda::sm80::backward<${t}, ${hd}, ${v}>(${args});\ntemplate size_t fmha::cuda::sm80::backward_shared_bytes<${t}, ${hd}, ${v}>(bool);")
       endforeach()
     endforeach()
+    # Split tf32 (Precision::tf32x3): one configuration per direction at every head dim
+    # (sm80_config.h split_fwd_variant / split_bwd_variant).
+    set(t "fmha::cuda::sm80::tf32x3_t")
+    set(v "fmha::cuda::sm80::default_fwd_variant_of<${t}>(${hd})")
+    _fmha_instance(_fmha_sm80_sources "sm80_fwd_tf32x3_hd${hd}" "cuda/sm80/sm80_launch.cuh"
+      "template fmha::Status fmha::cuda::sm80::forward<${t}, ${hd}, ${v}>(${args});\ntemplate size_t fmha::cuda::sm80::forward_shared_bytes<${t}, ${hd}, ${v}>();")
+    set(v "fmha::cuda::sm80::default_bwd_variant_of<${t}>(${hd})")
+    _fmha_instance(_fmha_sm80_sources "sm80_bwd_tf32x3_hd${hd}" "cuda/sm80/sm80_launch.cuh"
+      "template fmha::Status fmha::cuda::sm80::backward<${t}, ${hd}, ${v}>(${args});\ntemplate size_t fmha::cuda::sm80::backward_shared_bytes<${t}, ${hd}, ${v}>(bool);")
   endif()
 endforeach()
 

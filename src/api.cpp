@@ -247,7 +247,14 @@ const char* to_string(Causal c) {
   }
   return "unknown";
 }
-const char* to_string(Precision p) { return p == Precision::tf32 ? "tf32" : "ieee"; }
+const char* to_string(Precision p) {
+  switch (p) {
+    case Precision::ieee: return "ieee";
+    case Precision::tf32: return "tf32";
+    case Precision::tf32x3: return "tf32x3";
+  }
+  return "unknown";
+}
 const char* to_string(Direction d) { return d == Direction::backward ? "bwd" : "fwd"; }
 const char* to_string(Code c) {
   switch (c) {
@@ -270,6 +277,11 @@ bool parse(const std::string& text, Backend* out) {
 bool parse(const std::string& text, DType* out) {
   for (DType d : {DType::fp32, DType::fp16, DType::bf16})
     if (text == to_string(d)) return *out = d, true;
+  return false;
+}
+bool parse(const std::string& text, Precision* out) {
+  for (Precision p : {Precision::ieee, Precision::tf32, Precision::tf32x3})
+    if (text == to_string(p)) return *out = p, true;
   return false;
 }
 bool parse(const std::string& text, Causal* out) {

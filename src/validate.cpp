@@ -379,10 +379,11 @@ Status validate(const Params& p, Direction direction) {
   if (p.causal != Causal::none && p.window_right > 0)
     return invalid("window_right: is " + std::to_string(p.window_right) + " but causal masking (" +
                    to_string(p.causal) + ") allows no key to the right; use -1 or 0");
-  if (p.precision != Precision::ieee && p.precision != Precision::tf32)
-    return invalid("precision: expected ieee or tf32");
-  if (p.precision == Precision::tf32 && p.q.dtype != DType::fp32)
-    return invalid(std::string("precision: tf32 applies to fp32 inputs only; q is ") + to_string(p.q.dtype));
+  if (p.precision != Precision::ieee && p.precision != Precision::tf32 && p.precision != Precision::tf32x3)
+    return invalid("precision: expected ieee, tf32 or tf32x3");
+  if (p.precision != Precision::ieee && p.q.dtype != DType::fp32)
+    return invalid(std::string("precision: ") + to_string(p.precision) + " applies to fp32 inputs only; q is " +
+                   to_string(p.q.dtype));
   if (p.num_threads < 0) return invalid("num_threads: is " + std::to_string(p.num_threads) + ", expected >= 0");
   if (p.num_splits < 0 || p.num_splits > decode::kMaxSplits)
     return invalid("num_splits: is " + std::to_string(p.num_splits) + ", expected 0 (chosen from the shape) ... " +

@@ -74,6 +74,15 @@ std::vector<BadCase> bad_cases() {
          p.precision = Precision::tf32;
          (void)pr;
        }},
+      {"tf32x3_with_bf16", D::backward, Code::invalid_argument, "precision",
+       [](Params& p, Problem& pr) {
+         static Problem bf16(1, 4, 2, 8, 9, 32, 16, DType::bf16);
+         p = bf16.params();
+         p.precision = Precision::tf32x3;
+         (void)pr;
+       }},
+      {"precision_value", D::forward, Code::invalid_argument, "precision",
+       [](Params& p, Problem&) { p.precision = static_cast<Precision>(7); }},
       {"scale_nan", D::forward, Code::invalid_argument, "softmax_scale",
        [](Params& p, Problem&) { p.softmax_scale = std::numeric_limits<float>::quiet_NaN(); }},
       {"num_threads", D::forward, Code::invalid_argument, "num_threads", [](Params& p, Problem&) { p.num_threads = -1; }},

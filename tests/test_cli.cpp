@@ -110,6 +110,25 @@ TEST(Cli, BadFlagsExitTwoWithAMessage) {
   }
 }
 
+// --precision: tf32x3 (split tf32) runs on the CPU as exact fp32 and reports its name; precisions
+// that do not apply to the storage dtype are refused naming the flag.
+TEST(Cli, PrecisionTf32x3RunsAndBadCombinationsAreRefused) {
+  for (const char* mode : {"fwd", "bwd"}) {
+    const Result r = fmha(std::string("run --backend cpu --batch 1 --heads 2 --seqlen-q 40 --seqlen-k 50 --head-dim 32 "
+                                      "--precision tf32x3 --iters 1 --check --json --mode ") + mode);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["dtype"], "tf32x3");
+    EXPECT_EQ(j["check"], "pass");
+  }
+  for (const char* args : {"run --precision tf32x4", "run --dtype bf16 --precision tf32x3",
+                           "run --dtype tf32 --precision tf32x3", "run --dtype fp16 --precision tf32"}) {
+    const Result r = fmha(args, true);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_NE(r.out.find("--precision"), std::string::npos) << args << ": " << r.out;
+  }
+}
+
 TEST(Cli, InvalidCallExitsTwoNamingTheArgument) {
   Result r = fmha("run --backend cpu --heads 3 --kv-heads 2 --seqlen-q 8 --iters 0", true);
   EXPECT_EQ(r.exit_code, 2);
@@ -157,7 +176,7 @@ TEST(Cli, BenchSweepIsFilteredByExplicitDtypeAndMode) {
   const auto start = r.out.find('[');
   ASSERT_NE(start, std::string::npos);
   const auto j = nlohmann::json::parse(r.out.substr(start));
-  ASSERT_EQ(j.size(), 1u);  // the seed sweep has 6 cases: 3 dtypes x 2 directions
+  ASSERT_EQ(j.size(), 1u);  // the seed sweep has 8 cases: 4 dtypes x 2 directions
   EXPECT_EQ(j[0]["dtype"], "bf16");
   EXPECT_EQ(j[0]["mode"], "fwd");
   EXPECT_EQ(j[0]["seqlen_q"], 4096);
@@ -235,12 +254,13 @@ TEST(Cli, TuneWritesTheCacheThatRunUses) {
 TEST(Cli, TuneSweepAndBadFlags) {
   const std::string cache = ::testing::TempDir() + "fmha_cli_tune_sweep_" + std::to_string(getpid()) + ".json";
   const std::string env = "FMHA_TUNE_CACHE=" + cache;
-  // The seed sweep's classes on the CPU (measuring them takes too long for CI): 3 precisions x 2
+  // The seed sweep's classes on the CPU (measuring them takes too long for CI): 4 precisions x 2
   // directions, and --dtype / --mode cut it as they cut `fmha bench`'s.
   Result r = fmha("tune --sweep seed --backend cpu --list", false, env);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* key : {"cpu fwd fp32 d64 none g1 q4096 k4096", "cpu bwd fp32 d64 none g1 q4096 k4096",
                           "cpu fwd tf32 d64 none g1 q4096 k4096", "cpu bwd tf32 d64 none g1 q4096 k4096",
+                          "cpu fwd tf32x3 d64 none g1 q4096 k4096", "cpu bwd tf32x3 d64 none g1 q4096 k4096",
                           "cpu fwd bf16 d64 none g1 q4096 k4096", "cpu bwd bf16 d64 none g1 q4096 k4096"})
     EXPECT_NE(r.out.find(key), std::string::npos) << key << "\n" << r.out;
   r = fmha("tune --sweep seed --backend cpu --dtype bf16 --mode bwd --list", false, env);

@@ -310,6 +310,10 @@ std::vector<OptionCase> option_cases() {
   add("bf16_gqa_window", [](CaseSpec& c) { c.dtype = DType::bf16; c.heads = 8; c.kv_heads = 2; c.window_left = 33; });
   add("fp16_causal_offset", [](CaseSpec& c) { c.dtype = DType::fp16; c.causal = Causal::top_left; c.q_offset = 31; });
   add("tf32_causal", [](CaseSpec& c) { c.precision = Precision::tf32; c.causal = Causal::bottom_right; });
+  add("tf32x3_causal", [](CaseSpec& c) { c.precision = Precision::tf32x3; c.causal = Causal::bottom_right; });
+  add("tf32x3_gqa_window", [](CaseSpec& c) {
+    c.precision = Precision::tf32x3; c.heads = 8; c.kv_heads = 2; c.window_left = 20; c.deterministic = true;
+  });
   return cases;
 }
 

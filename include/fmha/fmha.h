@@ -73,9 +73,14 @@ enum class Causal : int { none, top_left, bottom_right };
 
 // For fp32 storage: `ieee` computes in exact fp32 (FMA) arithmetic; `tf32` lets GPU tiers use
 // tf32 tensor cores (the CPU path emulates it by rounding the matmul operands to tf32).
-// fp16 and bf16 storage always multiply in their own format with fp32 accumulation; `tf32` is
-// an error for them.
-enum class Precision : int { ieee, tf32 };
+// `tf32x3` ("split tf32") keeps fp32 accuracy on tf32 tensor cores: every matmul operand x is
+// split into hi = tf32(x) and lo = tf32(x - hi), and each product is hi·hi + hi·lo + lo·hi (three
+// tensor-core products, fp32 accumulation; the lo·lo term, below 2^-22 of the product, is
+// dropped). The softmax stays fp32. The sm80 tier runs it; the CPU backends and the simt tier
+// compute it in exact fp32, which is what it approximates; sm90 refuses it (supports() says so).
+// fp16 and bf16 storage always multiply in their own format with fp32 accumulation; `tf32` and
+// `tf32x3` are errors for them.
+enum class Precision : int { ieee, tf32, tf32x3 };
 
 // Which implementation runs a call. `auto_select` picks the fastest one that supports the call
 // (select_backend says which). `reference` is the fp64 oracle: exact, slow, CPU only.
@@ -327,5 +332,6 @@ const char* to_string(Code code);
 bool parse(const std::string& text, Backend* out);
 bool parse(const std::string& text, DType* out);
 bool parse(const std::string& text, Causal* out);
+bool parse(const std::string& text, Precision* out);
 
 }  // namespace fmha

@@ -6,7 +6,7 @@ from . import _C
 from ._frameworks import adapter_for
 
 _CAUSAL = {None: 0, False: 0, "none": 0, "top-left": 1, "top_left": 1, "bottom-right": 2, "bottom_right": 2}
-_PRECISION = {None: 0, "ieee": 0, "tf32": 1}
+_PRECISION = {None: 0, "ieee": 0, "tf32": 1, "tf32x3": 2}
 
 # Options objects by their Python arguments; an attention loop reuses a handful of them.
 _options_cache: dict = {}
@@ -62,7 +62,7 @@ def parse_options(causal, window, scale, q_offset, precision, backend, determini
     try:
         precision_code = _PRECISION[precision]
     except (KeyError, TypeError):
-        raise ValueError("precision: expected None, 'ieee' or 'tf32', got %r" % (precision,)) from None
+        raise ValueError("precision: expected None, 'ieee', 'tf32' or 'tf32x3', got %r" % (precision,)) from None
     if not isinstance(backend, str):
         raise TypeError("backend: expected a backend name (str), got %s" % type(backend).__name__)
     if not isinstance(deterministic, bool):
@@ -266,7 +266,8 @@ def attention(
 
     causal: None, 'top-left' or 'bottom-right'. window: (left, right) keys around each query's
     position, -1 or None for unbounded. scale: default 1/sqrt(head_dim). q_offset: position of
-    query row 0. precision: None/'ieee' or 'tf32' (float32 only). backend: 'auto' or a name from
+    query row 0. precision: None/'ieee', 'tf32' or 'tf32x3' (float32 only; 'tf32x3' is split tf32:
+    fp32 accuracy from tf32 tensor cores on the sm80 tier, exact fp32 elsewhere). backend: 'auto' or a name from
     fmha.info()['backends']. return_lse: also return the float32 log-sum-exp [batch, heads,
     seqlen_q]. out: write the result there. stream: CUDA stream to run on (int or stream object;
     default: the framework's current stream). num_threads: CPU backends, 0 = all.

@@ -221,7 +221,8 @@ void apply(const Options& o, fmha::Params& p) {
   p.window_left = o.window_left;
   p.window_right = o.window_right;
   p.q_offset = o.q_offset;
-  if (o.precision < 0 || o.precision > 1) raise_value("precision: expected None, 'ieee' or 'tf32'");
+  if (o.precision < 0 || o.precision > int(fmha::Precision::tf32x3))
+    raise_value("precision: expected None, 'ieee', 'tf32' or 'tf32x3'");
   p.precision = fmha::Precision(o.precision);
   p.deterministic = o.deterministic;
   if (!fmha::parse(o.backend, &p.backend))

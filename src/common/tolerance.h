@@ -6,8 +6,9 @@
 //     forward  tolerance = 4 * u_op + 64 * u_fp32
 //     backward tolerance = 4 * that
 // u_op is the unit roundoff of the format the matmul operands are rounded to (0 for exact fp32,
-// 2^-11 for tf32 and fp16, 2^-8 for bf16) and 64 * u_fp32 (~3.8e-6) covers fp32 accumulation
-// over long rows. dQ and dK, which vanish in exact arithmetic where a row sees a single key, are
+// 2^-11 for tf32 and fp16, 2^-8 for bf16, 2^-21 for split tf32: its hi·lo and lo·hi terms carry
+// the residual's own tf32 rounding, 2^-22, and the dropped lo·lo term is below 2^-22 too) and
+// 64 * u_fp32 (~3.8e-6) covers fp32 accumulation over long rows. dQ and dK, which vanish in exact arithmetic where a row sees a single key, are
 // measured against max(||ref||, rms(dV_ref) * sqrt(numel)). LSE must match to tolerance * max(1, |lse|), and rows that see no key must be
 // exactly O = 0, LSE = -inf. NaN never passes.
 #pragma once
@@ -20,10 +21,11 @@ inline double operand_roundoff(DType dtype, Precision precision) {
   constexpr double kTf32 = 1.0 / 2048.0;   // 2^-11: 10 stored mantissa bits
   constexpr double kFp16 = 1.0 / 2048.0;   // 2^-11
   constexpr double kBf16 = 1.0 / 256.0;    // 2^-8: 7 stored mantissa bits
+  constexpr double kTf32x3 = 1.0 / 2097152.0;  // 2^-21: twice the residual's rounding, 2^-22
   switch (dtype) {
     case DType::fp16: return kFp16;
     case DType::bf16: return kBf16;
-    default: return precision == Precision::tf32 ? kTf32 : 0.0;
+    default: return precision == Precision::tf32 ? kTf32 : precision == Precision::tf32x3 ? kTf32x3 : 0.0;
   }
 }
 

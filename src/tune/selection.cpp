@@ -21,7 +21,7 @@ int64_t seqlen_bucket(int64_t seqlen) {
 }
 
 const char* dtype_key(DType dtype, Precision precision) {
-  return dtype == DType::fp32 && precision == Precision::tf32 ? "tf32" : to_string(dtype);
+  return dtype == DType::fp32 && precision != Precision::ieee ? to_string(precision) : to_string(dtype);
 }
 
 // The candidate the tuner measures on this thread.

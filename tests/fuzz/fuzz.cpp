@@ -67,7 +67,8 @@ int64_t draw_length(Draw& d, int64_t max_seqlen) { return d.chance(1.0 / 6) ? 1 
 std::string Config::describe() const {
   std::ostringstream out;
   out << "seed " << seed << ": " << to_string(backend) << " "
-      << (precision == Precision::tf32 ? "tf32" : to_string(dtype)) << " batch " << batch << " heads " << heads << "/"
+      << (precision != Precision::ieee ? to_string(precision) : to_string(dtype)) << " batch " << batch << " heads "
+      << heads << "/"
       << kv_heads << " seqlen " << seqlen_q << "x" << seqlen_k << " head_dim " << head_dim << "/" << head_dim_v
       << " causal " << to_string(causal) << " window " << window_left << "," << window_right << " q_offset "
       << q_offset << " scale " << (softmax_scale == 0.f ? std::string("default") : std::to_string(softmax_scale))
@@ -80,7 +81,7 @@ Tier cpu_tier() {
   Tier t;
   t.backend = Backend::cpu;
   t.flavors = {{DType::fp32, Precision::ieee}, {DType::fp32, Precision::ieee}, {DType::fp32, Precision::tf32},
-               {DType::fp16, Precision::ieee}, {DType::bf16, Precision::ieee}};
+               {DType::fp16, Precision::ieee}, {DType::bf16, Precision::ieee}, {DType::fp32, Precision::tf32x3}};
   t.max_seqlen = 520;
   t.max_work = 1.5e6;
   t.max_low_precision_logit = std::numeric_limits<double>::infinity();  // its statistics pass forms Δ from P∘dP
@@ -94,9 +95,12 @@ Tier gpu_tier(Backend backend, const std::vector<int64_t>& compiled_head_dims) {
   t.max_seqlen = 600;
   t.max_work = 4e6;
   switch (backend) {
-    case Backend::cuda_simt: t.flavors = {{DType::fp32, Precision::ieee}}; break;
+    case Backend::cuda_simt:  // tf32x3 computed exactly
+      t.flavors = {{DType::fp32, Precision::ieee}, {DType::fp32, Precision::ieee}, {DType::fp32, Precision::tf32x3}};
+      break;
     case Backend::cuda_sm80:
-      t.flavors = {{DType::fp16, Precision::ieee}, {DType::bf16, Precision::ieee}, {DType::fp32, Precision::tf32}};
+      t.flavors = {{DType::fp16, Precision::ieee}, {DType::bf16, Precision::ieee}, {DType::fp32, Precision::tf32},
+                   {DType::fp32, Precision::tf32x3}};
       break;
     default:  // sm90: fp16 and bf16, forward only (its backward runs on sm80)
       t.flavors = {{DType::fp16, Precision::ieee}, {DType::bf16, Precision::ieee}};

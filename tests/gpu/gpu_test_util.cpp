@@ -375,7 +375,8 @@ void DeviceBuffer::poison() {
 
 std::string Case::name() const {
   std::ostringstream out;
-  out << to_string(backend) << "_" << (precision == Precision::tf32 ? "tf32" : to_string(dtype)) << "_b" << batch
+  out << to_string(backend) << "_" << (precision != Precision::ieee ? to_string(precision) : to_string(dtype)) << "_b"
+      << batch
       << "_q" << seqlen_q << "_k" << seqlen_k << "_h" << heads << "x" << kv_heads << "_d" << head_dim;
   if (head_dim_v != head_dim) out << "v" << head_dim_v;
   if (causal == Causal::top_left) out << "_causalTL";
@@ -548,6 +549,40 @@ std::string check_single_key_rows_cancel(const Case& c, uint64_t seed) {
       }
   if (bad > 0) out << bad << " elements above the bound\n";
   return out.str();
+}
+
+OutputErrors output_errors(const Case& c, uint64_t seed) {
+  const HostProblem hp = make_problem(c, seed);
+  const Layouts L = layouts(c);
+  DeviceProblem d = upload(hp, true);
+  OutputErrors out;
+  auto worst = [&](const DeviceBuffer& buffer, const Layout& l, const std::vector<double>& ref, double* err,
+                   double* ref_max) {
+    const std::vector<uint8_t> got = buffer.download();
+    for (int64_t b = 0; b < l.shape[0]; ++b)
+      for (int64_t s = 0; s < l.shape[1]; ++s)
+        for (int64_t h = 0; h < l.shape[2]; ++h)
+          for (int64_t e = 0; e < l.shape[3]; ++e) {
+            const double r = ref[size_t(((b * l.shape[1] + s) * l.shape[2] + h) * l.shape[3] + e)];
+            const double x = at(got, c.dtype, l, b, s, h, e);
+            *err = std::isnan(x) ? kInf : std::max(*err, std::abs(x - r));
+            *ref_max = std::max(*ref_max, std::abs(r));
+          }
+  };
+  if ((out.error = run_and_sync(d.params, Direction::backward)).empty()) {
+    const reference::BackwardResult ref = reference::backward(hp.params());
+    worst(d.dq, L.q, ref.dq, &out.dq, &out.dq_max);
+    worst(d.dk, L.k, ref.dk, &out.dk, &out.dk_max);
+    worst(d.dv, L.v, ref.dv, &out.dv, &out.dv_max);
+  }
+  Params fwd = d.params;
+  fwd.dout = fwd.dq = fwd.dk = fwd.dv = Tensor{};
+  fwd.workspace = nullptr, fwd.workspace_bytes = 0;
+  if (out.error.empty() && (out.error = run_and_sync(fwd, Direction::forward)).empty()) {
+    const reference::ForwardResult ref = reference::forward(hp.params());
+    worst(d.o, L.o, ref.o, &out.o, &out.o_max);
+  }
+  return out;
 }
 
 std::string check_deterministic(const Case& c, uint64_t seed) {

@@ -93,6 +93,16 @@ std::string check_backward(const Case& c, uint64_t seed);
 // the tier's own forward (O = V as its matmuls saw it). Empty when they are.
 std::string check_single_key_rows_cancel(const Case& c, uint64_t seed);
 
+// The largest error against the fp64 oracle of each output, for comparing tiers and precisions on
+// the same inputs (the same case and seed give the same inputs): the backward with O and LSE as
+// the oracle's rounded to storage, then the forward. `error` is empty when both calls ran.
+struct OutputErrors {
+  double o = 0, dq = 0, dk = 0, dv = 0;              // max |x - x_fp64|
+  double o_max = 0, dq_max = 0, dk_max = 0, dv_max = 0;  // max |x_fp64|
+  std::string error;
+};
+OutputErrors output_errors(const Case& c, uint64_t seed);
+
 // Two deterministic backward runs; empty when dq, dk, dv are bitwise identical.
 std::string check_deterministic(const Case& c, uint64_t seed);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -287,10 +288,10 @@ __global__ void mma_kernel(const T* a, const T* b, float* c, float* d) {
   sm80::Acc16<N> acc;  // [16, N]
   acc.fill(0.f);
   for (int k0 = 0; k0 < K; k0 += kK) {
-    uint32_t fa[4];
+    sm80::FragA<T> fa;
     sm80::load_a<T>(fa, ta, 0, k0);
     for (int n0 = 0; n0 < N; n0 += 16) {
-      uint32_t fb[2][2];
+      sm80::FragB<T> fb[2];
       sm80::load_b_nk<T>(fb, tb, n0, k0);
       tile::warp::mma<T>(acc.c[n0 / 8], fa, fb[0]);
       tile::warp::mma<T>(acc.c[n0 / 8 + 1], fa, fb[1]);
@@ -303,10 +304,10 @@ __global__ void mma_kernel(const T* a, const T* b, float* c, float* d) {
   sm80::Acc16<K> out;
   out.fill(0.f);
   for (int kb = 0; kb < N / kK; ++kb) {
-    uint32_t fa[4];
+    sm80::FragA<T> fa;
     sm80::a_from_acc<T>(fa, acc, kb);
     for (int n0 = 0; n0 < K; n0 += 16) {
-      uint32_t fb[2][2];
+      sm80::FragB<T> fb[2];
       sm80::load_b_kn<T>(fb, tb, kb * kK, n0);
       tile::warp::mma<T>(out.c[n0 / 8], fa, fb[0]);
       tile::warp::mma<T>(out.c[n0 / 8 + 1], fa, fb[1]);
@@ -464,6 +465,72 @@ TEST(PackedTiles, BrokenTablesStayClamped) {
   const std::vector<int32_t> broken = {7, 300, 10, INT32_MAX, -5, 480, 3};
   for (int64_t max_seqlen : {int64_t(16), int64_t(1000)})
     for (bool dynamic : {false, true}) check_packed_walk(broken, 480, max_seqlen, 2, 128, true, 5, dynamic);
+
+// ---- Split tf32 (tf32x3): the same two products on fp32 inputs, against fp64 ------------------
+// Each product's error must stay within a few fp32 units per term, kUlps · 2^-24 · (terms + 8) ·
+// sum|a·b| (the 8: 2^-21 for the residuals' rounding and the dropped lo·lo term), and far below
+// plain tf32's on the same inputs (whose operands lose 2^-11).
+template <class T, int N, int K>
+void run_fp32_mma(const std::vector<float>& a, const std::vector<float>& b, std::vector<float>* c,
+                  std::vector<float>* d) {
+  static_assert(sizeof(T) == sizeof(float), "fp32 storage");
+  float *da = to_device(a), *db = to_device(b), *dc = nullptr, *dd = nullptr;
+  cudaMalloc(&dc, 16 * N * 4);
+  cudaMalloc(&dd, 16 * K * 4);
+  mma_kernel<T, N, K><<<1, 32>>>(reinterpret_cast<const T*>(da), reinterpret_cast<const T*>(db), dc, dd);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  *c = to_host(dc, 16 * N);
+  *d = to_host(dd, 16 * K);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+  cudaFree(dd);
+}
+
+template <int N, int K>
+void check_split_mma(unsigned seed, float magnitude) {
+  constexpr double kUlps = 2.0, kFp32Unit = 1.0 / 16777216.0, kSplitTerms = 8.0;
+  constexpr double kTf32Margin = 64.0;  // split tf32 is at least this much closer than tf32
+  auto a = random(16 * K, seed), b = random(N * K, seed + 1);
+  for (auto& x : a) x *= magnitude;
+  for (auto& x : b) x *= magnitude;
+  std::vector<float> c3, d3, c1, d1;
+  run_fp32_mma<tile::tf32x3, N, K>(a, b, &c3, &d3);
+  run_fp32_mma<float, N, K>(a, b, &c1, &d1);
+  double worst_split = 0, worst_tf32 = 0;  // max error / sum|a·b|
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < N; ++j) {
+      double dot = 0, abs_dot = 0;
+      for (int k = 0; k < K; ++k) {
+        dot += double(a[i * K + k]) * b[j * K + k];
+        abs_dot += std::abs(double(a[i * K + k]) * b[j * K + k]);
+      }
+      const double err = std::abs(c3[i * N + j] - dot);
+      ASSERT_LE(err, kUlps * kFp32Unit * (K + kSplitTerms) * abs_dot) << "C " << i << "," << j << " K " << K;
+      worst_split = std::max(worst_split, err / abs_dot);
+      worst_tf32 = std::max(worst_tf32, std::abs(c1[i * N + j] - dot) / abs_dot);
+    }
+    for (int k = 0; k < K; ++k) {  // D = C·B from C's registers, against C as the kernel holds it
+      double dot = 0, abs_dot = 0;
+      for (int j = 0; j < N; ++j) {
+        dot += double(c3[i * N + j]) * b[j * K + k];
+        abs_dot += std::abs(double(c3[i * N + j]) * b[j * K + k]);
+      }
+      ASSERT_LE(std::abs(d3[i * K + k] - dot), kUlps * kFp32Unit * (N + kSplitTerms) * abs_dot)
+          << "D " << i << "," << k << " N " << N;
+    }
+  }
+  EXPECT_LT(kTf32Margin * worst_split, worst_tf32) << "split tf32 " << worst_split << " vs tf32 " << worst_tf32;
+}
+
+TEST(TileOps, MmaSplitTf32) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  if (arch() < 80) GTEST_SKIP() << "mma.sync needs sm_80";
+  check_split_mma<16, 16>(7, 1.f);
+  check_split_mma<32, 64>(8, 1.f);
+  check_split_mma<64, 128>(9, 1.f);
+  check_split_mma<32, 64>(10, 300.f);   // large logits: |a·b| up to ~10^5
+  check_split_mma<16, 32>(11, 1e-3f);  // small values: the residuals stay normal
 }
 
 }  // namespace

@@ -60,7 +60,8 @@ const Flavor kFlavors[] = {{Backend::cuda_simt, DType::fp32, Precision::ieee},
                            {Backend::cuda_sm80, DType::bf16, Precision::ieee},
                            {Backend::cuda_sm80, DType::fp32, Precision::tf32},
                            {Backend::cuda_sm90, DType::fp16, Precision::ieee},
-                           {Backend::cuda_sm90, DType::bf16, Precision::ieee}};
+                           {Backend::cuda_sm90, DType::bf16, Precision::ieee},
+                           {Backend::cuda_sm80, DType::fp32, Precision::tf32x3}};
 
 // Lengths 0 and 1 on either side, queries longer and shorter than keys, tiles split unevenly.
 const std::vector<int64_t> kMixedQ = {37, 0, 1, 130, 64, 5, 1, 90};

@@ -136,6 +136,17 @@ def test_tf32_precision():
     assert not np.array_equal(out, fmha.attention(q, k, v, precision="ieee"))
 
 
+def test_tf32x3_precision():
+    # Split tf32: fp32 accuracy; the CPU backends compute it in exact fp32.
+    q, k, v, dout = inputs(1, 20, 24, 2, 2, 32, 32)
+    out, lse = fmha.attention(q, k, v, precision="tf32x3", return_lse=True)
+    ref_out, _ = reference.forward(q, k, v)
+    assert_close(out, ref_out, "float32", 1024, "out")
+    grads = fmha.attention_backward(q, k, v, out, dout, lse, precision="tf32x3")
+    for name, got, want in zip(("dq", "dk", "dv"), grads, reference.backward(q, k, v, dout)):
+        assert_close(got, want, "float32", 1024, name)
+
+
 def test_deterministic_backward_is_reproducible():
     q, k, v, dout = inputs(2, 40, 50, 4, 2, 16, 16)
     out, lse = fmha.attention(q, k, v, causal="top-left", return_lse=True)
@@ -290,6 +301,8 @@ def test_tf32_needs_fp32():
     q, k, v, _ = inputs(1, 4, 4, 1, 1, 8, 8, dtype="float16")
     with pytest.raises(ValueError, match="precision: tf32"):
         fmha.attention(q, k, v, precision="tf32")
+    with pytest.raises(ValueError, match="precision: tf32x3"):
+        fmha.attention(q, k, v, precision="tf32x3")
 
 
 def test_read_only_output():

@@ -60,7 +60,7 @@ double CaseSpec::bytes() const {
 }
 
 std::string CaseSpec::dtype_name() const {
-  if (dtype == DType::fp32 && precision == Precision::tf32) return "tf32";
+  if (dtype == DType::fp32 && precision != Precision::ieee) return to_string(precision);
   return to_string(dtype);
 }
 

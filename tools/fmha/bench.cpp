@@ -74,7 +74,7 @@ std::vector<CaseSpec> fa_sweep(const CaseSpec& base) {
 
 std::vector<CaseSpec> seed_sweep(const CaseSpec& base) {
   std::vector<CaseSpec> cases;
-  for (const char* dtype : {"fp32", "tf32", "bf16"})
+  for (const char* dtype : {"fp32", "tf32", "tf32x3", "bf16"})
     for (Direction mode : {Direction::forward, Direction::backward}) {
       CaseSpec c = base;
       c.batch = 4;
@@ -85,7 +85,8 @@ std::vector<CaseSpec> seed_sweep(const CaseSpec& base) {
       c.window_left = c.window_right = -1;
       c.q_offset = 0;
       c.dtype = DType::fp32;
-      c.precision = std::string(dtype) == "tf32" ? Precision::tf32 : Precision::ieee;
+      c.precision = Precision::ieee;
+      parse(dtype, &c.precision);  // tf32 and tf32x3: fp32 storage on the tensor cores
       if (std::string(dtype) == "bf16") c.dtype = DType::bf16;
       c.mode = mode;
       cases.push_back(c);

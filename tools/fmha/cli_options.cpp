@@ -26,7 +26,12 @@ void add_case_options(CLI::App* app, RunOptions& o) {
   app->add_option("--seqlens-k", o.seqlens_k, "Key length of each sequence (default: seqlens-q)");
   app->add_option("--head-dim", o.head_dim, "Head dimension of q and k")->capture_default_str();
   app->add_option("--head-dim-v", o.head_dim_v, "Head dimension of v (default: head-dim)");
-  app->add_option("--dtype", o.dtype, "fp32|tf32|fp16|bf16 (tf32: fp32 storage, tf32 tensor cores)")->capture_default_str();
+  app->add_option("--dtype", o.dtype,
+                  "fp32|tf32|tf32x3|fp16|bf16 (tf32, tf32x3: fp32 storage with that --precision)")
+      ->capture_default_str();
+  app->add_option("--precision", o.precision,
+                  "fp32 storage: ieee|tf32|tf32x3 (tf32x3: split tf32, fp32 accuracy on tf32 tensor cores; "
+                  "default: ieee, or what --dtype tf32 / tf32x3 names)");
   app->add_option("--causal", o.causal, "none|top-left|bottom-right")->capture_default_str();
   app->add_option("--window", o.window, "Sliding window L,R (-1 = unbounded)");
   app->add_option("--q-offset", o.q_offset, "Absolute position of query 0")->capture_default_str();
@@ -81,11 +86,22 @@ bool parse_lengths(const char* flag, const std::string& text, std::vector<int64_
 bool RunOptions::to_case(CaseSpec* spec, std::string* error) const {
   CaseSpec s;
   if (!parse(backend, &s.backend)) return *error = "--backend: unknown backend '" + backend + "'", false;
-  if (dtype == "tf32") {
+  const bool dtype_names_precision = dtype == "tf32" || dtype == "tf32x3";
+  if (dtype_names_precision) {
     s.dtype = DType::fp32;
-    s.precision = Precision::tf32;
+    parse(dtype, &s.precision);
   } else if (!parse(dtype, &s.dtype)) {
-    return *error = "--dtype: expected fp32, tf32, fp16 or bf16, got '" + dtype + "'", false;
+    return *error = "--dtype: expected fp32, tf32, tf32x3, fp16 or bf16, got '" + dtype + "'", false;
+  }
+  if (!precision.empty()) {
+    Precision asked = Precision::ieee;
+    if (!parse(precision, &asked))
+      return *error = "--precision: expected ieee, tf32 or tf32x3, got '" + precision + "'", false;
+    if (dtype_names_precision && asked != s.precision)
+      return *error = "--precision: " + precision + " contradicts --dtype " + dtype + " (use --dtype fp32)", false;
+    if (s.dtype != DType::fp32 && asked != Precision::ieee)
+      return *error = "--precision: " + precision + " applies to fp32 storage only; --dtype is " + dtype, false;
+    s.precision = asked;
   }
   if (!parse(causal, &s.causal))
     return *error = "--causal: expected none, top-left or bottom-right, got '" + causal + "'", false;

@@ -13,6 +13,7 @@ struct RunOptions {
   std::string backend = "auto";
   int64_t batch = 4, heads = 4, kv_heads = 0, seqlen_q = 4096, seqlen_k = 0, head_dim = 64, head_dim_v = 0;
   std::string dtype = "fp32";
+  std::string precision;  // empty: ieee (tf32 with --dtype tf32)
   std::string causal = "none";
   std::string window;  // "L,R"
   std::string seqlens_q, seqlens_k;  // varlen: "100,2000,37"

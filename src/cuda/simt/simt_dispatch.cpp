@@ -1,6 +1,7 @@
 // The simt tier's entry points for the backend table: supports, run, workspace_size. Exact fp32
 // (FMA, libdevice exp2f) on any GPU this build has machine code for (sm_75 and up with CUDA 13,
-// which dropped the older architectures), fp32 storage and Precision::ieee only.
+// which dropped the older architectures), fp32 storage with Precision::ieee, or tf32x3 computed
+// exactly (split tf32 approximates fp32).
 //
 // FMHA_SIMT_CONFIG=<name> picks the forward configuration and FMHA_SIMT_BWD_CONFIG=<name> the
 // backward main kernel's (names and what they change: simt_config.h) at the head dims compiled in
@@ -63,8 +64,10 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   if (p.q.dtype != DType::fp32)
     return unsupported(std::string("q: the simt tier stores fp32 only, got ") + to_string(p.q.dtype) +
                        " (fp16/bf16 run on sm80)");
-  if (p.precision != Precision::ieee)
-    return unsupported("precision: the simt tier computes exact fp32 (ieee); tf32 runs on sm80");
+  // tf32x3 approximates fp32; this tier computes fp32 exactly, so it takes that too.
+  if (p.precision == Precision::tf32)
+    return unsupported("precision: the simt tier computes exact fp32 (ieee, or tf32x3 computed exactly); tf32 runs "
+                       "on sm80");
   int bucket = 0;
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
   if (Status st = check_grid_limits(s); !st.ok()) return st;

@@ -138,12 +138,12 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Ma
     // Not unrolled in full: with dK/dV resident, loads hoisted from later k-steps would spill.
 #pragma unroll 2
     for (int k0 = 0; k0 < HD; k0 += kK) {
-      uint32_t ak[4], av[4];
+      FragA<T> ak, av;
       load_a<T>(ak, k, key_row0, k0);
       load_a<T>(av, v, key_row0, k0);
 #pragma unroll
       for (int n0 = 0; n0 < BM; n0 += 16) {
-        uint32_t bq[2][2], bd[2][2];
+        FragB<T> bq[2], bd[2];
         load_b_nk<T>(bq, q, n0, k0);
         load_b_nk<T>(bd, dout, n0, k0);
         tile::warp::mma<T>(s.c[n0 / 8], ak, bq[0]);
@@ -164,7 +164,8 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Ma
       const Range seen = full ? Range{} : mask.keys(rows.begin + query);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float p = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
+        const float x = s(i, j) * args.scale_log2 - lse;
+        float p = kFastExp2<T> ? tile::exp2_fast(x) : tile::exp2_exact(x);
         if (!full) {
           const int64_t key = cols.begin + key_row0 + g + 8 * i;
           if (key < seen.begin || key >= seen.end) p = 0.f;
@@ -177,12 +178,12 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Ma
     // dV += P^T·dO and dK += dS^T·Q over the step's queries (k), the warp's columns (n).
 #pragma unroll
     for (int kb = 0; kb < BM / kK; ++kb) {
-      uint32_t ap[4], ads[4];
+      FragA<T> ap, ads;
       a_from_acc<T>(ap, s, kb);
       a_from_acc<T>(ads, dp, kb);
 #pragma unroll
       for (int n0 = 0; n0 < Tiles::kHeadCols; n0 += 16) {
-        uint32_t bd[2][2], bq[2][2];
+        FragB<T> bd[2], bq[2];
         load_b_kn<T>(bd, dout, kb * kK, head_col0 + n0);
         load_b_kn<T>(bq, q, kb * kK, head_col0 + n0);
         tile::warp::mma<T>(dv.c[n0 / 8], ap, bd[0]);
@@ -204,10 +205,15 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Ma
       }
       __syncthreads();
 
-      // This warp's [16, kDqCols] block of dS·K, added to the fp32 accumulator.
-      uint32_t a[BN / kK][4];  // dS rows dq_row0.., all BN keys
+      // This warp's [16, kDqCols] block of dS·K, added to the fp32 accumulator. dS's A fragments
+      // (rows dq_row0.., all BN keys) are loaded once for every column step; split tf32, whose
+      // fragments are twice the size, loads them again at each step instead of spilling.
+      constexpr bool kHoistDs = !kSplitTf32<T>;
+      FragA<T> a[BN / kK];
+      if constexpr (kHoistDs) {
 #pragma unroll
-      for (int kb = 0; kb < BN / kK; ++kb) load_a<T>(a[kb], ds_tile, dq_row0, kb * kK);
+        for (int kb = 0; kb < BN / kK; ++kb) load_a<T>(a[kb], ds_tile, dq_row0, kb * kK);
+      }
       // The accumulator rows of this lane (rows g and g + 8 of the warp's block; null past the
       // tile). Column pairs (2t, 2t + 1) are 8-byte aligned and both in range: the tier's head
       // dims are multiples of 8 (supports() checks it), so the row starts and d are even.
@@ -223,7 +229,8 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Ma
         float acc[2][4] = {};  // two m16n8 C fragments: columns dq_col0 + n0 + 8x
 #pragma unroll
         for (int kb = 0; kb < BN / kK; ++kb) {
-          uint32_t bk[2][2];
+          if constexpr (!kHoistDs) load_a<T>(a[kb], ds_tile, dq_row0, kb * kK);
+          FragB<T> bk[2];
           load_b_kn<T>(bk, k, kb * kK, dq_col0 + n0);
           tile::warp::mma<T>(acc[0], a[kb], bk[0]);
           tile::warp::mma<T>(acc[1], a[kb], bk[1]);
@@ -287,14 +294,15 @@ __device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, const Mas
     typename Tiles::Scores s, dp;  // [16, BN] S = Q·K^T and dP = dO·V^T for the warp's rows
     s.fill(0.f);
     dp.fill(0.f);
-#pragma unroll
+    // Split tf32: two k-steps at a time (unrolled in full, hoisted fragment loads spill).
+#pragma unroll(kSplitTf32<T> ? 2 : HD / kK)
     for (int k0 = 0; k0 < HD; k0 += kK) {
-      uint32_t aq[4], ad[4];
+      FragA<T> aq, ad;
       load_a<T>(aq, q, warp_row0, k0);
       load_a<T>(ad, dout, warp_row0, k0);
 #pragma unroll
       for (int n0 = 0; n0 < BN; n0 += 16) {
-        uint32_t bk[2][2], bv[2][2];
+        FragB<T> bk[2], bv[2];
         load_b_nk<T>(bk, k, n0, k0);
         load_b_nk<T>(bv, v, n0, k0);
         tile::warp::mma<T>(s.c[n0 / 8], aq, bk[0]);
@@ -314,7 +322,8 @@ __device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, const Mas
       const Range seen = full ? Range{} : mask.keys(rows.begin + row);
 #pragma unroll
       for (int j = 0; j < Tiles::Scores::kCols; ++j) {
-        float p = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
+        const float x = s(i, j) * args.scale_log2 - lse;
+        float p = kFastExp2<T> ? tile::exp2_fast(x) : tile::exp2_exact(x);
         if (!full) {
           const int64_t key = cols.begin + Tiles::Scores::col(j, t);
           if (key < seen.begin || key >= seen.end) p = 0.f;
@@ -326,11 +335,11 @@ __device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, const Mas
     // dQ += dS·K: A straight from dS's registers, B from the [key][d] tile.
 #pragma unroll
     for (int kb = 0; kb < BN / kK; ++kb) {
-      uint32_t a[4];
+      FragA<T> a;
       a_from_acc<T>(a, dp, kb);
 #pragma unroll
       for (int n0 = 0; n0 < HD; n0 += 16) {
-        uint32_t bk[2][2];
+        FragB<T> bk[2];
         load_b_kn<T>(bk, k, kb * kK, n0);
         tile::warp::mma<T>(dq.c[n0 / 8], a, bk[0]);
         tile::warp::mma<T>(dq.c[n0 / 8 + 1], a, bk[1]);

@@ -8,14 +8,26 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
+#include "cuda/tile/split_tf32.h"
 #include "fmha/fmha.h"
 
 namespace fmha::cuda::sm80 {
 
-// Storage types of the tier's instantiations: fp32 storage runs on tf32 tensor cores.
+// Storage types of the tier's instantiations: fp32 storage runs on tf32 tensor cores, whole
+// (Precision::tf32) or split into high and residual parts (Precision::tf32x3).
 using fp16_t = __half;
 using bf16_t = __nv_bfloat16;
 using tf32_t = float;
+using tf32x3_t = tile::tf32x3;
+
+template <class T>
+inline constexpr bool kSplitTf32 = std::is_same_v<T, tf32x3_t>;
+// The softmax's exp2: the ex2.approx instruction where the matmul operands are rounded to 16 bits
+// or tf32 anyway; libdevice's exp2f (as the simt tier) for split tf32, whose softmax stays fp32.
+template <class T>
+inline constexpr bool kFastExp2 = !kSplitTf32<T>;
 
 inline constexpr int kWarps = 4;
 inline constexpr int kThreads = kWarps * 32;
@@ -170,6 +182,55 @@ constexpr BwdConfig bwd_config(int element_bytes, int head_dim, int variant) {
     wide.min_blocks = 2;
   }
   return {kWideWarps, wide};
+}
+
+// Split tf32 (tf32x3_t) has one configuration per direction, compiled alone at every head dim
+// (FMHA_SM80_FWD_CONFIG and FMHA_SM80_BWD_CONFIG do not apply to it). Its fragments hold a high
+// and a residual half, twice tf32's operand registers, and P (dS) as A fragments is 2·BN/4
+// registers per m16 block instead of BN/4, so
+//   forward: one m16 block per warp (32 rows per warp would hold a [32, HD] accumulator, the
+//     scores and P's two halves: past 255 registers at head dim 128): w8r16 up to head dim 128
+//     (128-row tiles: K and V cross from global memory once per 128 queries, as in tf32's w4r32,
+//     though each warp splits the fragments it loads for its 16 rows), w4r16 above, with the
+//     register budget of one block per SM;
+//   backward: 4 warps as w4, with 16-row query steps (S^T, dP^T and their split A fragments for
+//     16 queries), dK/dV split over two warps from head dim 65 (a warp's 16 × 128 dK and dV
+//     would be 128 registers), and 32 keys per step of the deterministic dQ kernel. With tf32's
+//     shapes both kernels spill at head dims 64 and 128 (ptxas -v).
+constexpr int split_fwd_variant(int head_dim) { return head_dim <= 128 ? 2 : 0; }
+constexpr int split_bwd_variant(int) { return 0; }
+constexpr TileConfig split_bwd_tile(int head_dim) {
+  constexpr int kSplitDqKeys = 32;
+  TileConfig c = tile_config(Direction::backward, sizeof(float), head_dim);
+  c.tile_m = kRowsPerWarp;
+  if (head_dim > 64 && c.head_splits == 1) {
+    c.head_splits = 2;
+    c.tile_n = kWarps / c.head_splits * kRowsPerWarp;
+  }
+  if (c.dq_tile_n == 0 || c.dq_tile_n > kSplitDqKeys) c.dq_tile_n = kSplitDqKeys;
+  return c;
+}
+
+template <class T>
+constexpr int default_fwd_variant_of(int head_dim) {
+  return kSplitTf32<T> ? split_fwd_variant(head_dim) : default_fwd_variant(int(sizeof(T)), head_dim);
+}
+template <class T>
+constexpr int default_bwd_variant_of(int head_dim) {
+  return kSplitTf32<T> ? split_bwd_variant(head_dim) : default_bwd_variant(int(sizeof(T)), head_dim);
+}
+
+// The configurations of storage T: its element size's, one block per SM for split tf32.
+template <class T>
+constexpr FwdConfig fwd_config_of(int head_dim, int variant) {
+  FwdConfig c = fwd_config(int(sizeof(T)), head_dim, variant);
+  if (kSplitTf32<T>) c.min_blocks = 1;
+  return c;
+}
+template <class T>
+constexpr BwdConfig bwd_config_of(int head_dim, int variant) {
+  if (kSplitTf32<T>) return {kWarps, split_bwd_tile(head_dim)};
+  return bwd_config(int(sizeof(T)), head_dim, variant);
 }
 
 }  // namespace fmha::cuda::sm80

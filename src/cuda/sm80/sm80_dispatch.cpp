@@ -1,5 +1,5 @@
 // The sm80 tier's entry points: tensor-core (mma.sync) forward and backward for fp16, bf16 and
-// fp32 storage with Precision::tf32, on sm_80 and newer.
+// fp32 storage with Precision::tf32 or tf32x3 (split tf32), on sm_80 and newer.
 // fp32 with Precision::ieee is refused: exact fp32 is the simt tier's job.
 //
 // FMHA_SM80_FWD_CONFIG=<name> and FMHA_SM80_BWD_CONFIG=<name> pick the forward and the backward
@@ -8,7 +8,8 @@
 // head dims where it is compiled besides (96, 192, 256); elsewhere the default runs. Each
 // variable is read once, at the first call; without it, the tuning cache's winner runs
 // (src/tune/). A default that needs more shared memory than the GPU offers gives way to a
-// compiled variant that fits (variant.h).
+// compiled variant that fits (variant.h). Split tf32 has one configuration per direction
+// (sm80_config.h split_fwd_variant), which the variables do not change.
 #include "cuda/sm80/sm80_dispatch.h"
 
 #include "backends.h"
@@ -38,18 +39,16 @@ constexpr bool has_compact(int head_dim) {
 // than the device offers gives way to one that fits).
 template <class T, int HD, class Fwd, class Bwd>
 Status with_config_variant(const Params& p, Direction direction, const DeviceProps& props, Fwd&& fwd, Bwd&& bwd) {
-  constexpr int kBytes = int(sizeof(T));
-  constexpr bool kTuned = is_tuned_head_dim(HD);
+  constexpr bool kTuned = is_tuned_head_dim(HD) && !kSplitTf32<T>;
+  constexpr bool kCompact = has_compact(HD) && !kSplitTf32<T>;
   const size_t limit = props.max_shared_per_block;
   if (direction == Direction::forward)
-    return with_requested_variant<kFwdVariants, default_fwd_variant(kBytes, HD), kTuned,
-                                  has_compact(HD) ? kFwdCompact : -1>(
+    return with_requested_variant<kFwdVariants, default_fwd_variant_of<T>(HD), kTuned, kCompact ? kFwdCompact : -1>(
         requested_variant_index<Backend::cuda_sm80, Direction::forward>(p, kFwdVariable, kFwdVariantNames,
                                                                         kFwdVariants),
         kFwdVariable, kFwdVariantNames,
         [&](auto v) { return forward_shared_bytes<T, HD, decltype(v)::value>() <= limit; }, fwd);
-  return with_requested_variant<kBwdVariants, default_bwd_variant(kBytes, HD), kTuned,
-                                has_compact(HD) ? kBwdCompact : -1>(
+  return with_requested_variant<kBwdVariants, default_bwd_variant_of<T>(HD), kTuned, kCompact ? kBwdCompact : -1>(
       requested_variant_index<Backend::cuda_sm80, Direction::backward>(p, kBwdVariable, kBwdVariantNames,
                                                                        kBwdVariants),
       kBwdVariable, kBwdVariantNames,
@@ -85,12 +84,13 @@ Status check_vector_loads(const Params& p, Direction direction) {
   return Status::success();
 }
 
+// f(T{}) for the call's storage type T: fp32 is tf32_t or tf32x3_t by the call's precision.
 template <class F>
-Status with_dtype(DType dtype, F&& f) {
-  switch (dtype) {
+Status with_dtype(const Params& p, F&& f) {
+  switch (p.q.dtype) {
     case DType::fp16: return f(fp16_t{});
     case DType::bf16: return f(bf16_t{});
-    default: return f(tf32_t{});
+    default: return p.precision == Precision::tf32x3 ? f(tf32x3_t{}) : f(tf32_t{});
   }
 }
 
@@ -243,9 +243,9 @@ Status run_decode(const Params& p, const DeviceProps& props, cudaStream_t stream
 Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   if (takes_decode(p, direction)) return check_decode(p, props);
   const Problem s = Problem::of(p);
-  if (p.q.dtype == DType::fp32 && p.precision != Precision::tf32)
+  if (p.q.dtype == DType::fp32 && p.precision == Precision::ieee)
     return unsupported("precision: fp32 with ieee precision is exact fp32, which the simt tier computes; "
-                       "the sm80 tier takes fp16, bf16, or fp32 with precision tf32");
+                       "the sm80 tier takes fp16, bf16, or fp32 with precision tf32 or tf32x3");
   int bucket = 0;
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
   if (Status st = check_grid_limits(s); !st.ok()) return st;
@@ -256,7 +256,7 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
                        "; the sm80 tier needs sm_80 or newer (this build: FMHA_CUDA_ARCHS = " FMHA_CUDA_ARCHS_TEXT ")");
   return with_head_dim(bucket, [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
-    return with_dtype(p.q.dtype, [&](auto type) {
+    return with_dtype(p, [&](auto type) {
       using T = decltype(type);
       auto check = [&](size_t need) { return check_shared_memory("sm80", direction, HD, need, props); };
       return with_config_variant<T, HD>(
@@ -278,7 +278,7 @@ struct Sm80 {
     const Problem s = Problem::of(p);
     return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
       constexpr int HD = decltype(hd)::value;
-      return with_dtype(p.q.dtype, [&](auto type) {
+      return with_dtype(p, [&](auto type) {
         using T = decltype(type);
         return with_config_variant<T, HD>(
             p, direction, props, [&](auto v) { return forward<T, HD, decltype(v)::value>(args, stream); },
@@ -316,7 +316,7 @@ Status variant_of(const Params& p, Direction direction, std::string* name) {
   const Problem s = Problem::of(p);
   return with_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
-    return with_dtype(p.q.dtype, [&](auto type) {
+    return with_dtype(p, [&](auto type) {
       using T = decltype(type);
       auto record = [&](const char* const* names, auto v) {
         *name = names[decltype(v)::value];

@@ -1,6 +1,7 @@
 // Fragment loads of the sm80 tier: shared-memory tiles and probability registers into the mma
-// operand layouts of tile/mma.cuh. 16-bit types use ldmatrix; fp32 (tf32) uses 64-bit shared
-// loads with a k-permutation: logical k = t and t + 4 of an m16n8k8 step stand for the adjacent
+// operand layouts of tile/mma.cuh. 16-bit types use ldmatrix; fp32 (tf32, and split tf32, whose
+// fragments hold a high and a residual half: convert.cuh set_operand) uses 64-bit shared loads
+// with a k-permutation: logical k = t and t + 4 of an m16n8k8 step stand for the adjacent
 // columns 2t and 2t + 1. A dot product does not care about the order of its k terms, and with
 // that order a lane's A and B operands are adjacent pairs, and the P tile's accumulator registers
 // are already A fragments.
@@ -34,8 +35,13 @@ struct Acc16 {
 __device__ __forceinline__ int lane_id() { return int(threadIdx.x) % 32; }
 
 // A fragment of rows [row0, row0+16), columns [k0, k0 + kK) of a row-major tile.
+template <class T>
+using FragA = uint32_t[tile::warp::MmaOp<T>::kA];  // one A operand fragment of storage T
+template <class T>
+using FragB = uint32_t[tile::warp::MmaOp<T>::kB];  // one B operand fragment
+
 template <class T, class Tile>
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], Tile tile, int row0, int k0) {
+__device__ __forceinline__ void load_a(FragA<T>& a, Tile tile, int row0, int k0) {
   const int lane = lane_id();
   if constexpr (sizeof(T) == 2) {
     tile::warp::ldmatrix_x4(a, &tile(row0 + lane % 8 + ((lane / 8) % 2) * 8, k0 + (lane / 16) * 8));
@@ -43,16 +49,16 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], Tile tile, int row0, in
     const int g = lane / 4, t = lane % 4;
     const float2 top = *reinterpret_cast<const float2*>(&tile(row0 + g, k0 + 2 * t));
     const float2 bottom = *reinterpret_cast<const float2*>(&tile(row0 + g + 8, k0 + 2 * t));
-    a[0] = tile::to_tf32(top.x);
-    a[2] = tile::to_tf32(top.y);
-    a[1] = tile::to_tf32(bottom.x);
-    a[3] = tile::to_tf32(bottom.y);
+    tile::set_operand<T>(a, 0, top.x);
+    tile::set_operand<T>(a, 2, top.y);
+    tile::set_operand<T>(a, 1, bottom.x);
+    tile::set_operand<T>(a, 3, bottom.y);
   }
 }
 
 // B fragments of two n8 tiles (n0, n0 + 8) from a tile stored [n][k] (keys: S = Q·K^T).
 template <class T, class Tile>
-__device__ __forceinline__ void load_b_nk(uint32_t (&b)[2][2], Tile tile, int n0, int k0) {
+__device__ __forceinline__ void load_b_nk(FragB<T> (&b)[2], Tile tile, int n0, int k0) {
   const int lane = lane_id();
   if constexpr (sizeof(T) == 2) {
     const int m = lane / 8;
@@ -64,15 +70,15 @@ __device__ __forceinline__ void load_b_nk(uint32_t (&b)[2][2], Tile tile, int n0
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       const float2 pair = *reinterpret_cast<const float2*>(&tile(n0 + 8 * x + g, k0 + 2 * t));
-      b[x][0] = tile::to_tf32(pair.x);
-      b[x][1] = tile::to_tf32(pair.y);
+      tile::set_operand<T>(b[x], 0, pair.x);
+      tile::set_operand<T>(b[x], 1, pair.y);
     }
   }
 }
 
 // B fragments of two n8 tiles (n0, n0 + 8) from a tile stored [k][n] (values: O += P·V).
 template <class T, class Tile>
-__device__ __forceinline__ void load_b_kn(uint32_t (&b)[2][2], Tile tile, int k0, int n0) {
+__device__ __forceinline__ void load_b_kn(FragB<T> (&b)[2], Tile tile, int k0, int n0) {
   const int lane = lane_id();
   if constexpr (sizeof(T) == 2) {
     const int m = lane / 8;
@@ -83,8 +89,8 @@ __device__ __forceinline__ void load_b_kn(uint32_t (&b)[2][2], Tile tile, int k0
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
-      b[x][0] = tile::to_tf32(tile(k0 + 2 * t, n0 + 8 * x + g));
-      b[x][1] = tile::to_tf32(tile(k0 + 2 * t + 1, n0 + 8 * x + g));
+      tile::set_operand<T>(b[x], 0, tile::to_float(tile(k0 + 2 * t, n0 + 8 * x + g)));
+      tile::set_operand<T>(b[x], 1, tile::to_float(tile(k0 + 2 * t + 1, n0 + 8 * x + g)));
     }
   }
 }
@@ -92,17 +98,17 @@ __device__ __forceinline__ void load_b_kn(uint32_t (&b)[2][2], Tile tile, int k0
 // The A fragment of k-step kb of P·V, straight from P's accumulator registers (no shared-memory
 // round trip): a k16 step spans two n8 tiles of P, a k8 (tf32) step one.
 template <class T, class Acc>
-__device__ __forceinline__ void a_from_acc(uint32_t (&a)[4], const Acc& p, int kb) {
+__device__ __forceinline__ void a_from_acc(FragA<T>& a, const Acc& p, int kb) {
   if constexpr (sizeof(T) == 2) {
     a[0] = tile::pack2<T>(p(0, 4 * kb), p(0, 4 * kb + 1));
     a[1] = tile::pack2<T>(p(1, 4 * kb), p(1, 4 * kb + 1));
     a[2] = tile::pack2<T>(p(0, 4 * kb + 2), p(0, 4 * kb + 3));
     a[3] = tile::pack2<T>(p(1, 4 * kb + 2), p(1, 4 * kb + 3));
   } else {
-    a[0] = tile::to_tf32(p(0, 2 * kb));
-    a[1] = tile::to_tf32(p(1, 2 * kb));
-    a[2] = tile::to_tf32(p(0, 2 * kb + 1));
-    a[3] = tile::to_tf32(p(1, 2 * kb + 1));
+    tile::set_operand<T>(a, 0, p(0, 2 * kb));
+    tile::set_operand<T>(a, 1, p(1, 2 * kb));
+    tile::set_operand<T>(a, 2, p(0, 2 * kb + 1));
+    tile::set_operand<T>(a, 3, p(1, 2 * kb + 1));
   }
 }
 

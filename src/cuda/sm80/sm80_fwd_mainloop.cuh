@@ -67,6 +67,10 @@ __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, const Ma
   namespace block = tile::block;
   constexpr int kK = tile::warp::MmaOp<T>::kK;
   constexpr int kBlocks = Tiles::kWarpBlocks;
+  // Split tf32: Q·K^T's k-steps two at a time. Unrolled in full, the Q and K fragments of later
+  // steps (two halves each, converted as they load) are hoisted and the kernel runs out of
+  // registers (spills at head dim 128).
+  constexpr int kQkUnroll = kSplitTf32<T> ? 2 : HD / kK;
   const int warp = int(threadIdx.x) / 32;
   const int g = lane_id() / 4, t = lane_id() % 4;
   const int warp_row0 = warp * Tiles::kWarpRows;
@@ -100,14 +104,14 @@ __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, const Ma
 
     typename Tiles::Scores s;  // [16·kBlocks, BN] S = Q·K^T for this warp's rows
     s.fill(0.f);
-#pragma unroll
+#pragma unroll kQkUnroll
     for (int k0 = 0; k0 < HD; k0 += kK) {
-      uint32_t a[kBlocks][4];
+      FragA<T> a[kBlocks];
 #pragma unroll
       for (int m = 0; m < kBlocks; ++m) load_a<T>(a[m], q, warp_row0 + kMmaRows * m, k0);
 #pragma unroll
       for (int n0 = 0; n0 < BN; n0 += 16) {
-        uint32_t bk[2][2];
+        FragB<T> bk[2];
         load_b_nk<T>(bk, k, n0, k0);
 #pragma unroll
         for (int m = 0; m < kBlocks; ++m) {
@@ -123,7 +127,7 @@ __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, const Ma
           [&](int j) { return cols.begin + Tiles::Scores::col(j, t); });
 
     float rescale[2 * kBlocks];
-    softmax.template update<true>(s, rescale);
+    softmax.template update<kFastExp2<T>>(s, rescale);
 #pragma unroll
     for (int i = 0; i < 2 * kBlocks; ++i)
 #pragma unroll
@@ -131,7 +135,7 @@ __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, const Ma
 
     // O += P·V. P becomes A fragments once (16-bit: half the registers of the fp32 scores), then
     // each V fragment is used right after its load, which keeps the live V fragments to a few.
-    uint32_t p_frag[BN / kK][kBlocks][4];  // [16·kBlocks, BN] P as A fragments, per k step
+    FragA<T> p_frag[BN / kK][kBlocks];  // [16·kBlocks, BN] P as A fragments, per k step
 #pragma unroll
     for (int kb = 0; kb < BN / kK; ++kb)
 #pragma unroll
@@ -140,7 +144,7 @@ __device__ __forceinline__ void fwd_mainloop(const AttentionArgs& args, const Ma
     for (int n0 = 0; n0 < HD; n0 += 16) {
 #pragma unroll
       for (int kb = 0; kb < BN / kK; ++kb) {
-        uint32_t bv[2][2];
+        FragB<T> bv[2];
         load_b_kn<T>(bv, v, kb * kK, n0);
 #pragma unroll
         for (int m = 0; m < kBlocks; ++m) {

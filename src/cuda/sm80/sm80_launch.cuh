@@ -14,13 +14,13 @@ namespace fmha::cuda::sm80 {
 
 template <class T, int HD, int VARIANT>
 size_t forward_shared_bytes() {
-  constexpr FwdConfig c = fwd_config(int(sizeof(T)), HD, VARIANT);
+  constexpr FwdConfig c = fwd_config_of<T>(HD, VARIANT);
   return sizeof(typename FwdTiles<T, HD, c.tile_m(), c.tile_n, c.stages, c.warp_rows / kMmaRows>::SharedStorage);
 }
 
 template <class T, int HD, int VARIANT>
 Status forward(const AttentionArgs& args, cudaStream_t stream) {
-  constexpr FwdConfig c = fwd_config(int(sizeof(T)), HD, VARIANT);
+  constexpr FwdConfig c = fwd_config_of<T>(HD, VARIANT);
   const dim3 grid(unsigned(ceil_div(args.seqlen_q, c.tile_m())), unsigned(args.heads), unsigned(args.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::success();
   const size_t shared = forward_shared_bytes<T, HD, VARIANT>();
@@ -38,7 +38,7 @@ Status forward(const AttentionArgs& args, cudaStream_t stream) {
 // where they fit the configuration's dq_shared_limit, one otherwise.
 template <class T, int HD, int VARIANT>
 struct BwdShapes {
-  static constexpr BwdConfig main = bwd_config(int(sizeof(T)), HD, VARIANT);
+  static constexpr BwdConfig main = bwd_config_of<T>(HD, VARIANT);
   static constexpr TileConfig c = main.tile;
   using Main = BwdTiles<T, HD, c.tile_m, c.tile_n, c.stages, c.head_splits, main.warps>;
   static constexpr TileConfig dq = tile_config(Direction::backward, int(sizeof(T)), HD);
@@ -68,8 +68,9 @@ Status backward(const AttentionArgs& args, cudaStream_t stream) {
   const int64_t rows = int64_t(row_args.batch) * row_args.heads * row_args.seqlen_q;
   if (rows > 0) {
     const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
-    // fp32 storage runs on tf32 tensor cores here: Δ from dO rounded to tf32, as dP sees it.
-    constexpr bool kTf32 = sizeof(T) == sizeof(float);
+    // fp32 storage on (whole) tf32 tensor cores: Δ from dO rounded to tf32, as dP sees it. Split
+    // tf32 carries dO to within 2^-22 into dP, as exact fp32 does: Δ from dO as stored.
+    constexpr bool kTf32 = std::is_same_v<T, tf32_t>;
     bwd_preprocess_kernel<T, kTf32>
         <<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(row_args);
     if (Status s = check_launch("sm80 backward preprocess launch"); !s.ok()) return s;

@@ -118,7 +118,8 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   const bool backward = direction == Direction::backward;
   if (p.q.dtype == DType::fp32)
     return unsupported(std::string("precision: fp32 storage (") + to_string(p.precision) +
-                       ") is not on the sm90 tier yet; the sm80 tier runs tf32 and the simt tier exact fp32");
+                       ") is not on the sm90 tier yet; the sm80 tier runs tf32 and tf32x3 (split tf32), the simt "
+                       "tier exact fp32");
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
   if (bucket < kMinHeadDim)
     return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +

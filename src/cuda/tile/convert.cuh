@@ -1,17 +1,21 @@
 // Storage formats on the device: fp32, fp16 and bf16 to and from fp32, and pairs packed into
-// the 32-bit registers that mma.sync takes.
+// the 32-bit registers that mma.sync takes; fp32 as tf32 operands, whole or split (tf32x3).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "cuda/tile/split_tf32.h"
 
 namespace fmha::cuda::tile {
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(tf32x3 x) { return x.value; }
 
 template <class T>
 __device__ __forceinline__ T from_float(float x);
@@ -21,6 +25,8 @@ template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ tf32x3 from_float<tf32x3>(float x) { return {x}; }
 
 // Two fp32 values as one register of two 16-bit elements: `lo` in the low half (the lower
 // column index in every mma fragment).
@@ -42,6 +48,23 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
   uint32_t out;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(out) : "f"(x));
   return out;
+}
+
+// x as element i of an mma operand fragment of N registers for fp32 storage T: tf32 (T = float)
+// in r[i]; split tf32 (T = tf32x3) as hi = tf32(x) in r[i] and lo = tf32(x - hi) in r[i + N/2]:
+// a split fragment is the high fragment followed by the residual one (mma.cuh). x - hi is exact
+// in fp32 (hi is x rounded to its top 11 bits), so hi + lo carries x to within 2^-22 of |x|.
+template <class T, int N>
+__device__ __forceinline__ void set_operand(uint32_t (&r)[N], int i, float x) {
+  if constexpr (std::is_same_v<T, tf32x3>) {
+    static_assert(N % 2 == 0, "a split fragment holds a high and a residual half");
+    const uint32_t hi = to_tf32(x);
+    r[i] = hi;
+    r[i + N / 2] = to_tf32(x - __uint_as_float(hi));
+  } else {
+    static_assert(std::is_same_v<T, float>, "tf32 operands come from fp32 storage");
+    r[i] = to_tf32(x);
+  }
 }
 
 }  // namespace fmha::cuda::tile

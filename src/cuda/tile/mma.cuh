@@ -8,6 +8,8 @@
 //   C/D (16×8) fp32, 4 regs: c0, c1 = C[g][2t, 2t+1]   c2, c3 = C[g+8][2t, 2t+1]
 //   m16n8k8 tf32, A (16×8): a0 = A[g][t]  a1 = A[g+8][t]  a2 = A[g][t+4]  a3 = A[g+8][t+4]
 //   B (8×8): b0 = B[t][g]  b1 = B[t+4][g];  C/D as above.
+//   m16n8k8 split tf32 (tf32x3): A is 8 regs, a0..a3 the high parts as above and a4..a7 the
+//     residuals of the same elements; B is 4 regs, b0, b1 high and b2, b3 residual.
 // A score tile S[16, N] accumulated by a warp is a RegTile<float, 2, N/4> "Acc16" per lane:
 //   element (i, j) = S[g + 8i][(j/2)·8 + 2t + j%2], so each row lives on the 4 lanes of a quad.
 #pragma once
@@ -17,15 +19,31 @@
 
 #include <cstdint>
 
+#include "cuda/tile/split_tf32.h"
+
 namespace fmha::cuda::tile::warp {
 
+// MmaOp<T>: one m16n8kK tensor-core product for storage T; kA and kB are the registers of its A
+// and B fragments.
 template <class T>
 struct MmaOp;
+
+// d += a·b, m16n8k8 on tf32 operands (bit patterns from convert.cuh to_tf32), fp32 accumulate.
+__device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                 uint32_t b0, uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
 
 // D = A·B + D, fp16 inputs, fp32 accumulate.
 template <>
 struct MmaOp<__half> {
-  static constexpr int kK = 16;
+  static constexpr int kK = 16, kA = 4, kB = 2;
   __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if __CUDA_ARCH__ >= 800
     asm volatile(
@@ -39,7 +57,7 @@ struct MmaOp<__half> {
 
 template <>
 struct MmaOp<__nv_bfloat16> {
-  static constexpr int kK = 16;
+  static constexpr int kK = 16, kA = 4, kB = 2;
   __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if __CUDA_ARCH__ >= 800
     asm volatile(
@@ -54,21 +72,34 @@ struct MmaOp<__nv_bfloat16> {
 // fp32 storage on tf32 tensor cores: operands are tf32 bit patterns (convert.cuh to_tf32).
 template <>
 struct MmaOp<float> {
-  static constexpr int kK = 8;
-  __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
+  static constexpr int kK = 8, kA = 4, kB = 2;
+  __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[kA], const uint32_t (&b)[kB]) {
+    mma_m16n8k8_tf32(d, a[0], a[1], a[2], a[3], b[0], b[1]);
   }
 };
 
-// d += a·b on the tensor cores for storage type T.
+// fp32 storage on split tf32: d += a_hi·b_hi + a_hi·b_lo + a_lo·b_hi (convert.cuh set_operand). The
+// two cross terms are ~2^-11 of the main one; they are summed first in a zeroed fragment of their
+// own and added to d after the main product: the tensor cores' internal sums drop low bits of
+// their addends relative to the largest one, so the cross terms are rounded relative to their own
+// size rather than to |d|'s. lo·lo (below 2^-22 of the product) is left out.
+template <>
+struct MmaOp<tf32x3> {
+  static constexpr int kK = 8, kA = 8, kB = 4;
+  __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[kA], const uint32_t (&b)[kB]) {
+    float cross[4] = {0.f, 0.f, 0.f, 0.f};  // [16, 8] a_hi·b_lo + a_lo·b_hi, fp32
+    mma_m16n8k8_tf32(cross, a[0], a[1], a[2], a[3], b[2], b[3]);
+    mma_m16n8k8_tf32(cross, a[4], a[5], a[6], a[7], b[0], b[1]);
+    mma_m16n8k8_tf32(d, a[0], a[1], a[2], a[3], b[0], b[1]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[e] += cross[e];
+  }
+};
+
+// d += a·b on the tensor cores for storage type T (fragments of MmaOp<T>::kA and kB registers).
 template <class T>
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[MmaOp<T>::kA],
+                                    const uint32_t (&b)[MmaOp<T>::kB]) {
   MmaOp<T>::run(d, a, b);
 }
 
