@@ -465,6 +465,7 @@ TEST(PackedTiles, BrokenTablesStayClamped) {
   const std::vector<int32_t> broken = {7, 300, 10, INT32_MAX, -5, 480, 3};
   for (int64_t max_seqlen : {int64_t(16), int64_t(1000)})
     for (bool dynamic : {false, true}) check_packed_walk(broken, 480, max_seqlen, 2, 128, true, 5, dynamic);
+}
 
 // ---- Split tf32 (tf32x3): the same two products on fp32 inputs, against fp64 ------------------
 // Each product's error must stay within a few fp32 units per term, kUlps · 2^-24 · (terms + 8) ·
