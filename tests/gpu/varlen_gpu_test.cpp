@@ -369,9 +369,7 @@ TEST(Varlen, AutoPicksTheTierOfTheDenseCall) {
         EXPECT_EQ(s.code, Code::unsupported) << s.message;
         EXPECT_NE(s.message.find("fp32"), std::string::npos) << s.message;
       } else {
-        EXPECT_TRUE(s.ok()) << s.message;
-        const Status b = supports(p, Direction::backward);
-        EXPECT_TRUE(b.ok()) << b.message;
+        EXPECT_TRUE(s.ok()) << s.message;  // the backward's packed calls: the VarlenKernel sm90 cases
       }
     }
     const Backend expected =
