@@ -202,7 +202,9 @@ constexpr int split_bwd_variant(int) { return 0; }
 constexpr TileConfig split_bwd_tile(int head_dim) {
   constexpr int kSplitDqKeys = 32;
   TileConfig c = tile_config(Direction::backward, sizeof(float), head_dim);
-  c.tile_m = kRowsPerWarp;
+  // dQ's [16, HD] step splits its columns over the 4 warps in pairs of n8 tiles: where HD / 4 is
+  // not a multiple of 16 (head dims 32 and 96), 32-row steps split them over 2 warps instead.
+  c.tile_m = (head_dim / kWarps) % 16 == 0 ? kRowsPerWarp : 2 * kRowsPerWarp;
   if (head_dim > 64 && c.head_splits == 1) {
     c.head_splits = 2;
     c.tile_n = kWarps / c.head_splits * kRowsPerWarp;
