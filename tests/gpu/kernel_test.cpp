@@ -287,7 +287,7 @@ INSTANTIATE_TEST_SUITE_P(Tiers, FewKeys, ::testing::ValuesIn(kFlavors),
 
 // ---- Split tf32: as accurate as exact fp32, far more than tf32 ---------------------------------
 // The same inputs through sm80 tf32x3, simt (exact fp32) and sm80 tf32. Split tf32's error must be
-// within 2× of exact fp32's plus 8 fp32 units of the largest result (issue 12's target, against
+// within 2× of exact fp32's plus 8 fp32 units of the largest result (the split-tf32 target, against
 // PyTorch in fp32), and at least 16× below tf32's.
 
 TEST(SplitTf32, SmallAsAccurateAsFp32FarBelowTf32) {
