@@ -16,6 +16,7 @@
 #include "cpu_path.h"
 #include "cuda/sm90/sm90_packed_tiles.h"
 #include "harness.h"
+#include "packed_walk.h"
 #include "test_util.h"
 
 namespace fmha {
@@ -361,19 +362,10 @@ void check_packed_walk(const std::vector<int32_t>& table, int64_t total_q, int64
                        bool reverse, int grid, bool dynamic) {
   SCOPED_TRACE("tile_m " + std::to_string(tile_m) + " grid " + std::to_string(grid) +
                (dynamic ? " dynamic" : " static") + (reverse ? " longest first" : ""));
-  cuda::AttentionArgs args;
-  args.batch = int(table.size()) - 1;
-  args.heads = heads;
-  args.seqlen_q = std::min(max_seqlen, total_q);
-  args.packed.total_q = args.packed.total_k = total_q;
-  args.packed.cu_seqlens_q = args.packed.cu_seqlens_k = table.data();
-  std::vector<int> first(args.batch), blocks(args.batch);
-  int tiles = 0;
-  for (int b = 0; b < args.batch; ++b) {
-    first[b] = tiles;
-    blocks[b] = int((args.sequence(b).mask.seqlen_q + tile_m - 1) / tile_m);
-    tiles += blocks[b] * heads;
-  }
+  const test::PackedWalkPlan plan = test::plan_packed_walk(table, total_q, max_seqlen, heads, tile_m);
+  const cuda::AttentionArgs& args = plan.args;
+  const std::vector<int>&first = plan.first, &blocks = plan.blocks;
+  const int tiles = plan.tiles;
   std::vector<int> visits(size_t(tiles), 0);
   std::vector<cuda::sm90::PackedTileCursor> cursors(size_t(grid), cuda::sm90::PackedTileCursor(args, tile_m, reverse));
   std::vector<int> next(static_cast<size_t>(grid));

@@ -18,6 +18,7 @@
 #include "cuda/tile/copy.cuh"
 #include "cuda/tile/reduce.cuh"
 #include "cuda/tile/simt.cuh"
+#include "../packed_walk.h"
 
 namespace fmha::cuda::test {
 namespace {
@@ -406,25 +407,14 @@ struct DeviceArray {
   ~DeviceArray() { cudaFree(ptr); }
 };
 
-// table: cu_seqlens_q as given (broken ones included); lengths are read as the kernels read them.
 void check_packed_walk(const std::vector<int32_t>& table, int64_t total_q, int64_t max_seqlen, int heads, int tile_m,
                        bool reverse, int grid, bool dynamic) {
   SCOPED_TRACE("tile_m " + std::to_string(tile_m) + " grid " + std::to_string(grid) +
                (dynamic ? " dynamic" : " static") + (reverse ? " longest first" : ""));
-  AttentionArgs args;
-  args.batch = int(table.size()) - 1;
-  args.heads = heads;
-  args.seqlen_q = std::min(max_seqlen, total_q);
-  args.packed.total_q = args.packed.total_k = total_q;
-  args.packed.cu_seqlens_q = args.packed.cu_seqlens_k = table.data();
-  // Expected: sequence b's tiles as the kernels' sequence() sees its length.
-  std::vector<int> first(args.batch), blocks(args.batch);
-  int tiles = 0;
-  for (int b = 0; b < args.batch; ++b) {
-    first[b] = tiles;
-    blocks[b] = int((args.sequence(b).mask.seqlen_q + tile_m - 1) / tile_m);
-    tiles += blocks[b] * heads;
-  }
+  const fmha::test::PackedWalkPlan plan = fmha::test::plan_packed_walk(table, total_q, max_seqlen, heads, tile_m);
+  const AttentionArgs& args = plan.args;
+  const std::vector<int>&first = plan.first, &blocks = plan.blocks;
+  const int tiles = plan.tiles;
   DeviceArray<int32_t> dtable(table);
   DeviceArray<int> dfirst(first), dblocks(blocks), visits(std::vector<int>(tiles, 0)), bad(std::vector<int>{0}),
       counter(std::vector<int>{0});
