@@ -3,6 +3,7 @@
 # (arch 90, head dims 64/128) into $BUILD (default /tmp/fmha-variants), runs the sm90 forward
 # tests, then `fmha bench` per variant, head dim, causal mode and length (16k tokens, hidden 2048),
 # ROUNDS interleaved rounds -> $OUT/variants.txt (variant, round, head dim, length, causal, bench line).
+# V128 / V64: the variants per head dim; LENGTHS: the sequence lengths (default 1024 4096 16384).
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 B=${BUILD:-/tmp/fmha-variants}
@@ -11,15 +12,16 @@ V64=${V64:-c3 pingpong eager}
 t0=$(date +%s)
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS="64;128" \
   -DFMHA_TUNED_HEAD_DIMS="64;128" -DFMHA_DECODE_HEAD_DIMS=128 > "$OUT/build.log" 2>&1
-timeout 240 ninja -C "$B" -j16 fmha_cli fmha_gpu_tests fmha_dispatch_tests >> "$OUT/build.log" 2>&1
+timeout 240 ninja -C "$B" -j16 fmha_cli fmha_gpu_tests fmha_tile_sm90_tests fmha_dispatch_tests >> "$OUT/build.log" 2>&1
 echo "build rc=$? $(( $(date +%s) - t0 )) s"
 timeout 60 "$B/tests/gpu/fmha_dispatch_tests" --gtest_filter='Sm90Config.*' --gtest_color=no > "$OUT/tests.log" 2>&1
 timeout 150 "$B/tests/gpu/fmha_gpu_tests" --gtest_filter='Sm90Variants.*:*Kernel.Forward/*sm90*:Sm90Schedule.*' \
   --gtest_color=no >> "$OUT/tests.log" 2>&1
+timeout 60 "$B/tests/gpu/fmha_tile_sm90_tests" --gtest_color=no >> "$OUT/tests.log" 2>&1
 grep -E "^\[  PASSED|^\[  FAILED|tests? from .* ran" "$OUT/tests.log"
 bench() {  # variant, head dim, round
   local h=$((2048 / $2))
-  for c in none bottom-right; do for s in 1024 4096 16384; do
+  for c in none bottom-right; do for s in ${LENGTHS:-1024 4096 16384}; do
     FMHA_SM90_FWD_CONFIG=$1 timeout 20 "$B/fmha" bench --backend sm90 --mode fwd --dtype bf16 --head-dim "$2" --heads $h \
       --batch $((16384 / s)) --seqlen-q $s --causal $c --iters 20 --no-progress 2>&1 | tail -1 |
       awk -v v="$1" -v r="$3" -v d="$2" -v s=$s -v c=$c '{print v, r, d, s, c, $0}'

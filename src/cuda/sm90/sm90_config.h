@@ -47,8 +47,10 @@ inline constexpr size_t kSharedLimit = 227 * 1024;
 // (64 and 128 by default; the others compile the default only):
 //   pingpong  overlap, and the consumer warpgroups take turns issuing their matrix work (named
 //             barriers), so one warpgroup's softmax runs while the other's GEMMs hold the tensor
-//             cores; lazy rescaling (a row's exponent base moves only when its max grows by more
-//             than 2^8, so most key tiles skip multiplying the output rows) (the default)
+//             cores; the turns carry on from one work tile into the next (a warpgroup starts the
+//             next tile's first Q·Kᵀ while the other still finishes its last P·V and epilogue);
+//             lazy rescaling (a row's exponent base moves only when its max grows by more than
+//             2^8, so most key tiles skip multiplying the output rows) (the default)
 //   overlap   intra-warpgroup overlap only: tile j+1's S = Q·Kᵀ is issued before tile j's
 //             O += P·V, so the softmax of one tile runs under the other's matrix work
 //   serial    each tile's S, softmax, then P·V, one after the other (the baseline the overlap is
@@ -58,9 +60,12 @@ inline constexpr size_t kSharedLimit = 227 * 1024;
 //             must fit)
 //   eager     pingpong rescaling the output rows on every key tile (the baseline lazy rescaling
 //             is measured against)
+//   restart   pingpong whose turns restart at every work tile (the baseline the carried turns
+//             of the default are measured against)
 // Measured on an H200 (docs/PERF.md, 2026-12-04): lazy rescaling +3-9 % at head dim 128 from 4k
 // keys, level at 1k and at head dim 64 (not measured at 192/256); a third K/V stage (O staged
-// over Q) lost 1-7 % at 128.
+// over Q) lost 1-7 % at 128; carrying the turns across work tiles +3-7 % at head dim 128 from 2k
+// keys, level at 512/1k; hinting the next work tile's Q and first K into L2 gained nothing.
 struct FwdConfig {
   int consumers;  // consumer warpgroups
   int tile_n;     // keys per tile
@@ -75,12 +80,15 @@ struct FwdConfig {
   bool fold_scale;
   // Lazy rescaling (OnlineSoftmax::update_scaled<FAST, true>); needs fold_scale.
   bool lazy_rescale;
+  // Pingpong turns carried from one work tile into the next (opened once per block).
+  bool chain_turns;
   constexpr int tile_m() const { return consumers * kConsumerRows; }
   constexpr int threads() const { return (consumers + 1) * kWarpgroupThreads; }
 };
 
-inline constexpr int kFwdVariants = 5;
-inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3", "eager"};
+inline constexpr int kFwdVariants = 6;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial",
+                                                               "c3",       "eager",   "restart"};
 inline constexpr int kFwdDefault = 0;
 
 // The variant a call runs when FMHA_SM90_FWD_CONFIG names none: c3 at head dim 64 (the softmax
@@ -98,7 +106,8 @@ constexpr int default_fwd_variant(int head_dim, int64_t seqlen_q, bool masked) {
 // shared memory next to the query tile (Q 128 × D, K and V stages of tile_n × D each).
 constexpr FwdConfig fwd_config(int head_dim, int variant) {
   const int d = padded_head_dim(head_dim);
-  FwdConfig c{2, 128, 2, true, true, true, variant == kFwdDefault};
+  const bool lazy = variant == kFwdDefault || variant == 5;
+  FwdConfig c{2, 128, 2, true, true, true, lazy, variant == kFwdDefault};
   if (d <= 64) c.stages = 3;
   if (d == 192) c.tile_n = 96;
   if (d == 256) c.tile_n = 64;

@@ -40,7 +40,7 @@ struct FwdKernel {
       sizeof(FwdShared<T, HD, BM, BN, STAGES, true>) + wg::kSwizzleAtomBytes <= kSharedLimit;
   using Mainloop =
       FwdMainloop<T, HD, BM, BN, STAGES, kConfig.overlap, kConfig.pingpong, kConfig.fold_scale, kConfig.lazy_rescale,
-                  kSeparateO>;
+                  kSeparateO, kConfig.chain_turns>;
   using Epilogue = FwdEpilogue<Mainloop>;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;
@@ -173,6 +173,7 @@ struct FwdKernel {
     Mainloop mainloop{shared, params.args, warpgroup, thread};
     tile::PipelineState<STAGES> pipe;
     uint32_t q_phase = 0;
+    mainloop.begin_block();
     for (;; q_phase ^= 1) {
       shared.q_full.wait(q_phase);
       if (PACKED ? shared.work_tile[q_phase] == kNoWork : shared.work_tile[q_phase] >= params.scheduler.total) break;
@@ -195,6 +196,7 @@ struct FwdKernel {
                                      slot_start(shared, plan_t, q_phase),
                                      my_rows.empty() ? Range{my_row0, my_row0} : my_rows, o, softmax);
     }
+    mainloop.end_block();
     if (thread == 0) tile::tma::store_wait();
   }
 };

@@ -11,6 +11,8 @@
 // phases alternate instead of coinciding and the tensor cores always have one warpgroup's work.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/common/args.h"
 #include "cuda/sm90/sm90_config.h"
 #include "cuda/sm90/sm90_packed_tiles.h"
@@ -79,7 +81,7 @@ struct ConsumerTiles {
 };
 
 template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool PINGPONG, bool FOLD_SCALE, bool LAZY,
-          bool SEPARATE_O>
+          bool SEPARATE_O, bool CHAIN = false>
 struct FwdMainloop {
   using Element = T;
   static constexpr bool kSeparateO = SEPARATE_O;
@@ -140,20 +142,49 @@ struct FwdMainloop {
 
   // Pingpong turns, one barrier per warpgroup: warpgroup w syncs on its own (128 threads) and
   // warpgroup w - 1 arrives on it (128 more). Per work tile every warpgroup takes the same number
-  // of turns; the last warpgroup opens the first turn (start_turns) and does not pass its last
-  // one, so the barriers are balanced at the end of every tile.
+  // of turns. Without CHAIN the last warpgroup opens the first turn of every work tile
+  // (start_turns) and does not pass its last one, so the barriers are balanced at the end of
+  // every tile. With CHAIN it opens the first turn once per block (begin_block) and passes every
+  // turn, so the first warpgroup starts the next work tile while the others finish this one; the
+  // first warpgroup takes the one turn left over when the block ends (end_block).
   static constexpr int kTurnThreads = 2 * wg::kThreads;
-  __device__ __forceinline__ void start_turns() {
+  __device__ __forceinline__ void open_first_turn() {
     if constexpr (PINGPONG)
       if (warpgroup == kConsumers - 1) tile::named_arrive(int(NamedBarrier::turn_first), kTurnThreads);
   }
+  __device__ __forceinline__ void start_turns() {
+    if constexpr (!CHAIN) open_first_turn();
+  }
+  __device__ __forceinline__ void begin_block() {
+    if constexpr (CHAIN) open_first_turn();
+  }
+  __device__ __forceinline__ void end_block() {
+    if constexpr (CHAIN && PINGPONG)
+      if (warpgroup == 0) take_turn();
+  }
+  // With two warpgroups the barrier ids are immediates, one branch per warpgroup (uniform): no
+  // register holds them through the loop (-Xptxas -v: the carried turns spilled 40-48 bytes at
+  // head dim 128 with the ids in registers). Three keep them in registers, which spills less there.
+  template <class F>
+  __device__ __forceinline__ static void with_turn_barrier(int consumer, F&& f) {
+    constexpr int first = int(NamedBarrier::turn_first);
+    if (consumer == 0) f(std::integral_constant<int, first>{});
+    else f(std::integral_constant<int, first + 1>{});
+  }
   __device__ __forceinline__ void take_turn() {
-    if constexpr (PINGPONG) tile::named_sync(int(NamedBarrier::turn_first) + warpgroup, kTurnThreads);
+    if constexpr (PINGPONG && kConsumers == 2)
+      with_turn_barrier(warpgroup, [](auto id) { tile::named_sync<id(), kTurnThreads>(); });
+    else if constexpr (PINGPONG)
+      tile::named_sync(int(NamedBarrier::turn_first) + warpgroup, kTurnThreads);
   }
   __device__ __forceinline__ void pass_turn(bool last) {
-    if constexpr (PINGPONG)
-      if (!(last && warpgroup == kConsumers - 1))
+    if constexpr (PINGPONG && kConsumers == 2) {
+      if (CHAIN || !(last && warpgroup == 1))
+        with_turn_barrier(1 - warpgroup, [](auto id) { tile::named_arrive<id(), kTurnThreads>(); });
+    } else if constexpr (PINGPONG) {
+      if (CHAIN || !(last && warpgroup == kConsumers - 1))
         tile::named_arrive(int(NamedBarrier::turn_first) + (warpgroup + 1) % kConsumers, kTurnThreads);
+    }
   }
 
   // One arrival per consumer warp: the stage's buffer may be refilled once every warp is done.
