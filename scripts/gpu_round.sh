@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# One GPU round on an H100/H200, from the repository root, every part chosen by the environment
+# (results under $OUT):
+#   build     arch 90 (ARCHS), head dims HEAD_DIMS (default every sm90 one), -lineinfo   -> build.log
+#   tests     the sm90 tile tests, then fmha_gpu_tests --gtest_filter=$FILTER in SHARDS processes
+#             of at most TEST_TIMEOUT s each                                          -> tests.log
+#   sanitize  memcheck and racecheck over SANITIZE_FILTER                              -> sanitize.log
+#   profile   scripts/gpu_profile.sh with PROFILE_CASES                                -> ncu_*
+#   bench     the groups in BENCHES: fa-fwd, fa-bwd (sm90, bf16), seed (every tier), varlen (sm90),
+#             merge, decode; BENCH_EXTRA: more `fmha bench` argument lines, one per line -> bench.txt
+# STEPS (default "build tests bench") picks the parts.
+set -u -o pipefail
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH
+B=${BUILD:-$PWD/build-sm90}
+STEPS=${STEPS:-"build tests bench"}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+step() { echo "== $* ($(date +%T))"; }
+status=0
+T="$B/tests/gpu/fmha_gpu_tests"
+
+if want build; then
+  step build
+  t0=$(date +%s)
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS="${ARCHS:-90}" \
+    -DFMHA_HEAD_DIMS="${HEAD_DIMS:-64;96;128;192;256}" -DFMHA_DECODE_HEAD_DIMS=128 -DCMAKE_CUDA_FLAGS=-lineinfo \
+    > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  timeout "${BUILD_TIMEOUT:-300}" ninja -C "$B" -j"$(nproc)" fmha_cli fmha_gpu_tests fmha_tile_sm90_tests \
+    fmha_dispatch_tests >> "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+  echo "   built in $(( $(date +%s) - t0 )) s"
+fi
+
+if want tests; then
+  step "tests -> tests.log"
+  timeout 60 "$B/tests/gpu/fmha_tile_sm90_tests" --gtest_color=no > "$OUT/tests.log" 2>&1 || status=1
+  SHARDS=${SHARDS:-8}
+  for ((i = 0; i < SHARDS; ++i)); do
+    GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$i timeout "${TEST_TIMEOUT:-200}" "$T" --gtest_color=no \
+      --gtest_brief=1 --gtest_filter="${FILTER:-*sm90*}" > "$OUT/shard_$i.log" 2>&1 &
+  done
+  wait
+  for ((i = 0; i < SHARDS; ++i)); do
+    grep -q "tests\? from .* ran" "$OUT/shard_$i.log" || echo "   shard $i: cut by its time limit"
+    cat "$OUT/shard_$i.log" >> "$OUT/tests.log"; rm -f "$OUT/shard_$i.log"
+  done
+  grep -hE "^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]" "$OUT/tests.log" |
+    awk '{s[$2" "$3]+=$4} END{for(k in s) print "  ", k, s[k]}'
+  grep -E "^\[  FAILED  \] [A-Z]" "$OUT/tests.log" | sort -u | head -30
+fi
+
+if want sanitize; then
+  step "memcheck, racecheck -> sanitize.log"
+  for tool in memcheck racecheck; do
+    echo "---- $tool" >> "$OUT/sanitize.log"
+    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 1 "$T" --gtest_color=no --gtest_brief=1 \
+      --gtest_filter="$SANITIZE_FILTER" >> "$OUT/sanitize.log" 2>&1 || { status=1; echo "   $tool: failed or cut"; }
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize.log" | tail -1
+  done
+fi
+
+if want profile; then
+  step "ncu"
+  OUT=$OUT BUILD=$B CASES="${PROFILE_CASES:-fwd128s}" scripts/gpu_profile.sh || status=1
+fi
+
+if want bench; then
+  step "bench -> bench.txt"
+  F="$B/fmha bench --no-progress"
+  for g in ${BENCHES:-fa-fwd}; do
+    echo "---- $g" >> "$OUT/bench.txt"
+    case $g in
+      fa-fwd) timeout 120 $F --sweep fa --backend sm90 --mode fwd --dtype bf16 --iters 10 ;;
+      fa-bwd) timeout 150 $F --sweep fa --backend sm90 --mode bwd --dtype bf16 --iters 10 ;;
+      seed) timeout 120 $F --sweep seed --iters 10 ;;
+      varlen) timeout 120 $F --sweep varlen --backend sm90 --iters 10 ;;
+      merge) timeout 60 $F --sweep merge ;;
+      decode) timeout 90 $F --sweep decode --page-size 64 ;;
+    esac >> "$OUT/bench.txt" 2>&1 || status=1
+  done
+  while IFS= read -r line; do
+    [ -z "$line" ] && continue
+    echo "---- $line" >> "$OUT/bench.txt"
+    timeout 60 $F $line >> "$OUT/bench.txt" 2>&1 || status=1
+  done <<< "${BENCH_EXTRA:-}"
+fi
+exit $status
