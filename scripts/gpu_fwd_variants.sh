@@ -12,12 +12,13 @@ V64=${V64:-c3 pingpong eager}
 t0=$(date +%s)
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS="64;128" \
   -DFMHA_TUNED_HEAD_DIMS="64;128" -DFMHA_DECODE_HEAD_DIMS=128 > "$OUT/build.log" 2>&1
-timeout 240 ninja -C "$B" -j16 fmha_cli fmha_gpu_tests fmha_tile_sm90_tests fmha_dispatch_tests >> "$OUT/build.log" 2>&1
+timeout 240 ninja -C "$B" -j16 fmha_cli fmha_gpu_tests fmha_tile_sm90_tests fmha_tile_tests fmha_dispatch_tests >> "$OUT/build.log" 2>&1
 echo "build rc=$? $(( $(date +%s) - t0 )) s"
 timeout 60 "$B/tests/gpu/fmha_dispatch_tests" --gtest_filter='Sm90Config.*' --gtest_color=no > "$OUT/tests.log" 2>&1
 timeout 150 "$B/tests/gpu/fmha_gpu_tests" --gtest_filter='Sm90Variants.*:*Kernel.Forward/*sm90*:Sm90Schedule.*' \
   --gtest_color=no >> "$OUT/tests.log" 2>&1
 timeout 60 "$B/tests/gpu/fmha_tile_sm90_tests" --gtest_color=no >> "$OUT/tests.log" 2>&1
+timeout 60 "$B/tests/gpu/fmha_tile_tests" --gtest_color=no --gtest_filter='TileOps.Exp2*' >> "$OUT/tests.log" 2>&1
 grep -E "^\[  PASSED|^\[  FAILED|tests? from .* ran" "$OUT/tests.log"
 bench() {  # variant, head dim, round
   local h=$((2048 / $2))

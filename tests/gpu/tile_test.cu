@@ -8,6 +8,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -270,6 +271,46 @@ TEST(TileOps, SimtMmaReduceExp2) {
   check_simt<16, 16, 8>();
   check_simt<32, 64, 64>();
   check_simt<64, 32, 96>();
+}
+
+// ---- exp2 on the FMA pipe against exp2 in double ---------------------------------------------
+__global__ void exp2_poly_kernel(const float* x, float* y, int n) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) y[i] = tile::exp2_poly(x[i]);
+}
+
+TEST(TileOps, Exp2PolynomialMatchesExp2) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  // A dense sweep of the range the softmax uses (scores minus the row max, up to the lazy
+  // rescale's 2^8 above it), integers and half-integers where the rounding splits, and the ends.
+  std::vector<float> x;
+  for (int i = 0; i <= 270000; ++i) x.push_back(-126.f + float(i) * (134.f / 270000.f));
+  for (int j = -125; j <= 8; ++j)
+    for (float d : {0.f, 0.5f, -0.5f, 1e-6f, -1e-6f}) x.push_back(float(j) + d);
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> zero_at = {-inf, -1e30f, -200.f, -127.f};
+  x.insert(x.end(), zero_at.begin(), zero_at.end());
+  float* dx = to_device(x);
+  float* dy = nullptr;
+  cudaMalloc(&dy, x.size() * sizeof(float));
+  exp2_poly_kernel<<<unsigned((x.size() + 255) / 256), 256>>>(dx, dy, int(x.size()));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto y = to_host(dy, x.size());
+  double worst = 0.0;
+  for (size_t i = 0; i + zero_at.size() < x.size(); ++i) {
+    const double want = std::exp2(double(x[i]));
+    const double rel = std::abs(double(y[i]) - want) / want;
+    worst = std::max(worst, rel);
+    ASSERT_LE(rel, 4.0 * std::ldexp(1.0, -24)) << "2^" << x[i] << " = " << y[i] << ", expected " << want;
+  }
+  for (size_t i = x.size() - zero_at.size(); i < x.size(); ++i) EXPECT_EQ(y[i], 0.f) << "2^" << x[i];
+  for (int j = -125; j <= 8; ++j) {  // exact powers of two, 2^0 = 1 above all
+    const auto it = std::find(x.begin(), x.end(), float(j));
+    EXPECT_EQ(y[size_t(it - x.begin())], std::ldexp(1.f, j)) << "2^" << j;
+  }
+  std::printf("exp2_poly: worst relative error %.3g (%.2f ulp)\n", worst, worst / std::ldexp(1.0, -24));
+  cudaFree(dx);
+  cudaFree(dy);
 }
 
 // ---- mma.sync through the sm80 fragment loads: C[16, N] = A[16, K]·B[N, K]^T, then D = P·V ------

@@ -62,6 +62,9 @@ inline constexpr size_t kSharedLimit = 227 * 1024;
 //             is measured against)
 //   restart   pingpong whose turns restart at every work tile (the baseline the carried turns
 //             of the default are measured against)
+//   poly8     pingpong with one exponential in 8 on the FMA pipe (tile::exp2_poly), the rest on
+//             the MUFU unit
+//   poly4     the same with one in 4
 // Measured on an H200 (docs/PERF.md, 2026-12-04): lazy rescaling +3-9 % at head dim 128 from 4k
 // keys, level at 1k and at head dim 64 (not measured at 192/256); a third K/V stage (O staged
 // over Q) lost 1-7 % at 128; carrying the turns across work tiles +3-7 % at head dim 128 from 2k
@@ -82,13 +85,15 @@ struct FwdConfig {
   bool lazy_rescale;
   // Pingpong turns carried from one work tile into the next (opened once per block).
   bool chain_turns;
+  // Every poly_every-th exponential of a row on the FMA pipe (0: all on the MUFU unit).
+  int poly_every = 0;
   constexpr int tile_m() const { return consumers * kConsumerRows; }
   constexpr int threads() const { return (consumers + 1) * kWarpgroupThreads; }
 };
 
-inline constexpr int kFwdVariants = 6;
-inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial",
-                                                               "c3",       "eager",   "restart"};
+inline constexpr int kFwdVariants = 8;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3",
+                                                               "eager",    "restart", "poly8",  "poly4"};
 inline constexpr int kFwdDefault = 0;
 
 // The variant a call runs when FMHA_SM90_FWD_CONFIG names none: c3 at head dim 64 (the softmax
@@ -106,8 +111,10 @@ constexpr int default_fwd_variant(int head_dim, int64_t seqlen_q, bool masked) {
 // shared memory next to the query tile (Q 128 × D, K and V stages of tile_n × D each).
 constexpr FwdConfig fwd_config(int head_dim, int variant) {
   const int d = padded_head_dim(head_dim);
-  const bool lazy = variant == kFwdDefault || variant == 5;
-  FwdConfig c{2, 128, 2, true, true, true, lazy, variant == kFwdDefault};
+  const bool lazy = variant == kFwdDefault || variant >= 5;
+  FwdConfig c{2, 128, 2, true, true, true, lazy, variant == kFwdDefault || variant >= 6};
+  if (variant == 6) c.poly_every = 8;
+  if (variant == 7) c.poly_every = 4;
   if (d <= 64) c.stages = 3;
   if (d == 192) c.tile_n = 96;
   if (d == 256) c.tile_n = 64;

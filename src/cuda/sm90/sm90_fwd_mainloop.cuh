@@ -81,7 +81,7 @@ struct ConsumerTiles {
 };
 
 template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool PINGPONG, bool FOLD_SCALE, bool LAZY,
-          bool SEPARATE_O, bool CHAIN = false>
+          bool SEPARATE_O, bool CHAIN = false, int POLY = 0>
 struct FwdMainloop {
   using Element = T;
   static constexpr bool kSeparateO = SEPARATE_O;
@@ -227,7 +227,7 @@ struct FwdMainloop {
           s, [&](int i) { return mask.keys(rows.begin + Tiles::Scores::row(i, thread)); }, col0,
           [&](int j) { return Tiles::Scores::col(j, thread); });
     if (FOLD_SCALE && args.scale_log2 > 0.f) {
-      softmax.template update_scaled<true, LAZY>(s, args.scale_log2, rescale);
+      softmax.template update_scaled<true, LAZY, POLY>(s, args.scale_log2, rescale);
     } else {
       tile::thread::scale(s, args.scale_log2);
       softmax.template update<true>(s, rescale);

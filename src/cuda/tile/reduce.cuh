@@ -79,6 +79,30 @@ __device__ __forceinline__ float exp2_fast(float x) {
   return y;
 }
 
+// 2^x on the FMA pipe rather than the MUFU unit that ex2.approx occupies (16 results per clock
+// per SM against 128 FMAs): x = j + f with j = round(x), read from the bits of x + 1.5 · 2^23, and
+// f in [-1/2, 1/2]; 2^f by a degree-5 polynomial fitted for relative error (at most 1.9e-7 over
+// that range, about 3 ulp, like ex2.approx's 2; the constant term is 1, so 2^0 is exactly 1); j
+// added to the exponent field. x at or below -127 gives +0, as ex2.approx.ftz does for -inf;
+// between -127 and -126 the result is below 2^-126 and not accurate (ex2.approx.ftz flushes it).
+// A softmax's exponentials are at most 0 (2^8 with lazy rescaling), its smallest ones negligible.
+__device__ __forceinline__ float exp2_poly(float x) {
+  constexpr float kRound = 12582912.f;  // 1.5 · 2^23: x + kRound holds round(x) in its low bits
+  constexpr float kC1 = 0x1.62e42ap-1f, kC2 = 0x1.ebf9bcp-3f, kC3 = 0x1.c6b754p-5f, kC4 = 0x1.3cea88p-7f,
+                  kC5 = 0x1.5bb984p-10f;
+  x = fmaxf(x, -127.f);
+  const float t = x + kRound;
+  const float f = x - (t - kRound);
+  float p = fmaf(kC5, f, kC4);
+  p = fmaf(p, f, kC3);
+  p = fmaf(p, f, kC2);
+  p = fmaf(p, f, kC1);
+  p = fmaf(p, f, 1.f);
+  // round(x) << 23 is the low bits of t shifted into the exponent field (kRound's own bits shift
+  // out of the word).
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
 namespace thread {
 
 // s(i, j) = -inf where row_of(i) does not see key col_of(j) (absolute indices).
@@ -172,8 +196,12 @@ struct OnlineSoftmax {
   // rescale[i] is exactly 1: the caller may skip multiplying the output rows. The result is the
   // same function (O and the sums share the base; LSE = base + log2(sum)); after the first tiles
   // of a row the max rarely grows by that much, so most tiles skip the rescale.
-  template <bool FAST, bool LAZY = false, class Reg>
+  //
+  // POLY > 0 (FAST only): every POLY-th column of a thread's row takes exp2_poly, the rest
+  // ex2.approx, so the exponentials share the MUFU unit with the FMA pipe.
+  template <bool FAST, bool LAZY = false, int POLY = 0, class Reg>
   __device__ __forceinline__ void update_scaled(Reg& s, float scale, float (&rescale)[ROWS]) {
+    static_assert(POLY == 0 || FAST, "the polynomial exponential replaces ex2.approx only");
     static_assert(Reg::kRows == ROWS, "one softmax row per tile row");
     float tile_max[ROWS];
     warp::row_max<LANES>(tile_max, s);
@@ -188,7 +216,10 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int j = 0; j < Reg::kCols; ++j) {
         const float x = fmaf(s(i, j), scale, -base);
-        s(i, j) = FAST ? exp2_fast(x) : exp2_exact(x);
+        if constexpr (POLY > 0)
+          s(i, j) = j % POLY == POLY - 1 ? exp2_poly(x) : exp2_fast(x);
+        else
+          s(i, j) = FAST ? exp2_fast(x) : exp2_exact(x);
       }
       sum[i] = sum[i] * rescale[i] + warp::thread_row_reduce(s, i, [](float a, float b) { return a + b; });
       max[i] = new_max;
