@@ -90,9 +90,9 @@ TEST(Sm90Config, EveryVariantFitsSharedMemoryAndTheRegisterFile) {
 }
 
 TEST(Sm90Config, DefaultVariantByShape) {
-  // Head dim 64: c3, except masked problems with few query rows; pingpong at every other head dim.
+  // Head dim 64: c3, except masked problems with few query rows (poly8); pingpong at every other head dim.
   EXPECT_EQ(default_fwd_variant(64, 512, false), kFwdC3);
-  EXPECT_EQ(default_fwd_variant(64, 4096, true), kFwdDefault);
+  EXPECT_EQ(default_fwd_variant(64, 4096, true), kFwdPoly8);
   EXPECT_EQ(default_fwd_variant(64, kC3MaskedMinRows, true), kFwdC3);
   for (int head_dim : {96, 128, 192, 256})
     for (bool masked : {false, true}) EXPECT_EQ(default_fwd_variant(head_dim, 16384, masked), kFwdDefault);

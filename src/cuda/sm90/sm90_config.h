@@ -64,7 +64,6 @@ inline constexpr size_t kSharedLimit = 227 * 1024;
 //             of the default are measured against)
 //   poly8     pingpong with one exponential in 8 on the FMA pipe (tile::exp2_poly), the rest on
 //             the MUFU unit
-//   poly4     the same with one in 4
 // Measured on an H200 (docs/PERF.md, 2026-12-04): lazy rescaling +3-9 % at head dim 128 from 4k
 // keys, level at 1k and at head dim 64 (not measured at 192/256); a third K/V stage (O staged
 // over Q) lost 1-7 % at 128; carrying the turns across work tiles +3-7 % at head dim 128 from 2k
@@ -91,19 +90,21 @@ struct FwdConfig {
   constexpr int threads() const { return (consumers + 1) * kWarpgroupThreads; }
 };
 
-inline constexpr int kFwdVariants = 8;
+inline constexpr int kFwdVariants = 7;
 inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3",
-                                                               "eager",    "restart", "poly8",  "poly4"};
+                                                               "eager",    "restart", "poly8"};
 inline constexpr int kFwdDefault = 0;
 
 // The variant a call runs when FMHA_SM90_FWD_CONFIG names none: c3 at head dim 64 (the softmax
 // bounds there, and three warpgroups share each K/V tile), except for masked problems below 8k
-// query rows, where 192-row tiles are too few and too uneven to balance; pingpong elsewhere.
-// Measured on an H200, docs/PERF.md.
+// query rows, where 192-row tiles are too few and too uneven to balance: those take poly8 (the
+// MUFU unit is what the softmax waits on at that head dim: +2-4 % over pingpong); pingpong
+// elsewhere (poly8 lost 1-3 % at 128). Measured on an H200, docs/PERF.md.
 inline constexpr int kFwdC3 = 3;
+inline constexpr int kFwdPoly8 = 6;
 inline constexpr int64_t kC3MaskedMinRows = 8192;
 constexpr int default_fwd_variant(int head_dim, int64_t seqlen_q, bool masked) {
-  if (padded_head_dim(head_dim) == 64 && (!masked || seqlen_q >= kC3MaskedMinRows)) return kFwdC3;
+  if (padded_head_dim(head_dim) == 64) return !masked || seqlen_q >= kC3MaskedMinRows ? kFwdC3 : kFwdPoly8;
   return kFwdDefault;
 }
 
@@ -112,9 +113,8 @@ constexpr int default_fwd_variant(int head_dim, int64_t seqlen_q, bool masked) {
 constexpr FwdConfig fwd_config(int head_dim, int variant) {
   const int d = padded_head_dim(head_dim);
   const bool lazy = variant == kFwdDefault || variant >= 5;
-  FwdConfig c{2, 128, 2, true, true, true, lazy, variant == kFwdDefault || variant >= 6};
-  if (variant == 6) c.poly_every = 8;
-  if (variant == 7) c.poly_every = 4;
+  FwdConfig c{2, 128, 2, true, true, true, lazy, variant == kFwdDefault || variant == kFwdPoly8};
+  if (variant == kFwdPoly8) c.poly_every = 8;
   if (d <= 64) c.stages = 3;
   if (d == 192) c.tile_n = 96;
   if (d == 256) c.tile_n = 64;
