@@ -69,8 +69,46 @@ TEST(CpuPaths, ForcedPathIsTakenWhenBothHaveIt) {
       }
 }
 
+// The amxbf16 path is never taken on a CPU without it, whatever the build has, and forcing it
+// there is refused with the paths the CPU runs; where the CPU runs it, it is the choice.
+TEST(CpuPaths, AmxPathOnlyWhereTheCpuHasIt) {
+  const IsaSet all = set_of({Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amxbf16});
+  const IsaSet no_amx = set_of({Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16});
+  Isa chosen = Isa::portable;
+  ASSERT_TRUE(choose_isa(all, no_amx, nullptr, &chosen).ok());
+  EXPECT_EQ(chosen, Isa::avx512bf16);
+  ASSERT_TRUE(choose_isa(all, all, nullptr, &chosen).ok());
+  EXPECT_EQ(chosen, Isa::amxbf16);
+  ASSERT_TRUE(choose_isa(no_amx, all, nullptr, &chosen).ok());
+  EXPECT_EQ(chosen, Isa::avx512bf16) << "a build without the path";
+  chosen = Isa::portable;
+  const Status s = choose_isa(all, no_amx, "amxbf16", &chosen);
+  EXPECT_EQ(s.code, Code::unsupported);
+  EXPECT_EQ(s.message,
+            "FMHA_CPU_ISA=amxbf16: this CPU cannot run that path (it can run portable, avx2, avx512, avx512bf16)");
+  EXPECT_EQ(chosen, Isa::portable);
+  ASSERT_TRUE(choose_isa(all, all, "avx512bf16", &chosen).ok());
+  EXPECT_EQ(chosen, Isa::avx512bf16) << "an AMX CPU still runs the avx512bf16 path when it is forced";
+}
+
+// This CPU's own answer: amxbf16 is runnable exactly when the reason it is not is empty, and a
+// CPU that cannot run it says why.
+TEST(CpuPaths, AmxPathSaysWhyItIsNotRunHere) {
+  EXPECT_EQ(cpu_isas().has(Isa::amxbf16), cpu_lacks(Isa::amxbf16).empty()) << cpu_lacks(Isa::amxbf16);
+  for (Isa isa : kAllIsas) EXPECT_EQ(cpu_isas().has(isa), cpu_lacks(isa).empty()) << to_string(isa);
+  if (!cpu_isas().has(Isa::amxbf16)) {
+    const CpuPaths paths = cpu_paths();
+    if (compiled_isas().has(Isa::amxbf16)) {
+      bool said = false;
+      for (const std::string& line : paths.not_runnable) said = said || line.rfind("amxbf16: ", 0) == 0;
+      EXPECT_TRUE(said) << "cpu_paths().not_runnable does not say why amxbf16 is not run";
+    }
+    GTEST_SKIP() << "this CPU cannot run the amxbf16 path: " << cpu_lacks(Isa::amxbf16);
+  }
+}
+
 TEST(CpuPaths, ForcedPathTheCpuLacksIsRefusedWithAMessage) {
-  const IsaSet all = set_of({Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16});
+  const IsaSet all = set_of({Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amxbf16});
   Isa chosen = Isa::portable;
   const Status s = choose_isa(all, set_of({Isa::portable, Isa::avx2}), "avx512", &chosen);
   EXPECT_EQ(s.code, Code::unsupported);
@@ -112,12 +150,18 @@ TEST(CpuPaths, RuntimeChoiceMatchesTheCpuFlagsOfProcCpuinfo) {
     expected.add(Isa::avx2);
     if (all_of({"avx512f", "avx512bw", "avx512dq", "avx512vl"})) {
       expected.add(Isa::avx512);
-      if (all_of({"avx512_bf16"})) expected.add(Isa::avx512bf16);
+      if (all_of({"avx512_bf16"})) {
+        expected.add(Isa::avx512bf16);
+        // The tiles also need the process's permission (arch_prctl), which the flags cannot tell.
+        if (all_of({"amx_tile", "amx_bf16"}) && cpu_lacks(Isa::amxbf16).find("arch_prctl") == std::string::npos)
+          expected.add(Isa::amxbf16);
+      }
     }
   }
   const IsaSet detected = cpu_isas();
   for (Isa isa : kAllIsas)
-    EXPECT_EQ(detected.has(isa), expected.has(isa)) << to_string(isa) << ": /proc/cpuinfo flags disagree";
+    EXPECT_EQ(detected.has(isa), expected.has(isa))
+        << to_string(isa) << ": /proc/cpuinfo flags disagree (" << cpu_lacks(isa) << ")";
 
   const testing::ForceCpuPath no_preference("");
   Isa chosen{};

@@ -311,13 +311,14 @@ std::vector<Backend> compiled_backends();
 // The CPU and every CUDA device visible to this process.
 std::vector<DeviceInfo> devices();
 
-// The `cpu` backend's instruction-set paths (portable, avx2, avx512, avx512bf16): those compiled
-// into this build, those of them this CPU runs, and the one calls take now, which is the fastest
-// of those unless the environment variable FMHA_CPU_ISA names another. A path that this build or
-// this CPU lacks is refused, never run: calls to the cpu backend then fail with `error`.
+// The `cpu` backend's instruction-set paths (portable, avx2, avx512, avx512bf16, amxbf16): those
+// compiled into this build, those of them this CPU runs, and the one calls take now, which is the
+// fastest of those unless the environment variable FMHA_CPU_ISA names another. A path that this
+// build or this CPU lacks is refused, never run: calls to the cpu backend then fail with `error`.
 struct CpuPaths {
   std::vector<std::string> compiled;
   std::vector<std::string> runnable;
+  std::vector<std::string> not_runnable;  // "<path>: why this CPU cannot run it", each compiled path it cannot
   std::string selected;  // empty when FMHA_CPU_ISA is refused
   std::string error;     // why FMHA_CPU_ISA is refused; empty otherwise
 };

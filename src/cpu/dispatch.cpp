@@ -6,10 +6,19 @@
 // FMHA_CPU_CONFIG=<name> picks the variant; it is read at every call, like FMHA_CPU_ISA, and an
 // unknown name is refused with the list of names. Unset, the tuning cache's winner for the call's
 // class runs, else the default (src/tune/selection.h).
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "common/paged.h"
 #include "common/problem.h"
@@ -28,6 +37,7 @@ const char* to_string(Isa isa) {
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
     case Isa::avx512bf16: return "avx512bf16";
+    case Isa::amxbf16: return "amxbf16";
   }
   return "unknown";
 }
@@ -57,12 +67,59 @@ IsaSet compiled_isas() {
 #ifdef FMHA_CPU_HAS_AVX512BF16
   set.add(Isa::avx512bf16);
 #endif
+#ifdef FMHA_CPU_HAS_AMXBF16
+  set.add(Isa::amxbf16);
+#endif
   return set;
 }
 
-IsaSet cpu_isas() {
-  IsaSet set;
-  set.add(Isa::portable);
+namespace {
+
+// Empty when this process may use the AMX tiles for bf16 matmuls, else why not. Asks Linux for
+// the tile registers' state (XFEATURE_XTILEDATA): the kernel enables them in XCR0 but faults a
+// process's first tile instruction unless the process has asked for them.
+std::string amx_unavailable() {
+#if defined(__x86_64__)
+  constexpr unsigned kLeaf7EdxAmxBf16 = 1u << 22, kLeaf7EdxAmxTile = 1u << 24;  // CPUID.(EAX=7,ECX=0):EDX
+  constexpr unsigned kLeaf1EcxOsxsave = 1u << 27;                               // CPUID.(EAX=1):ECX
+  constexpr uint64_t kXcr0TileConfig = 1ull << 17, kXcr0TileData = 1ull << 18;  // XTILECFG, XTILEDATA
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return "the CPU has no CPUID leaf 7";
+  std::string missing;
+  if (!(edx & kLeaf7EdxAmxTile)) missing = "AMX-TILE";
+  if (!(edx & kLeaf7EdxAmxBf16)) missing += std::string(missing.empty() ? "" : " and ") + "AMX-BF16";
+  if (!missing.empty()) return "the CPU lacks " + missing;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & kLeaf1EcxOsxsave))
+    return "the operating system does not enable XSAVE";
+  uint32_t xcr0_low = 0, xcr0_high = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  const uint64_t xcr0 = uint64_t(xcr0_high) << 32 | xcr0_low;
+  if ((xcr0 & (kXcr0TileConfig | kXcr0TileData)) != (kXcr0TileConfig | kXcr0TileData))
+    return "the operating system does not enable the tile registers (XCR0)";
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023;  // <asm/prctl.h> ARCH_REQ_XCOMP_PERM
+  constexpr long kXfeatureXtileData = 18;     // the tile data state component
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) != 0)
+    return std::string("the kernel refused the tile registers (arch_prctl ARCH_REQ_XCOMP_PERM: ") +
+           std::strerror(errno) + ")";
+  return "";
+#else
+  return "the tile registers are asked for on Linux only";
+#endif
+#else
+  return "not an x86-64 CPU";
+#endif
+}
+
+// What this CPU runs, and why not the rest, found once per process.
+struct CpuSupport {
+  IsaSet runs;
+  std::string lacks[kIsaCount];
+};
+
+CpuSupport detect_cpu() {
+  CpuSupport out;
+  out.runs.add(Isa::portable);
 #if defined(__x86_64__) || defined(__i386__)
   // __builtin_cpu_supports also asks the operating system (XGETBV) whether it saves the AVX and
   // AVX-512 registers: a CPU flag alone is not enough to use them.
@@ -71,20 +128,42 @@ IsaSet cpu_isas() {
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   const bool avx512bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
-  if (avx2) set.add(Isa::avx2);
-  if (avx512) set.add(Isa::avx512);
-  if (avx512bf16) set.add(Isa::avx512bf16);
+  const std::string amx = avx512bf16 ? amx_unavailable() : "the CPU cannot run the avx512bf16 path";
+  if (avx2) out.runs.add(Isa::avx2);
+  else out.lacks[int(Isa::avx2)] = "the CPU (or its operating system) lacks AVX2 or FMA";
+  if (avx512) out.runs.add(Isa::avx512);
+  else out.lacks[int(Isa::avx512)] = "the CPU (or its operating system) lacks AVX-512 F/BW/DQ/VL or AVX2";
+  if (avx512bf16) out.runs.add(Isa::avx512bf16);
+  else out.lacks[int(Isa::avx512bf16)] = "the CPU (or its operating system) lacks AVX512_BF16 or AVX-512";
+  if (amx.empty()) out.runs.add(Isa::amxbf16);
+  else out.lacks[int(Isa::amxbf16)] = amx;
+#else
+  for (Isa isa : kAllIsas)
+    if (isa != Isa::portable) out.lacks[int(isa)] = "not an x86 CPU";
 #endif
-  return set;
+  return out;
 }
+
+const CpuSupport& cpu_support() {
+  static const CpuSupport support = detect_cpu();
+  return support;
+}
+
+}  // namespace
+
+IsaSet cpu_isas() { return cpu_support().runs; }
+
+std::string cpu_lacks(Isa isa) { return cpu_support().lacks[int(isa)]; }
 
 Status choose_isa(IsaSet compiled, IsaSet cpu, const char* forced, Isa* chosen) {
   const IsaSet usable = compiled & cpu;
   if (forced && *forced) {
     Isa isa{};
+    IsaSet every_path;
+    for (Isa known : kAllIsas) every_path.add(known);
     if (!parse(forced, &isa))
       return {Code::invalid_argument, std::string(kIsaEnvironmentVariable) + "=" + forced +
-                                          ": not a CPU path (one of portable, avx2, avx512, avx512bf16)"};
+                                          ": not a CPU path (one of " + every_path.names() + ")"};
     if (!compiled.has(isa))
       return {Code::unsupported, std::string(kIsaEnvironmentVariable) + "=" + forced +
                                      ": this build has no such path (it has " + compiled.names() + ")"};
@@ -175,6 +254,9 @@ Status run_on_path(Isa isa, const Params* calls, int64_t count, Direction direct
 #ifdef FMHA_CPU_HAS_AVX512BF16
     case Isa::avx512bf16: return avx512bf16::run_kernels(calls, count, direction, config);
 #endif
+#ifdef FMHA_CPU_HAS_AMXBF16
+    case Isa::amxbf16: return amxbf16::run_kernels(calls, count, direction, config);
+#endif
     default: return portable::run_kernels(calls, count, direction, config);
   }
 }
@@ -205,6 +287,7 @@ CpuPaths cpu_paths() {
   for (Isa isa : kAllIsas) {
     if (compiled.has(isa)) out.compiled.push_back(to_string(isa));
     if (runnable.has(isa)) out.runnable.push_back(to_string(isa));
+    else if (compiled.has(isa)) out.not_runnable.push_back(std::string(to_string(isa)) + ": " + cpu_lacks(isa));
   }
   Isa isa{};
   if (Status s = selected_isa(&isa); s.ok()) out.selected = to_string(isa);

@@ -250,9 +250,16 @@ T& thread_scratch() {
   return scratch;
 }
 
-// kBf16: bf16 storage multiplied as stored, with fp32 accumulation (vdpbf16ps): S = Q·K^T on the
-// stored values, and O += P·V with P rounded to bf16 (as the GPU tiers' bf16 tensor-core
-// matmuls do); the softmax stays in fp32. Otherwise every operand is converted to fp32 first.
+// The tile registers of a work item's bf16 matmuls: a TileSession (src/cpu/simd.h; configured on
+// the amxbf16 path, nothing on the others) where the item multiplies bf16, nothing otherwise.
+struct NoTiles {};
+template <bool kBf16>
+using ItemTiles = std::conditional_t<kBf16, TileSession, NoTiles>;
+
+// kBf16: bf16 storage multiplied as stored, with fp32 accumulation (vdpbf16ps; tdpbf16ps on the
+// amxbf16 path): S = Q·K^T on the stored values, and O += P·V with P rounded to bf16 (as the GPU
+// tiers' bf16 tensor-core matmuls do); the softmax stays in fp32. Otherwise every operand is
+// converted to fp32 first.
 //
 // Where a forward item's result goes: nullptr, the output tensors; otherwise one part of a call
 // whose keys are split (decode-shaped calls, see key_parts), merged into the outputs later.
@@ -265,6 +272,7 @@ struct ForwardPart {
 template <bool kBf16>
 void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, int64_t b, int64_t kv_head, Range rows,
                    Range key_part, const ForwardPart* part, ForwardScratch& t) {
+  [[maybe_unused]] const ItemTiles<kBf16> tile_session{};
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   // The group's query rows one after another, head by head: row g * n + r is query rows.begin + r
@@ -724,6 +732,7 @@ template <bool kBf16>
 void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& config, RowStats& st, int64_t b,
                           int64_t kv_head, Range rows, Range key_part, const StatsPart* part, ScoreCache* cache,
                           BackwardScratch<kBf16>& t) {
+  [[maybe_unused]] const ItemTiles<kBf16> tile_session{};
   constexpr int kVecsM = int(kTileM / kLanes);
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
@@ -871,6 +880,7 @@ template <bool kBf16>
 void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, const RowStats& st, int64_t b,
                     int64_t kv_head, Range keys, int64_t ordinal, DqAccumulator& dq_acc,
                     const std::atomic<bool>& abandoned, const ScoreCache* cache, BackwardScratch<kBf16>& t) {
+  [[maybe_unused]] const ItemTiles<kBf16> tile_session{};
   const int64_t query_block = config.query_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(keys.size(), kTileN);

@@ -16,9 +16,12 @@ namespace fmha::cpu {
 //   avx2        AVX2 + FMA
 //   avx512      AVX-512 F/BW/DQ/VL (+ AVX2 + FMA)
 //   avx512bf16  avx512 + AVX512_BF16 (vdpbf16ps)
-enum class Isa : int { portable, avx2, avx512, avx512bf16 };
-inline constexpr int kIsaCount = 4;
-inline constexpr Isa kAllIsas[kIsaCount] = {Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16};
+//   amxbf16     avx512bf16 + AMX-TILE + AMX-BF16 (tdpbf16ps), and the operating system's
+//               permission to use the tile registers: bf16 storage multiplies on tiles; fp32,
+//               tf32 and fp16 storage run the avx512bf16 path's code
+enum class Isa : int { portable, avx2, avx512, avx512bf16, amxbf16 };
+inline constexpr int kIsaCount = 5;
+inline constexpr Isa kAllIsas[kIsaCount] = {Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amxbf16};
 
 const char* to_string(Isa isa);
 bool parse(const std::string& text, Isa* out);
@@ -42,8 +45,13 @@ class IsaSet {
 
 // The paths compiled into this build.
 IsaSet compiled_isas();
-// The paths this CPU (and its operating system) can execute, whether compiled or not.
+// The paths this CPU (and its operating system) can execute, whether compiled or not. On Linux the
+// first call asks the kernel for the tile registers (arch_prctl ARCH_REQ_XCOMP_PERM), which a
+// process must do before it uses them; amxbf16 is in the set only when that succeeded.
 IsaSet cpu_isas();
+// Why this CPU cannot run `isa` (the features it lacks, or the refused permission); empty when
+// it can.
+std::string cpu_lacks(Isa isa);
 
 // The one function that chooses a path: the last path of `compiled` ∩ `cpu`, or `forced` (the
 // value of FMHA_CPU_ISA; null or empty for no preference), which must be known, compiled in, and

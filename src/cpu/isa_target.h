@@ -23,11 +23,13 @@
 #endif
 
 #ifndef FMHA_CPU_LEVEL
-#error "FMHA_CPU_LEVEL (0 portable, 1 avx2, 2 avx512, 3 avx512bf16) is set by the build (cmake/cpu_isa.cmake)"
+#error "FMHA_CPU_LEVEL (0 portable, 1 avx2, 2 avx512, 3 avx512bf16, 4 amxbf16) is set by the build (cmake/cpu_isa.cmake)"
 #endif
 
 #if !defined(FMHA_CPU_TARGET_BY_FLAGS)
-#if FMHA_CPU_LEVEL >= 3
+#if FMHA_CPU_LEVEL >= 4
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,amx-tile,amx-bf16")
+#elif FMHA_CPU_LEVEL == 3
 #pragma GCC target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
 #elif FMHA_CPU_LEVEL == 2
 #pragma GCC target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl")

@@ -25,5 +25,8 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
 namespace avx512bf16 {
 Status run_kernels(const Params* calls, int64_t count, Direction direction, const CpuConfig& config);
 }
+namespace amxbf16 {
+Status run_kernels(const Params* calls, int64_t count, Direction direction, const CpuConfig& config);
+}
 
 }  // namespace fmha::cpu

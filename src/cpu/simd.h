@@ -207,8 +207,9 @@ inline void gemm_block_bf16(int64_t depth_pairs, const uint16_t* a, int64_t lda,
 
 // C[rows][width] (+)= A[rows][2 * depth_pairs] · B, A bf16 row-major (lda even), B bf16
 // pair-interleaved (ldb elements per k-pair, a multiple of 32), C fp32; rows a multiple of
-// kRowBlock, width of kLanes; B and C 64-byte aligned.
-inline void gemm_bf16(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda,
+// kRowBlock, width of kLanes; B and C 64-byte aligned. On the avx512bf16 path this is gemm_bf16;
+// the amxbf16 path's gemm_bf16 (below) runs on tiles and leaves it the edges.
+inline void gemm_bf16_dot(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda,
                       const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   auto run = [&](auto accumulate_tag) {
     constexpr bool kAcc = decltype(accumulate_tag)::value;
@@ -223,6 +224,148 @@ inline void gemm_bf16(int64_t rows, int64_t width, int64_t depth_pairs, const ui
   if (accumulate) run(std::true_type{});
   else run(std::false_type{});
 }
+
+#if FMHA_CPU_LEVEL >= 4
+// ---- bf16 operands on AMX tiles, fp32 accumulation: tdpbf16ps --------------------------------------
+// A tile register holds up to 16 rows of 64 bytes. tdpbf16ps adds to the fp32 tile C[16][16] the
+// product of A[16][32 bf16] and B[16 k-pairs][16 columns x 2 bf16]: B in exactly the
+// pair-interleaved form gemm_bf16_dot takes, so the operands and panels are the same on both
+// paths. The eight registers, set up once per work item (TileSession):
+//   tmm0..3  C   four [16 x 16] fp32 tiles, a [32 x 32] block of C: tmm0 tmm1 / tmm2 tmm3
+//   tmm4, 5  A   [16 rows x 16 k-pairs], rows 0..15 and 16..31 of the block
+//   tmm6, 7  B   [16 k-pairs x 16 columns], columns 0..15 and 16..31 of the block
+// Each step over 16 k-pairs loads 4 tiles for 4 tdpbf16ps (each 16 x 16 x 32 multiply-adds).
+inline constexpr int kTileRows = 16;                              // rows of every tile
+inline constexpr int kTileRowBytes = 64;                          // bytes per tile row
+inline constexpr int kTileCols = kTileRowBytes / sizeof(float);   // 16 fp32 columns of a C tile
+inline constexpr int kTilePairs = kTileRowBytes / sizeof(float);  // 16 k-pairs of an A row / B tile
+inline constexpr int kTileRegisters = 8;
+
+// The LDTILECFG operand (palette 1): every tile 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t row_bytes[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+inline const TileConfig& tile_config() {
+  static const TileConfig config = [] {
+    TileConfig c;
+    for (int t = 0; t < kTileRegisters; ++t) c.row_bytes[t] = kTileRowBytes, c.rows[t] = kTileRows;
+    return c;
+  }();
+  return config;
+}
+
+// Tells the compiler that the tile instructions between two of these read and write memory: GCC's
+// tile load intrinsics declare no memory operand, so without it a store to an operand could be
+// moved after the load that reads it.
+inline void tile_memory_fence() { __asm__ __volatile__("" ::: "memory"); }
+
+// The tile registers configured for gemm_bf16 for the scope of one work item (a thread's run of
+// many matmuls), released after it: a thread that holds tile state makes every context switch
+// save it, and other code on the thread (another library's AMX kernels) may configure the tiles
+// differently between two of our items. The operating system's permission to use the tiles is
+// asked for once per process by the path's selection (src/cpu/dispatch.cpp, cpu_isas).
+class TileSession {
+ public:
+  TileSession() {
+    tile_memory_fence();
+    _tile_loadconfig(&tile_config());
+  }
+  ~TileSession() { _tile_release(); }
+  TileSession(const TileSession&) = delete;
+  TileSession& operator=(const TileSession&) = delete;
+};
+
+// C[32 * kRowTiles][16 * kColTiles] (+)= A · B over k_steps steps of 16 k-pairs, C kept in tiles.
+// a, b, c as gemm_bf16's; strides in bytes.
+template <int kRowTiles, int kColTiles>
+inline void tile_block_bf16(int64_t k_steps, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float* c,
+                            int64_t ldc, bool accumulate) {
+  static_assert((kRowTiles == 1 || kRowTiles == 2) && (kColTiles == 1 || kColTiles == 2));
+  const int64_t a_stride = lda * int64_t(sizeof(uint16_t)), b_stride = ldb * int64_t(sizeof(uint16_t));
+  const int64_t c_stride = ldc * int64_t(sizeof(float));
+  float* c_right = c + kTileCols;                       // tmm1, tmm3
+  float* c_lower = c + kTileRows * ldc;                 // tmm2, tmm3
+  if (accumulate) {
+    _tile_loadd(0, c, c_stride);
+    if constexpr (kColTiles == 2) _tile_loadd(1, c_right, c_stride);
+    if constexpr (kRowTiles == 2) _tile_loadd(2, c_lower, c_stride);
+    if constexpr (kRowTiles == 2 && kColTiles == 2) _tile_loadd(3, c_lower + kTileCols, c_stride);
+  } else {
+    _tile_zero(0);
+    if constexpr (kColTiles == 2) _tile_zero(1);
+    if constexpr (kRowTiles == 2) _tile_zero(2);
+    if constexpr (kRowTiles == 2 && kColTiles == 2) _tile_zero(3);
+  }
+  for (int64_t k = 0; k < k_steps; ++k) {
+    const uint16_t* a_k = a + k * 2 * kTilePairs;  // 32 bf16 of each row
+    const uint16_t* b_k = b + k * kTilePairs * ldb;
+    _tile_loadd(4, a_k, a_stride);
+    if constexpr (kRowTiles == 2) _tile_loadd(5, a_k + kTileRows * lda, a_stride);
+    _tile_loadd(6, b_k, b_stride);
+    if constexpr (kColTiles == 2) _tile_loadd(7, b_k + 2 * kTileCols, b_stride);  // 16 columns of pairs on
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (kColTiles == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kRowTiles == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (kRowTiles == 2 && kColTiles == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, c_stride);
+  if constexpr (kColTiles == 2) _tile_stored(1, c_right, c_stride);
+  if constexpr (kRowTiles == 2) _tile_stored(2, c_lower, c_stride);
+  if constexpr (kRowTiles == 2 && kColTiles == 2) _tile_stored(3, c_lower + kTileCols, c_stride);
+}
+
+// gemm_bf16_dot's contract, on tiles (inside a TileSession): the rows in whole tiles (multiples of
+// 16) and k-pairs in whole steps (multiples of 16) run on tiles; the last 8 rows of a row count
+// that is an odd multiple of 8, and the last depth_pairs % 16 k-pairs of a head dim that is an
+// odd multiple of 16 (80, 112, ...), are added by gemm_bf16_dot. Every C element sums its
+// products in one fixed order for a given shape: deterministic.
+inline void gemm_bf16(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda,
+                      const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  const int64_t tile_rows = rows / kTileRows * kTileRows;
+  const int64_t k_steps = depth_pairs / kTilePairs, k_tail = depth_pairs % kTilePairs;
+  tile_memory_fence();
+  for (int64_t r = 0; r < tile_rows; r += 2 * kTileRows) {
+    const bool two_rows = r + 2 * kTileRows <= tile_rows;
+    const uint16_t* a_r = a + r * lda;
+    float* c_r = c + r * ldc;
+    int64_t col = 0;
+    for (; col + 2 * kTileCols <= width; col += 2 * kTileCols) {
+      if (two_rows) tile_block_bf16<2, 2>(k_steps, a_r, lda, b + 2 * col, ldb, c_r + col, ldc, accumulate);
+      else tile_block_bf16<1, 2>(k_steps, a_r, lda, b + 2 * col, ldb, c_r + col, ldc, accumulate);
+    }
+    for (; col < width; col += kTileCols) {
+      if (two_rows) tile_block_bf16<2, 1>(k_steps, a_r, lda, b + 2 * col, ldb, c_r + col, ldc, accumulate);
+      else tile_block_bf16<1, 1>(k_steps, a_r, lda, b + 2 * col, ldb, c_r + col, ldc, accumulate);
+    }
+  }
+  tile_memory_fence();
+  if (k_tail > 0 && tile_rows > 0) {
+    const int64_t done = k_steps * kTilePairs;
+    gemm_bf16_dot(tile_rows, width, k_tail, a + 2 * done, lda, b + done * ldb, ldb, c, ldc, true);
+  }
+  if (tile_rows < rows)
+    gemm_bf16_dot(rows - tile_rows, width, depth_pairs, a + tile_rows * lda, lda, b, ldb, c + tile_rows * ldc, ldc,
+                  accumulate);
+}
+#elif FMHA_CPU_LEVEL == 3
+// No tile state on this path.
+struct TileSession {
+  TileSession() = default;
+  TileSession(const TileSession&) = delete;
+  TileSession& operator=(const TileSession&) = delete;
+};
+
+inline void gemm_bf16(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda,
+                      const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  gemm_bf16_dot(rows, width, depth_pairs, a, lda, b, ldb, c, ldc, accumulate);
+}
+#endif
 
 // n fp32 values (n a multiple of 32) to bf16, rounding to nearest even.
 inline void to_bf16(const float* src, uint16_t* dst, int64_t n) {
@@ -252,6 +395,7 @@ inline constexpr bool kBf16Dot = false;
 // every path; that branch is never instantiated where these are missing.
 void gemm_bf16(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda, const uint16_t* b,
                int64_t ldb, float* c, int64_t ldc, bool accumulate);
+struct TileSession {};
 void to_bf16(const float* src, uint16_t* dst, int64_t n);
 void to_bf16_pairs(const float* src, uint16_t* dst, int64_t rows, int64_t cols);
 #endif

@@ -43,6 +43,7 @@ int cmd_info(bool json) {
       const CpuPaths paths = cpu_paths();
       dj["cpu_paths_compiled"] = paths.compiled;
       dj["cpu_paths_runnable"] = paths.runnable;
+      if (!paths.not_runnable.empty()) dj["cpu_paths_not_runnable"] = paths.not_runnable;
       dj["cpu_path"] = paths.selected;
       if (!paths.error.empty()) dj["cpu_path_error"] = paths.error;
     }
@@ -68,7 +69,10 @@ int cmd_info(bool json) {
         return out;
       };
       std::cout << "    cpu paths compiled: " << names(d["cpu_paths_compiled"]) << "; this CPU runs: "
-                << names(d["cpu_paths_runnable"]) << "\n    cpu path in use: ";
+                << names(d["cpu_paths_runnable"]) << "\n";
+      if (d.contains("cpu_paths_not_runnable"))
+        for (const auto& why : d["cpu_paths_not_runnable"]) std::cout << "    not run here: " << why.get<std::string>() << "\n";
+      std::cout << "    cpu path in use: ";
       if (d.contains("cpu_path_error")) std::cout << "none (" << d["cpu_path_error"].get<std::string>() << ")\n";
       else std::cout << d["cpu_path"].get<std::string>() << "\n";
     }
