@@ -35,12 +35,24 @@ struct StatsTiles {
   static_assert(BM % 16 == 0 && BN % 16 == 0 && HD % 16 == 0, "Grid16 tiles are multiples of 16");
   using QTile = tile::SmemTile<float, BM, HD, kRowPad>;   // [BM, HD] queries, or dO (head_dim_v <= HD)
   using KVTile = tile::SmemTile<float, BN, HD, kRowPad>;  // [BN, HD] keys, or values
+  static constexpr int kWarps = tile::Grid16::kThreads / 32;
+  static_assert(BN <= tile::Grid16::kThreads, "a thread per key of the tile (key norms)");
   struct SharedStorage {
     tile::SmemArray<QTile> q, dout;
     tile::SmemArray<KVTile> k, v;
+    float key_norm2[kWarps];  // [warps] each warp's largest |k|^2 over the block's keys (lse_factor)
   };
   using Scores = tile::RegTile<float, BM / 16, BN / 16>;  // [BM, BN] x = sign(scale)·(q·k), or dP
 };
+
+// |k|^2 of key `key` of the K tile, over the head dim (zero past head_dim): [HD] FMAs of one thread.
+template <int HD, class KTile>
+__device__ __forceinline__ float key_norm2(KTile k, int key) {
+  float n2 = 0.f;
+#pragma unroll 8
+  for (int d = 0; d < HD; ++d) n2 = fmaf(k(key, d), k(key, d), n2);
+  return n2;
+}
 
 // Δ = rowsum(dO ∘ O) cancels against dP = dO·V^T only to O's rounding: where one key dominates a
 // row (P near 1), dS = P·(dP - Δ) keeps that residue, and dQ and dK reach 2-3x a plain fp32
@@ -51,15 +63,31 @@ inline constexpr float kOwnDeltaMinPeak = 0.5f;
 
 // The factor that turns the row's own softmax (its recomputed max and sum) into the one the given
 // LSE defines, P = exp(scale·s - lse): 1 where lse is the row's own, within what the forward's
-// rounding and its differently ordered scores leave (kOwnUlps fp32 units of lse); exp(own - lse)
-// where lse is larger, as when the call is one part of the keys and lse the merged softmax's
-// (fmha::merge; ring attention): P is then the part's share. 0 where lse is -inf (no key seen).
-__device__ __forceinline__ float lse_factor(float row_max, float row_sum, float abs_scale, float lse) {
-  constexpr double kOwnUlps = 32.0;
+// rounding and its differently ordered scores leave; exp(own - lse) where lse is larger, as when the
+// call is one part of the keys and lse the merged softmax's (fmha::merge; ring attention): P is then
+// the part's share. 0 where lse is -inf (no key seen).
+// What "within the forward's rounding" means: the forward forms each score in its own order (Q
+// pre-scaled by scale·log2 e, or S scaled after; the LSE as (max + log2 sum)·ln 2), so its scores
+// differ from these by up to a few fp32 units of |scale|·sum_d |q_d·k_d|, not of the score: where the
+// products cancel (a score near 0 from terms of ~10, as on a row that sees one key of a large-logit
+// call) that is many units of lse. A tolerance of units of lse alone then took such a row's own
+// softmax for a part of a larger one and scaled its P = 1 by exp(own - lse) = 1 ± 1e-5: dV = P·dO
+// off by that on one-key rows (the fuzz's 1- and 2-key failures). The bound adds kDotUnits fp32 units
+// of |scale|·|q|·max|k| (Cauchy-Schwarz over sum_d |q_d·k_d|, the row's query against the longest
+// key it sees); an emulation of the forward's and this kernel's orders against each other peaked at
+// 5 units of it (head dims 32-256, inputs of std 0.25-3, scales 0.01-2). A true part whose share
+// of the merged softmax lies within the bound of 1 is taken as whole: an error in its P no larger
+// than the one recovering P from the LSE would leave.
+__device__ __forceinline__ float lse_factor(float row_max, float row_sum, float abs_scale, float lse, float q_norm,
+                                            float key_norm_max) {
+  constexpr double kOwnUlps = 32.0;   // fp32 epsilons of |lse|: the LSE's own formation
+  constexpr double kDotUnits = 16.0;  // fp32 unit roundoffs of |scale|·|q|·max|k|: the scores'
   constexpr double kFp32Epsilon = 1.1920928955078125e-7;  // 2^-23
+  constexpr double kFp32Unit = kFp32Epsilon / 2;           // 2^-24
   if (lse == tile::kNegInf) return 0.f;
   const double own = double(row_max) * abs_scale + log(double(row_sum));
-  const double tolerance = kOwnUlps * kFp32Epsilon * fmax(1.0, fabs(double(lse)));
+  const double tolerance = kOwnUlps * kFp32Epsilon * fmax(1.0, fabs(double(lse))) +
+                           kDotUnits * kFp32Unit * abs_scale * double(q_norm) * double(key_norm_max);
   if (fabs(own - double(lse)) <= tolerance) return 1.f;
   return float(exp(own - double(lse)));
 }
@@ -111,6 +139,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const A
 
   // Pass 1: each row's max of x and sum of 2^((x - max)·|scale_log2|), online over its keys.
   float max[kRows], sum[kRows];  // running max (reduced over the row's lanes); this thread's share of the sum
+  float key_norm2_max = 0.f;     // the largest |k|^2 of the keys this thread measured (a key per thread)
 #pragma unroll
   for (int i = 0; i < kRows; ++i) max[i] = tile::kNegInf, sum[i] = 0.f;
   if (!keys.empty()) {
@@ -119,6 +148,8 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const A
     for (int64_t col0 = keys.begin; col0 < keys.end; col0 += BN) {
       const Range cols = key_tile(col0);
       load_keys(cols, false);
+      if (int(threadIdx.x) < cols.size())
+        key_norm2_max = fmaxf(key_norm2_max, key_norm2<HD>(shared.k.tile(), int(threadIdx.x)));
       typename Tiles::Scores x;  // [BM, BN]
       stats_scores<Tiles, HD, BM, BN>(args, mask, shared, rows, cols, g, x);
       float tile_max[kRows];
@@ -139,6 +170,28 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const A
 #pragma unroll
   for (int i = 0; i < kRows; ++i) sum[i] = tile::warp::row_sum<kLanes>(sum[i]);
 
+  // lse_factor's bound on the forward's rounding of a score: each row's |q| and the longest key's
+  // |k| (over the block's keys: at least the row's). Q is still in shared memory.
+  float q_norm[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    float part = 0.f;  // this lane's dims of the row: tx, tx + 16, ...
+    if (!keys.empty()) {
+#pragma unroll
+      for (int c = 0; c < HD / kLanes; ++c) {
+        const float q = shared.q.tile()(g.row(i), g.tx + kLanes * c);
+        part = fmaf(q, q, part);
+      }
+    }
+    q_norm[i] = sqrtf(tile::warp::row_sum<kLanes>(part));
+  }
+  key_norm2_max = tile::warp::row_max<32>(key_norm2_max);
+  if (threadIdx.x % 32 == 0) shared.key_norm2[threadIdx.x / 32] = key_norm2_max;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < Tiles::kWarps; ++w) key_norm2_max = fmaxf(key_norm2_max, shared.key_norm2[w]);
+  const float key_norm_max = sqrtf(key_norm2_max);
+
   // The rows' statistics. `own`: P is this row's own softmax (not a part of a merged one), so a
   // Δ from its own P and dP is the right one.
   bool own[kRows], peaked = false;
@@ -153,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const A
       continue;
     }
     const float lse = args.lse[seq.q * args.lse_batch_stride + h * args.lse_head_stride + row * args.lse_seq_stride];
-    const float factor = lse_factor(max[i], sum[i], fabsf(args.scale), lse);
+    const float factor = lse_factor(max[i], sum[i], fabsf(args.scale), lse, q_norm[i], key_norm_max);
     if (g.tx == 0) args.row_max[stat] = max[i], args.row_inv_sum[stat] = factor / sum[i];
     own[i] = factor == 1.f;
     peaked = peaked || (own[i] && 1.f / sum[i] >= kOwnDeltaMinPeak);  // the largest P is 1/sum
