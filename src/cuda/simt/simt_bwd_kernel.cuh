@@ -1,15 +1,11 @@
 // The simt backward kernels: exact fp32 arithmetic from fp32, fp16 or bf16 storage (T).
 //   bwd_stats_kernel: one block per (query tile, head, batch), before the others. Each row's
-//                  softmax max and sum, online over the keys it sees as the forward forms them,
-//                  from the scores the other kernels form again bit for bit. P is not recovered
-//                  from the given LSE: an fp32 LSE of magnitude ~100 (peaked softmax: large
-//                  logits) is off by ~|LSE|·2^-24, and 2^(S·scale_log2 - LSE·log2 e) adds two
-//                  more roundings of that size, an error in every P (dV ~60x a plain fp32
-//                  softmax's on such rows; dQ, dK 3-10x) where a plain softmax gets the dominant
-//                  P exactly (exp(s - max) = 1). With the row's own max, the exp2 argument
-//                  (x - max)·|scale_log2| is exact near the max. Costs one S = Q·K^T product (of
-//                  the five the backward forms) and one exp2 per score; query tiles with a peaked
-//                  row also form Δ = rowsum(P ∘ dP) (kOwnDeltaMinPeak), two products more.
+//                  softmax max and sum, online over the keys it sees, from the scores the other
+//                  kernels form again bit for bit (cuda/common/own_softmax.cuh says why P is not
+//                  recovered from the given LSE). Costs one S = Q·K^T product (of the five the
+//                  backward forms), one exp2 per score and the key and query norms of lse_factor's
+//                  bound; query tiles with a peaked row also form Δ = rowsum(P ∘ dP)
+//                  (kOwnDeltaMinPeak), two products more.
 //   bwd_kernel:    one block per (key tile, KV head, batch). Loops over the group's query heads and
 //                  the query tiles that see the key tile, accumulating dK and dV in registers (no
 //                  atomics, GQA sums included); adds dS·K into the fp32 dQ accumulator with
@@ -52,44 +48,6 @@ __device__ __forceinline__ float key_norm2(KTile k, int key) {
 #pragma unroll 8
   for (int d = 0; d < HD; ++d) n2 = fmaf(k(key, d), k(key, d), n2);
   return n2;
-}
-
-// Δ = rowsum(dO ∘ O) cancels against dP = dO·V^T only to O's rounding: where one key dominates a
-// row (P near 1), dS = P·(dP - Δ) keeps that residue, and dQ and dK reach 2-3x a plain fp32
-// softmax's error (whose Δ = rowsum(P ∘ dP) cancels exactly). A query tile with a row whose
-// largest P is at least this forms Δ = rowsum(P ∘ dP) from its own P and dP (a second pass over
-// its keys: S and dP again); the others keep the preprocess's Δ.
-inline constexpr float kOwnDeltaMinPeak = 0.5f;
-
-// The factor that turns the row's own softmax (its recomputed max and sum) into the one the given
-// LSE defines, P = exp(scale·s - lse): 1 where lse is the row's own, within what the forward's
-// rounding and its differently ordered scores leave; exp(own - lse) where lse is larger, as when the
-// call is one part of the keys and lse the merged softmax's (fmha::merge; ring attention): P is then
-// the part's share. 0 where lse is -inf (no key seen).
-// What "within the forward's rounding" means: the forward forms each score in its own order (Q
-// pre-scaled by scale·log2 e, or S scaled after; the LSE as (max + log2 sum)·ln 2), so its scores
-// differ from these by up to a few fp32 units of |scale|·sum_d |q_d·k_d|, not of the score: where the
-// products cancel (a score near 0 from terms of ~10, as on a row that sees one key of a large-logit
-// call) that is many units of lse. A tolerance of units of lse alone then took such a row's own
-// softmax for a part of a larger one and scaled its P = 1 by exp(own - lse) = 1 ± 1e-5: dV = P·dO
-// off by that on one-key rows (the fuzz's 1- and 2-key failures). The bound adds kDotUnits fp32 units
-// of |scale|·|q|·max|k| (Cauchy-Schwarz over sum_d |q_d·k_d|, the row's query against the longest
-// key it sees); an emulation of the forward's and this kernel's orders against each other peaked at
-// 5 units of it (head dims 32-256, inputs of std 0.25-3, scales 0.01-2). A true part whose share
-// of the merged softmax lies within the bound of 1 is taken as whole: an error in its P no larger
-// than the one recovering P from the LSE would leave.
-__device__ __forceinline__ float lse_factor(float row_max, float row_sum, float abs_scale, float lse, float q_norm,
-                                            float key_norm_max) {
-  constexpr double kOwnUlps = 32.0;   // fp32 epsilons of |lse|: the LSE's own formation
-  constexpr double kDotUnits = 16.0;  // fp32 unit roundoffs of |scale|·|q|·max|k|: the scores'
-  constexpr double kFp32Epsilon = 1.1920928955078125e-7;  // 2^-23
-  constexpr double kFp32Unit = kFp32Epsilon / 2;           // 2^-24
-  if (lse == tile::kNegInf) return 0.f;
-  const double own = double(row_max) * abs_scale + log(double(row_sum));
-  const double tolerance = kOwnUlps * kFp32Epsilon * fmax(1.0, fabs(double(lse))) +
-                           kDotUnits * kFp32Unit * abs_scale * double(q_norm) * double(key_norm_max);
-  if (fabs(own - double(lse)) <= tolerance) return 1.f;
-  return float(exp(own - double(lse)));
 }
 
 // x = sign(scale)·(q·k) of one (query tile, key tile) pair, -inf where masked: the scores of
@@ -155,15 +113,13 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const A
       float tile_max[kRows];
       tile::warp::row_max<kLanes>(tile_max, x);
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const float new_max = fmaxf(max[i], tile_max[i]);
-        const float base = new_max == tile::kNegInf ? 0.f : new_max;  // nothing visible yet: 0, not NaN
-        float part = 0.f;
+      for (int i = 0; i < kRows; ++i)
+        own_softmax_step(max[i], sum[i], tile_max[i], scale_log2, [&](float base) {
+          float part = 0.f;
 #pragma unroll
-        for (int j = 0; j < BN / 16; ++j) part += tile::exp2_exact((x(i, j) - base) * scale_log2);
-        sum[i] = sum[i] * tile::exp2_exact((max[i] - base) * scale_log2) + part;
-        max[i] = new_max;
-      }
+          for (int j = 0; j < BN / 16; ++j) part += tile::exp2_exact((x(i, j) - base) * scale_log2);
+          return part;
+        });
       __syncthreads();  // K is overwritten by the next key tile
     }
   }
@@ -200,15 +156,8 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const A
     const int64_t row = rows.begin + g.row(i);
     own[i] = false;
     if (row >= rows.end) continue;
-    const int64_t stat = args.stat_index(seq.q, h, row);
-    if (!(sum[i] > 0.f)) {  // sees no key: P = 2^(x - inf)·0 = 0
-      if (g.tx == 0) args.row_max[stat] = __int_as_float(0x7f800000), args.row_inv_sum[stat] = 0.f;
-      continue;
-    }
-    const float lse = args.lse[seq.q * args.lse_batch_stride + h * args.lse_head_stride + row * args.lse_seq_stride];
-    const float factor = lse_factor(max[i], sum[i], fabsf(args.scale), lse, q_norm[i], key_norm_max);
-    if (g.tx == 0) args.row_max[stat] = max[i], args.row_inv_sum[stat] = factor / sum[i];
-    own[i] = factor == 1.f;
+    own[i] = store_own_row_stats(args, args.stat_index(seq.q, h, row), max[i], sum[i], q_norm[i], key_norm_max,
+                                 g.tx == 0, [&] { return given_lse(args, seq.q, h, row); });
     peaked = peaked || (own[i] && 1.f / sum[i] >= kOwnDeltaMinPeak);  // the largest P is 1/sum
   }
 

@@ -10,16 +10,13 @@
 #pragma once
 
 #include "cuda/common/args.h"
+#include "cuda/common/own_softmax.cuh"
 #include "cuda/simt/simt_config.h"
 #include "cuda/tile/copy.cuh"
 #include "cuda/tile/reduce.cuh"
 #include "cuda/tile/simt.cuh"
 
 namespace fmha::cuda::simt {
-
-// ±1: the scores x = sign(scale)·(q·k) whose max the row statistics hold; the exp2 argument is
-// then (x - row_max)·|scale_log2|, where the difference is exact near the max (Sterbenz).
-__device__ __forceinline__ float score_sign(const AttentionArgs& args) { return args.scale_log2 < 0.f ? -1.f : 1.f; }
 
 template <int HD, int BM, int BN>
 struct BwdTiles {
@@ -97,7 +94,7 @@ __device__ __forceinline__ void score_gradients(const AttentionArgs& args, const
     const float delta = shared.delta[g.row(i)];
 #pragma unroll
     for (int j = 0; j < BN / 16; ++j) {
-      p(i, j) = tile::exp2_exact((p(i, j) - row_max) * scale_log2) * inv_sum;
+      p(i, j) = own_probability(p(i, j), row_max, inv_sum, scale_log2);
       ds(i, j) = p(i, j) * (dp(i, j) - delta);
     }
   }
