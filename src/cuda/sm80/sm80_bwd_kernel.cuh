@@ -124,7 +124,11 @@ struct StatsTiles {
   static constexpr int kPad = kSmemRowPadBytes / int(sizeof(T));
   static constexpr int kVec = 16 / int(sizeof(T));
   static constexpr int kRows = kWarps * kRowsPerWarp;
-  static_assert(BN <= kThreads, "a thread per key of the tile (key norms)");
+  // Key norms: kKeyLanes adjacent lanes per key, each over every kKeyLanes-th dim (rows ≡ 4 words
+  // mod 32 apart: 8 keys of 4 lanes fill the 32 banks).
+  static constexpr int kKeyLanes = kThreads / BN;
+  static_assert(kThreads % BN == 0 && kKeyLanes <= 32 && (kKeyLanes & (kKeyLanes - 1)) == 0,
+                "the key norms' lanes: a power of two per key, within a warp");
   using QTile = tile::SmemTile<T, kRows, HD, kPad>;  // [kRows, HD] queries, or dO
   using KVTile = tile::SmemTile<T, BN, HD, kPad>;    // [BN, HD] keys, or values
   struct SharedStorage {
@@ -194,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const A
 
   // Pass 1: each row's max of x and sum of 2^((x - max)·|scale_log2|), online over its keys.
   float max[2], sum[2];       // rows g and g + 8 of the warp: running max; this lane's share of the sum
-  float key_norm2_max = 0.f;  // the largest |k|^2 of the keys this thread measured (a key per thread)
+  float key_norm2_max = 0.f;  // the largest |k|^2 of the keys this thread measured
 #pragma unroll
   for (int i = 0; i < 2; ++i) max[i] = tile::kNegInf, sum[i] = 0.f;
   if (!keys.empty()) {
@@ -203,14 +207,15 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const A
     for (int64_t col0 = keys.begin; col0 < keys.end; col0 += BN) {
       const Range cols = key_tile(col0);
       load_keys(cols, false);
-      if (int(threadIdx.x) < cols.size()) {
-        float n2 = 0.f;
+      {
+        const int key = int(threadIdx.x) / Tiles::kKeyLanes, part = int(threadIdx.x) % Tiles::kKeyLanes;
+        float n2 = 0.f;  // this lane's share of |k|^2 (zero past the tile's keys and head dims)
 #pragma unroll 8
-        for (int d = 0; d < HD; ++d) {
-          const float x = tile::to_float(k(int(threadIdx.x), d));
+        for (int d = part; d < HD; d += Tiles::kKeyLanes) {
+          const float x = tile::to_float(k(key, d));
           n2 = fmaf(x, x, n2);
         }
-        key_norm2_max = fmaxf(key_norm2_max, n2);
+        key_norm2_max = fmaxf(key_norm2_max, tile::warp::row_sum<Tiles::kKeyLanes>(n2));
       }
       Scores s, unused;  // [16, BN] x = sign(scale)·S
       dq_products<T, HD, BN, false>(s, unused, q, dout, k, v, warp_row0);
