@@ -1,7 +1,7 @@
 // Storage may be fp32, fp16 or bf16 (T); tiles are fp32 in shared memory either way.
 // The simt backward's shared step: for one (query tile, key tile) pair in shared memory,
 // P = 2^((x - row_max)·|scale_log2|)·row_inv_sum masked, with x = sign(scale)·(q·k) and the row
-// statistics of the statistics kernel (simt_bwd_kernel.cuh says why not 2^(S·scale_log2 - LSE)),
+// statistics of the statistics kernel (cuda/common/own_softmax.cuh says why not 2^(S·scale_log2 - LSE)),
 // and dS = P ∘ (dP - Δ) with dP = dO·V^T, in the Grid16 layout (rows = queries, columns = keys).
 // The main kernel (dK, dV, atomic dQ) and the deterministic dQ kernel both call it, so the two
 // backward variants cannot differ on what P and dS are. The statistics kernel forms S with the
