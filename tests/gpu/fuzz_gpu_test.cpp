@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/problem.h"
 #include "fuzz/fuzz.h"
 #include "gpu_test_util.h"
 
@@ -166,13 +167,111 @@ TEST_P(GpuPeakedSoftmax, BackwardWithinTwiceNaiveFp32Error) {
   if (ran == 0) GTEST_SKIP() << "no fp32 backward call ran on this tier";
 }
 
+// Rows that see one key, in a large-logit call (scale 1, inputs of std 3: scores of ~50-100 from
+// head-dim products that often cancel to near 0): P of such a row is 1, so dV of a key that only
+// one such row sees is that row's dO, exactly where the backward computes in fp32 (simt, every
+// precision) and to the operand rounding on tensor cores (tf32: 2^-11; split tf32: 2^-20 of |dO|,
+// the residual the split drops). Where the backward forms P from its own softmax statistics
+// (simt; sm80 split tf32) dQ and dK of such rows and keys are exactly 0: dS = P·(dP - Δ) with
+// Δ = rowsum(P∘dP) of the same dP bits (on sm80 this needs the main kernel's S^T and dP^T to
+// equal the statistics kernel's S and dP bit for bit: tile::warp::mma_transposed). A backward
+// whose P is off 1 by the forward's rounding of the score (simt's own-softmax test of the LSE,
+// fooled where the score's products cancel; P recovered from the LSE) misses by ~1e-5 of dO. Masks: causal top-left with a
+// window of 0 (row i sees key i; keys past the rows are seen by none), and causal bottom-right
+// with one key (only the last row sees it). One KV head per query head: dV sums no other row.
+TEST_P(GpuPeakedSoftmax, OneKeyRowsTakePExactlyOne) {
+  const Backend backend = GetParam();
+  SKIP_UNLESS_RUNNABLE(backend);
+  const Tier tier = gpu_tier(backend, compiled_head_dims());
+  if (!tier.backward) GTEST_SKIP() << "the tier has no backward";
+  std::vector<Precision> precisions;
+  for (const Tier::Flavor& flavor : tier.flavors)
+    if (flavor.dtype == DType::fp32 && std::find(precisions.begin(), precisions.end(), flavor.precision) == precisions.end())
+      precisions.push_back(flavor.precision);
+  struct MaskCase {
+    Causal causal;
+    int64_t seqlen_q, seqlen_k, window_left;
+  };
+  constexpr MaskCase kMasks[] = {{Causal::top_left, 77, 90, 0}, {Causal::bottom_right, 9, 1, -1}};
+  int64_t ran = 0;
+  for (Precision precision : precisions) {
+    // Relative distance of dV from dO allowed on a one-key row: 0 where the arithmetic is fp32.
+    const double tolerance = backend == Backend::cuda_simt ? 0.0
+                             : precision == Precision::tf32 ? std::ldexp(1.0, -11)
+                                                            : std::ldexp(1.0, -20);
+    const bool own_statistics = backend == Backend::cuda_simt || precision == Precision::tf32x3;
+    for (int64_t head_dim : {int64_t(64), int64_t(128)}) {
+      if (std::find(tier.head_dims.begin(), tier.head_dims.end(), head_dim) == tier.head_dims.end()) continue;
+      for (const MaskCase& m : kMasks)
+        for (bool deterministic : {false, true}) {
+          Config c;
+          c.seed = 20261205 + uint64_t(head_dim) + uint64_t(m.seqlen_k);
+          c.backend = backend;
+          c.dtype = DType::fp32;
+          c.precision = precision;
+          c.batch = 2, c.heads = c.kv_heads = 4;
+          c.seqlen_q = m.seqlen_q, c.seqlen_k = m.seqlen_k, c.head_dim = c.head_dim_v = head_dim;
+          c.causal = m.causal, c.window_left = m.window_left;
+          c.softmax_scale = 1.f;
+          c.magnitude = kPeakedMagnitude;
+          c.deterministic = deterministic;
+          Problem pr = make_problem(c);
+          Params fwd = pr.params();
+          fwd.dout = fwd.dq = fwd.dk = fwd.dv = Tensor{};
+          const Status fs = run_on_device(fwd, Direction::forward);
+          if (fs.code == Code::unsupported) continue;
+          ASSERT_TRUE(fs.ok()) << fs.message;
+          const Status bs = run_on_device(pr.params(), Direction::backward);
+          if (bs.code == Code::unsupported) continue;
+          ASSERT_TRUE(bs.ok()) << bs.message;
+          ++ran;
+          const fmha::Problem s = fmha::Problem::of(pr.params());
+          // [B, S, H, D] contiguous (Layout::bshd): element (b, row, h, d).
+          const auto at = [&](const HostTensor& t, int64_t rows, int64_t b, int64_t row, int64_t h, int64_t d) {
+            return reinterpret_cast<const float*>(t.bytes.data())[((b * rows + row) * c.heads + h) * head_dim + d];
+          };
+          int64_t one_key_rows = 0, bad = 0;
+          std::ostringstream first;
+          const auto expect = [&](const char* name, int64_t b, int64_t row, int64_t h, int64_t d, float got, float want,
+                                  double allowed) {
+            if (std::abs(double(got) - double(want)) <= allowed) return;
+            if (bad++ == 0)
+              first << name << "[" << b << "," << row << "," << h << "," << d << "] = " << got << ", expected "
+                    << want << " within " << allowed;
+          };
+          for (int64_t b = 0; b < c.batch; ++b)
+            for (int64_t h = 0; h < c.heads; ++h)
+              for (int64_t i = 0; i < c.seqlen_q; ++i) {
+                const Range keys = s.mask.keys(i);
+                if (keys.size() != 1 || s.mask.queries(keys.begin).size() != 1)
+                  continue;  // the key must be seen by this row alone
+                ++one_key_rows;
+                const int64_t j = keys.begin;
+                for (int64_t d = 0; d < head_dim; ++d) {
+                  const float dout = at(pr.dout, c.seqlen_q, b, i, h, d);
+                  expect("dv", b, j, h, d, at(pr.dv, c.seqlen_k, b, j, h, d), dout, tolerance * std::abs(dout));
+                  if (!own_statistics) continue;
+                  expect("dq", b, i, h, d, at(pr.dq, c.seqlen_q, b, i, h, d), 0.f, 0.0);
+                  expect("dk", b, j, h, d, at(pr.dk, c.seqlen_k, b, j, h, d), 0.f, 0.0);
+                }
+              }
+          EXPECT_GT(one_key_rows, 0) << c.describe() << ": no row sees one key of its own";
+          EXPECT_EQ(bad, 0) << c.describe() << "\n" << first.str() << " (" << bad << " elements off)";
+          const Outcome o = check(c, run_on_device);
+          EXPECT_TRUE(o.failure.empty()) << c.describe() << "\n" << o.failure;
+        }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "no fp32 backward call ran on this tier";
+}
+
 // A given LSE larger than the call's own (the call is one part of the keys, the LSE the merged
 // softmax's, as in ring attention's backward): P = exp(scale·S - LSE) is the part's share of that
-// softmax. The simt backward forms P from its own statistics, scaled by exp(own - LSE) where the
-// two differ; against the CPU backend's backward of the same call (Merge.PerPart* tests that one
-// against the fp64 oracle). Row r's share is 1 (the own-softmax path) or 0.3 to 0.99.
-TEST(SimtBackward, GivenLseLargerThanItsOwnScalesP) {
-  SKIP_UNLESS_RUNNABLE(Backend::cuda_simt);
+// softmax. The simt backward and sm80's split tf32 form P from their own statistics, scaled by
+// exp(own - LSE) where the two differ; against the CPU backend's backward of the same call
+// (Merge.PerPart* tests that one against the fp64 oracle). Row r's share is 1 (the own-softmax
+// path) or 0.3 to 0.999.
+void expect_given_lse_scales_p(Backend backend, Precision precision) {
   constexpr double kShares[] = {1.0, 0.3, 0.5, 0.9, 0.99, 1.0 - 1e-3};
   constexpr double kTolerance = 1e-5;  // relative 2-norm, fp32 against fp32
   int64_t ran = 0;
@@ -200,7 +299,8 @@ TEST(SimtBackward, GivenLseLargerThanItsOwnScalesP) {
       ASSERT_TRUE(backward(cpu).ok());
       const std::vector<uint8_t> dq = pr.dq.bytes, dk = pr.dk.bytes, dv = pr.dv.bytes;
       Params gpu = pr.params();
-      gpu.backend = Backend::cuda_simt;
+      gpu.backend = backend;
+      gpu.precision = precision;
       const Status st = run_on_device(gpu, Direction::backward);
       if (st.code == Code::unsupported) continue;
       ASSERT_TRUE(st.ok()) << st.message;
@@ -219,7 +319,17 @@ TEST(SimtBackward, GivenLseLargerThanItsOwnScalesP) {
       EXPECT_LT(rel_err(pr.dk.bytes, dk), kTolerance) << "dk, " << c.describe();
       EXPECT_LT(rel_err(pr.dv.bytes, dv), kTolerance) << "dv, " << c.describe();
     }
-  if (ran == 0) GTEST_SKIP() << "simt refused every call";
+  if (ran == 0) GTEST_SKIP() << "the tier refused every call";
+}
+
+TEST(SimtBackward, GivenLseLargerThanItsOwnScalesP) {
+  SKIP_UNLESS_RUNNABLE(Backend::cuda_simt);
+  expect_given_lse_scales_p(Backend::cuda_simt, Precision::ieee);
+}
+
+TEST(SplitTf32Backward, GivenLseLargerThanItsOwnScalesP) {
+  SKIP_UNLESS_RUNNABLE(Backend::cuda_sm80);
+  expect_given_lse_scales_p(Backend::cuda_sm80, Precision::tf32x3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fuzz, GpuPeakedSoftmax, ::testing::Values(Backend::cuda_simt, Backend::cuda_sm80),

@@ -89,11 +89,11 @@ struct AttentionArgs {
   // {H · stat_rows} with the batch index as start, packed {1} with the sequence's first row.
   float* lse_log2 = nullptr;  // LSE · log2(e); +inf for rows that see no key
   float* delta = nullptr;     // rowsum(dO ∘ O)
-  // The softmax the backward recomputes itself (the simt tier's statistics kernel, from its own
-  // scores): row_max, the max of x = sign(scale)·(q·k) over the visible keys (+inf where none),
-  // and row_inv_sum, the factor that makes 2^((x - row_max)·|scale_log2|) the P of the given LSE
-  // (0 where no key is visible). Only a sequence's rows are stored: kernels fill the padding rows
-  // of a tile as they load it (+inf, 0). simt_bwd_kernel.cuh says why.
+  // The softmax the backward recomputes itself (the statistics kernels of simt and of sm80's split
+  // tf32, from their own scores): row_max, the max of x = sign(scale)·(q·k) over the visible keys
+  // (+inf where none), and row_inv_sum, the factor that makes 2^((x - row_max)·|scale_log2|) the P
+  // of the given LSE (0 where no key is visible). Only a sequence's rows are stored: kernels fill
+  // the padding rows of a tile as they load it (+inf, 0). cuda/common/own_softmax.cuh says why.
   float* row_max = nullptr;
   float* row_inv_sum = nullptr;
   int64_t stat_rows = 0, stat_start_stride = 0;

@@ -32,7 +32,7 @@ struct WorkspaceLayout {
   int64_t dq_accum_stride = 0;  // floats per accumulator row: head_dim, or padded (OrderedDq)
   size_t lse_log2 = 0;  // [padded rows] fp32
   size_t delta = 0;     // [padded rows] fp32
-  size_t row_max = 0;      // [padded rows] fp32 (the simt backward's own softmax statistics)
+  size_t row_max = 0;      // [padded rows] fp32 (the backward's own softmax statistics: simt, split tf32)
   size_t row_inv_sum = 0;  // [padded rows] fp32
   size_t dq_turns = 0;  // [B, H, ceil(Sq / rows), parts] int32 (OrderedDq); absent otherwise
   size_t total = 0;

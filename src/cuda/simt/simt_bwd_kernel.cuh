@@ -1,15 +1,11 @@
 // The simt backward kernels: exact fp32 arithmetic from fp32, fp16 or bf16 storage (T).
 //   bwd_stats_kernel: one block per (query tile, head, batch), before the others. Each row's
-//                  softmax max and sum, online over the keys it sees as the forward forms them,
-//                  from the scores the other kernels form again bit for bit. P is not recovered
-//                  from the given LSE: an fp32 LSE of magnitude ~100 (peaked softmax: large
-//                  logits) is off by ~|LSE|·2^-24, and 2^(S·scale_log2 - LSE·log2 e) adds two
-//                  more roundings of that size, an error in every P (dV ~60x a plain fp32
-//                  softmax's on such rows; dQ, dK 3-10x) where a plain softmax gets the dominant
-//                  P exactly (exp(s - max) = 1). With the row's own max, the exp2 argument
-//                  (x - max)·|scale_log2| is exact near the max. Costs one S = Q·K^T product (of
-//                  the five the backward forms) and one exp2 per score; query tiles with a peaked
-//                  row also form Δ = rowsum(P ∘ dP) (kOwnDeltaMinPeak), two products more.
+//                  softmax max and sum, online over the keys it sees, from the scores the other
+//                  kernels form again bit for bit (cuda/common/own_softmax.cuh says why P is not
+//                  recovered from the given LSE). Costs one S = Q·K^T product (of the five the
+//                  backward forms), one exp2 per score and the key and query norms of lse_factor's
+//                  bound; query tiles with a peaked row also form Δ = rowsum(P ∘ dP)
+//                  (kOwnDeltaMinPeak), two products more.
 //   bwd_kernel:    one block per (key tile, KV head, batch). Loops over the group's query heads and
 //                  the query tiles that see the key tile, accumulating dK and dV in registers (no
 //                  atomics, GQA sums included); adds dS·K into the fp32 dQ accumulator with
@@ -35,33 +31,23 @@ struct StatsTiles {
   static_assert(BM % 16 == 0 && BN % 16 == 0 && HD % 16 == 0, "Grid16 tiles are multiples of 16");
   using QTile = tile::SmemTile<float, BM, HD, kRowPad>;   // [BM, HD] queries, or dO (head_dim_v <= HD)
   using KVTile = tile::SmemTile<float, BN, HD, kRowPad>;  // [BN, HD] keys, or values
+  static constexpr int kWarps = tile::Grid16::kThreads / 32;
+  static_assert(BN <= tile::Grid16::kThreads, "a thread per key of the tile (key norms)");
   struct SharedStorage {
     tile::SmemArray<QTile> q, dout;
     tile::SmemArray<KVTile> k, v;
+    float key_norm2[kWarps];  // [warps] each warp's largest |k|^2 over the block's keys (lse_factor)
   };
   using Scores = tile::RegTile<float, BM / 16, BN / 16>;  // [BM, BN] x = sign(scale)·(q·k), or dP
 };
 
-// Δ = rowsum(dO ∘ O) cancels against dP = dO·V^T only to O's rounding: where one key dominates a
-// row (P near 1), dS = P·(dP - Δ) keeps that residue, and dQ and dK reach 2-3x a plain fp32
-// softmax's error (whose Δ = rowsum(P ∘ dP) cancels exactly). A query tile with a row whose
-// largest P is at least this forms Δ = rowsum(P ∘ dP) from its own P and dP (a second pass over
-// its keys: S and dP again); the others keep the preprocess's Δ.
-inline constexpr float kOwnDeltaMinPeak = 0.5f;
-
-// The factor that turns the row's own softmax (its recomputed max and sum) into the one the given
-// LSE defines, P = exp(scale·s - lse): 1 where lse is the row's own, within what the forward's
-// rounding and its differently ordered scores leave (kOwnUlps fp32 units of lse); exp(own - lse)
-// where lse is larger, as when the call is one part of the keys and lse the merged softmax's
-// (fmha::merge; ring attention): P is then the part's share. 0 where lse is -inf (no key seen).
-__device__ __forceinline__ float lse_factor(float row_max, float row_sum, float abs_scale, float lse) {
-  constexpr double kOwnUlps = 32.0;
-  constexpr double kFp32Epsilon = 1.1920928955078125e-7;  // 2^-23
-  if (lse == tile::kNegInf) return 0.f;
-  const double own = double(row_max) * abs_scale + log(double(row_sum));
-  const double tolerance = kOwnUlps * kFp32Epsilon * fmax(1.0, fabs(double(lse)));
-  if (fabs(own - double(lse)) <= tolerance) return 1.f;
-  return float(exp(own - double(lse)));
+// |k|^2 of key `key` of the K tile, over the head dim (zero past head_dim): [HD] FMAs of one thread.
+template <int HD, class KTile>
+__device__ __forceinline__ float key_norm2(KTile k, int key) {
+  float n2 = 0.f;
+#pragma unroll 8
+  for (int d = 0; d < HD; ++d) n2 = fmaf(k(key, d), k(key, d), n2);
+  return n2;
 }
 
 // x = sign(scale)·(q·k) of one (query tile, key tile) pair, -inf where masked: the scores of
@@ -111,6 +97,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const A
 
   // Pass 1: each row's max of x and sum of 2^((x - max)·|scale_log2|), online over its keys.
   float max[kRows], sum[kRows];  // running max (reduced over the row's lanes); this thread's share of the sum
+  float key_norm2_max = 0.f;     // the largest |k|^2 of the keys this thread measured (a key per thread)
 #pragma unroll
   for (int i = 0; i < kRows; ++i) max[i] = tile::kNegInf, sum[i] = 0.f;
   if (!keys.empty()) {
@@ -119,25 +106,47 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const A
     for (int64_t col0 = keys.begin; col0 < keys.end; col0 += BN) {
       const Range cols = key_tile(col0);
       load_keys(cols, false);
+      if (int(threadIdx.x) < cols.size())
+        key_norm2_max = fmaxf(key_norm2_max, key_norm2<HD>(shared.k.tile(), int(threadIdx.x)));
       typename Tiles::Scores x;  // [BM, BN]
       stats_scores<Tiles, HD, BM, BN>(args, mask, shared, rows, cols, g, x);
       float tile_max[kRows];
       tile::warp::row_max<kLanes>(tile_max, x);
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const float new_max = fmaxf(max[i], tile_max[i]);
-        const float base = new_max == tile::kNegInf ? 0.f : new_max;  // nothing visible yet: 0, not NaN
-        float part = 0.f;
+      for (int i = 0; i < kRows; ++i)
+        own_softmax_step(max[i], sum[i], tile_max[i], scale_log2, [&](float base) {
+          float part = 0.f;
 #pragma unroll
-        for (int j = 0; j < BN / 16; ++j) part += tile::exp2_exact((x(i, j) - base) * scale_log2);
-        sum[i] = sum[i] * tile::exp2_exact((max[i] - base) * scale_log2) + part;
-        max[i] = new_max;
-      }
+          for (int j = 0; j < BN / 16; ++j) part += tile::exp2_exact((x(i, j) - base) * scale_log2);
+          return part;
+        });
       __syncthreads();  // K is overwritten by the next key tile
     }
   }
 #pragma unroll
   for (int i = 0; i < kRows; ++i) sum[i] = tile::warp::row_sum<kLanes>(sum[i]);
+
+  // lse_factor's bound on the forward's rounding of a score: each row's |q| and the longest key's
+  // |k| (over the block's keys: at least the row's). Q is still in shared memory.
+  float q_norm[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    float part = 0.f;  // this lane's dims of the row: tx, tx + 16, ...
+    if (!keys.empty()) {
+#pragma unroll
+      for (int c = 0; c < HD / kLanes; ++c) {
+        const float q = shared.q.tile()(g.row(i), g.tx + kLanes * c);
+        part = fmaf(q, q, part);
+      }
+    }
+    q_norm[i] = sqrtf(tile::warp::row_sum<kLanes>(part));
+  }
+  key_norm2_max = tile::warp::row_max<32>(key_norm2_max);
+  if (threadIdx.x % 32 == 0) shared.key_norm2[threadIdx.x / 32] = key_norm2_max;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < Tiles::kWarps; ++w) key_norm2_max = fmaxf(key_norm2_max, shared.key_norm2[w]);
+  const float key_norm_max = sqrtf(key_norm2_max);
 
   // The rows' statistics. `own`: P is this row's own softmax (not a part of a merged one), so a
   // Δ from its own P and dP is the right one.
@@ -147,15 +156,8 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_stats_kernel(const A
     const int64_t row = rows.begin + g.row(i);
     own[i] = false;
     if (row >= rows.end) continue;
-    const int64_t stat = args.stat_index(seq.q, h, row);
-    if (!(sum[i] > 0.f)) {  // sees no key: P = 2^(x - inf)·0 = 0
-      if (g.tx == 0) args.row_max[stat] = __int_as_float(0x7f800000), args.row_inv_sum[stat] = 0.f;
-      continue;
-    }
-    const float lse = args.lse[seq.q * args.lse_batch_stride + h * args.lse_head_stride + row * args.lse_seq_stride];
-    const float factor = lse_factor(max[i], sum[i], fabsf(args.scale), lse);
-    if (g.tx == 0) args.row_max[stat] = max[i], args.row_inv_sum[stat] = factor / sum[i];
-    own[i] = factor == 1.f;
+    own[i] = store_own_row_stats(args, args.stat_index(seq.q, h, row), max[i], sum[i], q_norm[i], key_norm_max,
+                                 g.tx == 0, [&] { return given_lse(args, seq.q, h, row); });
     peaked = peaked || (own[i] && 1.f / sum[i] >= kOwnDeltaMinPeak);  // the largest P is 1/sum
   }
 

@@ -1,7 +1,7 @@
 // Storage may be fp32, fp16 or bf16 (T); tiles are fp32 in shared memory either way.
 // The simt backward's shared step: for one (query tile, key tile) pair in shared memory,
 // P = 2^((x - row_max)·|scale_log2|)·row_inv_sum masked, with x = sign(scale)·(q·k) and the row
-// statistics of the statistics kernel (simt_bwd_kernel.cuh says why not 2^(S·scale_log2 - LSE)),
+// statistics of the statistics kernel (cuda/common/own_softmax.cuh says why not 2^(S·scale_log2 - LSE)),
 // and dS = P ∘ (dP - Δ) with dP = dO·V^T, in the Grid16 layout (rows = queries, columns = keys).
 // The main kernel (dK, dV, atomic dQ) and the deterministic dQ kernel both call it, so the two
 // backward variants cannot differ on what P and dS are. The statistics kernel forms S with the
@@ -10,16 +10,13 @@
 #pragma once
 
 #include "cuda/common/args.h"
+#include "cuda/common/own_softmax.cuh"
 #include "cuda/simt/simt_config.h"
 #include "cuda/tile/copy.cuh"
 #include "cuda/tile/reduce.cuh"
 #include "cuda/tile/simt.cuh"
 
 namespace fmha::cuda::simt {
-
-// ±1: the scores x = sign(scale)·(q·k) whose max the row statistics hold; the exp2 argument is
-// then (x - row_max)·|scale_log2|, where the difference is exact near the max (Sterbenz).
-__device__ __forceinline__ float score_sign(const AttentionArgs& args) { return args.scale_log2 < 0.f ? -1.f : 1.f; }
 
 template <int HD, int BM, int BN>
 struct BwdTiles {
@@ -97,7 +94,7 @@ __device__ __forceinline__ void score_gradients(const AttentionArgs& args, const
     const float delta = shared.delta[g.row(i)];
 #pragma unroll
     for (int j = 0; j < BN / 16; ++j) {
-      p(i, j) = tile::exp2_exact((p(i, j) - row_max) * scale_log2) * inv_sum;
+      p(i, j) = own_probability(p(i, j), row_max, inv_sum, scale_log2);
       ds(i, j) = p(i, j) * (dp(i, j) - delta);
     }
   }

@@ -173,7 +173,7 @@ __device__ __forceinline__ void micro_bwd_scores(const AttentionArgs& args, cons
     const float delta = shared.delta[Tiles::row(i, ty)];
 #pragma unroll
     for (int j = 0; j < Tiles::kKeys; ++j) {
-      s(i, j) = tile::exp2_exact((s(i, j) - row_max) * scale_log2) * inv_sum;  // P
+      s(i, j) = own_probability(s(i, j), row_max, inv_sum, scale_log2);  // P
       dp(i, j) = s(i, j) * (dp(i, j) - delta);    // dS
     }
   }

@@ -93,7 +93,7 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
     if (Status s = check_launch("simt backward preprocess launch"); !s.ok()) return s;
   }
 
-  // Each row's own softmax max and sum (simt_bwd_kernel.cuh says why), before the kernels that
+  // Each row's own softmax max and sum (cuda/common/own_softmax.cuh says why), before the kernels that
   // form P from them.
   const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, dq.tile_m)), unsigned(args.heads), unsigned(args.batch));
   if (q_grid.x > 0 && q_grid.y > 0 && q_grid.z > 0) {

@@ -6,11 +6,16 @@
 //     round trip for them). dS goes through shared memory once, for dQ += dS·K (atomics).
 //   dq_mainloop: the deterministic dQ, forward-shaped: one query tile against its key tiles,
 //     each warp owning 16 query rows, dQ += dS·K with dS taken from the score registers.
-// Both compute P = 2^(S·scale_log2 - LSE·log2e) and dS = P ∘ (dP - Δ) the same way; a fully masked
-// row has LSE·log2e = +inf (preprocess), so its P and dS are exactly 0.
+// Both compute P and dS = P ∘ (dP - Δ) the same way; a fully masked row has P = dS = 0 exactly.
+// P = 2^(S·scale_log2 - LSE·log2e) from the given LSE (+inf where a row sees no key: preprocess),
+// except under split tf32, whose P comes from the rows' own softmax statistics
+// (cuda/common/own_softmax.cuh; bwd_stats_kernel): 2^((x - row_max)·|scale_log2|)·row_inv_sum with
+// x = sign(scale)·S. The statistics kernel forms S and dP with dq_products, as the dQ kernel does,
+// and the main kernel's S^T and dP^T agree with them bit for bit (tile::warp::mma_transposed).
 #pragma once
 
 #include "cuda/common/args.h"
+#include "cuda/common/own_softmax.cuh"
 #include "cuda/sm80/sm80_config.h"
 #include "cuda/sm80/sm80_fragments.cuh"
 #include "cuda/tile/atomic.cuh"
@@ -20,6 +25,9 @@
 namespace fmha::cuda::sm80 {
 
 inline constexpr float kPosInf = __builtin_huge_valf();
+
+// The shared storage of the tiers' P from the LSE: nothing more (an empty base of SharedStorage).
+struct NoOwnStats {};
 
 // Tiles of the main kernel: a block of WARPS warps holds BN keys; HEAD_SPLITS warps share 16 keys
 // and split dK/dV's columns; BM queries per step.
@@ -44,11 +52,15 @@ struct BwdTiles {
   using QTile = tile::SmemTile<T, BM, HD, kPad>;   // [BM, HD] queries, or dO (head_dim_v <= HD)
   using KVTile = tile::SmemTile<T, BN, HD, kPad>;  // [BN, HD] keys, or values
   using DsTile = tile::SmemTile<T, BM, BN, kPad>;  // [BM, BN] dS, rounded to the mma input type
-  struct SharedStorage {
+  struct OwnStats {
+    float inv_sum[STAGES][BM];  // split tf32: row_inv_sum per query row, 0 past the tile's rows
+  };
+  // The others take nothing for it (an empty base).
+  struct SharedStorage : std::conditional_t<kSplitTf32<T>, OwnStats, NoOwnStats> {
     tile::SmemArray<KVTile> k, v;
     tile::SmemArray<QTile> q[STAGES], dout[STAGES];
     tile::SmemArray<DsTile> ds;
-    float lse_log2[STAGES][BM];  // LSE·log2(e) per query row, +inf past the tile's rows
+    float lse_log2[STAGES][BM];  // LSE·log2(e) per query row (split tf32: row_max), +inf past the tile's rows
     float delta[STAGES][BM];     // Δ per query row, 0 past the tile's rows
   };
   // [16 keys, BM queries] per warp, fp32, Acc16 layout: element (i, j) = key g + 8i of the warp,
@@ -66,15 +78,60 @@ struct DqTiles {
   static constexpr int kRows = kWarps * kRowsPerWarp;
   using QTile = tile::SmemTile<T, kRows, HD, kPad>;  // [kRows, HD] queries, or dO
   using KVTile = tile::SmemTile<T, BN, HD, kPad>;    // [BN, HD] keys, or values
-  struct SharedStorage {
+  struct OwnStats {
+    float inv_sum[kRows];  // split tf32: row_inv_sum per query row, 0 past the rows
+  };
+  struct SharedStorage : std::conditional_t<kSplitTf32<T>, OwnStats, NoOwnStats> {
     tile::SmemArray<QTile> q, dout;
     tile::SmemArray<KVTile> k[STAGES], v[STAGES];
-    float lse_log2[kRows];
+    float lse_log2[kRows];  // LSE·log2(e) per query row (split tf32: row_max), +inf past the rows
     float delta[kRows];
   };
   using Scores = Acc16<BN>;  // [16 queries, BN keys] per warp: S, then P; dP, then dS
   using Output = Acc16<HD>;  // [16 queries, HD] per warp: dQ, unscaled
 };
+
+// P of one score s = q·k: 2^(s·scale_log2 - lse_log2) from the given LSE, or under split tf32 from
+// the row's own statistics (lse_log2 then holds row_max, inv_sum its row_inv_sum).
+template <class T>
+__device__ __forceinline__ float probability(const AttentionArgs& args, float s, float lse_log2, float inv_sum) {
+  if constexpr (kSplitTf32<T>) {
+    return own_probability(score_sign(args) * s, lse_log2, inv_sum, fabsf(args.scale_log2));
+  } else {
+    const float x = s * args.scale_log2 - lse_log2;
+    return kFastExp2<T> ? tile::exp2_fast(x) : tile::exp2_exact(x);
+  }
+}
+
+// S = Q·K^T (and with kDp, dP = dO·V^T) for a warp's 16 query rows from row0 of the [rows][d]
+// tiles q (dout) against the BN keys of k (v): the dQ kernel's products and the statistics
+// kernel's, one function so that the two agree bit for bit.
+template <class T, int HD, int BN, bool kDp, class Scores, class QTile, class KVTile>
+__device__ __forceinline__ void dq_products(Scores& s, Scores& dp, QTile q, QTile dout, KVTile k, KVTile v,
+                                            int row0) {
+  constexpr int kK = tile::warp::MmaOp<T>::kK;
+  s.fill(0.f);
+  if constexpr (kDp) dp.fill(0.f);
+  // Split tf32: two k-steps at a time (unrolled in full, hoisted fragment loads spill).
+#pragma unroll(kSplitTf32<T> ? 2 : HD / kK)
+  for (int k0 = 0; k0 < HD; k0 += kK) {
+    FragA<T> aq, ad;
+    load_a<T>(aq, q, row0, k0);
+    if constexpr (kDp) load_a<T>(ad, dout, row0, k0);
+#pragma unroll
+    for (int n0 = 0; n0 < BN; n0 += 16) {
+      FragB<T> bk[2], bv[2];
+      load_b_nk<T>(bk, k, n0, k0);
+      tile::warp::mma<T>(s.c[n0 / 8], aq, bk[0]);
+      tile::warp::mma<T>(s.c[n0 / 8 + 1], aq, bk[1]);
+      if constexpr (kDp) {
+        load_b_nk<T>(bv, v, n0, k0);
+        tile::warp::mma<T>(dp.c[n0 / 8], ad, bv[0]);
+        tile::warp::mma<T>(dp.c[n0 / 8 + 1], ad, bv[1]);
+      }
+    }
+  }
+}
 
 // The main loop of the main kernel. The caller has issued (not waited for) the K/V group.
 template <class T, class Tiles, int HD, int BM, int BN, int STAGES, int HEAD_SPLITS>
@@ -114,7 +171,12 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Ma
                                                       args.dout.at<const T>(q_start, rows.begin, h),
                                                       args.dout.seq_stride, valid, args.head_dim_v);
       const int64_t stat0 = args.stat_index(q_start, h, rows.begin);
-      block::load_vector_async<BM, Tiles::kThreads>(shared.lse_log2[stage], args.lse_log2 + stat0, valid, kPosInf);
+      if constexpr (kSplitTf32<T>) {
+        block::load_vector_async<BM, Tiles::kThreads>(shared.lse_log2[stage], args.row_max + stat0, valid, kPosInf);
+        block::load_vector_async<BM, Tiles::kThreads>(shared.inv_sum[stage], args.row_inv_sum + stat0, valid, 0.f);
+      } else {
+        block::load_vector_async<BM, Tiles::kThreads>(shared.lse_log2[stage], args.lse_log2 + stat0, valid, kPosInf);
+      }
       block::load_vector_async<BM, Tiles::kThreads>(shared.delta[stage], args.delta + stat0, valid, 0.f);
     }
     block::commit();
@@ -131,7 +193,7 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Ma
     const Range rows = rows_of(step);
 
     // S^T = K·Q^T and dP^T = V·dO^T for the warp's 16 keys: A from the key side, B from the
-    // [query][d] tiles (the "n × k" layout).
+    // [query][d] tiles (the "n × k" layout); each element summed as dq_products sums S and dP.
     typename Tiles::Scores s, dp;
     s.fill(0.f);
     dp.fill(0.f);
@@ -146,26 +208,26 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Ma
         FragB<T> bq[2], bd[2];
         load_b_nk<T>(bq, q, n0, k0);
         load_b_nk<T>(bd, dout, n0, k0);
-        tile::warp::mma<T>(s.c[n0 / 8], ak, bq[0]);
-        tile::warp::mma<T>(s.c[n0 / 8 + 1], ak, bq[1]);
-        tile::warp::mma<T>(dp.c[n0 / 8], av, bd[0]);
-        tile::warp::mma<T>(dp.c[n0 / 8 + 1], av, bd[1]);
+        tile::warp::mma_transposed<T>(s.c[n0 / 8], ak, bq[0]);
+        tile::warp::mma_transposed<T>(s.c[n0 / 8 + 1], ak, bq[1]);
+        tile::warp::mma_transposed<T>(dp.c[n0 / 8], av, bd[0]);
+        tile::warp::mma_transposed<T>(dp.c[n0 / 8 + 1], av, bd[1]);
       }
     }
 
-    // P^T = 2^(S^T·scale_log2 - LSE) (0 where masked), dS^T = P^T ∘ (dP^T - Δ); s becomes P^T and
-    // dp becomes dS^T.
+    // P^T (0 where masked), dS^T = P^T ∘ (dP^T - Δ); s becomes P^T and dp becomes dS^T.
     const bool full = rows.size() == BM && cols.size() == BN && mask.tile_is_full(rows, cols);
 #pragma unroll
     for (int j = 0; j < Tiles::Scores::kCols; ++j) {
       const int query = Tiles::Scores::col(j, t);
-      const float lse = shared.lse_log2[stage][query];
+      const float lse = shared.lse_log2[stage][query];  // split tf32: row_max
+      float inv_sum = 0.f;  // split tf32: row_inv_sum
+      if constexpr (kSplitTf32<T>) inv_sum = shared.inv_sum[stage][query];
       const float delta = shared.delta[stage][query];
       const Range seen = full ? Range{} : mask.keys(rows.begin + query);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const float x = s(i, j) * args.scale_log2 - lse;
-        float p = kFastExp2<T> ? tile::exp2_fast(x) : tile::exp2_exact(x);
+        float p = probability<T>(args, s(i, j), lse, inv_sum);
         if (!full) {
           const int64_t key = cols.begin + key_row0 + g + 8 * i;
           if (key < seen.begin || key >= seen.end) p = 0.f;
@@ -292,38 +354,21 @@ __device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, const Mas
     const Range cols{col0, col0 + BN < keys.end ? col0 + BN : keys.end};
 
     typename Tiles::Scores s, dp;  // [16, BN] S = Q·K^T and dP = dO·V^T for the warp's rows
-    s.fill(0.f);
-    dp.fill(0.f);
-    // Split tf32: two k-steps at a time (unrolled in full, hoisted fragment loads spill).
-#pragma unroll(kSplitTf32<T> ? 2 : HD / kK)
-    for (int k0 = 0; k0 < HD; k0 += kK) {
-      FragA<T> aq, ad;
-      load_a<T>(aq, q, warp_row0, k0);
-      load_a<T>(ad, dout, warp_row0, k0);
-#pragma unroll
-      for (int n0 = 0; n0 < BN; n0 += 16) {
-        FragB<T> bk[2], bv[2];
-        load_b_nk<T>(bk, k, n0, k0);
-        load_b_nk<T>(bv, v, n0, k0);
-        tile::warp::mma<T>(s.c[n0 / 8], aq, bk[0]);
-        tile::warp::mma<T>(s.c[n0 / 8 + 1], aq, bk[1]);
-        tile::warp::mma<T>(dp.c[n0 / 8], ad, bv[0]);
-        tile::warp::mma<T>(dp.c[n0 / 8 + 1], ad, bv[1]);
-      }
-    }
+    dq_products<T, HD, BN, true>(s, dp, q, dout, k, v, warp_row0);
 
-    // dp becomes dS = P ∘ (dP - Δ), P = 2^(S·scale_log2 - LSE), 0 where masked.
+    // dp becomes dS = P ∘ (dP - Δ), 0 where masked.
     const bool full = rows.size() == Tiles::kRows && cols.size() == BN && mask.tile_is_full(rows, cols);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = warp_row0 + g + 8 * i;
-      const float lse = shared.lse_log2[row];
+      const float lse = shared.lse_log2[row];  // split tf32: row_max
+      float inv_sum = 0.f;  // split tf32: row_inv_sum
+      if constexpr (kSplitTf32<T>) inv_sum = shared.inv_sum[row];
       const float delta = shared.delta[row];
       const Range seen = full ? Range{} : mask.keys(rows.begin + row);
 #pragma unroll
       for (int j = 0; j < Tiles::Scores::kCols; ++j) {
-        const float x = s(i, j) * args.scale_log2 - lse;
-        float p = kFastExp2<T> ? tile::exp2_fast(x) : tile::exp2_exact(x);
+        float p = probability<T>(args, s(i, j), lse, inv_sum);
         if (!full) {
           const int64_t key = cols.begin + Tiles::Scores::col(j, t);
           if (key < seen.begin || key >= seen.end) p = 0.f;

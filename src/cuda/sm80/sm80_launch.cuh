@@ -48,13 +48,23 @@ struct BwdShapes {
   using Dq = DqTiles<T, HD, kDqKeys, kDqStages>;
   static constexpr size_t kMainShared = sizeof(typename Main::SharedStorage);
   static constexpr size_t kDqShared = sizeof(typename Dq::SharedStorage);
+  // Split tf32's statistics kernel: the dQ kernel's shapes with one K/V stage, and 16 keys per
+  // step where its keys do not fit an A100's shared memory beside the Q and dO tiles (head dim
+  // 256). A score does not depend on the keys a step holds: the same S either way. 0 for the others.
+  static constexpr int kStatsKeys =
+      sizeof(typename StatsTiles<T, HD, kDqKeys>::SharedStorage) <= kSm80SharedBytes ? kDqKeys : kRowsPerWarp;
+  using Stats = StatsTiles<T, HD, kStatsKeys>;
+  static constexpr size_t kStatsShared = kSplitTf32<T> ? sizeof(typename Stats::SharedStorage) : 0;
+  static_assert(kStatsShared <= kSm80SharedBytes, "the statistics kernel fits an A100's shared memory");
 };
 
-// The main kernel's shared memory, or the larger of it and the deterministic dQ kernel's.
+// The most shared memory one kernel of the backward asks for: the main kernel's, split tf32's
+// statistics kernel's, and when deterministic the dQ kernel's.
 template <class T, int HD, int VARIANT>
 size_t backward_shared_bytes(bool deterministic) {
   using S = BwdShapes<T, HD, VARIANT>;
-  return deterministic && S::kDqShared > S::kMainShared ? S::kDqShared : S::kMainShared;
+  const size_t most = S::kStatsShared > S::kMainShared ? S::kStatsShared : S::kMainShared;
+  return deterministic && S::kDqShared > most ? S::kDqShared : most;
 }
 
 // Preprocess, main kernel, then convert (atomic dQ, args.dq_accum set) or the dQ kernel
@@ -76,6 +86,21 @@ Status backward(const AttentionArgs& args, cudaStream_t stream) {
     if (Status s = check_launch("sm80 backward preprocess launch"); !s.ok()) return s;
   }
 
+  // Split tf32: each row's own softmax max and sum (cuda/common/own_softmax.cuh says why), and Δ
+  // on peaked query tiles, before the kernels that form P from them.
+  const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, S::Dq::kRows)), unsigned(args.heads), unsigned(args.batch));
+  if constexpr (kSplitTf32<T>) {
+    if (q_grid.x > 0 && q_grid.y > 0 && q_grid.z > 0) {
+      const Status s = with_packing(args, [&](auto packed) {
+        auto kernel = bwd_stats_kernel<T, HD, S::kStatsKeys, S::dq.min_blocks, decltype(packed)::value>;
+        if (Status st = prepare_kernel(kernel, S::kStatsShared, "sm80 backward statistics"); !st.ok()) return st;
+        kernel<<<q_grid, kThreads, S::kStatsShared, stream>>>(args);
+        return check_launch("sm80 backward statistics kernel launch");
+      });
+      if (!s.ok()) return s;
+    }
+  }
+
   const dim3 kv_grid(unsigned(ceil_div(args.seqlen_k, c.tile_n)), unsigned(args.kv_heads), unsigned(args.batch));
   if (kv_grid.x > 0 && kv_grid.y > 0 && kv_grid.z > 0) {
     const Status s = with_packing(args, [&](auto packed) {
@@ -95,7 +120,6 @@ Status backward(const AttentionArgs& args, cudaStream_t stream) {
         row_args);
     return check_launch("sm80 backward dQ convert launch");
   }
-  const dim3 q_grid(unsigned(ceil_div(args.seqlen_q, S::Dq::kRows)), unsigned(args.heads), unsigned(args.batch));
   return with_packing(args, [&](auto packed) {
     auto kernel = bwd_dq_kernel<T, HD, S::kDqKeys, S::kDqStages, S::dq.min_blocks, decltype(packed)::value>;
     if (Status s = prepare_kernel(kernel, S::kDqShared, "sm80 backward dQ"); !s.ok()) return s;

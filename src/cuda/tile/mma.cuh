@@ -18,6 +18,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/tile/split_tf32.h"
 
@@ -94,6 +95,17 @@ struct MmaOp<tf32x3> {
 #pragma unroll
     for (int e = 0; e < 4; ++e) d[e] += cross[e];
   }
+  // run() with the cross terms in the other order (a_lo·b_hi, then a_hi·b_lo): element (i, j) of
+  // a·b is then summed as run() sums element (j, i) of b·a, the same products in the same order.
+  __device__ __forceinline__ static void run_transposed(float (&d)[4], const uint32_t (&a)[kA],
+                                                        const uint32_t (&b)[kB]) {
+    float cross[4] = {0.f, 0.f, 0.f, 0.f};  // [16, 8] a_lo·b_hi + a_hi·b_lo, fp32
+    mma_m16n8k8_tf32(cross, a[4], a[5], a[6], a[7], b[0], b[1]);
+    mma_m16n8k8_tf32(cross, a[0], a[1], a[2], a[3], b[2], b[3]);
+    mma_m16n8k8_tf32(d, a[0], a[1], a[2], a[3], b[0], b[1]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[e] += cross[e];
+  }
 };
 
 // d += a·b on the tensor cores for storage type T (fragments of MmaOp<T>::kA and kB registers).
@@ -101,6 +113,18 @@ template <class T>
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[MmaOp<T>::kA],
                                     const uint32_t (&b)[MmaOp<T>::kB]) {
   MmaOp<T>::run(d, a, b);
+}
+
+// d += a·b summed as mma<T>(b, a) sums the transposed element: a product formed both ways (the
+// sm80 backward's S^T = K·Q^T and its dQ kernel's S = Q·K^T, which its own-softmax statistics must
+// match bit for bit) agrees. Only split tf32 orders its terms by operand; the others are mma<T>.
+template <class T>
+__device__ __forceinline__ void mma_transposed(float (&d)[4], const uint32_t (&a)[MmaOp<T>::kA],
+                                               const uint32_t (&b)[MmaOp<T>::kB]) {
+  if constexpr (std::is_same_v<T, tf32x3>)
+    MmaOp<T>::run_transposed(d, a, b);
+  else
+    MmaOp<T>::run(d, a, b);
 }
 
 // Four 8×8 matrices of 16-bit elements from shared memory. Lane l gives the address of row l % 8
