@@ -199,7 +199,7 @@ struct FwdKernel {
     tile::PipelineState<kLandingStages> landing;
     for (;;) {
       shared.v_load_full[landing.index].wait(landing.phase);
-      if (*static_cast<volatile int*>(&shared.v_load_done)) break;
+      if (shared.v_load_done) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
       shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
       wg::transpose_k_major<BN, Shared::kHeadDimPadded, kTransposeWarps>(shared.v_load[landing.index],
                                                                           shared.v[pipe.index], warp, lane);

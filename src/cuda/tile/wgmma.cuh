@@ -192,31 +192,46 @@ __device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / kStepK<T>][4], cons
 // the same logical unit u, stored at units u ^ (r % 8): 8 distinct units, all 32 banks once.
 // Writes: 32 lanes, one destination row, 32 distinct positions p, bank 4 · ((p / 4) ^ row % 8) +
 // p % 4: a permutation of the 32 banks. Both conflict-free.
+// Addresses are shared-window (32-bit) and indices unsigned: the producer warpgroup runs this
+// on few registers.
 template <int ROWS, int COLS, int WARPS>
-__device__ __forceinline__ void transpose_k_major(const float* src, float* dst, int warp, int lane) {
+__device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, int warp, int lane) {
   static_assert(ROWS % 32 == 0 && COLS % 32 == 0, "whole 32-column chunks");
-  constexpr int kCols = 32;                      // fp32 columns per swizzled chunk
-  constexpr int kSrcChunkBytes = ROWS * kSwizzleBytes;
-  constexpr int kDstChunkBytes = COLS * kSwizzleBytes;
-  constexpr int kItems = (ROWS / 32) * (COLS / 4);
-  const char* s = reinterpret_cast<const char*>(src);
-  char* d = reinterpret_cast<char*>(dst);
-#pragma unroll 2
-  for (int item = warp; item < kItems; item += WARPS) {
-    const int row = (item / (COLS / 4)) * 32 + lane;  // source row: a key
-    const int col0 = (item % (COLS / 4)) * 4;         // first of 4 source columns
-    const int unit = (col0 % kCols) / 4;
-    const float4 x = *reinterpret_cast<const float4*>(s + (col0 / kCols) * kSrcChunkBytes + row * kSwizzleBytes +
-                                                      ((unit ^ (row % 8)) * 16));
-    const int p = tf32_position_of(row % kCols);      // position in the destination row
-    char* base = d + (row / kCols) * kDstChunkBytes + (p % 4) * 4;
-    const float v[4] = {x.x, x.y, x.z, x.w};
+  constexpr uint32_t kCols = 32;                      // fp32 columns per swizzled chunk
+  constexpr uint32_t kUnitCols = 4;                   // fp32 columns per 16-byte unit
+  constexpr uint32_t kUnitsPerRow = kCols / kUnitCols;  // 8: also the swizzle's period in rows
+  constexpr uint32_t kSrcChunkBytes = ROWS * kSwizzleBytes;
+  constexpr uint32_t kDstChunkBytes = COLS * kSwizzleBytes;
+  constexpr uint32_t kItemsPerBlock = COLS / kUnitCols;  // work items per 32 source rows
+  constexpr uint32_t kItems = (ROWS / kCols) * kItemsPerBlock;
+  const uint32_t l = uint32_t(lane);
+  const uint32_t p = uint32_t(tf32_position_of(int(l)));  // this lane's row's place in a destination row
+  const uint32_t src_lane = src + l * kSwizzleBytes;       // source row l of each 32-row block
+  const uint32_t dst_lane = dst + (p % kUnitCols) * 4;
+#pragma unroll 1
+  for (uint32_t item = uint32_t(warp); item < kItems; item += WARPS) {
+    const uint32_t block = item / kItemsPerBlock;  // 32 source rows: one destination chunk
+    const uint32_t unit = item % kItemsPerBlock;   // 16-byte unit of the source row (over its chunks)
+    float x[4];
+    const uint32_t from = src_lane + block * kCols * kSwizzleBytes + (unit / kUnitsPerRow) * kSrcChunkBytes +
+                          (((unit % kUnitsPerRow) ^ (l % kUnitsPerRow)) * 16);
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
+                 : "r"(from));
+    // Destination rows unit · 4 + i; their row % 8 is (unit % 2) · 4 + i.
+    const uint32_t to = dst_lane + block * kDstChunkBytes + unit * kUnitCols * kSwizzleBytes;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = col0 + i;  // destination row
-      *reinterpret_cast<uint32_t*>(base + r * kSwizzleBytes + (((p / 4) ^ (r % 8)) * 16)) = tile::to_tf32(v[i]);
+    for (uint32_t i = 0; i < kUnitCols; ++i) {
+      const uint32_t swizzle = ((p / kUnitCols) ^ ((unit % 2) * kUnitCols + i)) * 16;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(to + i * kSwizzleBytes + swizzle), "r"(tile::to_tf32(x[i]))
+                   : "memory");
     }
   }
+}
+template <int ROWS, int COLS, int WARPS>
+__device__ __forceinline__ void transpose_k_major(const float* src, float* dst, int warp, int lane) {
+  transpose_k_major<ROWS, COLS, WARPS>(static_cast<uint32_t>(__cvta_generic_to_shared(src)),
+                                       static_cast<uint32_t>(__cvta_generic_to_shared(dst)), warp, lane);
 }
 
 // stmatrix (sm_90): four 8×8 16-bit matrices from a warp's registers into shared memory. Lane l
