@@ -123,13 +123,18 @@ constexpr bool tf32_head_dim(int head_dim) { return head_dim >= 64 && padded_hea
 // Keys per tile and stages for a head dim: the largest score tile whose K/V ring still fits
 // shared memory next to the query tile (Q 128 × D, K and V stages of tile_n × D each).
 // fp32 (element_bytes 4): tiles take twice the bytes and V has a landing buffer next to its Vᵀ
-// ring: 128 keys at head dim 64 (Q 32 KiB + 2 × 32 K + 32 V + 2 × 32 Vᵀ = 192 KiB), 64 keys at
-// 96 and 128 (64 + 2 × 32 + 32 + 2 × 32 = 224 KiB; O staged over Q).
+// ring: 96 keys at head dim 64 (Q 32 KiB + 2 × 24 K + 24 V + 2 × 24 Vᵀ = 152 KiB, O staged apart),
+// 64 keys at 96 and 128 (64 + 2 × 32 + 32 + 2 × 32 = 224 KiB; O staged over Q). P as tf32 takes a
+// register per element (twice the 16-bit fragments): with 128 keys at head dim 64 the consumers
+// spilled at 240 registers (-Xptxas -v: 20 bytes), with 96 none do. Key tiles are whole 32-key
+// chunks of Vᵀ.
+inline constexpr int kTf32KeysSmall = 96;  // keys per tile at head dim 64
+inline constexpr int kTf32KeysLarge = 64;  // at 96 and 128
 constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2) {
   const int d = padded_head_dim(head_dim);
   if (element_bytes == 4) {
     const bool lazy = variant == kFwdDefault || variant == 5;
-    FwdConfig c{2, d <= 64 ? 128 : 64, 2, true, true, true, lazy, variant == kFwdDefault};
+    FwdConfig c{2, d <= 64 ? kTf32KeysSmall : kTf32KeysLarge, 2, true, true, true, lazy, variant == kFwdDefault};
     if (variant == 1) c.pingpong = false;
     if (variant == 2) c.overlap = c.pingpong = false;
     if (variant == 3) {  // compiled by no instance today; kept within shared memory
