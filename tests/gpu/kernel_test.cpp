@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda/sm90/sm90_config.h"
+#include "fmha/tune.h"
 #include "gpu_test_util.h"
 #include "tune/selection.h"
 
@@ -433,6 +434,31 @@ void add_backward_tensors(Refusal& r, DType dtype, int64_t head_dim) {
 }
 
 bool mentions(const Status& s, const std::string& word) { return s.message.find(word) != std::string::npos; }
+
+// The tf32 forward compiles the default configuration alone: naming it runs it, naming another
+// is refused with the reason (the tuner records such candidates as refused).
+TEST(Sm90Tf32, OnlyTheDefaultConfigurationIsCompiled) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
+  for (int d : compiled_head_dims()) {
+    if (!takes_head_dim(Backend::cuda_sm90, d, DType::fp32)) continue;
+    Refusal r = tiny_call(Backend::cuda_sm90, DType::fp32, d, 32);
+    r.params.precision = Precision::tf32;
+    for (const char* name : cuda::sm90::kFwdVariantNames) {
+      detail::CandidateScope scope(Backend::cuda_sm90, Direction::forward, name);
+      const Status s = supports(r.params, Direction::forward);
+      if (std::string(name) == cuda::sm90::kFwdVariantNames[cuda::sm90::kFwdDefault]) {
+        EXPECT_TRUE(s.ok()) << name << ": " << s.message;
+        VariantChoice choice;
+        EXPECT_TRUE(selected_variant(r.params, Direction::forward, &choice).ok());
+        EXPECT_EQ(choice.variant, name);
+      } else {
+        EXPECT_EQ(s.code, Code::unsupported) << name << ": " << s.message;
+        EXPECT_TRUE(mentions(s, "FMHA_SM90_FWD_CONFIG")) << s.message;
+      }
+    }
+  }
+}
 
 TEST(Refuse, SmallTierLimits) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
