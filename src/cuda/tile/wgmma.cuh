@@ -200,6 +200,7 @@ __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, in
   constexpr uint32_t kCols = 32;                      // fp32 columns per swizzled chunk
   constexpr uint32_t kUnitCols = 4;                   // fp32 columns per 16-byte unit
   constexpr uint32_t kUnitsPerRow = kCols / kUnitCols;  // 8: also the swizzle's period in rows
+  constexpr uint32_t kUnitBytes = kSwizzleBytes / kUnitsPerRow;  // 16
   constexpr uint32_t kSrcChunkBytes = ROWS * kSwizzleBytes;
   constexpr uint32_t kDstChunkBytes = COLS * kSwizzleBytes;
   constexpr uint32_t kItemsPerBlock = COLS / kUnitCols;  // work items per 32 source rows
@@ -207,14 +208,14 @@ __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, in
   const uint32_t l = uint32_t(lane);
   const uint32_t p = uint32_t(tf32_position_of(int(l)));  // this lane's row's place in a destination row
   const uint32_t src_lane = src + l * kSwizzleBytes;       // source row l of each 32-row block
-  const uint32_t dst_lane = dst + (p % kUnitCols) * 4;
+  const uint32_t dst_lane = dst + (p % kUnitCols) * uint32_t(sizeof(float));
 #pragma unroll 1
   for (uint32_t item = uint32_t(warp); item < kItems; item += WARPS) {
     const uint32_t block = item / kItemsPerBlock;  // 32 source rows: one destination chunk
     const uint32_t unit = item % kItemsPerBlock;   // 16-byte unit of the source row (over its chunks)
     float x[4];
     const uint32_t from = src_lane + block * kCols * kSwizzleBytes + (unit / kUnitsPerRow) * kSrcChunkBytes +
-                          (((unit % kUnitsPerRow) ^ (l % kUnitsPerRow)) * 16);
+                          (((unit % kUnitsPerRow) ^ (l % kUnitsPerRow)) * kUnitBytes);
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                  : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
                  : "r"(from));
@@ -222,7 +223,7 @@ __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, in
     const uint32_t to = dst_lane + block * kDstChunkBytes + unit * kUnitCols * kSwizzleBytes;
 #pragma unroll
     for (uint32_t i = 0; i < kUnitCols; ++i) {
-      const uint32_t swizzle = ((p / kUnitCols) ^ ((unit % 2) * kUnitCols + i)) * 16;
+      const uint32_t swizzle = ((p / kUnitCols) ^ ((unit % 2) * kUnitCols + i)) * kUnitBytes;
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(to + i * kSwizzleBytes + swizzle), "r"(tile::to_tf32(x[i]))
                    : "memory");
     }
