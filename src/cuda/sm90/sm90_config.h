@@ -120,30 +120,27 @@ constexpr int default_fwd_variant(int head_dim, int64_t seqlen_q, bool masked) {
 inline constexpr int kTf32MaxHeadDim = 128;
 constexpr bool tf32_head_dim(int head_dim) { return head_dim >= 64 && padded_head_dim(head_dim) <= kTf32MaxHeadDim; }
 
-// Keys per tile and stages for a head dim: the largest score tile whose K/V ring still fits
-// shared memory next to the query tile (Q 128 × D, K and V stages of tile_n × D each).
-// fp32 (element_bytes 4): tiles take twice the bytes and V has a landing buffer next to its Vᵀ
-// ring: 96 keys at head dim 64 (Q 32 KiB + 2 × 24 K + 24 V + 2 × 24 Vᵀ = 152 KiB, O staged apart),
-// 64 keys at 96 and 128 (64 + 2 × 32 + 32 + 2 × 32 = 224 KiB; O staged over Q). P as tf32 takes a
-// register per element (twice the 16-bit fragments): with 128 keys at head dim 64 the consumers
-// spilled at 240 registers (-Xptxas -v: 20 bytes), with 96 none do. Key tiles are whole 32-key
-// chunks of Vᵀ.
+// The tf32 forward's configuration: the default schedule (pingpong, carried turns, lazy
+// rescaling, folded scale) alone; fp32 tiles take twice the bytes and V has a landing buffer next
+// to its Vᵀ ring: 96 keys at head dim 64 (Q 32 KiB + 2 × 24 K + 24 V + 2 × 24 Vᵀ = 152 KiB, O
+// staged apart), 64 keys at 96 and 128 (64 + 2 × 32 + 32 + 2 × 32 = 224 KiB; O staged over Q).
+// P as tf32 takes a register per element (twice the 16-bit fragments): with 128 keys at head
+// dim 64 the consumers spilled at 240 registers (-Xptxas -v: 20 bytes), with 96 none do. Key
+// tiles are whole 32-key chunks of Vᵀ.
 inline constexpr int kTf32KeysSmall = 96;  // keys per tile at head dim 64
 inline constexpr int kTf32KeysLarge = 64;  // at 96 and 128
+constexpr FwdConfig tf32_fwd_config(int head_dim) {
+  return FwdConfig{2, padded_head_dim(head_dim) <= 64 ? kTf32KeysSmall : kTf32KeysLarge, 2, true, true, true, true,
+                   true};
+}
+
+// Keys per tile and stages for a head dim: the largest score tile whose K/V ring still fits
+// shared memory next to the query tile (Q 128 × D, K and V stages of tile_n × D each).
+// element_bytes 4 (fp32 storage, tf32): tf32_fwd_config, whatever the variant (only the default
+// is compiled).
 constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2) {
+  if (element_bytes == 4) return tf32_fwd_config(head_dim);
   const int d = padded_head_dim(head_dim);
-  if (element_bytes == 4) {
-    const bool lazy = variant == kFwdDefault || variant == 5;
-    FwdConfig c{2, d <= 64 ? kTf32KeysSmall : kTf32KeysLarge, 2, true, true, true, lazy, variant == kFwdDefault};
-    if (variant == 1) c.pingpong = false;
-    if (variant == 2) c.overlap = c.pingpong = false;
-    if (variant == 3) {  // compiled by no instance today; kept within shared memory
-      c.consumers = 3;
-      c.tile_n = 64;
-      c.stages = d <= 64 ? 2 : 1;
-    }
-    return c;
-  }
   const bool lazy = variant == kFwdDefault || variant == 5;
   FwdConfig c{2, 128, 2, true, true, true, lazy, variant == kFwdDefault};
   if (d <= 64) c.stages = 3;
