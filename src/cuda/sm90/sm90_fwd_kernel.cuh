@@ -118,9 +118,9 @@ struct FwdKernel {
         shared.work_tile[q_phase] = PACKED ? kNoWork : t;
         shared.q_full.arrive();
         if constexpr (kTransposeV) {  // the transposing warps stop at the next landing slot
-          shared.v_load_empty[landing.index].wait(landing.phase ^ 1);
-          shared.v_load_done = 1;
-          shared.v_load_full[landing.index].arrive();
+          shared.landing.empty[landing.index].wait(landing.phase ^ 1);
+          shared.landing.done = 1;
+          shared.landing.full[landing.index].arrive();
         }
         break;
       }
@@ -176,8 +176,8 @@ struct FwdKernel {
         const int col0 = k_row + j * BN;
         if (j > 0) load_keys(j);
         if constexpr (kTransposeV) {
-          shared.v_load_empty[landing.index].wait(landing.phase ^ 1);
-          load_tile(shared.v_load[landing.index], &params.v, BN, col0, kv_head, shared.v_load_full[landing.index],
+          shared.landing.empty[landing.index].wait(landing.phase ^ 1);
+          load_tile(shared.v_load[landing.index], &params.v, BN, col0, kv_head, shared.landing.full[landing.index],
                     Shared::kKVBytes);
           landing.advance();
         } else {
@@ -198,15 +198,15 @@ struct FwdKernel {
     tile::PipelineState<STAGES> pipe;
     tile::PipelineState<kLandingStages> landing;
     for (;;) {
-      shared.v_load_full[landing.index].wait(landing.phase);
-      if (shared.v_load_done) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
+      shared.landing.full[landing.index].wait(landing.phase);
+      if (shared.landing.done) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
       shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
       wg::transpose_k_major<BN, Shared::kHeadDimPadded, kTransposeWarps>(shared.v_load[landing.index],
                                                                           shared.v[pipe.index], warp, lane);
       tile::fence_async_shared();
       __syncwarp();
       if (lane == 0) {
-        shared.v_load_empty[landing.index].arrive();
+        shared.landing.empty[landing.index].arrive();
         shared.v_full[pipe.index].arrive();
       }
       landing.advance();
@@ -266,11 +266,13 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1
       shared.k_empty[s].init(K::kConsumers * K::Mainloop::kConsumerWarps);
       shared.v_empty[s].init(K::kConsumers * K::Mainloop::kConsumerWarps);
     }
-    for (int s = 0; s < K::Shared::kLoadStages; ++s) {
-      shared.v_load_full[s].init(1);
-      shared.v_load_empty[s].init(K::kTransposeWarps);
+    if constexpr (K::kTransposeV) {
+      for (int s = 0; s < K::Shared::kLoadStages; ++s) {
+        shared.landing.full[s].init(1);
+        shared.landing.empty[s].init(K::kTransposeWarps);
+      }
+      shared.landing.done = 0;
     }
-    shared.v_load_done = 0;
     tile::fence_barrier_init();
   }
   __syncthreads();

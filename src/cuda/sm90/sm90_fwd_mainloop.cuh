@@ -37,6 +37,25 @@ namespace wg = tile::warpgroup;
 // finishes its softmax, P·V and epilogue. Where that buffer does not fit (head dims above 128,
 // whose K/V ring takes the room), the query tile doubles as the staging buffer: a consumer
 // warpgroup writes its O rows over its own Q rows, and Q is released once the store has read them.
+// The V landing buffer's barriers (fp32): TMA fills a stage (full), the transposing warps
+// release it (empty); `done` is the producer's flag that no V tile follows, set before its last
+// arrival on full. Empty without landing stages.
+template <int STAGES>
+struct LandingBarriers {
+  tile::MBarrier full[STAGES], empty[STAGES];
+  int done;
+};
+template <>
+struct LandingBarriers<0> {};
+// The V landing buffer itself (fp32): STAGES tiles of ELEMENTS, swizzle-atom aligned for TMA.
+template <class T, int STAGES, int ELEMENTS>
+struct LandingBuffer {
+  alignas(wg::kSwizzleAtomBytes) T tile[STAGES][ELEMENTS];
+  __device__ __forceinline__ T* operator[](int stage) { return tile[stage]; }
+};
+template <class T, int ELEMENTS>
+struct LandingBuffer<T, 0, ELEMENTS> {};
+
 template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O>
 struct FwdShared {
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
@@ -55,8 +74,8 @@ struct FwdShared {
   alignas(wg::kSwizzleAtomBytes) T q[BM * kHeadDimPadded];        // [chunks][BM, 64] queries, then O
   alignas(wg::kSwizzleAtomBytes) T k[STAGES][BN * kHeadDimPadded];  // [chunks][BN, 64] keys
   alignas(wg::kSwizzleAtomBytes) T v[STAGES][BN * kHeadDimPadded];  // [chunks][BN, C] values (fp32: Vᵀ)
-  // fp32: [chunks][BN, 32] values as TMA writes them (a token element otherwise)
-  alignas(wg::kSwizzleAtomBytes) T v_load[kLoadStages > 0 ? kLoadStages : 1][kLoadStages > 0 ? BN * kHeadDimPadded : 1];
+  // fp32: [stages][chunks][BN, 32] values as TMA writes them (LandingBuffer; nothing at 16 bits)
+  [[no_unique_address]] LandingBuffer<T, kLoadStages, BN * kHeadDimPadded> v_load;
   // [chunks][BM, 64] output staging (a token element when O is staged over Q)
   alignas(wg::kSwizzleAtomBytes) T o[SEPARATE_O ? BM * kHeadDimPadded : 1];
   tile::MBarrier q_full, q_empty;
@@ -82,10 +101,9 @@ struct FwdShared {
   }
   tile::MBarrier k_full[STAGES], k_empty[STAGES];
   tile::MBarrier v_full[STAGES], v_empty[STAGES];
-  // fp32: the landing buffer's barriers (TMA fills, the transposing warps release), and the
-  // producer's flag that no V tile follows (set before its last arrival on v_load_full).
-  tile::MBarrier v_load_full[kLoadStages > 0 ? kLoadStages : 1], v_load_empty[kLoadStages > 0 ? kLoadStages : 1];
-  int v_load_done;
+  // fp32: the landing buffer's barriers and flag (LandingBarriers); nothing at 16 bits, whose
+  // shared memory keeps its size.
+  [[no_unique_address]] LandingBarriers<kLoadStages> landing;
 };
 
 // One consumer warpgroup's state across the key tiles of a work tile.
