@@ -219,7 +219,8 @@ if(_fmha_sm80_archs)
   endforeach()
 endif()
 
-# sm90 forward instances: every variant at the tuned head dims, the default elsewhere.
+# sm90 forward instances: every variant at the tuned head dims, the default elsewhere (fp16, bf16);
+# fp32 (tf32) in the default variant at head dims up to 128.
 if(_fmha_sm90)
   foreach(hd IN LISTS FMHA_HEAD_DIMS)
     if(hd LESS 64)
@@ -242,6 +243,13 @@ if(_fmha_sm90)
           "template fmha::Status fmha::cuda::sm90::backward<${t}, ${hd}>(const fmha::cuda::sm90::BwdParams&, cudaStream_t);\ntemplate size_t fmha::cuda::sm90::backward_shared_bytes<${t}, ${hd}>();")
       endif()
     endforeach()
+    # The tf32 forward (fp32 storage): the default configuration only, head dims up to
+    # kTf32MaxHeadDim (128); one TU each.
+    if(hd LESS_EQUAL 128)
+      set(t "fmha::cuda::sm90::fp32_t")
+      _fmha_instance(_fmha_sm90_sources "sm90_fwd_fp32_hd${hd}_default" "cuda/sm90/sm90_launch.cuh"
+        "template fmha::Status fmha::cuda::sm90::forward<${t}, ${hd}, fmha::cuda::sm90::kFwdDefault>(const fmha::cuda::sm90::FwdParams&, int, cudaStream_t);\ntemplate size_t fmha::cuda::sm90::forward_shared_bytes<${t}, ${hd}, fmha::cuda::sm90::kFwdDefault>();")
+    endif()
   endforeach()
 endif()
 

@@ -72,7 +72,9 @@ size_t dtype_size(DType dtype);
 enum class Causal : int { none, top_left, bottom_right };
 
 // For fp32 storage: `ieee` computes in exact fp32 (FMA) arithmetic; `tf32` lets GPU tiers use
-// tf32 tensor cores (the CPU path emulates it by rounding the matmul operands to tf32).
+// tf32 tensor cores (the CPU path emulates it by rounding the matmul operands to tf32; the sm90
+// tier's forward rounds P and V but truncates Q and K, whose tiles its tensor cores read as they
+// are stored: the top 19 bits of each fp32 value).
 // `tf32x3` ("split tf32") keeps fp32 accuracy on tf32 tensor cores: every matmul operand x is
 // split into hi = tf32(x) and lo = tf32(x - hi), and each product is hi·hi + hi·lo + lo·hi (three
 // tensor-core products, fp32 accumulation; the lo·lo term, below 2^-22 of the product, is

@@ -34,6 +34,17 @@ double unit_roundoff(DType d) {
   }
 }
 
+// The sm90 tier's tf32 Q·Kᵀ reads Q and K straight from TMA's tiles: the tensor cores use the
+// top 19 bits of each fp32 operand (truncation to tf32, not rounding).
+float truncate_to_tf32(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits &= 0xFFFFE000u;
+  std::memcpy(&x, &bits, sizeof bits);
+  return x;
+}
+bool truncates_scores(const Case& c) { return c.precision == Precision::tf32 && c.backend == Backend::cuda_sm90; }
+
 // The rounding the tier applies to matmul operands (P, dS; and inputs for tf32).
 float round_matmul(const Case& c, float x) {
   if (c.precision == Precision::tf32) return round_to_tf32(x);
@@ -101,6 +112,8 @@ NaiveForward naive_forward(const HostProblem& hp) {
   r.lse.assign(size_t(c.batch * c.heads * c.seqlen_q), -std::numeric_limits<float>::infinity());
   const bool tf32 = c.precision == Precision::tf32;
   auto in = [&](float x) { return tf32 ? round_to_tf32(x) : x; };
+  // Q and K as the tier's Q·Kᵀ sees them.
+  auto in_qk = [&](float x) { return truncates_scores(c) ? truncate_to_tf32(x) : in(x); };
   std::vector<float> scores, acc(size_t(c.head_dim_v));
   for (int64_t b = 0; b < c.batch; ++b)
     for (int64_t h = 0; h < c.heads; ++h)
@@ -113,7 +126,7 @@ NaiveForward naive_forward(const HostProblem& hp) {
         for (int64_t j = keys.begin; j < keys.end; ++j) {
           float dot = 0.f;
           for (int64_t d = 0; d < c.head_dim; ++d)
-            dot = std::fma(in(at(hp.q, c.dtype, L.q, b, i, h, d)), in(at(hp.k, c.dtype, L.k, b, j, kvh, d)), dot);
+            dot = std::fma(in_qk(at(hp.q, c.dtype, L.q, b, i, h, d)), in_qk(at(hp.k, c.dtype, L.k, b, j, kvh, d)), dot);
           scores[size_t(j - keys.begin)] = dot * s.scale;
           m = std::max(m, dot * s.scale);
         }

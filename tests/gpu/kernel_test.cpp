@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda/sm90/sm90_config.h"
+#include "fmha/tune.h"
 #include "gpu_test_util.h"
 #include "tune/selection.h"
 
@@ -33,11 +34,17 @@ bool tier_available(Backend b) {
 
 // The sm90 backward covers head dims up to 128; its larger backward cases are refused (tested
 // below) and skip.
+// Its tf32 forward (fp32 storage) has no backward (sm80 runs it; refusal tested below).
 bool has_backward(const Case& c) {
+  if (c.backend == Backend::cuda_sm90 && c.dtype == DType::fp32) return false;
   return c.backend != Backend::cuda_sm90 || std::max(c.head_dim, c.head_dim_v) <= 128;
 }
-// Head dims below 64 run on sm80 (sm90 refuses them, tested below).
-bool takes_head_dim(Backend b, int head_dim) { return b != Backend::cuda_sm90 || head_dim >= 64; }
+// Head dims below 64 run on sm80 (sm90 refuses them, tested below); its tf32 forward takes 64 to
+// 128.
+bool takes_head_dim(Backend b, int head_dim, DType dtype = DType::bf16) {
+  if (b == Backend::cuda_sm90 && dtype == DType::fp32) return head_dim >= 64 && head_dim <= 128;
+  return b != Backend::cuda_sm90 || head_dim >= 64;
+}
 
 // The (backend, dtype, precision) combinations of each tier.
 struct Flavor {
@@ -51,7 +58,8 @@ const Flavor kFlavors[] = {{Backend::cuda_simt, DType::fp32, Precision::ieee},
                            {Backend::cuda_sm80, DType::fp32, Precision::tf32},
                            {Backend::cuda_sm80, DType::fp32, Precision::tf32x3},
                            {Backend::cuda_sm90, DType::fp16, Precision::ieee},
-                           {Backend::cuda_sm90, DType::bf16, Precision::ieee}};
+                           {Backend::cuda_sm90, DType::bf16, Precision::ieee},
+                           {Backend::cuda_sm90, DType::fp32, Precision::tf32}};
 
 Case base(const Flavor& f, int head_dim) {
   Case c;
@@ -71,11 +79,18 @@ struct Named {
 std::vector<Named> all_cases() {
   std::vector<Named> out;
   const std::vector<int> dims = compiled_head_dims();
-  const int main_dim = std::find(dims.begin(), dims.end(), 64) != dims.end() ? 64 : dims.back();
+  const int main_dim_all = std::find(dims.begin(), dims.end(), 64) != dims.end() ? 64 : dims.back();
   for (const Flavor& f : kFlavors) {
+    int main_dim = main_dim_all;
+    if (!takes_head_dim(f.backend, main_dim, f.dtype)) {  // sm90 tf32 without 64: its largest compiled one
+      main_dim = 0;
+      for (int hd : dims)
+        if (takes_head_dim(f.backend, hd, f.dtype)) main_dim = hd;
+      if (main_dim == 0) continue;
+    }
     // Every compiled head dim on a ragged GQA shape, causal and not.
     for (int hd : dims) {
-      if (!takes_head_dim(f.backend, hd)) continue;
+      if (!takes_head_dim(f.backend, hd, f.dtype)) continue;
       Case c = base(f, hd);
       c.batch = 2, c.seqlen_q = 65, c.seqlen_k = 63, c.heads = 4, c.kv_heads = 2;
       out.push_back({c, true});
@@ -120,14 +135,14 @@ std::vector<Named> all_cases() {
       c = base(f, main_dim);
       c.batch = 300, c.heads = 256, c.kv_heads = 32, c.seqlen_q = 1, c.seqlen_k = 5;
       out.push_back({c, false});
-      if (std::find(dims.begin(), dims.end(), 128) != dims.end()) {
+      if (std::find(dims.begin(), dims.end(), 128) != dims.end() && takes_head_dim(f.backend, 128, f.dtype)) {
         c = base(f, 128);
         c.seqlen_q = 1000, c.seqlen_k = 1000, c.heads = 16, c.kv_heads = 2, c.causal = Causal::bottom_right;
         out.push_back({c, false});
       }
     }
     for (int hd : dims) {
-      if (hd < 64) continue;
+      if (hd < 64 || !takes_head_dim(f.backend, hd, f.dtype)) continue;
       Case c = base(f, hd);
       c.head_dim_v = hd / 2;
       c.seqlen_q = 77, c.seqlen_k = 90, c.heads = 2, c.kv_heads = 1;
@@ -234,6 +249,34 @@ TEST(Sm90Variants, EveryForwardVariantMatchesTheOracle) {
             EXPECT_TRUE(msg.empty()) << name << " " << c.name() << " (seed " << test_seed()
                                      << ", FMHA_TEST_SEED to repeat)\n" << msg;
           }
+    }
+  }
+}
+
+// The sm90 tf32 forward (fp32 storage): schedules agree bitwise, rows rescale lazily on growing
+// scores, and longer sequences (many key tiles through the Vᵀ ring, several work tiles per
+// block) match the oracle, at every head dim it takes.
+TEST(Sm90Tf32, ForwardSchedulesRampsAndLongSequences) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
+  for (int d : compiled_head_dims()) {
+    if (!takes_head_dim(Backend::cuda_sm90, d, DType::fp32)) continue;
+    for (Causal causal : {Causal::none, Causal::bottom_right}) {
+      Case c;
+      c.backend = Backend::cuda_sm90, c.dtype = DType::fp32, c.precision = Precision::tf32;
+      c.head_dim = c.head_dim_v = d;
+      c.batch = 3, c.heads = 16, c.kv_heads = 4, c.seqlen_q = 700, c.seqlen_k = 900, c.causal = causal;
+      std::string msg = check_schedules_agree(c, test_seed());
+      EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
+      for (double ramp : {0.0, 800.0}) {
+        c.batch = 1, c.heads = 2, c.kv_heads = 1, c.seqlen_q = 200, c.seqlen_k = 1100, c.key_ramp = ramp;
+        msg = check_forward(c, test_seed());
+        EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ", FMHA_TEST_SEED to repeat)\n" << msg;
+      }
+      c.key_ramp = 0.0;
+      c.batch = 2, c.heads = 2, c.kv_heads = 2, c.seqlen_q = 1500, c.seqlen_k = 2100;
+      msg = check_forward(c, test_seed());
+      EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ", FMHA_TEST_SEED to repeat)\n" << msg;
     }
   }
 }
@@ -392,6 +435,31 @@ void add_backward_tensors(Refusal& r, DType dtype, int64_t head_dim) {
 
 bool mentions(const Status& s, const std::string& word) { return s.message.find(word) != std::string::npos; }
 
+// The tf32 forward compiles the default configuration alone: naming it runs it, naming another
+// is refused with the reason (the tuner records such candidates as refused).
+TEST(Sm90Tf32, OnlyTheDefaultConfigurationIsCompiled) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
+  for (int d : compiled_head_dims()) {
+    if (!takes_head_dim(Backend::cuda_sm90, d, DType::fp32)) continue;
+    Refusal r = tiny_call(Backend::cuda_sm90, DType::fp32, d, 32);
+    r.params.precision = Precision::tf32;
+    for (const char* name : cuda::sm90::kFwdVariantNames) {
+      detail::CandidateScope scope(Backend::cuda_sm90, Direction::forward, name);
+      const Status s = supports(r.params, Direction::forward);
+      if (std::string(name) == cuda::sm90::kFwdVariantNames[cuda::sm90::kFwdDefault]) {
+        EXPECT_TRUE(s.ok()) << name << ": " << s.message;
+        VariantChoice choice;
+        EXPECT_TRUE(selected_variant(r.params, Direction::forward, &choice).ok());
+        EXPECT_EQ(choice.variant, name);
+      } else {
+        EXPECT_EQ(s.code, Code::unsupported) << name << ": " << s.message;
+        EXPECT_TRUE(mentions(s, "FMHA_SM90_FWD_CONFIG")) << s.message;
+      }
+    }
+  }
+}
+
 TEST(Refuse, SmallTierLimits) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   const int hd = compiled_head_dims().front();
@@ -490,10 +558,29 @@ TEST(Refuse, SmallTierLimits) {
       EXPECT_TRUE(mentions(s, word)) << s.message;
     };
     {
+      // fp32: ieee and tf32x3 are refused; tf32 runs forward at head dims 64 to 128, the
+      // backward goes to sm80.
       Refusal r = tiny_call(Backend::cuda_sm90, DType::fp32, big);
       refused(r, Direction::forward, "precision");
       r.params.precision = Precision::tf32x3;
       refused(r, Direction::forward, "precision");
+      r.params.precision = Precision::tf32;
+      if (big > 128) refused(r, Direction::forward, "head_dim");
+      for (int d : compiled_head_dims()) {
+        if (d < 64 || d > 128) continue;
+        Refusal t = tiny_call(Backend::cuda_sm90, DType::fp32, d, 32);
+        t.params.precision = Precision::tf32;
+        EXPECT_TRUE(supports(t.params, Direction::forward).ok()) << supports(t.params, Direction::forward).message;
+        add_backward_tensors(t, DType::fp32, d);
+        refused(t, Direction::backward, "precision");
+        // auto: the tf32 forward on sm90, its backward on sm80.
+        t.params.backend = Backend::auto_select;
+        Backend chosen{};
+        ASSERT_TRUE(select_backend(t.params, Direction::forward, &chosen).ok());
+        EXPECT_EQ(chosen, Backend::cuda_sm90);
+        ASSERT_TRUE(select_backend(t.params, Direction::backward, &chosen).ok());
+        EXPECT_EQ(chosen, Backend::cuda_sm80);
+      }
     }
     const auto dims = compiled_head_dims();
     if (std::find(dims.begin(), dims.end(), 128) != dims.end()) {

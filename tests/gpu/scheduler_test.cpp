@@ -89,6 +89,33 @@ TEST(Sm90Config, EveryVariantFitsSharedMemoryAndTheRegisterFile) {
     }
 }
 
+// The tf32 forward (fp32 storage): its default configuration at the head dims it takes fits
+// shared memory with Q, the K and Vᵀ rings and V's landing buffer in fp32 (O staged over Q where
+// a buffer of its own does not fit), its key tiles are whole 32-key chunks of Vᵀ, and the producer
+// keeps the registers its transposing warps need.
+TEST(Sm90Config, Tf32ForwardFitsAndTakesWholeKeyChunks) {
+  for (int head_dim : {64, 96, 128}) {
+    ASSERT_TRUE(tf32_head_dim(head_dim)) << head_dim;
+    const FwdConfig c = fwd_config(head_dim, kFwdDefault, 4);
+    const size_t d = size_t(padded_head_dim(head_dim));
+    const size_t bytes = 4 * (size_t(c.tile_m()) * d + size_t(2) * c.stages * c.tile_n * d + size_t(c.tile_n) * d);
+    EXPECT_LE(bytes + 1024 + 1024, kSharedLimit) << "head_dim " << head_dim;
+    EXPECT_EQ(c.tile_n % chunk_cols(4), 0) << "Vᵀ holds whole chunks of 32 keys";
+    EXPECT_EQ(c.tile_n % 8, 0) << "P·V runs k8 steps over the keys";
+    EXPECT_TRUE(c.pingpong && c.lazy_rescale && c.chain_turns) << "the tf32 forward runs the default schedule";
+    EXPECT_GE(producer_registers(c.consumers, false, head_dim, true), 32) << "the transposing warps need 32";
+    constexpr int kRegisterFile = 65536;
+    EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers, false, head_dim, true) +
+                                   c.consumers * consumer_registers(c.consumers)),
+              kRegisterFile);
+  }
+  EXPECT_FALSE(tf32_head_dim(32));
+  EXPECT_FALSE(tf32_head_dim(192));
+  EXPECT_FALSE(tf32_head_dim(256));
+  EXPECT_EQ(chunk_cols(2), kChunkCols);
+  EXPECT_EQ(chunk_cols(4), 32);
+}
+
 TEST(Sm90Config, DefaultVariantByShape) {
   // Head dim 64: c3, except masked problems with few query rows (poly8); pingpong at every other head dim.
   EXPECT_EQ(default_fwd_variant(64, 512, false), kFwdC3);

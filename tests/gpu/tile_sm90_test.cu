@@ -339,6 +339,114 @@ TEST(Sm90Tile, WgmmaRegisterATransposedB) {
   check_wgmma_rs<256, 64>();
 }
 
+// ---- tf32: O[64, N] = P[64, K] · V[K, N], V transposed in shared memory -------------------------
+// V (row-major [K, N] fp32, as TMA lands it: [K, 32] swizzled chunks) is transposed by a
+// warpgroup into Vᵀ (K-major: [N, 32] chunks of keys, each 8 permuted as a_from_acc<float>
+// orders P's k), then O = P·V on tf32 wgmma with A from registers. Values are exact in tf32
+// (bf16 values), so any misplaced element shows.
+template <int N, int K>
+__global__ void wgmma_tf32_transposed_kernel(const float* p, const float* v, float* o) {
+  __shared__ alignas(1024) float v_smem[K * N];
+  __shared__ alignas(1024) float vt_smem[N * K];
+  const int t = threadIdx.x;
+  {
+    char* base = reinterpret_cast<char*>(v_smem);
+    for (int e = t; e < K * N; e += blockDim.x)
+      *reinterpret_cast<float*>(base + wg::swizzled_offset<float>(e / N, e % N, K * wg::kSwizzleBytes)) = v[e];
+  }
+  __syncthreads();
+  wg::transpose_k_major<K, N, wg::kThreads / 32>(v_smem, vt_smem, t / 32, t % 32);
+  tile::fence_async_shared();
+  __syncthreads();
+  wg::Accumulator<K> scores;
+  load_accumulator(scores, p, t);
+  uint32_t a[K / 8][4];
+  wg::a_from_acc<float>(a, scores);
+  wg::Accumulator<N> acc;
+  acc.fill(0.f);
+  constexpr int kVtChunkBytes = N * wg::kSwizzleBytes;
+  const uint64_t b0 = wg::k_major_desc<float, 8>(vt_smem, 0, 0, kVtChunkBytes);
+  wg::fence();
+#pragma unroll
+  for (int kb = 0; kb < K / 8; ++kb)
+    wg::Wgmma<float, N>::template rs<0>(acc.d, a[kb], b0 + wg::k_major_step<float>(kb * 8, kVtChunkBytes), 1);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operand(acc.d);
+  wg::fence_operand(a);
+  store_accumulator(o, acc, t);
+}
+
+template <int N, int K>
+void check_wgmma_tf32_transposed() {
+  std::vector<float> p(64 * K), v(size_t(K) * N);
+  {
+    const auto r = random_bf16(p.size(), 5);
+    for (size_t i = 0; i < p.size(); ++i) p[i] = f(r[i]);
+    const auto w = random_bf16(v.size(), 6);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = f(w[i]);
+  }
+  float* dp = to_device(p);
+  float* dv = to_device(v);
+  float* dout = poisoned_device<float>(64 * N);
+  wgmma_tf32_transposed_kernel<N, K><<<1, wg::kThreads>>>(dp, dv, dout);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto o = to_host(dout, 64 * N);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < N; ++n) {
+      double want = 0;
+      for (int k = 0; k < K; ++k) want += double(p[size_t(m * K + k)]) * v[size_t(k * N + n)];
+      ASSERT_NEAR(o[size_t(m * N + n)], want, 1e-4 * (1 + std::fabs(want))) << "N " << N << " K " << K << " at " << m
+                                                                               << ", " << n;
+    }
+  cudaFree(dp);
+  cudaFree(dv);
+  cudaFree(dout);
+}
+
+TEST(Sm90Tile, Tf32WgmmaRegisterAWithTransposedV) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  check_wgmma_tf32_transposed<64, 64>();   // two 32-column chunks of V and of Vᵀ
+  check_wgmma_tf32_transposed<128, 32>();  // four chunks of V, one of Vᵀ
+  check_wgmma_tf32_transposed<32, 128>();  // one chunk of V, four of Vᵀ (static shared memory: 48 KiB)
+}
+
+// ---- fp32 store of an accumulator into a swizzled [64, N] tile (the tf32 forward's epilogue) -----
+template <int N>
+__global__ void store_swizzled_fp32_kernel(const float* values, float* raw) {
+  __shared__ alignas(1024) float tile_smem[64 * N];
+  const int t = threadIdx.x;
+  wg::Accumulator<N> acc;
+  load_accumulator(acc, values, t);
+  const float row_scale[2] = {1.f, 0.5f};
+  wg::store_swizzled<float>(acc, row_scale, static_cast<uint32_t>(__cvta_generic_to_shared(tile_smem)),
+                            64 * wg::kSwizzleBytes, t);
+  __syncthreads();
+  for (int e = t; e < 64 * N; e += wg::kThreads) raw[e] = tile_smem[e];
+}
+
+TEST(Sm90Tile, Fp32SwizzledStore) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  constexpr int N = 128;
+  std::vector<float> values(64 * N);
+  for (size_t e = 0; e < values.size(); ++e) values[e] = float(int(e * 7 % 251) - 125);
+  float* dv = to_device(values);
+  float* draw = poisoned_device<float>(64 * N);
+  store_swizzled_fp32_kernel<N><<<1, wg::kThreads>>>(dv, draw);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto raw = to_host(draw, 64 * N);
+  constexpr int kChunkBytes = 64 * wg::kSwizzleBytes;
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < N; ++c) {
+      const int byte = (c % 32) * 4;
+      const int offset = (c / 32) * kChunkBytes + r * wg::kSwizzleBytes + (((byte / 16) ^ (r % 8)) * 16) + byte % 16;
+      const float want = values[size_t(r * N + c)] * ((r % 16) >= 8 ? 0.5f : 1.f);
+      ASSERT_EQ(raw[size_t(offset / 4)], want) << "at " << r << ", " << c;
+    }
+  cudaFree(dv);
+  cudaFree(draw);
+}
+
 // ---- stmatrix: an accumulator, scaled per row and converted, into a swizzled [64, N] tile ------
 // The tile is copied out raw; the host finds each element where swizzled_offset says it must be.
 template <int N>

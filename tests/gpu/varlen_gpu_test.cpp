@@ -61,7 +61,11 @@ const Flavor kFlavors[] = {{Backend::cuda_simt, DType::fp32, Precision::ieee},
                            {Backend::cuda_sm80, DType::fp32, Precision::tf32},
                            {Backend::cuda_sm90, DType::fp16, Precision::ieee},
                            {Backend::cuda_sm90, DType::bf16, Precision::ieee},
-                           {Backend::cuda_sm80, DType::fp32, Precision::tf32x3}};
+                           {Backend::cuda_sm80, DType::fp32, Precision::tf32x3},
+                           {Backend::cuda_sm90, DType::fp32, Precision::tf32}};
+
+// The sm90 tf32 forward (fp32 storage): head dims 64 to 128, no backward (sm80 runs it).
+bool sm90_tf32(Backend backend, DType dtype) { return backend == Backend::cuda_sm90 && dtype == DType::fp32; }
 
 // Lengths 0 and 1 on either side, queries longer and shorter than keys, tiles split unevenly.
 const std::vector<int64_t> kMixedQ = {37, 0, 1, 130, 64, 5, 1, 90};
@@ -78,6 +82,7 @@ std::vector<VarlenCase> all_cases() {
   std::vector<VarlenCase> out;
   const int64_t dim = main_head_dim();
   for (const Flavor& f : kFlavors) {
+    if (sm90_tf32(f.backend, f.dtype) && (dim < 64 || dim > 128)) continue;
     VarlenCase base;
     base.base.backend = f.backend;
     base.base.dtype = f.dtype;
@@ -193,6 +198,8 @@ TEST_P(VarlenKernel, Forward) {
 }
 
 TEST_P(VarlenKernel, Backward) {
+  if (sm90_tf32(GetParam().base.backend, GetParam().base.dtype))
+    GTEST_SKIP() << "the sm90 tf32 forward has no backward (refusal tested in Refuse.*)";
   const uint64_t seed = test_seed();
   const std::string err = check_varlen_backward(GetParam(), seed);
   EXPECT_TRUE(err.empty()) << "seed " << seed << "\n" << err;

@@ -3,8 +3,14 @@
 //
 // A block is one producer warpgroup (one warp issues the TMA copies; its registers are given
 // back) and `consumers` warpgroups of 64 query rows each, so a query tile is consumers · 64 rows.
-// Tiles are stored in shared memory as 128-byte swizzled column chunks of 64 16-bit elements:
-// head dims are padded to a multiple of 64 there (96 → 128; the padding is zero-filled by TMA).
+// Tiles are stored in shared memory as 128-byte swizzled column chunks of 64 16-bit elements
+// (32 fp32 ones): head dims are padded to a multiple of 64 there (96 → 128; the padding is
+// zero-filled by TMA).
+//
+// fp32 storage runs with precision tf32 (forward only): Q·Kᵀ on tf32 wgmma straight from the
+// TMA tiles (the tensor cores read the top 19 bits of each fp32 operand: Q and K are truncated to
+// tf32), P rounded to tf32 in registers, and V transposed into Vᵀ (keys contiguous: tf32 wgmma
+// takes K-major operands only) and rounded to tf32 by the producer warpgroup's three idle warps.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,10 +23,14 @@ namespace fmha::cuda::sm90 {
 
 using fp16_t = __half;
 using bf16_t = __nv_bfloat16;
+using fp32_t = float;
 
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kConsumerRows = 64;  // query rows per consumer warpgroup (wgmma M)
 inline constexpr int kChunkCols = 64;     // 16-bit columns per 128-byte swizzled chunk
+// Columns per 128-byte swizzled chunk of an element size (host side; tile::warpgroup::kChunkCols<T>
+// on the device): 64 of 16 bits, 32 of fp32.
+constexpr int chunk_cols(size_t element_bytes) { return 128 / int(element_bytes); }
 // Head dims rounded up to whole swizzled chunks.
 constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1) / kChunkCols * kChunkCols; }
 
@@ -33,8 +43,11 @@ constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1)
 // above, the consumers' larger output tiles need the 240, and the producer spills a little
 // instead (a few local accesses per work tile, off the consumers' path).
 constexpr bool packed_producer_raised(bool packed, int head_dim) { return packed && padded_head_dim(head_dim) <= 128; }
-constexpr int producer_registers(int consumers, bool packed = false, int head_dim = 0) {
-  return packed_producer_raised(packed, head_dim) ? 40 : (consumers == 2 ? 24 : 32);
+// fp32 (tf32) kernels: the producer's other three warps transpose V (sm90_fwd_kernel.cuh), which
+// needs more than 24 registers: 32, and 128 · 32 + 256 · 240 = 65,536 still fits.
+constexpr int producer_registers(int consumers, bool packed = false, int head_dim = 0, bool transposes = false) {
+  if (packed_producer_raised(packed, head_dim)) return 40;
+  return consumers == 2 && !transposes ? 24 : 32;
 }
 constexpr int consumer_registers(int consumers, bool packed = false, int head_dim = 0) {
   if (!packed_producer_raised(packed, head_dim)) return consumers == 2 ? 240 : 160;
@@ -108,9 +121,31 @@ constexpr int default_fwd_variant(int head_dim, int64_t seqlen_q, bool masked) {
   return kFwdDefault;
 }
 
+// The head dims the tf32 forward (fp32 storage) takes: padded to at most 128 (64, 96, 128), where
+// a query tile, two K and two Vᵀ stages and the V landing buffer of fp32 fit shared memory.
+inline constexpr int kTf32MaxHeadDim = 128;
+constexpr bool tf32_head_dim(int head_dim) { return head_dim >= 64 && padded_head_dim(head_dim) <= kTf32MaxHeadDim; }
+
+// The tf32 forward's configuration: the default schedule (pingpong, carried turns, lazy
+// rescaling, folded scale) alone; fp32 tiles take twice the bytes and V has a landing buffer next
+// to its Vᵀ ring: 96 keys at head dim 64 (Q 32 KiB + 2 × 24 K + 24 V + 2 × 24 Vᵀ = 152 KiB, O
+// staged apart), 64 keys at 96 and 128 (64 + 2 × 32 + 32 + 2 × 32 = 224 KiB; O staged over Q).
+// P as tf32 takes a register per element (twice the 16-bit fragments): with 128 keys at head
+// dim 64 the consumers spilled at 240 registers (-Xptxas -v: 20 bytes), with 96 none do. Key
+// tiles are whole 32-key chunks of Vᵀ.
+inline constexpr int kTf32KeysSmall = 96;  // keys per tile at head dim 64
+inline constexpr int kTf32KeysLarge = 64;  // at 96 and 128
+constexpr FwdConfig tf32_fwd_config(int head_dim) {
+  return FwdConfig{2, padded_head_dim(head_dim) <= 64 ? kTf32KeysSmall : kTf32KeysLarge, 2, true, true, true, true,
+                   true};
+}
+
 // Keys per tile and stages for a head dim: the largest score tile whose K/V ring still fits
 // shared memory next to the query tile (Q 128 × D, K and V stages of tile_n × D each).
-constexpr FwdConfig fwd_config(int head_dim, int variant) {
+// element_bytes 4 (fp32 storage, tf32): tf32_fwd_config, whatever the variant (only the default
+// is compiled).
+constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2) {
+  if (element_bytes == 4) return tf32_fwd_config(head_dim);
   const int d = padded_head_dim(head_dim);
   const bool lazy = variant == kFwdDefault || variant >= 5;
   FwdConfig c{2, 128, 2, true, true, true, lazy, variant == kFwdDefault || variant == kFwdPoly8};

@@ -1,8 +1,10 @@
 // The sm90 tier's entry points: the Hopper forward (wgmma + TMA, warp-specialised, persistent)
-// for fp16 and bf16 storage on sm_90 (H100/H200), head dims 64 to 256, and the backward (wgmma +
-// TMA, warp-specialised) at head dims 64 to 128, deterministic on request (dQ added in key-tile
-// order). Calls it cannot take (another GPU, fp32, head dims below 64, a larger backward, views
-// TMA cannot address) are refused with the reason, and auto-selection moves on to the sm80 tier.
+// for fp16 and bf16 storage on sm_90 (H100/H200), head dims 64 to 256, and for fp32 storage with
+// precision tf32 at head dims 64 to 128 (one configuration, the default); the backward (wgmma +
+// TMA, warp-specialised) for fp16 and bf16 at head dims 64 to 128, deterministic on request (dQ
+// added in key-tile order). Calls it cannot take (another GPU, fp32 other than the tf32 forward,
+// head dims below 64, a larger backward, views TMA cannot address) are refused with the reason,
+// and auto-selection moves on to the sm80 tier.
 //
 // FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
 // compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once;
@@ -79,30 +81,61 @@ Status with_sm90_head_dim(int bucket, F&& f) {
   return unsupported("head_dim: bucket " + std::to_string(bucket) + " has no sm90 kernel in this build");
 }
 
+// The tf32 forward (fp32 storage) is compiled at the tf32 head dims in the default variant only.
+template <int HD, int V>
+constexpr bool has_tf32_forward() {
+  return V == kFwdDefault && tf32_head_dim(HD);
+}
+
 template <class F>
 Status with_dtype(DType dtype, F&& f) {
   if (dtype == DType::fp16) return f(fp16_t{});
   return f(bf16_t{});
 }
+// The forward's storage types at (HD, V): fp32 where has_tf32_forward.
+template <int HD, int V, class F>
+Status with_forward_dtype(DType dtype, F&& f) {
+  if (dtype == DType::fp32) {
+    if constexpr (has_tf32_forward<HD, V>()) return f(fp32_t{});
+    return unsupported("precision: no sm90 tf32 forward kernel at head dim " + std::to_string(HD) + " in variant " +
+                       kFwdVariantNames[V]);
+  }
+  return with_dtype(dtype, f);
+}
+// Shared memory of the forward kernel a call of storage `dtype` runs at (HD, V).
+template <int HD, int V>
+size_t forward_shared_bytes_of(DType dtype) {
+  if constexpr (has_tf32_forward<HD, V>())
+    if (dtype == DType::fp32) return forward_shared_bytes<fp32_t, HD, V>();
+  return forward_shared_bytes<bf16_t, HD, V>();
+}
 
 // The forward variant a call gets when nothing requests one: default_fwd_variant of its shape
-// (kDefaultVariant where that is the tier's default).
+// (kDefaultVariant where that is the tier's default); fp32 (tf32) has the default alone.
 int shape_default_variant(int head_dim, const Params& p) {
+  if (p.q.dtype == DType::fp32) return kDefaultVariant;
   const bool masked = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
   const int v = default_fwd_variant(head_dim, Problem::of(p).seqlen_q, masked);
   return v == kFwdDefault ? kDefaultVariant : v;
 }
 
-// The request (tuner, variable, cache), else the shape's default.
+// The request (tuner, variable, cache), else the shape's default. fp32 (tf32) calls compile the
+// default variant alone: a request naming another is refused (as at an untuned head dim, where
+// the default runs, but a named variant here must not silently run something else).
 template <int HD, class F>
 Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
   int requested = requested_variant_index<Backend::cuda_sm90, Direction::forward>(p, kFwdVariable, kFwdVariantNames,
                                                                                  kFwdVariants);
   if (requested == kDefaultVariant) requested = shape_default_variant(HD, p);
-  return with_requested_variant<kFwdVariants, kFwdDefault, is_tuned_head_dim(HD)>(
-      requested, kFwdVariable, kFwdVariantNames,
-      [&](auto v) { return forward_shared_bytes<bf16_t, HD, decltype(v)::value>() <= props.max_shared_per_block; },
-      f);
+  auto fits = [&](auto v) { return forward_shared_bytes_of<HD, decltype(v)::value>(p.q.dtype) <= props.max_shared_per_block; };
+  if (p.q.dtype == DType::fp32) {
+    if (requested != kDefaultVariant && requested != kFwdDefault && requested >= 0)
+      return unsupported(std::string(kFwdVariable) + ": the sm90 tf32 forward (fp32 storage) compiles only the " +
+                         kFwdVariantNames[kFwdDefault] + " configuration, not " + kFwdVariantNames[requested]);
+    return with_requested_variant<kFwdVariants, kFwdDefault, false>(requested, kFwdVariable, kFwdVariantNames, fits, f);
+  }
+  return with_requested_variant<kFwdVariants, kFwdDefault, is_tuned_head_dim(HD)>(requested, kFwdVariable,
+                                                                                  kFwdVariantNames, fits, f);
 }
 
 Status check_call(const Params& p, Direction direction, DeviceProps& props) {
@@ -116,11 +149,19 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
                        " <= 16 is decoding, which auto runs on the sm80 tier's decode kernel");
   int bucket = 0;
   const bool backward = direction == Direction::backward;
-  if (p.q.dtype == DType::fp32)
-    return unsupported(std::string("precision: fp32 storage (") + to_string(p.precision) +
-                       ") is not on the sm90 tier yet; the sm80 tier runs tf32 and tf32x3 (split tf32), the simt "
-                       "tier exact fp32");
+  const bool fp32 = p.q.dtype == DType::fp32;
+  if (fp32 && p.precision != Precision::tf32)
+    return unsupported(std::string("precision: fp32 storage with precision ") + to_string(p.precision) +
+                       " is not on the sm90 tier (it runs tf32, forward only); the sm80 tier runs tf32x3 (split tf32), "
+                       "the simt tier exact fp32");
+  if (fp32 && backward)
+    return unsupported("precision: the sm90 backward takes fp16 and bf16 only; the tf32 backward (fp32 storage) runs "
+                       "on the sm80 tier");
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
+  if (fp32 && bucket >= kMinHeadDim && !tf32_head_dim(bucket))
+    return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
+                       " is above the sm90 tf32 forward's largest head dim (" + std::to_string(kTf32MaxHeadDim) +
+                       ": fp32 tiles take twice the shared memory); the sm80 tier runs it");
   if (bucket < kMinHeadDim)
     return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
                        " is below the sm90 tier's smallest head dim (64); the sm80 tier runs it");
@@ -158,7 +199,8 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
       return unsupported("head_dim: no sm90 backward kernel at head dim " + std::to_string(HD));
     }
     return with_config_variant<HD>(p, props, [&](auto v) {
-      return check_shared_memory("sm90", direction, HD, forward_shared_bytes<bf16_t, HD, decltype(v)::value>(), props);
+      return check_shared_memory("sm90", direction, HD, forward_shared_bytes_of<HD, decltype(v)::value>(p.q.dtype),
+                                 props);
     });
   });
 }
@@ -233,7 +275,10 @@ struct Sm90 {
       constexpr int HD = decltype(hd)::value;
       return with_config_variant<HD>(p, props, [&](auto v) {
         constexpr int V = decltype(v)::value;
-        constexpr FwdConfig c = fwd_config(HD, V);
+        constexpr FwdConfig c16 = fwd_config(HD, V);
+        constexpr FwdConfig c32 = fwd_config(HD, V, int(sizeof(fp32_t)));
+        const FwdConfig c = p.q.dtype == DType::fp32 ? c32 : c16;
+        const int box_cols = chunk_cols(dtype_size(p.q.dtype));
         const int64_t m_blocks = ceil_div(s.seqlen_q, c.tile_m());
         // Packed: the most work tiles any table gives (the device walk finds the real ones).
         const int64_t total = s.packed ? packed_tile_bound(args, c.tile_m()) : m_blocks * s.batch * s.heads;
@@ -245,10 +290,10 @@ struct Sm90 {
         // Empty K/V are never read, but their maps need a valid address: Q's.
         Tensor keys = p.k, values = p.v;
         if (s.seqlen_k == 0 || s.total_k == 0) keys.data = values.data = p.q.data;
-        if (Status st = encode_tile_map(&params.q, p.q, kChunkCols, c.tile_m(), "q"); !st.ok()) return st;
-        if (Status st = encode_tile_map(&params.k, keys, kChunkCols, c.tile_n, "k"); !st.ok()) return st;
-        if (Status st = encode_tile_map(&params.v, values, kChunkCols, c.tile_n, "v"); !st.ok()) return st;
-        if (Status st = encode_tile_map(&params.o, p.o, kChunkCols, kConsumerRows, "o"); !st.ok()) return st;
+        if (Status st = encode_tile_map(&params.q, p.q, box_cols, c.tile_m(), "q"); !st.ok()) return st;
+        if (Status st = encode_tile_map(&params.k, keys, box_cols, c.tile_n, "k"); !st.ok()) return st;
+        if (Status st = encode_tile_map(&params.v, values, box_cols, c.tile_n, "v"); !st.ok()) return st;
+        if (Status st = encode_tile_map(&params.o, p.o, box_cols, kConsumerRows, "o"); !st.ok()) return st;
         // Packed calls use heads and longest_first only (PackedTileCursor).
         TileScheduler& sched = params.scheduler;
         sched.m_blocks = int(m_blocks);
@@ -258,7 +303,7 @@ struct Sm90 {
         sched.total = int(total);
         sched.longest_first = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
         if (Status st = forward_tile_counter(p, stream, &params.tile_counter); !st.ok()) return st;
-        return with_dtype(p.q.dtype, [&](auto type) {
+        return with_forward_dtype<HD, V>(p.q.dtype, [&](auto type) {
           using T = decltype(type);
           return forward<T, HD, V>(params, grid, stream);
         });

@@ -53,13 +53,13 @@ struct FwdEpilogue {
     tile::fence_async_shared();
     tile::named_sync(barrier, wg::kThreads);
     if (thread == 0) {
-      const int chunks = (args.head_dim_v + kChunkCols - 1) / kChunkCols;
+      const int chunks = (args.head_dim_v + Shared::kChunkCols - 1) / Shared::kChunkCols;
       // Dense: (row, head, batch) of [B, Sq, H, Dv]; packed: (first row + row, head, 0) of the
       // packed tensor as [1, total_q, H, Dv].
       const int row = int(PACKED ? start.q + rows.begin : rows.begin);
       const int batch = PACKED ? 0 : work.batch;
       for (int c = 0; c < chunks; ++c)
-        tile::tma::store(&params.o, c * kChunkCols, row, work.head, batch, staging + c * Shared::kQChunkBytes);
+        tile::tma::store(&params.o, c * Shared::kChunkCols, row, work.head, batch, staging + c * Shared::kQChunkBytes);
       tile::tma::store_commit();
       if constexpr (!Mainloop::kSeparateO) {
         tile::tma::store_wait_read();

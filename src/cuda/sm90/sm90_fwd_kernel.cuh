@@ -8,6 +8,11 @@
 // tile (an index past the last tile ends the kernel); both then walk the same ring positions, so
 // they agree on every buffer and phase without talking beyond the mbarriers.
 //
+// fp32 storage (tf32): V lands in a buffer of its own and the producer warpgroup's warps 1-3,
+// idle at 16 bits, transpose each V tile into the Vᵀ ring the consumers read (tf32 wgmma takes
+// K-major B only; see transpose_k_major in wgmma.cuh for the bank-conflict argument). They follow
+// the landing buffer's ring alone: the producer ends them with a flag and a last arrival.
+//
 // PACKED: a variable-length call, a kernel of its own so that the dense one carries nothing of
 // it. The producer walks the sequence table (PackedTileCursor), so work tiles are enumerated per
 // sequence with none on padding; it publishes each work tile with its sequence (first rows, mask
@@ -27,11 +32,13 @@ namespace fmha::cuda::sm90 {
 
 template <class T, int HD, int VARIANT, bool PACKED>
 struct FwdKernel {
-  static constexpr FwdConfig kConfig = fwd_config(HD, VARIANT);
+  static constexpr FwdConfig kConfig = fwd_config(HD, VARIANT, int(sizeof(T)));
+  static constexpr bool kTransposeV = sizeof(T) == 4;
+  static constexpr int kTransposeWarps = wg::kThreads / 32 - 1;  // the producer warpgroup's warps 1..3
   static constexpr int BM = kConfig.tile_m(), BN = kConfig.tile_n, STAGES = kConfig.stages;
   static constexpr int kConsumers = kConfig.consumers;
   static constexpr int kThreads = kConfig.threads();
-  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD);
+  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD, kTransposeV);
   static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED, HD);
   static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kConsumers * kWarpgroupThreads <= 65536,
                 "the register split exceeds the register file");
@@ -44,6 +51,7 @@ struct FwdKernel {
   using Epilogue = FwdEpilogue<Mainloop>;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;
+  static constexpr int kLandingStages = Shared::kLoadStages > 0 ? Shared::kLoadStages : 1;  // V's landing ring (fp32)
   // Dynamic shared memory: the storage plus slack to align its start to the swizzle atom.
   static constexpr size_t kSharedBytes = sizeof(Shared) + wg::kSwizzleAtomBytes;
   static_assert(kSharedBytes <= kSharedLimit, "the tile shapes exceed Hopper's shared memory");
@@ -97,6 +105,7 @@ struct FwdKernel {
     tile::tma::prefetch(&params.v);
     tile::tma::prefetch(&params.o);
     tile::PipelineState<STAGES> pipe;
+    tile::PipelineState<kLandingStages> landing;  // fp32: V's landing ring
     uint32_t q_phase = 0;
     const int total = params.scheduler.total;
     // Packed calls only: the walk over the sequence table, in shared memory (few registers here).
@@ -108,6 +117,11 @@ struct FwdKernel {
         shared.q_empty.wait(q_phase ^ 1);
         shared.work_tile[q_phase] = PACKED ? kNoWork : t;
         shared.q_full.arrive();
+        if constexpr (kTransposeV) {  // the transposing warps stop at the next landing slot
+          shared.landing.empty[landing.index].wait(landing.phase ^ 1);
+          shared.landing.done = 1;
+          shared.landing.full[landing.index].arrive();
+        }
         break;
       }
       // The tile after this one, asked for now so that the counter's answer is back by then.
@@ -141,7 +155,7 @@ struct FwdKernel {
         full.arrive_expect_tx(bytes);
 #pragma unroll
         for (int c = 0; c < Shared::kChunks; ++c)
-          tile::tma::load(dst + c * rows * kChunkCols, map, c * kChunkCols, row0, head, batch, full);
+          tile::tma::load(dst + c * rows * Shared::kChunkCols, map, c * Shared::kChunkCols, row0, head, batch, full);
       };
       auto load_keys = [&](int j) {
         shared.k_empty[pipe.index].wait(pipe.phase ^ 1);
@@ -161,11 +175,42 @@ struct FwdKernel {
       for (int j = 0; j < key_tiles; ++j) {
         const int col0 = k_row + j * BN;
         if (j > 0) load_keys(j);
-        shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
-        load_tile(shared.v[pipe.index], &params.v, BN, col0, kv_head, shared.v_full[pipe.index], Shared::kKVBytes);
+        if constexpr (kTransposeV) {
+          shared.landing.empty[landing.index].wait(landing.phase ^ 1);
+          load_tile(shared.v_load[landing.index], &params.v, BN, col0, kv_head, shared.landing.full[landing.index],
+                    Shared::kKVBytes);
+          landing.advance();
+        } else {
+          shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
+          load_tile(shared.v[pipe.index], &params.v, BN, col0, kv_head, shared.v_full[pipe.index], Shared::kKVBytes);
+        }
         pipe.advance();
       }
       t = next;
+    }
+  }
+
+  // fp32: warps 1..3 of the producer warpgroup, `warp` 0..2 among them. Each V tile that lands
+  // is transposed into the next Vᵀ stage once the consumers have released it; the landing slot
+  // is released, and the Vᵀ stage published, by one arrival per warp after its stores are made
+  // visible to the async proxy (wgmma reads them).
+  __device__ static void transpose_values(Shared& shared, int warp, int lane) {
+    tile::PipelineState<STAGES> pipe;
+    tile::PipelineState<kLandingStages> landing;
+    for (;;) {
+      shared.landing.full[landing.index].wait(landing.phase);
+      if (shared.landing.done) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
+      shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
+      wg::transpose_k_major<BN, Shared::kHeadDimPadded, kTransposeWarps>(shared.v_load[landing.index],
+                                                                          shared.v[pipe.index], warp, lane);
+      tile::fence_async_shared();
+      __syncwarp();
+      if (lane == 0) {
+        shared.landing.empty[landing.index].arrive();
+        shared.v_full[pipe.index].arrive();
+      }
+      landing.advance();
+      pipe.advance();
     }
   }
 
@@ -217,9 +262,16 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1
     shared.q_empty.init(K::Shared::q_releases(K::kConsumers));
     for (int s = 0; s < K::STAGES; ++s) {
       shared.k_full[s].init(1);
-      shared.v_full[s].init(1);
+      shared.v_full[s].init(K::kTransposeV ? K::kTransposeWarps : 1);
       shared.k_empty[s].init(K::kConsumers * K::Mainloop::kConsumerWarps);
       shared.v_empty[s].init(K::kConsumers * K::Mainloop::kConsumerWarps);
+    }
+    if constexpr (K::kTransposeV) {
+      for (int s = 0; s < K::Shared::kLoadStages; ++s) {
+        shared.landing.full[s].init(1);
+        shared.landing.empty[s].init(K::kTransposeWarps);
+      }
+      shared.landing.done = 0;
     }
     tile::fence_barrier_init();
   }
@@ -227,6 +279,8 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1
   if (warpgroup == 0) {
     tile::registers_decrease<K::kProducerRegisters>();
     if (thread == 0) K::produce(params, shared);
+    if constexpr (K::kTransposeV)
+      if (thread >= 32) K::transpose_values(shared, thread / 32 - 1, thread % 32);
   } else {
     tile::registers_increase<K::kConsumerRegisters>();
     K::consume(params, shared, warpgroup - 1, thread);

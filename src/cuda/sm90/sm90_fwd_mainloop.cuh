@@ -25,24 +25,57 @@ namespace fmha::cuda::sm90 {
 
 namespace wg = tile::warpgroup;
 
-// Shared memory of the forward. Every tile is HDP / 64 swizzled column chunks of [rows, 64].
+// Shared memory of the forward. Every tile is HDP / C swizzled column chunks of [rows, C], C the
+// columns of T in 128 bytes (64 of 16 bits, 32 of fp32).
+//
+// fp32 (tf32): tf32 wgmma reads both operands K-major, so P·V needs Vᵀ ([Dv, keys], keys
+// contiguous). TMA lands each V tile in v_load (a ring of its own, one stage), the producer
+// warpgroup's transposing warps write it as Vᵀ into the v ring ([keys / 32] chunks of [HDP, 32]),
+// and the consumers read the v ring as they read V at 16 bits.
 // With SEPARATE_O the output is staged in a buffer of its own, so the query tile is released as
 // soon as the last Q·Kᵀ of a work tile has read it: the next work tile's Q loads while this one
 // finishes its softmax, P·V and epilogue. Where that buffer does not fit (head dims above 128,
 // whose K/V ring takes the room), the query tile doubles as the staging buffer: a consumer
 // warpgroup writes its O rows over its own Q rows, and Q is released once the store has read them.
+// The V landing buffer's barriers (fp32): TMA fills a stage (full), the transposing warps
+// release it (empty); `done` is the producer's flag that no V tile follows, set before its last
+// arrival on full. Empty without landing stages.
+template <int STAGES>
+struct LandingBarriers {
+  tile::MBarrier full[STAGES], empty[STAGES];
+  int done;
+};
+template <>
+struct LandingBarriers<0> {};
+// The V landing buffer itself (fp32): STAGES tiles of ELEMENTS, swizzle-atom aligned for TMA.
+template <class T, int STAGES, int ELEMENTS>
+struct LandingBuffer {
+  alignas(wg::kSwizzleAtomBytes) T tile[STAGES][ELEMENTS];
+  __device__ __forceinline__ T* operator[](int stage) { return tile[stage]; }
+};
+template <class T, int ELEMENTS>
+struct LandingBuffer<T, 0, ELEMENTS> {};
+
 template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O>
 struct FwdShared {
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
+  static constexpr int kChunkCols = wg::kChunkCols<T>;  // columns per swizzled chunk
   static constexpr int kChunks = kHeadDimPadded / kChunkCols;
-  static constexpr int kQChunkBytes = BM * wg::kSwizzleBytes;   // one [BM, 64] chunk
-  static constexpr int kKVChunkBytes = BN * wg::kSwizzleBytes;  // one [BN, 64] chunk
+  static constexpr int kQChunkBytes = BM * wg::kSwizzleBytes;   // one [BM, C] chunk
+  static constexpr int kKVChunkBytes = BN * wg::kSwizzleBytes;  // one [BN, C] chunk
   static constexpr uint32_t kQBytes = uint32_t(kQChunkBytes) * kChunks;
   static constexpr uint32_t kKVBytes = uint32_t(kKVChunkBytes) * kChunks;
+  // fp32: V goes through a landing buffer and is transposed (see above).
+  static constexpr bool kTransposeV = sizeof(T) == 4;
+  static constexpr int kLoadStages = kTransposeV ? 1 : 0;  // V landing buffers
+  static constexpr int kVtChunkBytes = kHeadDimPadded * wg::kSwizzleBytes;  // one [HDP, 32] Vᵀ chunk
+  static_assert(!kTransposeV || BN % kChunkCols == 0, "Vᵀ is whole chunks of 32 keys");
 
   alignas(wg::kSwizzleAtomBytes) T q[BM * kHeadDimPadded];        // [chunks][BM, 64] queries, then O
   alignas(wg::kSwizzleAtomBytes) T k[STAGES][BN * kHeadDimPadded];  // [chunks][BN, 64] keys
-  alignas(wg::kSwizzleAtomBytes) T v[STAGES][BN * kHeadDimPadded];  // [chunks][BN, 64] values
+  alignas(wg::kSwizzleAtomBytes) T v[STAGES][BN * kHeadDimPadded];  // [chunks][BN, C] values (fp32: Vᵀ)
+  // fp32: [stages][chunks][BN, 32] values as TMA writes them (LandingBuffer; nothing at 16 bits)
+  [[no_unique_address]] LandingBuffer<T, kLoadStages, BN * kHeadDimPadded> v_load;
   // [chunks][BM, 64] output staging (a token element when O is staged over Q)
   alignas(wg::kSwizzleAtomBytes) T o[SEPARATE_O ? BM * kHeadDimPadded : 1];
   tile::MBarrier q_full, q_empty;
@@ -68,6 +101,9 @@ struct FwdShared {
   }
   tile::MBarrier k_full[STAGES], k_empty[STAGES];
   tile::MBarrier v_full[STAGES], v_empty[STAGES];
+  // fp32: the landing buffer's barriers and flag (LandingBarriers); nothing at 16 bits, whose
+  // shared memory keeps its size.
+  [[no_unique_address]] LandingBarriers<kLoadStages> landing;
 };
 
 // One consumer warpgroup's state across the key tiles of a work tile.
@@ -77,7 +113,7 @@ struct ConsumerTiles {
   using Scores = wg::Accumulator<BN>;              // [64, BN] S, then P, fp32
   using Output = wg::Accumulator<kHeadDimPadded>;  // [64, HDP] unnormalised O, fp32
   using Softmax = tile::OnlineSoftmax<Scores::kRows, 4>;
-  using PFragments = uint32_t[BN / 16][4];         // [64, BN] P as register-A fragments, 16-bit
+  using PFragments = uint32_t[BN / wg::kStepK<T>][4];  // [64, BN] P as register-A fragments (16-bit or tf32)
 };
 
 template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool PINGPONG, bool FOLD_SCALE, bool LAZY,
@@ -118,12 +154,23 @@ struct FwdMainloop {
 
   // O += P·V for the value tile in stage `stage`; issued, not waited.
   __device__ __forceinline__ void issue_pv(typename Tiles::Output& o, typename Tiles::PFragments& p, int stage) {
-    const uint64_t b0 = wg::mn_major_desc(shared.v[stage], 0, Shared::kKVChunkBytes);
-    wg::fence();
+    if constexpr (Shared::kTransposeV) {
+      // tf32: Vᵀ [HDP, BN] is K-major (keys contiguous, permuted as P's fragments are).
+      const uint64_t b0 = wg::k_major_desc<T, kK>(shared.v[stage], 0, 0, Shared::kVtChunkBytes);
+      wg::fence();
 #pragma unroll
-    for (int kb = 0; kb < BN / 16; ++kb)
-      wg::Wgmma<T, kHeadDimPadded>::template rs<1>(o.d, p[kb], b0 + wg::mn_major_step(kb * 16), 1);
-    wg::commit();
+      for (int kb = 0; kb < BN / kK; ++kb)
+        wg::Wgmma<T, kHeadDimPadded>::template rs<0>(o.d, p[kb],
+                                                     b0 + wg::k_major_step<T>(kb * kK, Shared::kVtChunkBytes), 1);
+      wg::commit();
+    } else {
+      const uint64_t b0 = wg::mn_major_desc(shared.v[stage], 0, Shared::kKVChunkBytes);
+      wg::fence();
+#pragma unroll
+      for (int kb = 0; kb < BN / 16; ++kb)
+        wg::Wgmma<T, kHeadDimPadded>::template rs<1>(o.d, p[kb], b0 + wg::mn_major_step(kb * 16), 1);
+      wg::commit();
+    }
   }
 
   // O += P·V on the value tile at `at`, waited for; the stage is released afterwards.
@@ -257,7 +304,7 @@ struct FwdMainloop {
   __device__ void run(Pipeline& pipe, Range rows, Range keys, int num_tiles, const Mask& mask,
                       typename Tiles::Output& o, typename Tiles::Softmax& softmax) {
     typename Tiles::Scores s;  // [64, BN] scores of the tile in flight
-    typename Tiles::PFragments p;  // [64, BN] P of the previous tile, 16-bit A fragments
+    typename Tiles::PFragments p;  // [64, BN] P of the previous tile, register-A fragments
     float rescale[Tiles::Scores::kRows];
     if (num_tiles == 0) {
       release_queries();

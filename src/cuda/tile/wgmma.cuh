@@ -145,17 +145,94 @@ struct Accumulator {
   __device__ __forceinline__ static int col(int j, int t) { return 8 * (j / 2) + 2 * (t % 4) + j % 2; }
 };
 
-// The register-A fragments of acc's N/16 column blocks: a[kb] feeds the kb-th k16 step of an rs
-// wgmma whose A is acc (P·V with P from the scores, never through shared memory).
+// K of one wgmma step for operand type T: 16 for 16-bit types, 8 for tf32 (fp32 storage).
+template <class T>
+inline constexpr int kStepK = sizeof(T) == 4 ? 8 : 16;
+
+// The register-A fragments of acc's N/kStepK column blocks: a[kb] feeds the kb-th k step of an
+// rs wgmma whose A is acc (P·V with P from the scores, never through shared memory).
+// 16-bit: the block's 16 columns converted pairwise (the layout above).
+// tf32 (T = float): A of m64nNk8 is a0 = A[r0][l%4], a1 = A[r0+8][l%4], a2 = A[r0][l%4 + 4],
+// a3 = A[r0+8][l%4 + 4], while the accumulator holds columns 2(l%4) and 2(l%4) + 1 of each 8.
+// Rather than move values between lanes, the k index is permuted: a0/a1 take column 2(l%4),
+// a2/a3 column 2(l%4) + 1, so k step position p holds column tf32_key_of(p) — and B's rows must
+// be permuted the same way (transpose_k_major below writes Vᵀ so). Rounded to nearest (rna).
+__host__ __device__ __forceinline__ constexpr int tf32_position_of(int col) {  // column → k position in its 8
+  return (col / 8) * 8 + (col % 2) * 4 + (col % 8) / 2;
+}
 template <class T, int N>
-__device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / 16][4], const Accumulator<N>& acc) {
+__device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / kStepK<T>][4], const Accumulator<N>& acc) {
+  if constexpr (sizeof(T) == 4) {
 #pragma unroll
-  for (int kb = 0; kb < N / 16; ++kb) {
-    a[kb][0] = tile::pack2<T>(acc.d[8 * kb + 0], acc.d[8 * kb + 1]);
-    a[kb][1] = tile::pack2<T>(acc.d[8 * kb + 2], acc.d[8 * kb + 3]);
-    a[kb][2] = tile::pack2<T>(acc.d[8 * kb + 4], acc.d[8 * kb + 5]);
-    a[kb][3] = tile::pack2<T>(acc.d[8 * kb + 6], acc.d[8 * kb + 7]);
+    for (int kb = 0; kb < N / 8; ++kb) {
+      a[kb][0] = tile::to_tf32(acc.d[4 * kb + 0]);  // row r0, column 2(l%4)
+      a[kb][1] = tile::to_tf32(acc.d[4 * kb + 2]);  // row r0 + 8, column 2(l%4)
+      a[kb][2] = tile::to_tf32(acc.d[4 * kb + 1]);  // row r0, column 2(l%4) + 1
+      a[kb][3] = tile::to_tf32(acc.d[4 * kb + 3]);  // row r0 + 8, column 2(l%4) + 1
+    }
+  } else {
+#pragma unroll
+    for (int kb = 0; kb < N / 16; ++kb) {
+      a[kb][0] = tile::pack2<T>(acc.d[8 * kb + 0], acc.d[8 * kb + 1]);
+      a[kb][1] = tile::pack2<T>(acc.d[8 * kb + 2], acc.d[8 * kb + 3]);
+      a[kb][2] = tile::pack2<T>(acc.d[8 * kb + 4], acc.d[8 * kb + 5]);
+      a[kb][3] = tile::pack2<T>(acc.d[8 * kb + 6], acc.d[8 * kb + 7]);
+    }
   }
+}
+
+// The transpose of a swizzled fp32 tile, shared to shared, rounded to tf32: src is [ROWS, COLS]
+// in column chunks of [ROWS, 32] (TMA's layout: V as [keys, Dv]), dst is [COLS, ROWS] in column
+// chunks of [COLS, 32] (K-major with ROWS as K: Vᵀ as the B operand of P·V), each row's 32 entries
+// permuted within groups of 8 by tf32_position_of (a_from_acc's k order). WARPS warps share the
+// work, `warp` is this one's index among them.
+// Work item: 32 source rows (one per lane) × 4 columns. A lane reads one 16-byte unit (float4)
+// of its row and writes 4 scalars, one into each of 4 destination rows at its row's (permuted)
+// position. Bank conflicts: reads go by quarter warps of 8 lanes, rows r..r+7 (r % 8 = 0) at
+// the same logical unit u, stored at units u ^ (r % 8): 8 distinct units, all 32 banks once.
+// Writes: 32 lanes, one destination row, 32 distinct positions p, bank 4 · ((p / 4) ^ row % 8) +
+// p % 4: a permutation of the 32 banks. Both conflict-free.
+// Addresses are shared-window (32-bit) and indices unsigned: the producer warpgroup runs this
+// on few registers.
+template <int ROWS, int COLS, int WARPS>
+__device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, int warp, int lane) {
+  static_assert(ROWS % 32 == 0 && COLS % 32 == 0, "whole 32-column chunks");
+  constexpr uint32_t kCols = 32;                      // fp32 columns per swizzled chunk
+  constexpr uint32_t kUnitCols = 4;                   // fp32 columns per 16-byte unit
+  constexpr uint32_t kUnitsPerRow = kCols / kUnitCols;  // 8: also the swizzle's period in rows
+  constexpr uint32_t kUnitBytes = kSwizzleBytes / kUnitsPerRow;  // 16
+  constexpr uint32_t kSrcChunkBytes = ROWS * kSwizzleBytes;
+  constexpr uint32_t kDstChunkBytes = COLS * kSwizzleBytes;
+  constexpr uint32_t kItemsPerBlock = COLS / kUnitCols;  // work items per 32 source rows
+  constexpr uint32_t kItems = (ROWS / kCols) * kItemsPerBlock;
+  const uint32_t l = uint32_t(lane);
+  const uint32_t p = uint32_t(tf32_position_of(int(l)));  // this lane's row's place in a destination row
+  const uint32_t src_lane = src + l * kSwizzleBytes;       // source row l of each 32-row block
+  const uint32_t dst_lane = dst + (p % kUnitCols) * uint32_t(sizeof(float));
+#pragma unroll 1
+  for (uint32_t item = uint32_t(warp); item < kItems; item += WARPS) {
+    const uint32_t block = item / kItemsPerBlock;  // 32 source rows: one destination chunk
+    const uint32_t unit = item % kItemsPerBlock;   // 16-byte unit of the source row (over its chunks)
+    float x[4];
+    const uint32_t from = src_lane + block * kCols * kSwizzleBytes + (unit / kUnitsPerRow) * kSrcChunkBytes +
+                          (((unit % kUnitsPerRow) ^ (l % kUnitsPerRow)) * kUnitBytes);
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
+                 : "r"(from));
+    // Destination rows unit · 4 + i; their row % 8 is (unit % 2) · 4 + i.
+    const uint32_t to = dst_lane + block * kDstChunkBytes + unit * kUnitCols * kSwizzleBytes;
+#pragma unroll
+    for (uint32_t i = 0; i < kUnitCols; ++i) {
+      const uint32_t swizzle = ((p / kUnitCols) ^ ((unit % 2) * kUnitCols + i)) * kUnitBytes;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(to + i * kSwizzleBytes + swizzle), "r"(tile::to_tf32(x[i]))
+                   : "memory");
+    }
+  }
+}
+template <int ROWS, int COLS, int WARPS>
+__device__ __forceinline__ void transpose_k_major(const float* src, float* dst, int warp, int lane) {
+  transpose_k_major<ROWS, COLS, WARPS>(static_cast<uint32_t>(__cvta_generic_to_shared(src)),
+                                       static_cast<uint32_t>(__cvta_generic_to_shared(dst)), warp, lane);
 }
 
 // stmatrix (sm_90): four 8×8 16-bit matrices from a warp's registers into shared memory. Lane l
@@ -170,7 +247,7 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
 #endif
 }
 
-// acc, row i of each thread's pair multiplied by row_scale[i], converted to T and stored as the
+// acc, row i of each thread's pair multiplied by row_scale[i], converted to T (fp32: kept) and stored as the
 // warpgroup's [64, N] tile of 128-byte swizzled column chunks (chunk_bytes apart) at the
 // shared-window address `tile`. One stmatrix per 16 columns: lanes 0-7 / 8-15 / 16-23 / 24-31
 // address rows 0-7 / 8-15 of the block's first 8 columns, then of its second 8. A lane's row is
@@ -179,6 +256,24 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
 template <class T, int N>
 __device__ __forceinline__ void store_swizzled(const Accumulator<N>& acc, const float (&row_scale)[2], uint32_t tile,
                                                int chunk_bytes, int thread) {
+  if constexpr (sizeof(T) == 4) {
+    // fp32: no stmatrix; each thread stores its column pairs as 8-byte units at their swizzled
+    // places (half warps of 4 rows × 4 pairs: rows r and r ^ 1 share units, a 2-way conflict in
+    // the epilogue only).
+    const int r0 = 16 * (thread / 32) + (thread % 32) / 4;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = r0 + 8 * i;
+#pragma unroll
+      for (int g = 0; g < N / 8; ++g) {
+        const int col = 8 * g + 2 * (thread % 4);
+        const uint32_t addr = tile + uint32_t(swizzled_offset<float>(row, col, chunk_bytes));
+        const float x = acc.d[4 * g + 2 * i] * row_scale[i], y = acc.d[4 * g + 2 * i + 1] * row_scale[i];
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+      }
+    }
+    return;
+  } else {
   static_assert(sizeof(T) == 2 && N % 16 == 0, "stmatrix stores 16-bit 8×8 blocks");
   constexpr int kBlocksPerChunk = kChunkCols<T> / 16;  // 16-column blocks in a swizzled chunk
   const int lane = thread % 32;
@@ -195,6 +290,7 @@ __device__ __forceinline__ void store_swizzled(const Accumulator<N>& acc, const 
                 tile::pack2<T>(d[2] * row_scale[1], d[3] * row_scale[1]),
                 tile::pack2<T>(d[4] * row_scale[0], d[5] * row_scale[0]),
                 tile::pack2<T>(d[6] * row_scale[1], d[7] * row_scale[1]));
+  }
   }
 }
 
