@@ -175,7 +175,6 @@ struct BwdKernel {
   __device__ static void consume(const BwdParams& params, Shared& shared, int warpgroup, int thread) {
     const AttentionArgs& args = params.args;
     const Mask& mask = block_mask(args, shared);
-    const int kv_head = int(blockIdx.y);
     const Range keys = bwd_key_tile<kKeys>(mask, int(blockIdx.x));
     const Range tiles = bwd_query_tiles(mask, keys);
     Mainloop mainloop{shared, args, warpgroup, thread};
@@ -186,8 +185,17 @@ struct BwdKernel {
       if constexpr (kSplitCols[0] == kSplitCols[1]) consume_split<kSplitCols[0]>(mainloop, params, shared, keys, tiles);
       else if (warpgroup == 0) consume_split<kSplitCols[0]>(mainloop, params, shared, keys, tiles);
       else consume_split<kSplitCols[1]>(mainloop, params, shared, keys, tiles);
-      return;
+    } else {
+      consume_keys(mainloop, params, shared, keys, tiles);
     }
+  }
+
+  // Up to 128: this warpgroup's 64 keys, dK and dV [64, HDP] fp32 in its registers.
+  __device__ __forceinline__ static void consume_keys(Mainloop& mainloop, const BwdParams& params, Shared& shared, Range keys,
+                                      Range tiles) {
+    const AttentionArgs& args = params.args;
+    const int warpgroup = mainloop.warpgroup, thread = mainloop.thread;
+    const int kv_head = int(blockIdx.y);
     typename Tiles::KeyGrad dk, dv;
     dk.fill(0.f);
     dv.fill(0.f);
@@ -205,7 +213,7 @@ struct BwdKernel {
   // Split: this warpgroup's COLS columns of dK and dV ([64 keys, COLS] fp32 each), from column
   // col0 (warpgroup 0's share first).
   template <int COLS>
-  __device__ static void consume_split(Mainloop& mainloop, const BwdParams& params, Shared& shared, Range keys,
+  __device__ __forceinline__ static void consume_split(Mainloop& mainloop, const BwdParams& params, Shared& shared, Range keys,
                                        Range tiles) {
     const AttentionArgs& args = params.args;
     const int warpgroup = mainloop.warpgroup, thread = mainloop.thread;
