@@ -561,10 +561,15 @@ TEST(Refuse, SmallTierLimits) {
       r.params.deterministic = true;
       EXPECT_TRUE(supports(r.params, Direction::backward).ok()) << supports(r.params, Direction::backward).message;
     }
-    if (big > 128) {  // the split backward (192, 256)
+    if (big > 128) {  // the split backward (192, 256), which `auto` picks on sm_90
       Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, big);
       add_backward_tensors(r, DType::bf16, big);
       EXPECT_TRUE(supports(r.params, Direction::backward).ok()) << supports(r.params, Direction::backward).message;
+      r.params.backend = Backend::auto_select;
+      Backend chosen = Backend::auto_select;
+      EXPECT_TRUE(select_backend(r.params, Direction::backward, &chosen).ok());
+      EXPECT_EQ(chosen, Backend::cuda_sm90);
+      r.params.backend = Backend::cuda_sm90;
       r.params.deterministic = true;
       EXPECT_TRUE(supports(r.params, Direction::backward).ok()) << supports(r.params, Direction::backward).message;
     }
