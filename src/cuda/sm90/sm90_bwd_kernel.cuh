@@ -147,7 +147,13 @@ struct BwdKernel {
           auto turn_counter = [&] {
             return args.dq_turns + (int64_t(batch) * args.heads + head) * args.dq_turn_tiles + m;
           };
-          const int turn = ORDERED_DQ ? shared.dq_turn : 0;  // read before the buffer is handed back
+          // Split (192/256): the dQ warp finds the turn itself (the consumers' registers are
+          // full there; a packed call's search spilled in their loop), else the consumers stage it.
+          int turn = 0;
+          if constexpr (ORDERED_DQ && kConfig.split_head_dim)
+            turn = int(blockIdx.x) - bwd_first_key_tile<kKeys>(mask, m, int(blockIdx.x));
+          else if constexpr (ORDERED_DQ)
+            turn = shared.dq_turn;  // read before the buffer is handed back
           if constexpr (ORDERED_DQ) {
             tile::wait_turn(turn_counter(), turn);
             tile::fence_async_global();

@@ -433,7 +433,7 @@ struct BwdMainloop {
   __device__ __forceinline__ void stage_dq(const wg::Accumulator<N>& dq, int parity, int m, int col0) {
     using Q = wg::Accumulator<N>;
     shared.dq_empty.wait(parity ^ 1);
-    if constexpr (ORDERED_DQ)
+    if constexpr (ORDERED_DQ && !kSplit)  // split: the dQ warp finds the turn
       if (warpgroup == 0 && thread == 0)
         shared.dq_turn = int(blockIdx.x) - bwd_first_key_tile<kKeys>(mask(), m, int(blockIdx.x));
     // One base address per thread (its first element); every other element sits at a constant
