@@ -147,10 +147,10 @@ struct BwdKernel {
           auto turn_counter = [&] {
             return args.dq_turns + (int64_t(batch) * args.heads + head) * args.dq_turn_tiles + m;
           };
-          // Split (192/256): the dQ warp finds the turn itself (the consumers' registers are
-          // full there; a packed call's search spilled in their loop), else the consumers stage it.
+          // Packed at 192/256 (Mainloop::kTurnByDqWarp): the dQ warp finds the turn itself,
+          // else the consumers stage it with their shares.
           int turn = 0;
-          if constexpr (ORDERED_DQ && kConfig.split_head_dim)
+          if constexpr (Mainloop::kTurnByDqWarp)
             turn = int(blockIdx.x) - bwd_first_key_tile<kKeys>(mask, m, int(blockIdx.x));
           else if constexpr (ORDERED_DQ)
             turn = shared.dq_turn;  // read before the buffer is handed back

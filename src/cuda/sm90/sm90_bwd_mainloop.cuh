@@ -149,6 +149,11 @@ struct BwdMainloop {
   using Tiles = BwdTiles<HD>;
   static constexpr int kKeys = Shared::kKeys;
   static constexpr bool kSplit = Shared::kConfig.split_head_dim;
+  // Deterministic: who finds a dQ tile's turn (the binary search of bwd_first_key_tile). The
+  // consumers, with their shares, except on packed calls at 192/256, where the search over the
+  // sequence's mask spilled in the consumers' loop (-Xptxas -v) and the packed producer's dQ
+  // warp (40 registers) takes it without spilling; dense, the dQ warp (24) would spill instead.
+  static constexpr bool kTurnByDqWarp = ORDERED_DQ && kSplit && PACKED;
   using Pipeline = tile::PipelineState<Shared::kStages>;
   static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
   static constexpr int kK = wg::Wgmma<T, kBwdRows>::kK;
@@ -433,7 +438,7 @@ struct BwdMainloop {
   __device__ __forceinline__ void stage_dq(const wg::Accumulator<N>& dq, int parity, int m, int col0) {
     using Q = wg::Accumulator<N>;
     shared.dq_empty.wait(parity ^ 1);
-    if constexpr (ORDERED_DQ && !kSplit)  // split: the dQ warp finds the turn
+    if constexpr (ORDERED_DQ && !kTurnByDqWarp)
       if (warpgroup == 0 && thread == 0)
         shared.dq_turn = int(blockIdx.x) - bwd_first_key_tile<kKeys>(mask(), m, int(blockIdx.x));
     // One base address per thread (its first element); every other element sits at a constant
