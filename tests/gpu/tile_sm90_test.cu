@@ -426,7 +426,8 @@ __global__ void store_transposed_half_kernel(const float* values, bf16* raw) {
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc(i, j) = values[wg::Accumulator<32>::row(i, t) * 64 + 32 * w + wg::Accumulator<32>::col(j, t)];
+    for (int j = 0; j < 8; ++j)
+      acc(i, j) = values[wg::Accumulator<32>::row(i, t) * 64 + 32 * w + wg::Accumulator<32>::col(j, t)];
   uint32_t frags[2][4];
   wg::a_from_acc<bf16>(frags, acc);
   wg::store_transposed_swizzled<bf16, 32>(

@@ -1,13 +1,14 @@
 // The sm90 backward's main kernel: warp-specialised, one block per (key tile, KV head, batch).
 // Warpgroup 0 is the producer: one of its threads loads the block's K and V tiles once (TMA),
 // then, for every query tile that sees those keys (every head of the GQA group), Q and dO by TMA
-// and the tile's LSE and Δ rows by bulk copies, into a ring of BwdConfig::stages; the warpgroup gives
-// its registers back; another of its warps, the dQ warp, adds each step's dQ tile, staged by the
-// consumers, into the global accumulator by a bulk reduction. Warpgroups 1-2 are consumers of 64
-// keys each (sm90_bwd_mainloop.cuh); dK and dV stay in their registers until the epilogue writes
-// them. At head dims 192 and 256 a block has 64 keys and the two warpgroups split the query
-// columns of the scores and the head-dim columns of dK, dV and dQ instead (BwdConfig). Between the shared preprocess (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and
-// convert kernels (cuda/common).
+// and the tile's LSE and Δ rows by bulk copies, into a ring of BwdConfig::stages; the warpgroup
+// gives its registers back; another of its warps, the dQ warp, adds each step's dQ tile, staged by
+// the consumers, into the global accumulator by a bulk reduction. Warpgroups 1-2 are consumers of
+// 64 keys each (sm90_bwd_mainloop.cuh); dK and dV stay in their registers until the epilogue
+// writes them. At head dims 192 and 256 a block has 64 keys and the two warpgroups split the query
+// columns of the scores and the head-dim columns of dK, dV and dQ instead (BwdConfig). Between the
+// shared preprocess (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and convert kernels
+// (cuda/common).
 //
 // PACKED: a variable-length call, a kernel of its own. Block (n, kv head, b) takes key tile n of
 // sequence b (read once from the tables into shared memory, clamped, args.h sequence()); the
@@ -188,7 +189,8 @@ struct BwdKernel {
     if constexpr (kConfig.split_head_dim) {
       // Each warpgroup's share of the columns is a compile-time width (one code path when the
       // shares are equal).
-      if constexpr (kSplitCols[0] == kSplitCols[1]) consume_split<kSplitCols[0]>(mainloop, params, shared, keys, tiles);
+      if constexpr (kSplitCols[0] == kSplitCols[1])
+        consume_split<kSplitCols[0]>(mainloop, params, shared, keys, tiles);
       else if (warpgroup == 0) consume_split<kSplitCols[0]>(mainloop, params, shared, keys, tiles);
       else consume_split<kSplitCols[1]>(mainloop, params, shared, keys, tiles);
     } else {
@@ -197,8 +199,8 @@ struct BwdKernel {
   }
 
   // Up to 128: this warpgroup's 64 keys, dK and dV [64, HDP] fp32 in its registers.
-  __device__ __forceinline__ static void consume_keys(Mainloop& mainloop, const BwdParams& params, Shared& shared, Range keys,
-                                      Range tiles) {
+  __device__ __forceinline__ static void consume_keys(Mainloop& mainloop, const BwdParams& params, Shared& shared,
+                                                      Range keys, Range tiles) {
     const AttentionArgs& args = params.args;
     const int warpgroup = mainloop.warpgroup, thread = mainloop.thread;
     const int kv_head = int(blockIdx.y);
@@ -219,8 +221,8 @@ struct BwdKernel {
   // Split: this warpgroup's COLS columns of dK and dV ([64 keys, COLS] fp32 each), from column
   // col0 (warpgroup 0's share first).
   template <int COLS>
-  __device__ __forceinline__ static void consume_split(Mainloop& mainloop, const BwdParams& params, Shared& shared, Range keys,
-                                       Range tiles) {
+  __device__ __forceinline__ static void consume_split(Mainloop& mainloop, const BwdParams& params, Shared& shared,
+                                                       Range keys, Range tiles) {
     const AttentionArgs& args = params.args;
     const int warpgroup = mainloop.warpgroup, thread = mainloop.thread;
     const int col0 = warpgroup == 0 ? 0 : kSplitCols[0];

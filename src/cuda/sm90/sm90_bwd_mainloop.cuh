@@ -68,10 +68,11 @@ struct BwdShared {
   static constexpr int kScoreTileBytes = kBwdRows * kKeys * int(sizeof(T));
   alignas(wg::kSwizzleAtomBytes) T ds[kConfig.ds_buffers][kScoreTiles][kBwdRows * kKeys];
   // dQ of one query tile [64 q, kDqStride] fp32 on its way to the global accumulator, warpgroup w
-  // writing the columns [w · kDqCols, (w + 1) · kDqCols) (split: its bwd_split_cols). The rows are padded by kDqPad floats: a
-  // warp's stores of its accumulator fragment (8 rows × 4 column pairs) then meet two wavefronts,
-  // the least 256 bytes can take. The accumulator's rows have the same stride (the host lays it out
-  // so), so the tile's rows are one contiguous run there and leave in one bulk reduction.
+  // writing the columns [w · kDqCols, (w + 1) · kDqCols) (split: its bwd_split_cols). The rows
+  // are padded by kDqPad floats: a warp's stores of its accumulator fragment (8 rows × 4 column
+  // pairs) then meet two wavefronts, the least 256 bytes can take. The accumulator's rows have the
+  // same stride (the host lays it out so), so the tile's rows are one contiguous run there and
+  // leave in one bulk reduction.
   static constexpr int kDqCols = kHeadDimPadded / kBwdConsumers;
   static constexpr int kDqPad = kBwdDqPad;
   static constexpr int kDqStride = kHeadDimPadded + kDqPad;
@@ -186,7 +187,8 @@ struct BwdMainloop {
     const Mask& m = mask();
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int64_t key = keys.begin + (kSplit ? 0 : int64_t(warpgroup) * kConsumerRows) + Tiles::Scores::row(i, thread);
+      const int64_t first = keys.begin + (kSplit ? 0 : int64_t(warpgroup) * kConsumerRows);
+      const int64_t key = first + Tiles::Scores::row(i, thread);
       const Range seen = key < m.seqlen_k ? m.queries(key) : Range{0, 0};
       visible_begin[i] = int(seen.begin);
       visible_end[i] = int(seen.end);

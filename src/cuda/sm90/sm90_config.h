@@ -134,9 +134,9 @@ constexpr FwdConfig fwd_config(int head_dim, int variant) {
 //   P, dS    [64 q, 64 keys] one buffer each          16,384 | 16,384
 //   dQ       64 × (D + 8) × 4 fp32 staging             67,584 | 51,200
 //   LSE, Δ   64 × 4 each per stage                        512 |  1,024
-//   210.5 KiB | 211.0 KiB of the 227 KiB (plus barriers and the 1 KiB alignment slack). A second Q/dO stage at 256 (+64 KiB) or a second
-//   P/dS buffer (+16 KiB, which would save a barrier per step) does not fit next to the dQ
-//   staging tile.
+//   210.5 KiB | 211.0 KiB of the 227 KiB (plus barriers and the 1 KiB alignment slack). A second
+//   Q/dO stage at 256 (+64 KiB) or a second P/dS buffer (+16 KiB, which would save a barrier per
+//   step) does not fit next to the dQ staging tile.
 // Registers (240 per consumer thread): dK + dV 128, dQ share 64, Sᵀ and dPᵀ 16 each (dead before
 // dQ is issued), their 16-bit fragments 8 each.
 struct BwdConfig {
