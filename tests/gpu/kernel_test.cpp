@@ -158,6 +158,13 @@ std::vector<Named> all_cases() {
       c = base(f, hd);
       c.seqlen_q = 200, c.seqlen_k = 300, c.heads = 4, c.kv_heads = 2, c.base_offset = 16;
       out.push_back({c, true});
+      // Head dims inside the bucket, off the chunk grid (the last chunk partly zero-filled).
+      if (hd == 192) {
+        c = base(f, 160);
+        c.head_dim_v = 136, c.seqlen_q = 70, c.seqlen_k = 129, c.heads = 3, c.kv_heads = 1;
+        c.causal = Causal::bottom_right;
+        out.push_back({c, true});
+      }
       // Dv != D inside the bucket (192 and 256 mixed; the narrower side's chunks zero-filled).
       if (hd == 256 && std::find(dims.begin(), dims.end(), 192) != dims.end()) {
         c = base(f, hd);
