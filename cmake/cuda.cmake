@@ -237,11 +237,9 @@ if(_fmha_sm90)
         _fmha_instance(_fmha_sm90_sources "sm90_fwd_${dtype}_hd${hd}_${tag}" "cuda/sm90/sm90_launch.cuh"
           "template fmha::Status fmha::cuda::sm90::forward<${t}, ${hd}, ${v}>(const fmha::cuda::sm90::FwdParams&, int, cudaStream_t);\ntemplate size_t fmha::cuda::sm90::forward_shared_bytes<${t}, ${hd}, ${v}>();")
       endforeach()
-      # The backward: one configuration, head dims up to kBwdMaxHeadDim (128).
-      if(hd LESS_EQUAL 128)
-        _fmha_instance(_fmha_sm90_sources "sm90_bwd_${dtype}_hd${hd}" "cuda/sm90/sm90_launch.cuh"
-          "template fmha::Status fmha::cuda::sm90::backward<${t}, ${hd}>(const fmha::cuda::sm90::BwdParams&, cudaStream_t);\ntemplate size_t fmha::cuda::sm90::backward_shared_bytes<${t}, ${hd}>();")
-      endif()
+      # The backward: one configuration per head dim, up to kBwdMaxHeadDim (256; BwdConfig).
+      _fmha_instance(_fmha_sm90_sources "sm90_bwd_${dtype}_hd${hd}" "cuda/sm90/sm90_launch.cuh"
+        "template fmha::Status fmha::cuda::sm90::backward<${t}, ${hd}>(const fmha::cuda::sm90::BwdParams&, cudaStream_t);\ntemplate size_t fmha::cuda::sm90::backward_shared_bytes<${t}, ${hd}>();")
     endforeach()
     # The tf32 forward (fp32 storage): the default configuration only, head dims up to
     # kTf32MaxHeadDim (128); one TU each.

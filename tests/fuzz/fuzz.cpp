@@ -102,9 +102,8 @@ Tier gpu_tier(Backend backend, const std::vector<int64_t>& compiled_head_dims) {
       t.flavors = {{DType::fp16, Precision::ieee}, {DType::bf16, Precision::ieee}, {DType::fp32, Precision::tf32},
                    {DType::fp32, Precision::tf32x3}};
       break;
-    default:  // sm90: fp16 and bf16, forward only (its backward runs on sm80)
+    default:  // sm90: fp16 and bf16, forward and backward at head dims 64-256
       t.flavors = {{DType::fp16, Precision::ieee}, {DType::bf16, Precision::ieee}};
-      t.backward = false;
       t.head_dims.erase(std::remove_if(t.head_dims.begin(), t.head_dims.end(), [](int64_t d) { return d < 64; }),
                         t.head_dims.end());
       break;

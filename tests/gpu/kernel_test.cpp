@@ -32,12 +32,13 @@ bool tier_available(Backend b) {
   return b != Backend::cuda_sm80 || device_arch() >= 80;
 }
 
-// The sm90 backward covers head dims up to 128; its larger backward cases are refused (tested
-// below) and skip.
-// Its tf32 forward (fp32 storage) has no backward (sm80 runs it; refusal tested below).
+// The sm90 backward covers every head dim the tier takes (64 to 256: up to 128 one warpgroup per
+// 64 keys, above the split of the head dim over both warpgroups). Its tf32 forward (fp32 storage)
+// has no backward (sm80 runs it; refusal tested below).
+constexpr int kSm90MaxBackwardHeadDim = 256;
 bool has_backward(const Case& c) {
   if (c.backend == Backend::cuda_sm90 && c.dtype == DType::fp32) return false;
-  return c.backend != Backend::cuda_sm90 || std::max(c.head_dim, c.head_dim_v) <= 128;
+  return c.backend != Backend::cuda_sm90 || std::max(c.head_dim, c.head_dim_v) <= kSm90MaxBackwardHeadDim;
 }
 // Head dims below 64 run on sm80 (sm90 refuses them, tested below); its tf32 forward takes 64 to
 // 128.
@@ -141,6 +142,53 @@ std::vector<Named> all_cases() {
         out.push_back({c, false});
       }
     }
+    // Head dims above 128 (the sm90 backward's split scheme: 64 keys per block, the head dim's
+    // chunks shared by two warpgroups, one P/dS buffer, one Q/dO stage at 256): every option.
+    for (int hd : dims) {
+      if (hd <= 128) continue;
+      Case c = base(f, hd);
+      c.seqlen_q = 200, c.seqlen_k = 333, c.heads = 4, c.kv_heads = 1, c.causal = Causal::top_left;
+      out.push_back({c, true});
+      c.causal = Causal::bottom_right, c.kv_heads = 2, c.deterministic = true;
+      out.push_back({c, false});
+      c = base(f, hd);  // ragged lengths, Sq != Sk both ways
+      c.seqlen_q = 1, c.seqlen_k = 1013, c.heads = 2, c.kv_heads = 1;
+      out.push_back({c, false});
+      c.seqlen_q = 1013, c.seqlen_k = 65, c.causal = Causal::bottom_right;
+      out.push_back({c, false});
+      c.seqlen_q = 63, c.seqlen_k = 15, c.causal = Causal::top_left;
+      out.push_back({c, true});
+      c = base(f, hd);  // sliding window; then MQA with q_offset < 0 (rows that see nothing)
+      c.seqlen_q = 130, c.seqlen_k = 200, c.heads = 4, c.kv_heads = 4;
+      c.window_left = 17, c.window_right = 5;
+      out.push_back({c, true});
+      c.kv_heads = 1, c.causal = Causal::top_left, c.window_right = 0, c.q_offset = -40;
+      out.push_back({c, true});
+      c.kv_heads = 2, c.q_offset = 70, c.window_left = 0, c.deterministic = true;
+      out.push_back({c, true});
+      c = base(f, hd);  // strided [B, H, S, D] views, no LSE; base pointers 16 bytes in
+      c.seqlen_q = 100, c.seqlen_k = 33, c.heads = 4, c.kv_heads = 1, c.causal = Causal::bottom_right;
+      c.with_lse = false, c.bhsd_layout = true;
+      out.push_back({c, true});
+      c = base(f, hd);
+      c.seqlen_q = 200, c.seqlen_k = 300, c.heads = 4, c.kv_heads = 2, c.base_offset = 16;
+      out.push_back({c, true});
+      // Head dims inside the bucket, off the chunk grid (the last chunk partly zero-filled).
+      if (hd == 192) {
+        c = base(f, 160);
+        c.head_dim_v = 136, c.seqlen_q = 70, c.seqlen_k = 129, c.heads = 3, c.kv_heads = 1;
+        c.causal = Causal::bottom_right;
+        out.push_back({c, true});
+      }
+      // Dv != D inside the bucket (192 and 256 mixed; the narrower side's chunks zero-filled).
+      if (hd == 256 && std::find(dims.begin(), dims.end(), 192) != dims.end()) {
+        c = base(f, hd);
+        c.head_dim = 192, c.seqlen_q = 77, c.seqlen_k = 90, c.heads = 2, c.kv_heads = 1;
+        out.push_back({c, true});
+        c.head_dim = 256, c.head_dim_v = 192, c.causal = Causal::bottom_right;
+        out.push_back({c, true});
+      }
+    }
     for (int hd : dims) {
       if (hd < 64 || !takes_head_dim(f.backend, hd, f.dtype)) continue;
       Case c = base(f, hd);
@@ -189,8 +237,8 @@ TEST_P(Deterministic, SmallBitwiseIdentical) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   if (!tier_available(GetParam().backend)) GTEST_SKIP() << "tier not available";
   int head_dim = compiled_head_dims().front();
-  for (int d : compiled_head_dims())  // sm90: its backward's head dims are 64 to 128
-    if (GetParam().backend != Backend::cuda_sm90 || (d >= 64 && d <= 128)) {
+  for (int d : compiled_head_dims())  // sm90: its backward's head dims are 64 to 256
+    if (GetParam().backend != Backend::cuda_sm90 || d >= 64) {
       head_dim = d;
       break;
     }
@@ -201,6 +249,23 @@ TEST_P(Deterministic, SmallBitwiseIdentical) {
   c.batch = 2, c.seqlen_q = 150, c.seqlen_k = 400, c.heads = 4, c.kv_heads = 1, c.causal = Causal::bottom_right;
   const std::string msg = check_deterministic(c, test_seed());
   EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
+}
+
+// The largest compiled head dim (sm90 above 128: 64-key tiles, so seven of them add into each
+// query tile of 400 keys).
+TEST_P(Deterministic, LargeHeadDimBitwiseIdentical) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  if (!tier_available(GetParam().backend)) GTEST_SKIP() << "tier not available";
+  const int head_dim = compiled_head_dims().back();
+  if (head_dim <= 128) GTEST_SKIP() << "no head dim above 128 in this build";
+  Case c = base(GetParam(), head_dim);
+  if (!has_backward(c)) GTEST_SKIP() << "no backward at this head dim";
+  c.batch = 2, c.seqlen_q = 150, c.seqlen_k = 400, c.heads = 4, c.kv_heads = 1, c.causal = Causal::bottom_right;
+  const std::string msg = check_deterministic(c, test_seed());
+  EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
+  c.causal = Causal::none, c.head_dim_v = head_dim / 2, c.kv_heads = 2;  // Dv != D, GQA 2:1
+  const std::string msg2 = check_deterministic(c, test_seed() + 1);
+  EXPECT_TRUE(msg2.empty()) << c.name() << " (seed " << test_seed() + 1 << ")\n" << msg2;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, Deterministic, ::testing::ValuesIn(kFlavors),
@@ -377,7 +442,7 @@ TEST(Edge, SmallEmptySequences) {
       // The largest compiled head dim the flavor's backward takes too.
       int head_dim = compiled_head_dims().back();
       for (int hd : compiled_head_dims())
-        if (f.backend == Backend::cuda_sm90 && hd >= 64 && hd <= 128) head_dim = hd;
+        if (f.backend == Backend::cuda_sm90 && hd >= 64) head_dim = hd;
       Case c = base(f, head_dim);
       c.batch = which == 2 ? 0 : 2;
       c.seqlen_q = which == 0 ? 0 : 17;
@@ -591,10 +656,17 @@ TEST(Refuse, SmallTierLimits) {
       r.params.deterministic = true;
       EXPECT_TRUE(supports(r.params, Direction::backward).ok()) << supports(r.params, Direction::backward).message;
     }
-    if (big > 128) {
+    if (big > 128) {  // the split backward (192, 256), which `auto` leaves to sm80 until it has run on a GPU
       Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, big);
       add_backward_tensors(r, DType::bf16, big);
-      refused(r, Direction::backward, "head_dim");
+      EXPECT_TRUE(supports(r.params, Direction::backward).ok()) << supports(r.params, Direction::backward).message;
+      r.params.backend = Backend::auto_select;
+      Backend chosen = Backend::auto_select;
+      EXPECT_TRUE(select_backend(r.params, Direction::backward, &chosen).ok());
+      EXPECT_EQ(chosen, Backend::cuda_sm80);
+      r.params.backend = Backend::cuda_sm90;
+      r.params.deterministic = true;
+      EXPECT_TRUE(supports(r.params, Direction::backward).ok()) << supports(r.params, Direction::backward).message;
     }
     {
       Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, big);

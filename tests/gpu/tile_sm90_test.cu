@@ -524,6 +524,98 @@ TEST(Sm90Tile, StmatrixTransposedStore) {
   cudaFree(draw);
 }
 
+// ---- stmatrix.trans of a [64, 32] share into rows [32 w, 32 w + 32) of a [64, 64] tile --------
+// (the split backward at head dims 192/256: each warpgroup stores its 32 query columns of Pᵀ and
+// dSᵀ as 32 rows of P and dS). Two warpgroups, one per half.
+__global__ void store_transposed_half_kernel(const float* values, bf16* raw) {
+  __shared__ alignas(1024) bf16 tile_smem[64 * 64];
+  const int w = threadIdx.x / wg::kThreads, t = threadIdx.x % wg::kThreads;
+  wg::Accumulator<32> acc;  // [64, 32]: columns [32 w, 32 w + 32) of the [64, 64] source
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      acc(i, j) = values[wg::Accumulator<32>::row(i, t) * 64 + 32 * w + wg::Accumulator<32>::col(j, t)];
+  uint32_t frags[2][4];
+  wg::a_from_acc<bf16>(frags, acc);
+  wg::store_transposed_swizzled<bf16, 32>(
+      frags, static_cast<uint32_t>(__cvta_generic_to_shared(tile_smem + 32 * w * 64)), t);
+  __syncthreads();
+  for (int e = threadIdx.x; e < 64 * 64; e += blockDim.x) raw[e] = tile_smem[e];
+}
+
+TEST(Sm90Tile, StmatrixTransposedStoreHalves) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  std::vector<float> values(64 * 64);
+  for (size_t e = 0; e < values.size(); ++e) values[e] = float(int(e * 17 % 233) - 116);
+  float* dv = to_device(values);
+  bf16* draw = poisoned_device<bf16>(64 * 64);
+  store_transposed_half_kernel<<<1, 2 * wg::kThreads>>>(dv, draw);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto raw = to_host(draw, 64 * 64);
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < 64; ++c) {
+      const int byte = c * 2;
+      const int offset = r * wg::kSwizzleBytes + (((byte / 16) ^ (r % 8)) * 16) + byte % 16;
+      ASSERT_EQ(f(raw[size_t(offset / 2)]), values[size_t(c * 64 + r)]) << "at " << r << ", " << c;
+    }
+  cudaFree(dv);
+  cudaFree(draw);
+}
+
+// ---- wgmma, A and B both MN-major in shared memory: C[64, N] = Aᵀ[64, K] · B[K, N] -------------
+// A is stored [K, 64] (M contiguous: P or dS [q, keys] read as Pᵀ, dSᵀ by dV += Pᵀ·dO and
+// dK += dSᵀ·Q in the split backward), B [K, BCOLS] with N columns from the chunk at col0.
+template <int N, int K, int BCOLS>
+__global__ void wgmma_ss_transposed_ab_kernel(const bf16* a, const bf16* b, float* c, int col0) {
+  __shared__ alignas(1024) bf16 a_smem[K * 64];
+  __shared__ alignas(1024) bf16 b_smem[K * BCOLS];
+  const int t = threadIdx.x;
+  stage_swizzled<K, 64>(a_smem, a);
+  stage_swizzled<K, BCOLS>(b_smem, b);
+  tile::fence_async_shared();
+  __syncthreads();
+  wg::Accumulator<N> acc;
+  const uint64_t a0 = wg::mn_major_desc(a_smem, 0, K * wg::kSwizzleBytes);
+  const uint64_t b0 = wg::mn_major_desc(b_smem + (col0 / 64) * (K * 64), 0, K * wg::kSwizzleBytes);
+  wg::fence();
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16)
+    wg::Wgmma<bf16, N>::template ss<1, 1>(acc.d, a0 + wg::mn_major_step(k0), b0 + wg::mn_major_step(k0),
+                                          k0 > 0 ? 1 : 0);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operand(acc.d);
+  store_accumulator(c, acc, t);
+}
+
+template <int N, int K, int BCOLS>
+void check_wgmma_ss_transposed_ab(int col0) {
+  const auto a = random_bf16(size_t(K) * 64, 7), b = random_bf16(size_t(K) * BCOLS, 8);
+  bf16 *da = to_device(a), *db = to_device(b);
+  float* dc = poisoned_device<float>(64 * N);
+  wgmma_ss_transposed_ab_kernel<N, K, BCOLS><<<1, wg::kThreads>>>(da, db, dc, col0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto c = to_host(dc, 64 * N);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < N; ++n) {
+      double want = 0;
+      for (int k = 0; k < K; ++k) want += double(f(a[size_t(k * 64 + m)])) * f(b[size_t(k * BCOLS + col0 + n)]);
+      ASSERT_NEAR(c[size_t(m * N + n)], want, 1e-3 * (1 + std::fabs(want)))
+          << "N " << N << " K " << K << " col0 " << col0 << " at " << m << ", " << n;
+    }
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+}
+
+TEST(Sm90Tile, WgmmaSharedOperandsTransposedAB) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  check_wgmma_ss_transposed_ab<128, 64, 128>(0);  // head dim 256: two chunks (the leading byte offset)
+  check_wgmma_ss_transposed_ab<64, 64, 192>(128);  // head dim 192: warpgroup 1's chunk
+  check_wgmma_ss_transposed_ab<64, 64, 128>(64);
+}
+
 // ---- wgmma, A K-major and B MN-major, both in shared memory: C[64, N] = A[64, K] · B[K, N] -------
 // (dQ = dS·K in the backward: K is [keys, head dim] with the head dim contiguous.) col0 picks a
 // column window of a wider B ([K, 64] stored, N = 32 columns from col0) as the backward's

@@ -176,6 +176,24 @@ std::vector<VarlenCase> all_cases() {
         c.base.causal = Causal::bottom_right;
         out.push_back(c);
       }
+      // Head dims 192 and 256: the backward's split kernel (64-key tiles) on packed sequences,
+      // causal, windowed with rows that see nothing, GQA with Dv != D, deterministic.
+      for (int64_t big : {int64_t(192), int64_t(256)}) {
+        if (!has_head_dim(int(big)) || dim == big) continue;
+        VarlenCase c = base;
+        c.base.head_dim = c.base.head_dim_v = big;
+        c.seqlens_q = {64, 128, 65, 63, 257, 0, 1, 130};
+        c.seqlens_k = {64, 300, 129, 1, 257, 9, 500, 0};
+        c.base.causal = Causal::bottom_right;
+        out.push_back(c);
+        c.base.causal = Causal::top_left, c.base.window_left = 24, c.base.q_offset = -5;
+        out.push_back(c);
+        c.base.causal = Causal::none, c.base.window_left = -1, c.base.q_offset = 0;
+        c.base.heads = 4, c.base.kv_heads = 2, c.base.head_dim_v = big / 2;
+        out.push_back(c);
+        c.base.head_dim_v = big, c.base.deterministic = true, c.base.causal = Causal::bottom_right;
+        out.push_back(c);
+      }
     }
   }
   return out;

@@ -1,12 +1,14 @@
 // The sm90 backward's main kernel: warp-specialised, one block per (key tile, KV head, batch).
 // Warpgroup 0 is the producer: one of its threads loads the block's K and V tiles once (TMA),
 // then, for every query tile that sees those keys (every head of the GQA group), Q and dO by TMA
-// and the tile's LSE and Δ rows by bulk copies, into a kBwdStages-deep ring; the warpgroup gives
-// its registers back; another of its warps, the dQ warp, adds each step's dQ tile, staged by the
-// consumers, into the global accumulator by a bulk reduction. Warpgroups 1-2 are consumers of 64
-// keys each (sm90_bwd_mainloop.cuh); dK and dV stay in their registers until the epilogue writes
-// them. Between the shared preprocess (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and
-// convert kernels (cuda/common).
+// and the tile's LSE and Δ rows by bulk copies, into a ring of BwdConfig::stages; the warpgroup
+// gives its registers back; another of its warps, the dQ warp, adds each step's dQ tile, staged by
+// the consumers, into the global accumulator by a bulk reduction. Warpgroups 1-2 are consumers of
+// 64 keys each (sm90_bwd_mainloop.cuh); dK and dV stay in their registers until the epilogue
+// writes them. At head dims 192 and 256 a block has 64 keys and the two warpgroups split the query
+// columns of the scores and the head-dim columns of dK, dV and dQ instead (BwdConfig). Between the
+// shared preprocess (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and convert kernels
+// (cuda/common).
 //
 // PACKED: a variable-length call, a kernel of its own. Block (n, kv head, b) takes key tile n of
 // sequence b (read once from the tables into shared memory, clamped, args.h sequence()); the
@@ -30,6 +32,11 @@ struct BwdKernel {
   using Mainloop = BwdMainloop<T, HD, ORDERED_DQ, PACKED>;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;
+  static constexpr BwdConfig kConfig = Shared::kConfig;
+  static constexpr int kKeys = kConfig.keys;
+  static constexpr int kStages = kConfig.stages;
+  // Split: the head-dim columns of consumer warpgroups 0 and 1.
+  static constexpr int kSplitCols[kBwdConsumers] = {bwd_split_cols(HD, 0), bwd_split_cols(HD, 1)};
   static constexpr int kThreads = (kBwdConsumers + 1) * kWarpgroupThreads;
   static constexpr int kProducerRegisters = bwd_producer_registers(PACKED);
   static constexpr int kConsumerRegisters = bwd_consumer_registers(PACKED);
@@ -57,7 +64,7 @@ struct BwdKernel {
     const AttentionArgs& args = params.args;
     const Mask& mask = block_mask(args, shared);
     const int kv_head = int(blockIdx.y);
-    const Range keys = bwd_key_tile(mask, int(blockIdx.x));
+    const Range keys = bwd_key_tile<kKeys>(mask, int(blockIdx.x));
     const Range tiles = bwd_query_tiles(mask, keys);
     // TMA coordinates: dense (row, batch) of [B, S, H, D]; packed (first row + row, 0) of the
     // packed tensors as [1, total, H, D]. The sequence's first rows are read from shared memory
@@ -74,11 +81,11 @@ struct BwdKernel {
       tile::tma::prefetch(&params.dout);
       shared.kv_full.arrive_expect_tx(2 * Shared::kKVBytes);
       const int64_t k_row0 = PACKED ? block_start(shared).k : 0;
-      load_tile(shared.k, &params.k, kBwdKeys, k_row0 + keys.begin, kv_head, shared.kv_full);
-      load_tile(shared.v, &params.v, kBwdKeys, k_row0 + keys.begin, kv_head, shared.kv_full);
+      load_tile(shared.k, &params.k, kKeys, k_row0 + keys.begin, kv_head, shared.kv_full);
+      load_tile(shared.v, &params.v, kKeys, k_row0 + keys.begin, kv_head, shared.kv_full);
     }
     // Q, dO and the rows' LSE and Δ (padded to whole tiles by the preprocess) per query tile.
-    tile::PipelineState<kBwdStages> pipe;
+    tile::PipelineState<kStages> pipe;
     for (int g = 0; g < args.group; ++g) {
       const int head = kv_head * args.group + g;
       for (int m = int(tiles.begin); m < int(tiles.end); ++m) {
@@ -125,7 +132,7 @@ struct BwdKernel {
     const AttentionArgs& args = params.args;
     const Mask& mask = block_mask(args, shared);
     const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
-    const Range tiles = bwd_query_tiles(mask, bwd_key_tile(mask, int(blockIdx.x)));
+    const Range tiles = bwd_query_tiles(mask, bwd_key_tile<kKeys>(mask, int(blockIdx.x)));
     // The padding columns are never written by the consumers: zero, so that they add nothing.
     for (int r = lane; r < kBwdRows; r += 32)
       for (int c = Shared::kHeadDimPadded; c < Shared::kDqStride; ++c) shared.dq[r * Shared::kDqStride + c] = 0.f;
@@ -141,7 +148,13 @@ struct BwdKernel {
           auto turn_counter = [&] {
             return args.dq_turns + (int64_t(batch) * args.heads + head) * args.dq_turn_tiles + m;
           };
-          const int turn = ORDERED_DQ ? shared.dq_turn : 0;  // read before the buffer is handed back
+          // Packed at 192/256 (Mainloop::kTurnByDqWarp): the dQ warp finds the turn itself,
+          // else the consumers stage it with their shares.
+          int turn = 0;
+          if constexpr (Mainloop::kTurnByDqWarp)
+            turn = int(blockIdx.x) - bwd_first_key_tile<kKeys>(mask, m, int(blockIdx.x));
+          else if constexpr (ORDERED_DQ)
+            turn = shared.dq_turn;  // read before the buffer is handed back
           if constexpr (ORDERED_DQ) {
             tile::wait_turn(turn_counter(), turn);
             tile::fence_async_global();
@@ -169,16 +182,33 @@ struct BwdKernel {
   __device__ static void consume(const BwdParams& params, Shared& shared, int warpgroup, int thread) {
     const AttentionArgs& args = params.args;
     const Mask& mask = block_mask(args, shared);
-    const int kv_head = int(blockIdx.y);
-    const Range keys = bwd_key_tile(mask, int(blockIdx.x));
+    const Range keys = bwd_key_tile<kKeys>(mask, int(blockIdx.x));
     const Range tiles = bwd_query_tiles(mask, keys);
     Mainloop mainloop{shared, args, warpgroup, thread};
     if constexpr (PACKED) mainloop.find_visible(keys);
+    if constexpr (kConfig.split_head_dim) {
+      // Each warpgroup's share of the columns is a compile-time width (one code path when the
+      // shares are equal).
+      if constexpr (kSplitCols[0] == kSplitCols[1])
+        consume_split<kSplitCols[0]>(mainloop, params, shared, keys, tiles);
+      else if (warpgroup == 0) consume_split<kSplitCols[0]>(mainloop, params, shared, keys, tiles);
+      else consume_split<kSplitCols[1]>(mainloop, params, shared, keys, tiles);
+    } else {
+      consume_keys(mainloop, params, shared, keys, tiles);
+    }
+  }
+
+  // Up to 128: this warpgroup's 64 keys, dK and dV [64, HDP] fp32 in its registers.
+  __device__ __forceinline__ static void consume_keys(Mainloop& mainloop, const BwdParams& params, Shared& shared,
+                                                      Range keys, Range tiles) {
+    const AttentionArgs& args = params.args;
+    const int warpgroup = mainloop.warpgroup, thread = mainloop.thread;
+    const int kv_head = int(blockIdx.y);
     typename Tiles::KeyGrad dk, dv;
     dk.fill(0.f);
     dv.fill(0.f);
     shared.kv_full.wait(0);
-    tile::PipelineState<kBwdStages> pipe;
+    tile::PipelineState<kStages> pipe;
     int step = 0;
     for (int g = 0; g < args.group; ++g)  // every head of the GQA group: the same query tiles
       for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
@@ -186,6 +216,45 @@ struct BwdKernel {
         pipe.advance();
       }
     store_key_grads(args, warpgroup, thread, kv_head, block_start(shared).k, keys, dk, dv);
+  }
+
+  // Split: this warpgroup's COLS columns of dK and dV ([64 keys, COLS] fp32 each), from column
+  // col0 (warpgroup 0's share first).
+  template <int COLS>
+  __device__ __forceinline__ static void consume_split(Mainloop& mainloop, const BwdParams& params, Shared& shared,
+                                                       Range keys, Range tiles) {
+    const AttentionArgs& args = params.args;
+    const int warpgroup = mainloop.warpgroup, thread = mainloop.thread;
+    const int col0 = warpgroup == 0 ? 0 : kSplitCols[0];
+    wg::Accumulator<COLS> dk, dv;
+    dk.fill(0.f);
+    dv.fill(0.f);
+    shared.kv_full.wait(0);
+    tile::PipelineState<kStages> pipe;
+    int step = 0;
+    for (int g = 0; g < args.group; ++g)
+      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
+        mainloop.template step_split<COLS>(pipe, m, keys, step % 2, col0, dk, dv);
+        pipe.advance();
+      }
+    // dK = scale · acc and dV in the storage type, rows past seqlen_k and columns past the head
+    // dims dropped.
+    const int64_t start = block_start(shared).k;
+    const int kv_head = int(blockIdx.y);
+    using G = wg::Accumulator<COLS>;
+#pragma unroll
+    for (int i = 0; i < G::kRows; ++i) {
+      const int64_t key = keys.begin + G::row(i, thread);
+      if (key >= keys.end) continue;
+      T* dk_row = args.dk.at<T>(start, key, kv_head);
+      T* dv_row = args.dv.at<T>(start, key, kv_head);
+#pragma unroll
+      for (int j = 0; j < G::kCols; ++j) {
+        const int col = col0 + G::col(j, thread);
+        if (col < args.head_dim) dk_row[col] = tile::from_float<T>(dk(i, j) * args.scale);
+        if (col < args.head_dim_v) dv_row[col] = tile::from_float<T>(dv(i, j));
+      }
+    }
   }
 
   // dK = scale · acc and dV in the storage type, rows past seqlen_k and columns past the head
@@ -225,7 +294,7 @@ __global__ void __launch_bounds__(BwdKernel<T, HD, ORDERED_DQ, PACKED>::kThreads
   const int thread = int(threadIdx.x) % wg::kThreads;
   if (threadIdx.x == 0) {
     shared.kv_full.init(1);
-    for (int s = 0; s < kBwdStages; ++s) {
+    for (int s = 0; s < K::kStages; ++s) {
       shared.full[s].init(1);
       shared.empty[s].init(kBwdConsumers * K::Mainloop::kConsumerWarps);
     }
@@ -236,7 +305,7 @@ __global__ void __launch_bounds__(BwdKernel<T, HD, ORDERED_DQ, PACKED>::kThreads
   }
   __syncthreads();
   // Packed: a block past its sequence's keys has nothing to do (no key, so no query tile sees it).
-  if (PACKED && bwd_key_tile(shared.sequence.mask, int(blockIdx.x)).empty()) return;
+  if (PACKED && bwd_key_tile<K::kKeys>(shared.sequence.mask, int(blockIdx.x)).empty()) return;
   if (warpgroup == 0) {
     tile::registers_decrease<K::kProducerRegisters>();
     if (PACKED ? thread < 32 : thread == 0) K::produce(params, shared, thread);

@@ -17,6 +17,16 @@
 // the dQ warp adds a query tile's dQ when the tile's turn counter says that every key tile before
 // its own has added, so the fp32 sums run in key-tile order every time, while the consumers go on
 // with the next step.
+//
+// Head dims 192 and 256 (BwdConfig::split_head_dim, sm90_config.h) take 64 keys per block and
+// split the work between the two warpgroups by query columns, then by head-dim columns:
+//   Sᵀ, dPᵀ [64 keys, 32 q]      SS, warpgroup w's query rows [32 w, 32 w + 32) of the tile
+//   Pᵀ, dSᵀ                      stored transposed (P, dS [32 q, 64 keys]) into shared memory,
+//                                where the two halves form P and dS [64 q, 64 keys]
+//   dV[:, cols] += Pᵀ·dO[:, cols]   SS, Pᵀ MN-major (transposed A), dO MN-major
+//   dK[:, cols] += dSᵀ·Q[:, cols]   SS
+//   dQ[:, cols]  = dS·K[:, cols]    SS, as above
+// where cols are warpgroup w's whole 64-column chunks of the head dim (bwd_split_cols).
 #pragma once
 
 #include "cuda/common/args.h"
@@ -34,35 +44,43 @@ namespace wg = tile::warpgroup;
 // Shared memory of the backward. Tiles are HDP / 64 swizzled column chunks of [rows, 64].
 template <class T, int HD>
 struct BwdShared {
+  static constexpr BwdConfig kConfig = bwd_config(HD);
+  static constexpr int kKeys = kConfig.keys;  // keys per block
+  static constexpr int kStages = kConfig.stages;
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
   static constexpr int kChunks = kHeadDimPadded / kChunkCols;
-  static constexpr int kKVChunkBytes = kBwdKeys * wg::kSwizzleBytes;   // one [128 keys, 64] chunk
+  static constexpr int kKVChunkBytes = kKeys * wg::kSwizzleBytes;      // one [keys, 64] chunk
   static constexpr int kRowChunkBytes = kBwdRows * wg::kSwizzleBytes;  // one [64 q, 64] chunk
   static constexpr uint32_t kKVBytes = uint32_t(kKVChunkBytes) * kChunks;
   static constexpr uint32_t kRowBytes = uint32_t(kRowChunkBytes) * kChunks;
   static constexpr uint32_t kStatBytes = kBwdRows * sizeof(float);  // one tile's LSE or Δ
   static_assert(kStatRowAlign % kBwdRows == 0, "a tile's row statistics must not straddle a (batch, head)");
 
-  alignas(wg::kSwizzleAtomBytes) T k[kBwdKeys * kHeadDimPadded];               // [chunks][128, 64]
-  alignas(wg::kSwizzleAtomBytes) T v[kBwdKeys * kHeadDimPadded];               // [chunks][128, 64]
-  alignas(wg::kSwizzleAtomBytes) T q[kBwdStages][kBwdRows * kHeadDimPadded];   // [chunks][64, 64]
-  alignas(wg::kSwizzleAtomBytes) T dout[kBwdStages][kBwdRows * kHeadDimPadded];
-  // dS [64 q, 128 keys], chunk w from warpgroup w; two buffers, alternating per query tile, so a
-  // warpgroup may store the next dS while the other still multiplies the previous one.
-  alignas(wg::kSwizzleAtomBytes) T ds[2][kBwdRows * kBwdKeys];
+  alignas(wg::kSwizzleAtomBytes) T k[kKeys * kHeadDimPadded];               // [chunks][keys, 64]
+  alignas(wg::kSwizzleAtomBytes) T v[kKeys * kHeadDimPadded];               // [chunks][keys, 64]
+  alignas(wg::kSwizzleAtomBytes) T q[kStages][kBwdRows * kHeadDimPadded];   // [chunks][64, 64]
+  alignas(wg::kSwizzleAtomBytes) T dout[kStages][kBwdRows * kHeadDimPadded];
+  // [buffer][0]: dS [64 q, keys]. Up to 128: chunk w from warpgroup w; two buffers, alternating
+  // per query tile, so a warpgroup may store the next dS while the other still multiplies the
+  // previous one. Split: one chunk, rows [32 w, 32 w + 32) from warpgroup w, and [buffer][1] P
+  // stored the same way; one buffer (the ds_free barrier guards it).
+  static constexpr int kScoreTiles = kConfig.split_head_dim ? 2 : 1;  // dS, then P
+  static constexpr int kScoreTileBytes = kBwdRows * kKeys * int(sizeof(T));
+  alignas(wg::kSwizzleAtomBytes) T ds[kConfig.ds_buffers][kScoreTiles][kBwdRows * kKeys];
   // dQ of one query tile [64 q, kDqStride] fp32 on its way to the global accumulator, warpgroup w
-  // writing the columns [w · kDqCols, (w + 1) · kDqCols). The rows are padded by kDqPad floats: a
-  // warp's stores of its accumulator fragment (8 rows × 4 column pairs) then meet two wavefronts,
-  // the least 256 bytes can take. The accumulator's rows have the same stride (the host lays it out
-  // so), so the tile's rows are one contiguous run there and leave in one bulk reduction.
+  // writing the columns [w · kDqCols, (w + 1) · kDqCols) (split: its bwd_split_cols). The rows
+  // are padded by kDqPad floats: a warp's stores of its accumulator fragment (8 rows × 4 column
+  // pairs) then meet two wavefronts, the least 256 bytes can take. The accumulator's rows have the
+  // same stride (the host lays it out so), so the tile's rows are one contiguous run there and
+  // leave in one bulk reduction.
   static constexpr int kDqCols = kHeadDimPadded / kBwdConsumers;
   static constexpr int kDqPad = kBwdDqPad;
   static constexpr int kDqStride = kHeadDimPadded + kDqPad;
   alignas(128) float dq[kBwdRows * kDqStride];
-  alignas(16) float lse[kBwdStages][kBwdRows];    // LSE · log2 e of the tile's rows; +inf past seqlen_q
-  alignas(16) float delta[kBwdStages][kBwdRows];  // Δ = rowsum(dO ∘ O); 0 past seqlen_q
+  alignas(16) float lse[kStages][kBwdRows];    // LSE · log2 e of the tile's rows; +inf past seqlen_q
+  alignas(16) float delta[kStages][kBwdRows];  // Δ = rowsum(dO ∘ O); 0 past seqlen_q
   tile::MBarrier kv_full;
-  tile::MBarrier full[kBwdStages], empty[kBwdStages];
+  tile::MBarrier full[kStages], empty[kStages];
   tile::MBarrier dq_full, dq_empty;  // the dQ shares written (every consumer warp) / read (the dQ warp)
   int dq_turn;  // deterministic: the staged tile's turn (written with the shares, read by the dQ warp)
   // Packed calls: the block's sequence (first rows, mask of its lengths), read from the tables
@@ -80,13 +98,24 @@ struct BwdTiles {
   using Fragments = uint32_t[kBwdRows / 16][4];              // [64 keys, 64 q] as register-A, 16-bit
 };
 
+// One consumer warpgroup's accumulators under split_head_dim, owning COLS head-dim columns.
+template <int COLS>
+struct BwdSplitTiles {
+  static constexpr int kQueries = kBwdRows / kBwdConsumers;  // query columns of Sᵀ per warpgroup
+  using Scores = wg::Accumulator<kQueries>;    // [64 keys, 32 q] Sᵀ, then Pᵀ; dPᵀ, then dSᵀ
+  using KeyGrad = wg::Accumulator<COLS>;       // [64 keys, COLS] dK or dV columns, fp32
+  using QueryGrad = wg::Accumulator<COLS>;     // [64 q, COLS] dQ columns
+  using Fragments = uint32_t[kQueries / 16][4];  // [64 keys, 32 q] as 16-bit fragments
+};
+
 // The lengths are the mask's (mask.seqlen_q, mask.seqlen_k): the call's for dense calls, the
 // block's sequence's for packed ones.
-// Key tile n's keys (block n's), clamped to seqlen_k (empty past it: a packed call's blocks past
-// their sequence's keys).
+// Key tile n's KEYS keys (block n's), clamped to seqlen_k (empty past it: a packed call's blocks
+// past their sequence's keys).
+template <int KEYS>
 __device__ __forceinline__ Range bwd_key_tile(const Mask& mask, int n) {
-  const int64_t begin = int64_t(n) * kBwdKeys;
-  return {begin, begin + kBwdKeys < mask.seqlen_k ? begin + kBwdKeys : mask.seqlen_k};
+  const int64_t begin = int64_t(n) * KEYS;
+  return {begin, begin + KEYS < mask.seqlen_k ? begin + KEYS : mask.seqlen_k};
 }
 
 // Query tiles [begin, end) whose rows see any of `keys` (the same for every head).
@@ -100,11 +129,12 @@ __device__ __forceinline__ Range bwd_query_tiles(const Mask& mask, Range keys) {
 // that see a query tile form one run (every mask row sees one interval of keys, and the intervals
 // move forward with the row), so over [0, n] "tile m is among its query tiles" is false, then
 // true: a binary search with the very test the blocks use finds the run's start.
+template <int KEYS>
 __device__ inline int bwd_first_key_tile(const Mask& mask, int m, int n) {
   int lo = 0, hi = n;
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    const Range t = bwd_query_tiles(mask, bwd_key_tile(mask, mid));
+    const Range t = bwd_query_tiles(mask, bwd_key_tile<KEYS>(mask, mid));
     if (t.begin <= m && m < t.end) hi = mid;
     else lo = mid + 1;
   }
@@ -118,7 +148,14 @@ template <class T, int HD, bool ORDERED_DQ, bool PACKED>
 struct BwdMainloop {
   using Shared = BwdShared<T, HD>;
   using Tiles = BwdTiles<HD>;
-  using Pipeline = tile::PipelineState<kBwdStages>;
+  static constexpr int kKeys = Shared::kKeys;
+  static constexpr bool kSplit = Shared::kConfig.split_head_dim;
+  // Deterministic: who finds a dQ tile's turn (the binary search of bwd_first_key_tile). The
+  // consumers, with their shares, except on packed calls at 192/256, where the search over the
+  // sequence's mask spilled in the consumers' loop (-Xptxas -v) and the packed producer's dQ
+  // warp (40 registers) takes it without spilling; dense, the dQ warp (24) would spill instead.
+  static constexpr bool kTurnByDqWarp = ORDERED_DQ && kSplit && PACKED;
+  using Pipeline = tile::PipelineState<Shared::kStages>;
   static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
   static constexpr int kK = wg::Wgmma<T, kBwdRows>::kK;
   static constexpr int kConsumerWarps = wg::kThreads / 32;
@@ -129,6 +166,7 @@ struct BwdMainloop {
   Shared& shared;
   const AttentionArgs& args;
   int warpgroup;  // consumer index: keys [64 · warpgroup, 64 · warpgroup + 64) of the key tile
+                  // (split: query columns [32 w, 32 w + 32), its head-dim columns)
   int thread;     // index inside the warpgroup
 
   // Packed: the query rows that each of this thread's two keys sees ([0, 0) past seqlen_k), found
@@ -149,24 +187,26 @@ struct BwdMainloop {
     const Mask& m = mask();
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int64_t key = keys.begin + int64_t(warpgroup) * kConsumerRows + Tiles::Scores::row(i, thread);
+      const int64_t first = keys.begin + (kSplit ? 0 : int64_t(warpgroup) * kConsumerRows);
+      const int64_t key = first + Tiles::Scores::row(i, thread);
       const Range seen = key < m.seqlen_k ? m.queries(key) : Range{0, 0};
       visible_begin[i] = int(seen.begin);
       visible_end[i] = int(seen.end);
     }
   }
 
-  // acc = A·Bᵀ for A = this warpgroup's 64 rows of a [128, HDP] key-side tile and B a [64, HDP]
-  // query-side tile, both K-major; issued, committed, not waited.
-  __device__ __forceinline__ void issue_transposed_scores(typename Tiles::Scores& acc, const T* key_side,
-                                                          const T* query_side) {
-    const uint64_t a0 = wg::k_major_desc<T, kK>(key_side, warpgroup * kConsumerRows, 0, Shared::kKVChunkBytes);
-    const uint64_t b0 = wg::k_major_desc<T, kK>(query_side, 0, 0, Shared::kRowChunkBytes);
+  // acc = A·Bᵀ for A = the 64 rows from key_row0 of a [keys, HDP] key-side tile and B the N rows
+  // from query_row0 of a [64, HDP] query-side tile, both K-major; issued, committed, not waited.
+  template <int N>
+  __device__ __forceinline__ void issue_transposed_scores(wg::Accumulator<N>& acc, const T* key_side, int key_row0,
+                                                          const T* query_side, int query_row0) {
+    const uint64_t a0 = wg::k_major_desc<T, kK>(key_side, key_row0, 0, Shared::kKVChunkBytes);
+    const uint64_t b0 = wg::k_major_desc<T, kK>(query_side, query_row0, 0, Shared::kRowChunkBytes);
     wg::fence();
 #pragma unroll
     for (int k0 = 0; k0 < HD; k0 += kK)
-      wg::Wgmma<T, kBwdRows>::ss(acc.d, a0 + wg::k_major_step<T>(k0, Shared::kKVChunkBytes),
-                                 b0 + wg::k_major_step<T>(k0, Shared::kRowChunkBytes), k0 > 0 ? 1 : 0);
+      wg::Wgmma<T, N>::ss(acc.d, a0 + wg::k_major_step<T>(k0, Shared::kKVChunkBytes),
+                          b0 + wg::k_major_step<T>(k0, Shared::kRowChunkBytes), k0 > 0 ? 1 : 0);
     wg::commit();
   }
 
@@ -180,20 +220,67 @@ struct BwdMainloop {
       wg::Wgmma<T, kHeadDimPadded>::template rs<1>(acc.d, a[kb], b0 + wg::mn_major_step(kb * 16), 1);
   }
 
-  // dQ share = dS·K[:, this warpgroup's columns], dS from shared memory (K-major over the 128
+  // dQ share = dS·K[:, N columns from col0], dS from shared memory (K-major over the block's
   // keys), K MN-major; issued and committed.
-  __device__ __forceinline__ void issue_query_grad(typename Tiles::QueryGrad& acc, const T* ds) {
+  template <int N>
+  __device__ __forceinline__ void issue_query_grad(wg::Accumulator<N>& acc, const T* ds, int col0) {
     constexpr int kDsChunkBytes = kBwdRows * wg::kSwizzleBytes;
     // Column c of K lies in chunk c / 64 at element c % 64 of its rows.
-    const int col0 = warpgroup * kDqCols;
-    const T* k_cols = shared.k + (col0 / kChunkCols) * (kBwdKeys * kChunkCols) + col0 % kChunkCols;
+    const T* k_cols = shared.k + (col0 / kChunkCols) * (kKeys * kChunkCols) + col0 % kChunkCols;
     const uint64_t a0 = wg::k_major_desc<T, kK>(ds, 0, 0, kDsChunkBytes);
     const uint64_t b0 = wg::mn_major_desc(k_cols, 0, Shared::kKVChunkBytes);
 #pragma unroll
-    for (int k0 = 0; k0 < kBwdKeys; k0 += kK)
-      wg::Wgmma<T, kDqCols>::template ss<0, 1>(acc.d, a0 + wg::k_major_step<T>(k0, kDsChunkBytes),
-                                               b0 + wg::mn_major_step(k0), k0 > 0 ? 1 : 0);
+    for (int k0 = 0; k0 < kKeys; k0 += kK)
+      wg::Wgmma<T, N>::template ss<0, 1>(acc.d, a0 + wg::k_major_step<T>(k0, kDsChunkBytes),
+                                         b0 + wg::mn_major_step(k0), k0 > 0 ? 1 : 0);
     wg::commit();
+  }
+
+  // Split: acc += Aᵀ·B[:, N columns from col0] for A a [64 q, 64 keys] tile of shared memory (P
+  // or dS; keys contiguous, so Aᵀ is an MN-major A operand) and B a [64 q, HDP] stage (Q or dO,
+  // MN-major; col0 a whole chunk); issued, not committed.
+  template <int N>
+  __device__ __forceinline__ void issue_split_key_grad(wg::Accumulator<N>& acc, const T* a, const T* query_side,
+                                                       int col0) {
+    static_assert(kKeys == kChunkCols, "Aᵀ's 64 keys are one swizzled chunk (M of the wgmma)");
+    const uint64_t a0 = wg::mn_major_desc(a, 0, Shared::kScoreTileBytes);
+    const uint64_t b0 = wg::mn_major_desc(query_side + (col0 / kChunkCols) * (kBwdRows * kChunkCols), 0,
+                                          Shared::kRowChunkBytes);
+#pragma unroll
+    for (int k0 = 0; k0 < kBwdRows; k0 += kK)
+      wg::Wgmma<T, N>::template ss<1, 1>(acc.d, a0 + wg::mn_major_step(k0), b0 + wg::mn_major_step(k0), 1);
+  }
+
+  // Sᵀ (keys as rows, from key0; query rows as columns, from q0) masked where the tile is cut.
+  template <int N>
+  __device__ __forceinline__ void mask_scores(wg::Accumulator<N>& s, int64_t key0, int64_t q0) {
+    using Scores = wg::Accumulator<N>;
+    if constexpr (PACKED) {
+      // Masked where one of this thread's keys misses a row of the tile (rows past the sequence's
+      // end included: its visible rows stop at seqlen_q). Per thread: masking what is visible
+      // changes nothing, so the threads need not agree.
+      bool cut = false;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) cut |= !(visible_begin[i] <= q0 && visible_end[i] >= q0 + N);
+      if (cut)
+        tile::thread::mask_outside(
+            s, [&](int i) { return Range{visible_begin[i], visible_end[i]}; }, q0,
+            [&](int j) { return Scores::col(j, thread); });
+    } else {
+      const Mask& mask = this->mask();
+      const Range rows{q0, q0 + N < mask.seqlen_q ? q0 + N : mask.seqlen_q};
+      const Range my_keys{key0, key0 + kConsumerRows};
+      if (!(my_keys.end <= mask.seqlen_k && mask.tile_is_full(rows, my_keys))) {
+        // Rows are keys here, columns query rows: key i is seen by the queries mask.queries(key).
+        tile::thread::mask_outside(
+            s,
+            [&](int i) {
+              const int64_t key = key0 + Scores::row(i, thread);
+              return key < mask.seqlen_k ? mask.queries(key) : Range{0, 0};
+            },
+            q0, [&](int j) { return Scores::col(j, thread); });
+      }
+    }
   }
 
   // One arrival per consumer warp: the stage may be refilled once every warp is done with it.
@@ -213,39 +300,13 @@ struct BwdMainloop {
     const int stage = at.index;
     shared.full[stage].wait(at.phase);
     Scores s, dp;
-    issue_transposed_scores(s, shared.k, shared.q[stage]);
-    issue_transposed_scores(dp, shared.v, shared.dout[stage]);
+    issue_transposed_scores(s, shared.k, warpgroup * kConsumerRows, shared.q[stage], 0);
+    issue_transposed_scores(dp, shared.v, warpgroup * kConsumerRows, shared.dout[stage], 0);
 
     // Pᵀ = 2^(Sᵀ · scale · log2 e − LSE), masked where the tile is cut.
     wg::wait<1>();
     wg::fence_operand(s.d);
-    const int64_t key0 = keys.begin + int64_t(warpgroup) * kConsumerRows;
-    if constexpr (PACKED) {
-      // Masked where one of this thread's keys misses a row of the tile (rows past the sequence's
-      // end included: its visible rows stop at seqlen_q). Per thread: masking what is visible
-      // changes nothing, so the threads need not agree.
-      bool cut = false;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) cut |= !(visible_begin[i] <= row0 && visible_end[i] >= row0 + kBwdRows);
-      if (cut)
-        tile::thread::mask_outside(
-            s, [&](int i) { return Range{visible_begin[i], visible_end[i]}; }, row0,
-            [&](int j) { return Scores::col(j, thread); });
-    } else {
-      const Mask& mask = this->mask();
-      const Range rows{row0, row0 + kBwdRows < mask.seqlen_q ? row0 + kBwdRows : mask.seqlen_q};
-      const Range my_keys{key0, key0 + kConsumerRows};
-      if (!(my_keys.end <= mask.seqlen_k && mask.tile_is_full(rows, my_keys))) {
-        // Rows are keys here, columns query rows: key i is seen by the queries mask.queries(key).
-        tile::thread::mask_outside(
-            s,
-            [&](int i) {
-              const int64_t key = key0 + Scores::row(i, thread);
-              return key < mask.seqlen_k ? mask.queries(key) : Range{0, 0};
-            },
-            row0, [&](int j) { return Scores::col(j, thread); });
-      }
-    }
+    mask_scores(s, keys.begin + int64_t(warpgroup) * kConsumerRows, row0);
 #pragma unroll
     for (int j = 0; j < Scores::kCols; ++j) {
       const float lse = shared.lse[stage][Scores::col(j, thread)];
@@ -273,7 +334,7 @@ struct BwdMainloop {
     issue_key_grad(dv, p, shared.dout[stage]);
     issue_key_grad(dk, ds, shared.q[stage]);
     wg::commit();
-    T* ds_tile = shared.ds[dq_buffer];
+    T* ds_tile = shared.ds[dq_buffer][0];
     wg::store_transposed_swizzled<T, kBwdRows>(
         ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile + warpgroup * kBwdRows * kChunkCols)), thread);
     tile::fence_async_shared();
@@ -289,25 +350,102 @@ struct BwdMainloop {
 
     typename Tiles::QueryGrad dq;
     wg::fence();
-    issue_query_grad(dq, ds_tile);
+    issue_query_grad(dq, ds_tile, warpgroup * kDqCols);
     wg::wait<0>();
     wg::fence_operand(dq.d);
     release(shared.empty[stage]);
-    stage_dq(dq, dq_buffer, m);
+    stage_dq(dq, dq_buffer, m, warpgroup * kDqCols);
+  }
+
+  // Split (head dims 192, 256): one query tile m against the block's 64 keys, this warpgroup
+  // taking query columns [32 w, 32 w + 32) of Sᵀ and dPᵀ, then its COLS head-dim columns from
+  // col0 of dK, dV and dQ. dq_parity alternates per step (the dQ hand-off).
+  template <int COLS>
+  __device__ void step_split(const Pipeline& at, int m, Range keys, int dq_parity, int col0,
+                             wg::Accumulator<COLS>& dk, wg::Accumulator<COLS>& dv) {
+    using SplitTiles = BwdSplitTiles<COLS>;
+    using Scores = typename SplitTiles::Scores;
+    constexpr int kQueries = SplitTiles::kQueries;
+    static_assert(Shared::kConfig.ds_buffers == 1, "one P/dS buffer, guarded by ds_free");
+    const int64_t row0 = int64_t(m) * kBwdRows;
+    const int q_col0 = warpgroup * kQueries;  // this warpgroup's query rows within the tile
+    const int stage = at.index;
+    shared.full[stage].wait(at.phase);
+    Scores s, dp;
+    issue_transposed_scores(s, shared.k, 0, shared.q[stage], q_col0);
+    issue_transposed_scores(dp, shared.v, 0, shared.dout[stage], q_col0);
+
+    // Pᵀ = 2^(Sᵀ · scale · log2 e − LSE), masked where the tile is cut.
+    wg::wait<1>();
+    wg::fence_operand(s.d);
+    mask_scores(s, keys.begin, row0 + q_col0);
+#pragma unroll
+    for (int j = 0; j < Scores::kCols; ++j) {
+      const float lse = shared.lse[stage][q_col0 + Scores::col(j, thread)];
+#pragma unroll
+      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
+    }
+    typename SplitTiles::Fragments p, ds;
+    wg::a_from_acc<T>(p, s);
+
+    // dSᵀ = Pᵀ ∘ (dPᵀ − Δ).
+    wg::wait<0>();
+    wg::fence_operand(dp.d);
+#pragma unroll
+    for (int j = 0; j < Scores::kCols; ++j) {
+      const float delta = shared.delta[stage][q_col0 + Scores::col(j, thread)];
+#pragma unroll
+      for (int i = 0; i < Scores::kRows; ++i) dp(i, j) = s(i, j) * (dp(i, j) - delta);
+    }
+    wg::a_from_acc<T>(ds, dp);
+
+    // P and dS [64 q, 64 keys] into shared memory, this warpgroup's rows, once both warpgroups
+    // are done reading the previous step's (their GEMMs complete before they arrive).
+    T* ds_tile = shared.ds[0][0];
+    T* p_tile = shared.ds[0][1];
+    tile::named_sync(int(NamedBarrier::ds_free), kBwdConsumers * wg::kThreads);
+    const int rows_offset = q_col0 * kChunkCols;  // 32 rows of 128 bytes: whole swizzle atoms
+    wg::store_transposed_swizzled<T, kQueries>(
+        ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile + rows_offset)), thread);
+    wg::store_transposed_swizzled<T, kQueries>(
+        p, static_cast<uint32_t>(__cvta_generic_to_shared(p_tile + rows_offset)), thread);
+    tile::fence_async_shared();
+    tile::named_sync(int(NamedBarrier::ds_ready), kBwdConsumers * wg::kThreads);
+
+    // dV[:, cols] += Pᵀ·dO[:, cols] and dK[:, cols] += dSᵀ·Q[:, cols].
+    wg::fence_operand(dv.d);
+    wg::fence_operand(dk.d);
+    wg::fence();
+    issue_split_key_grad(dv, p_tile, shared.dout[stage], col0);
+    issue_split_key_grad(dk, ds_tile, shared.q[stage], col0);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operand(dv.d);
+    wg::fence_operand(dk.d);
+    release(shared.empty[stage]);  // Q and dO are read: the producer may load the next tile
+
+    typename SplitTiles::QueryGrad dq;
+    wg::fence();
+    issue_query_grad(dq, ds_tile, col0);
+    wg::wait<0>();
+    wg::fence_operand(dq.d);
+    stage_dq(dq, dq_parity, m, col0);
   }
 
   // The dQ share of query tile m into shared memory for the dQ warp, once it has read the
   // previous step's. Deterministic: with the tile's turn, the number of key tiles before this
   // block's that add into it (found by a binary search with the blocks' own tile test).
-  __device__ __forceinline__ void stage_dq(const typename Tiles::QueryGrad& dq, int parity, int m) {
-    using Q = typename Tiles::QueryGrad;
+  // col0: the first column of this warpgroup's share.
+  template <int N>
+  __device__ __forceinline__ void stage_dq(const wg::Accumulator<N>& dq, int parity, int m, int col0) {
+    using Q = wg::Accumulator<N>;
     shared.dq_empty.wait(parity ^ 1);
-    if constexpr (ORDERED_DQ)
+    if constexpr (ORDERED_DQ && !kTurnByDqWarp)
       if (warpgroup == 0 && thread == 0)
-        shared.dq_turn = int(blockIdx.x) - bwd_first_key_tile(mask(), m, int(blockIdx.x));
+        shared.dq_turn = int(blockIdx.x) - bwd_first_key_tile<kKeys>(mask(), m, int(blockIdx.x));
     // One base address per thread (its first element); every other element sits at a constant
     // offset from it, so no per-element addresses stay live across the steps.
-    float* first = shared.dq + warpgroup * kDqCols + Q::row(0, thread) * Shared::kDqStride + Q::col(0, thread);
+    float* first = shared.dq + col0 + Q::row(0, thread) * Shared::kDqStride + Q::col(0, thread);
 #pragma unroll
     for (int i = 0; i < Q::kRows; ++i)
 #pragma unroll

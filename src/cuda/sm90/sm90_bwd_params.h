@@ -10,8 +10,8 @@ namespace fmha::cuda::sm90 {
 
 struct BwdParams {
   CUtensorMap q;     // [B, Sq, H, D]: boxes of 64 columns × 64 rows (kBwdRows)
-  CUtensorMap k;     // [B, Sk, Hkv, D]: 64 × 128 (kBwdKeys)
-  CUtensorMap v;     // [B, Sk, Hkv, Dv]: 64 × 128
+  CUtensorMap k;     // [B, Sk, Hkv, D]: 64 × keys per block (BwdConfig::keys: 128, or 64 above 128)
+  CUtensorMap v;     // [B, Sk, Hkv, Dv]: 64 × keys per block
   CUtensorMap dout;  // [B, Sq, H, Dv]: 64 × 64
   AttentionArgs args;
 };

@@ -163,19 +163,61 @@ constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2)
   return c;
 }
 
-// The backward's configuration. A block owns one tile of kBwdKeys keys of one (batch, KV head),
-// one consumer warpgroup per 64 keys, and walks the query tiles of every head of the GQA group
-// that sees them, kBwdRows query rows at a time, through a ring of kBwdStages (Q, dO, LSE, Δ)
-// stages. dK and dV stay in registers ([64, HD] fp32 each per warpgroup), which bounds the head
-// dim at 128 here.
+// The backward's configurations. A block owns one tile of keys of one (batch, KV head) and walks
+// the query tiles of every head of the GQA group that sees them, kBwdRows query rows at a time,
+// through a ring of (Q, dO, LSE, Δ) stages; two consumer warpgroups.
+//
+// Head dims up to 128 (by_keys): 128 keys per block, one consumer warpgroup per 64 keys; dK and
+// dV stay in registers ([64, HD] fp32 each per warpgroup: 128 registers per thread at 128).
+//
+// Head dims 192 and 256 (split_head_dim): [64, 256] fp32 twice would be 256 registers per thread,
+// so a block owns 64 keys and the two warpgroups split the work two ways:
+//   Sᵀ, dPᵀ [64 keys, 64 q] by query columns: warpgroup w computes [64 keys, 32 q] of each (one
+//     m64n32 wgmma chain over the head dim, no work done twice), and stores its Pᵀ and dSᵀ
+//     columns into shared memory, where both warpgroups read all 64 query rows of them;
+//   dK, dV [64 keys, D] and dQ [64 q, D] by head-dim columns: warpgroup w owns whole 64-column
+//     chunks (256: 128 and 128; 192: 128 and 64; an MN-major wgmma operand cannot start inside a
+//     128-byte swizzled chunk), so dK + dV are at most 2 · 64 = 128 registers per thread and the
+//     dQ share 64.
+// Shared memory (bytes, 16-bit storage; D = 256 | 192):
+//   K, V     64 × D × 2 each                        65,536 | 49,152
+//   Q, dO    64 × D × 2 each per stage, stages 1 | 2  65,536 | 98,304
+//   P, dS    [64 q, 64 keys] one buffer each          16,384 | 16,384
+//   dQ       64 × (D + 8) × 4 fp32 staging             67,584 | 51,200
+//   LSE, Δ   64 × 4 each per stage                        512 |  1,024
+//   210.5 KiB | 211.0 KiB of the 227 KiB (plus barriers and the 1 KiB alignment slack). A second
+//   Q/dO stage at 256 (+64 KiB) or a second P/dS buffer (+16 KiB, which would save a barrier per
+//   step) does not fit next to the dQ staging tile.
+// Registers (240 per consumer thread): dK + dV 128, dQ share 64, Sᵀ and dPᵀ 16 each (dead before
+// dQ is issued), their 16-bit fragments 8 each.
+struct BwdConfig {
+  int keys;             // keys per block
+  int stages;           // (Q, dO, LSE, Δ) stages in flight
+  bool split_head_dim;  // the 192/256 scheme above (else one warpgroup per 64 keys)
+  int ds_buffers;       // dS (and, split, Pᵀ) buffers, alternating per step
+};
 inline constexpr int kBwdConsumers = 2;
-inline constexpr int kBwdKeys = kBwdConsumers * kConsumerRows;  // keys per block
-inline constexpr int kBwdRows = 64;                              // query rows per step
-inline constexpr int kBwdStages = 2;
+inline constexpr int kBwdRows = 64;  // query rows per step
+inline constexpr int kBwdSplitMinHeadDim = 192;
+constexpr BwdConfig bwd_config(int head_dim) {
+  const int d = padded_head_dim(head_dim);
+  if (d < kBwdSplitMinHeadDim) return BwdConfig{kBwdConsumers * kConsumerRows, 2, false, 2};
+  return BwdConfig{kConsumerRows, d <= 192 ? 2 : 1, true, 1};
+}
+// The head-dim columns of dK, dV and dQ that consumer warpgroup w owns (split_head_dim): whole
+// chunks, the first warpgroup taking the larger share.
+constexpr int bwd_split_cols(int head_dim, int w) {
+  const int chunks = padded_head_dim(head_dim) / kChunkCols;
+  const int first = (chunks + 1) / 2;
+  return (w == 0 ? first : chunks - first) * kChunkCols;
+}
 inline constexpr int kBwdDqPad = 8;  // floats padding each row of the dQ tile and accumulator
 // Deterministic: one turn counter per query tile (the dQ warp adds the tile whole).
 inline constexpr int kBwdTurnParts = 1;
-inline constexpr int kBwdMaxHeadDim = 128;
+inline constexpr int kBwdMaxHeadDim = 256;
+// The largest head dim whose backward `auto` takes here: the split backward above it has not yet
+// run on a GPU (naming the sm90 backend runs it, as the GPU tests do).
+inline constexpr int kBwdMaxAutoHeadDim = 128;
 inline constexpr int kBwdProducerRegisters = 24;
 inline constexpr int kBwdConsumerRegisters = 240;
 // A packed call's producer is a whole warp that also loads the row statistics: it gets 40
@@ -188,12 +230,14 @@ constexpr int bwd_consumer_registers(bool packed) { return packed ? kBwdPackedCo
 
 // Named barriers (0 is __syncthreads), per consumer warpgroup w: its epilogue's, and the one it
 // waits on for its turn to issue matrix work under pingpong.
-// The backward uses ds_ready: both consumer warpgroups have stored their share of dS.
-// The forward's epilogue and turn barriers (one per consumer), the backward's dS barrier.
-enum class NamedBarrier : int { epilogue_first = 1, ds_ready = 4, turn_first = 5 };
+// The backward uses ds_ready: both consumer warpgroups have stored their share of dS; and, with
+// one P/dS buffer (split_head_dim), ds_free: both have finished reading the previous step's.
+// The forward's epilogue and turn barriers (one per consumer), the backward's dS barriers.
+enum class NamedBarrier : int { epilogue_first = 1, ds_ready = 4, turn_first = 5, ds_free = 8 };
 inline constexpr int kMaxConsumers = 3;
 static_assert(int(NamedBarrier::epilogue_first) + kMaxConsumers <= int(NamedBarrier::ds_ready) &&
-                  int(NamedBarrier::turn_first) + kMaxConsumers <= 16,
+                  int(NamedBarrier::turn_first) + kMaxConsumers <= int(NamedBarrier::ds_free) &&
+                  int(NamedBarrier::ds_free) < 16,
               "a block has 16 named barriers");
 
 }  // namespace fmha::cuda::sm90

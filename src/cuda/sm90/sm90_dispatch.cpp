@@ -173,7 +173,10 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   if (backward && bucket > kBwdMaxHeadDim)
     return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
                        " is above the sm90 backward's largest head dim (" + std::to_string(kBwdMaxHeadDim) +
-                       ": dK and dV are kept in registers); the sm80 tier runs it");
+                       "); the sm80 tier runs it");
+  if (backward && bucket > kBwdMaxAutoHeadDim && p.backend == Backend::auto_select)
+    return unsupported("head_dim: the sm90 backward above head dim " + std::to_string(kBwdMaxAutoHeadDim) +
+                       " has not yet been verified on a GPU, so auto runs it on the sm80 tier; backend sm90 runs it");
   const struct {
     const char* name;
     const Tensor* t;
@@ -251,8 +254,9 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
       if (s.seqlen_q == 0 || s.total_q == 0) queries.data = grads.data = p.k.data;
       if (s.seqlen_k == 0 || s.total_k == 0) keys.data = values.data = p.q.data;
       if (Status st = encode_tile_map(&params.q, queries, kChunkCols, kBwdRows, "q"); !st.ok()) return st;
-      if (Status st = encode_tile_map(&params.k, keys, kChunkCols, kBwdKeys, "k"); !st.ok()) return st;
-      if (Status st = encode_tile_map(&params.v, values, kChunkCols, kBwdKeys, "v"); !st.ok()) return st;
+      constexpr int kKeys = bwd_config(HD).keys;
+      if (Status st = encode_tile_map(&params.k, keys, kChunkCols, kKeys, "k"); !st.ok()) return st;
+      if (Status st = encode_tile_map(&params.v, values, kChunkCols, kKeys, "v"); !st.ok()) return st;
       if (Status st = encode_tile_map(&params.dout, grads, kChunkCols, kBwdRows, "dout"); !st.ok()) return st;
       return with_dtype(p.q.dtype, [&](auto type) {
         using T = decltype(type);

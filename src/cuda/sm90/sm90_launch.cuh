@@ -44,7 +44,8 @@ size_t backward_shared_bytes() {
 template <class T, int HD, bool ORDERED_DQ>
 Status launch_backward_main(const BwdParams& params, cudaStream_t stream) {
   const AttentionArgs& args = params.args;
-  const dim3 grid(unsigned(ceil_div(args.seqlen_k, kBwdKeys)), unsigned(args.kv_heads), unsigned(args.batch));
+  constexpr int kKeys = bwd_config(HD).keys;
+  const dim3 grid(unsigned(ceil_div(args.seqlen_k, kKeys)), unsigned(args.kv_heads), unsigned(args.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::success();
   return with_packing(args, [&](auto packed) {
     using K = BwdKernel<T, HD, ORDERED_DQ, decltype(packed)::value>;

@@ -21,8 +21,8 @@ template <class T, int HD, int VARIANT>
 size_t forward_shared_bytes();
 
 // The backward at head-dim bucket HD (at most kBwdMaxHeadDim): the shared preprocess, the main
-// kernel on ceil(seqlen_k / kBwdKeys) × kv_heads × batch blocks, then the dQ convert. params.args
-// carries the bound workspace (dq_accum set: the backward here is the atomic one).
+// kernel on ceil(seqlen_k / bwd_config(HD).keys) × kv_heads × batch blocks, then the dQ convert.
+// params.args carries the bound workspace (dq_accum set: the backward here is the atomic one).
 template <class T, int HD>
 Status backward(const BwdParams& params, cudaStream_t stream);
 template <class T, int HD>

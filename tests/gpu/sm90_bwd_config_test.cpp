@@ -1,0 +1,67 @@
+// The sm90 backward's configuration per head dim (sm90_config.h): 128 keys and a warpgroup per
+// 64 keys up to 128; above, 64 keys with the head dim's chunks split over the two warpgroups.
+// Host logic only: runs without a GPU.
+#include <gtest/gtest.h>
+
+#include "cuda/sm90/sm90_config.h"
+
+namespace fmha::cuda::sm90 {
+namespace {
+
+TEST(Sm90BwdConfig, KeysPerWarpgroupUpTo128) {
+  for (int d : {64, 96, 128}) {
+    const BwdConfig c = bwd_config(d);
+    EXPECT_FALSE(c.split_head_dim) << d;
+    EXPECT_EQ(c.keys, kBwdConsumers * kConsumerRows) << d;
+    EXPECT_EQ(c.stages, 2) << d;
+    EXPECT_EQ(c.ds_buffers, 2) << d;
+  }
+}
+
+TEST(Sm90BwdConfig, HeadDimSplitAbove128) {
+  for (int d : {192, 256}) {
+    const BwdConfig c = bwd_config(d);
+    EXPECT_TRUE(c.split_head_dim) << d;
+    EXPECT_EQ(c.keys, kConsumerRows) << d;
+    EXPECT_EQ(c.ds_buffers, 1) << d;
+  }
+  EXPECT_EQ(bwd_config(192).stages, 2);
+  EXPECT_EQ(bwd_config(256).stages, 1);  // a second Q/dO stage does not fit beside the dQ tile
+  EXPECT_EQ(kBwdMaxHeadDim, 256);
+}
+
+// Each warpgroup owns whole 64-column chunks (an MN-major wgmma operand starts on one), together
+// the padded head dim, the first the larger share.
+TEST(Sm90BwdConfig, SplitColumnsAreWholeChunks) {
+  EXPECT_EQ(bwd_split_cols(256, 0), 128);
+  EXPECT_EQ(bwd_split_cols(256, 1), 128);
+  EXPECT_EQ(bwd_split_cols(192, 0), 128);
+  EXPECT_EQ(bwd_split_cols(192, 1), 64);
+  for (int d : {192, 256}) {
+    EXPECT_EQ(bwd_split_cols(d, 0) % kChunkCols, 0);
+    EXPECT_EQ(bwd_split_cols(d, 1) % kChunkCols, 0);
+    EXPECT_EQ(bwd_split_cols(d, 0) + bwd_split_cols(d, 1), padded_head_dim(d));
+    EXPECT_GE(bwd_split_cols(d, 0), bwd_split_cols(d, 1));
+  }
+}
+
+// The shared memory the split kernel's buffers take (sm90_config.h's table), against Hopper's
+// 227 KiB: K, V; the Q/dO stages; P and dS; the dQ staging tile; LSE and Δ.
+size_t split_shared_bytes(int d) {
+  const BwdConfig c = bwd_config(d);
+  const size_t kv = 2 * size_t(c.keys) * d * 2;
+  const size_t stages = size_t(c.stages) * 2 * kBwdRows * d * 2;
+  const size_t scores = size_t(c.ds_buffers) * 2 * kBwdRows * c.keys * 2;
+  const size_t dq = size_t(kBwdRows) * (d + kBwdDqPad) * 4;
+  const size_t stats = size_t(c.stages) * 2 * kBwdRows * 4;
+  return kv + stages + scores + dq + stats;
+}
+
+TEST(Sm90BwdConfig, SplitBuffersFitSharedMemory) {
+  EXPECT_EQ(split_shared_bytes(256), 215552u);
+  EXPECT_EQ(split_shared_bytes(192), 216064u);
+  for (int d : {192, 256}) EXPECT_LE(split_shared_bytes(d) + 2048, kSharedLimit) << d;  // barriers, alignment
+}
+
+}  // namespace
+}  // namespace fmha::cuda::sm90
