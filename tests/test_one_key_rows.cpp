@@ -136,6 +136,63 @@ TEST_P(OneKeyRows, TwoKeyRowsMatchOracle) {
   }
 }
 
+// An LSE formed elsewhere (here the exact one: a row that sees one key has LSE = scale·(q·k), in
+// double, rounded to fp32), on rows whose score cancels to near 0 (each key made orthogonal to
+// the one query that sees it, inputs of standard deviation 3, scale 1): the backward's own score
+// differs from it by its rounding of sum_d |q_d·k_d|, many units of an LSE near 0. The row is
+// still its own softmax: P = 1, so dV = dO and dQ = dK = 0 exactly.
+TEST(OneKeyRowsForeignLse, TakeTheirOwnSoftmax) {
+  constexpr int64_t kBatch = 2, kHeads = 4, kSeqlenQ = 37, kSeqlenK = 45, kHeadDim = 64;
+  constexpr float kStd = 3.0f;
+  testing::Problem pr(kBatch, kHeads, kHeads, kSeqlenQ, kSeqlenK, kHeadDim, kHeadDim, DType::fp32, 11);
+  auto idx = [](const testing::HostTensor& t, int64_t b, int64_t row, int64_t h, int64_t d) {
+    return ((b * t.view.shape[1] + row) * t.view.shape[2] + h) * t.view.shape[3] + d;
+  };
+  for (testing::HostTensor* t : {&pr.q, &pr.k})
+    for (int64_t i = 0; i < t->numel(); ++i) t->set(i, t->at(i) * kStd);
+  for (int64_t b = 0; b < kBatch; ++b)
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t i = 0; i < kSeqlenQ; ++i) {  // k_i -= (q_i·k_i / |q_i|^2) q_i
+        double qk = 0.0, qq = 0.0;
+        for (int64_t d = 0; d < kHeadDim; ++d) {
+          const double q = pr.q.at(idx(pr.q, b, i, h, d));
+          qk += q * pr.k.at(idx(pr.k, b, i, h, d));
+          qq += q * q;
+        }
+        for (int64_t d = 0; d < kHeadDim; ++d)
+          pr.k.set(idx(pr.k, b, i, h, d),
+                   float(pr.k.at(idx(pr.k, b, i, h, d)) - qk / qq * pr.q.at(idx(pr.q, b, i, h, d))));
+      }
+  Params p = pr.params(Backend::cpu);
+  p.softmax_scale = 1.0f;
+  p.causal = Causal::top_left;
+  p.window_left = 0;  // row i sees key i alone
+  ASSERT_TRUE(forward(p).ok());
+  int64_t moved = 0;  // rows whose exact LSE differs from the forward's (the case is live)
+  for (int64_t b = 0; b < kBatch; ++b)
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t i = 0; i < kSeqlenQ; ++i) {
+        double score = 0.0;
+        for (int64_t d = 0; d < kHeadDim; ++d)
+          score += double(pr.q.at(idx(pr.q, b, i, h, d))) * double(pr.k.at(idx(pr.k, b, i, h, d)));
+        const int64_t l = (b * kHeads + h) * kSeqlenQ + i;
+        moved += pr.lse.at(l) != float(score);
+        pr.lse.set(l, float(score));
+      }
+  ASSERT_GT(moved, 0) << "the exact LSE equals the forward's everywhere: the case tests nothing";
+  ASSERT_TRUE(backward(p).ok());
+  for (int64_t b = 0; b < kBatch; ++b)
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t j = 0; j < kSeqlenK; ++j)
+        for (int64_t d = 0; d < kHeadDim; ++d) {
+          const float want_dv = j < kSeqlenQ ? pr.dout.at(idx(pr.dout, b, j, h, d)) : 0.0f;
+          ASSERT_EQ(pr.dv.at(idx(pr.dv, b, j, h, d)), want_dv) << "dv[" << b << "," << j << "," << h << "," << d << "]";
+          ASSERT_EQ(pr.dk.at(idx(pr.dk, b, j, h, d)), 0.0f) << "dk[" << b << "," << j << "," << h << "," << d << "]";
+          if (j < kSeqlenQ)
+            ASSERT_EQ(pr.dq.at(idx(pr.dq, b, j, h, d)), 0.0f) << "dq[" << b << "," << j << "," << h << "," << d << "]";
+        }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, OneKeyRows,
                          ::testing::Combine(::testing::ValuesIn(kFlavors), ::testing::ValuesIn(kMasks)),
                          [](const auto& info) {

@@ -479,6 +479,9 @@ struct RowStats {
   std::vector<float> row_max;  // [B, H, Sq]: max of sign(scale)·(q·k) over the visible keys
   std::vector<float> inv_sum;  // [B, H, Sq]: 1 / sum of exp2((x - max)·|scale_log2|); 0 if none visible
   std::vector<float> delta;    // [B, H, Sq]: rowsum(dO ∘ O); for fp16/bf16 storage rowsum(P ∘ dP)
+  // lse_factor's bound on how far another order of the same dot products may move a score:
+  std::vector<float> q_norm;        // [B, H, Sq]: |q| of each query row
+  std::vector<float> key_norm_max;  // [B, Hkv]: the largest |k| over a KV head's keys
 };
 
 // Room for the statistics: Δ (preprocess) and the rows' max and sum (the statistics pass).
@@ -488,23 +491,44 @@ RowStats allocate_stats(const Problem& s) {
   st.row_max.assign(size_t(n), kNegInf);
   st.inv_sum.assign(size_t(n), 0.0f);
   st.delta.resize(size_t(n));
+  st.q_norm.resize(size_t(n));
+  st.key_norm_max.assign(size_t(s.batch * s.kv_heads), 0.0f);
   return st;
+}
+
+// |x| of an fp32 row, summed in double (a bound's ingredient, not an operand).
+double norm_of(const std::vector<float>& x, int64_t n) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += double(x[size_t(i)]) * double(x[size_t(i)]);
+  return std::sqrt(sum);
 }
 
 // Δ = rowsum(dO ∘ O) of one (batch, head) of a call: item = b * heads + h. dO is rounded as the
 // matmul operands are (tf32) and summed in the matmuls' order (one fused multiply-add per head
 // dim element, first to last): where a row sees one key, O is that key's V as the matmuls see it
 // and Δ equals dP bit for bit, so dS = P·(dP - Δ) is exactly 0, as it is in exact arithmetic.
+// Also each query row's |q|, and (the item of a KV head's first query head) the largest |k| of
+// the KV head's keys: lse_factor's bound.
 void preprocess(const Params& p, const Problem& s, int64_t item, RowStats& st) {
   const int64_t b = item / s.heads, h = item % s.heads;
-  std::vector<float> o_row(size_t(s.head_dim_v)), do_row(size_t(s.head_dim_v));
+  std::vector<float> o_row(size_t(s.head_dim_v)), do_row(size_t(s.head_dim_v)), qk_row(size_t(s.head_dim));
   for (int64_t i = 0; i < s.seqlen_q; ++i) {
     read_row(p.o, offset4(p.o, b, i, h, 0), s.head_dim_v, o_row.data(), false);
     read_row(p.dout, offset4(p.dout, b, i, h, 0), s.head_dim_v, do_row.data(), s.tf32);
     float delta = 0.0f;
     for (int64_t d = 0; d < s.head_dim_v; ++d) delta = multiply_add(do_row[size_t(d)], o_row[size_t(d)], delta);
     st.delta[size_t(item * s.seqlen_q + i)] = delta;
+    read_row(p.q, offset4(p.q, b, i, h, 0), s.head_dim, qk_row.data(), s.tf32);
+    st.q_norm[size_t(item * s.seqlen_q + i)] = float(norm_of(qk_row, s.head_dim));
   }
+  if (h % s.group != 0) return;
+  const int64_t kv_head = h / s.group;
+  double key_norm_max = 0.0;
+  for (int64_t j = 0; j < s.seqlen_k; ++j) {
+    read_row(p.k, offset4(p.k, b, j, kv_head, 0), s.head_dim, qk_row.data(), s.tf32);
+    key_norm_max = std::max(key_norm_max, norm_of(qk_row, s.head_dim));
+  }
+  st.key_norm_max[size_t(b * s.kv_heads + kv_head)] = float(key_norm_max);
 }
 
 // One key row of an S^T tile (queries row0.. as its columns) made ready for the softmax:
@@ -655,16 +679,26 @@ struct BackwardScratch {
 
 // The factor that turns this call's own softmax (the row's recomputed max and sum) into the one
 // the given LSE defines: P = exp(S - lse). It is 1 where lse is this call's own (equal to
-// max·|scale| + log(sum) within a few fp32 units of lse: the precise path, RowStats says why),
-// and exp(own - lse) where lse is larger, as when the call is one part of the keys and lse the
-// merged one (fmha::merge; ring attention's backward): P is then the part's share of the whole
-// softmax. A row whose lse is -inf sees nothing and gets zero gradients.
-float lse_factor(float row_max, float row_sum, float abs_scale, float lse) {
-  constexpr float kOwnUlps = 4.0f;
+// max·|scale| + log(sum) within what rounding leaves: the precise path, RowStats says why), and
+// exp(own - lse) where lse is larger, as when the call is one part of the keys and lse the merged
+// one (fmha::merge; ring attention's backward): P is then the part's share of the whole softmax.
+// A row whose lse is -inf sees nothing and gets zero gradients.
+// "What rounding leaves": kOwnUlps fp32 units of |lse| (its own formation), plus kDotUnits fp32
+// unit roundoffs of |scale|·|q|·max|k| (Cauchy-Schwarz over sum_d |q_d·k_d|): an LSE formed
+// elsewhere (another backend's forward, the oracle, another library) forms its scores in another
+// order, which moves a score by units of sum_d |q_d·k_d|, not of the score. Where the products
+// cancel (a score near 0 from terms of ~10) that is many units of lse, and a tolerance of units of
+// lse alone took such a row's own softmax for a part of a larger one: P = 1 became 1 ± 1e-5 on a
+// row that sees one key. A true part whose share lies within the bound of 1 is taken as whole.
+float lse_factor(float row_max, float row_sum, float abs_scale, float lse, float q_norm, float key_norm_max) {
+  constexpr double kOwnUlps = 4.0;
+  constexpr double kDotUnits = 16.0;
+  constexpr double kFp32Unit = std::numeric_limits<float>::epsilon() / 2.0;  // 2^-24
   if (!(row_sum > 0.0f)) return 1.0f;  // P is 0 anyway
   if (lse == kNegInf) return 0.0f;
   const double own = double(row_max) * abs_scale + std::log(double(row_sum));
-  const double tolerance = kOwnUlps * std::numeric_limits<float>::epsilon() * std::max(1.0, std::abs(double(lse)));
+  const double tolerance = kOwnUlps * std::numeric_limits<float>::epsilon() * std::max(1.0, std::abs(double(lse))) +
+                           kDotUnits * kFp32Unit * double(abs_scale) * double(q_norm) * double(key_norm_max);
   if (std::abs(own - double(lse)) <= tolerance) return 1.0f;
   return float(std::exp(own - double(lse)));
 }
@@ -674,9 +708,10 @@ float lse_factor(float row_max, float row_sum, float abs_scale, float lse) {
 void finish_row_stats(const Params& p, const Problem& s, RowStats& st, int64_t b, int64_t h, int64_t row,
                       float row_max, float row_sum, float delta_sum) {
   const float given = static_cast<const float*>(p.lse.data)[offset3(p.lse, b, h, row)];
-  const float normalisation = lse_factor(row_max, row_sum, std::abs(s.scale), given);
-  const float inv = row_sum > 0.0f ? normalisation / row_sum : 0.0f;
   const size_t idx = size_t((b * s.heads + h) * s.seqlen_q + row);
+  const float normalisation = lse_factor(row_max, row_sum, std::abs(s.scale), given, st.q_norm[idx],
+                                         st.key_norm_max[size_t(b * s.kv_heads + h / s.group)]);
+  const float inv = row_sum > 0.0f ? normalisation / row_sum : 0.0f;
   st.row_max[idx] = row_max;
   st.inv_sum[idx] = inv;
   // Δ from this call's own P and dP only where P is this call's own softmax (not a part of a
