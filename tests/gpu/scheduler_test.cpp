@@ -83,16 +83,32 @@ TEST(Sm90Config, EveryVariantFitsSharedMemoryAndTheRegisterFile) {
       EXPECT_LE(c.tile_m(), 256) << "a TMA box has at most 256 rows";
       EXPECT_LE(c.tile_n, 256);
       EXPECT_EQ(c.tile_n % 16, 0) << "P·V runs k16 steps over the keys";
-      constexpr int kRegisterFile = 65536;
+      // Within the block's pool (what __launch_bounds__ gives it), not merely the register file:
+      // setmaxnreg.inc waits for registers the pool does not have.
       EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers) + c.consumers * consumer_registers(c.consumers)),
-                kRegisterFile);
+                register_pool(c.threads()));
+      for (bool packed : {false, true})
+        EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers, packed, head_dim) +
+                                       c.consumers * consumer_registers(c.consumers, packed, head_dim)),
+                  register_pool(c.threads()))
+            << "head_dim " << head_dim << (packed ? " packed" : "");
     }
 }
 
 // The tf32 forward (fp32 storage): its default configuration at the head dims it takes fits
 // shared memory with Q, the K and Vᵀ rings and V's landing buffer in fp32 (O staged over Q where
-// a buffer of its own does not fit), its key tiles are whole 32-key chunks of Vᵀ, and the producer
-// keeps the registers its transposing warps need.
+// a buffer of its own does not fit), its key tiles are whole 32-key chunks of Vᵀ, and its register
+// split fits the block's pool.
+// The pool a block holds under __launch_bounds__(threads, 1): 168 registers a thread for 384
+// threads (64,512, not the whole file), 128 for 512.
+TEST(Sm90Config, RegisterPoolIsTheLaunchCapTimesTheThreads) {
+  EXPECT_EQ(register_pool(384), 168 * 384);
+  EXPECT_EQ(register_pool(512), 128 * 512);
+  for (bool packed : {false, true})
+    EXPECT_LE(kWarpgroupThreads * (bwd_producer_registers(packed) + kBwdConsumers * bwd_consumer_registers(packed)),
+              register_pool((kBwdConsumers + 1) * kWarpgroupThreads));
+}
+
 TEST(Sm90Config, Tf32ForwardFitsAndTakesWholeKeyChunks) {
   for (int head_dim : {64, 96, 128}) {
     ASSERT_TRUE(tf32_head_dim(head_dim)) << head_dim;
@@ -103,11 +119,11 @@ TEST(Sm90Config, Tf32ForwardFitsAndTakesWholeKeyChunks) {
     EXPECT_EQ(c.tile_n % chunk_cols(4), 0) << "Vᵀ holds whole chunks of 32 keys";
     EXPECT_EQ(c.tile_n % 8, 0) << "P·V runs k8 steps over the keys";
     EXPECT_TRUE(c.pingpong && c.lazy_rescale && c.chain_turns) << "the tf32 forward runs the default schedule";
-    EXPECT_GE(producer_registers(c.consumers, false, head_dim, true), 32) << "the transposing warps need 32";
-    constexpr int kRegisterFile = 65536;
-    EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers, false, head_dim, true) +
-                                   c.consumers * consumer_registers(c.consumers)),
-              kRegisterFile);
+    for (bool packed : {false, true})
+      EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers, packed, head_dim) +
+                                     c.consumers * consumer_registers(c.consumers, packed, head_dim)),
+                register_pool(c.threads()))
+          << "head_dim " << head_dim << (packed ? " packed" : "");
   }
   EXPECT_FALSE(tf32_head_dim(32));
   EXPECT_FALSE(tf32_head_dim(192));

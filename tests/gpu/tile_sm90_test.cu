@@ -344,7 +344,8 @@ TEST(Sm90Tile, WgmmaRegisterATransposedB) {
 // warpgroup into Vᵀ (K-major: [N, 32] chunks of keys, each 8 permuted as a_from_acc<float>
 // orders P's k), then O = P·V on tf32 wgmma with A from registers. Values are exact in tf32
 // (bf16 values), so any misplaced element shows.
-template <int N, int K>
+// WARPS of the warpgroup's warps transpose (the forward's producer uses its three idle ones).
+template <int N, int K, int WARPS>
 __global__ void wgmma_tf32_transposed_kernel(const float* p, const float* v, float* o) {
   __shared__ alignas(1024) float v_smem[K * N];
   __shared__ alignas(1024) float vt_smem[N * K];
@@ -355,7 +356,7 @@ __global__ void wgmma_tf32_transposed_kernel(const float* p, const float* v, flo
       *reinterpret_cast<float*>(base + wg::swizzled_offset<float>(e / N, e % N, K * wg::kSwizzleBytes)) = v[e];
   }
   __syncthreads();
-  wg::transpose_k_major<K, N, wg::kThreads / 32>(v_smem, vt_smem, t / 32, t % 32);
+  if (t / 32 < WARPS) wg::transpose_k_major<K, N, WARPS>(v_smem, vt_smem, t / 32, t % 32);
   tile::fence_async_shared();
   __syncthreads();
   wg::Accumulator<K> scores;
@@ -377,7 +378,7 @@ __global__ void wgmma_tf32_transposed_kernel(const float* p, const float* v, flo
   store_accumulator(o, acc, t);
 }
 
-template <int N, int K>
+template <int N, int K, int WARPS = wg::kThreads / 32>
 void check_wgmma_tf32_transposed() {
   std::vector<float> p(64 * K), v(size_t(K) * N);
   {
@@ -389,7 +390,7 @@ void check_wgmma_tf32_transposed() {
   float* dp = to_device(p);
   float* dv = to_device(v);
   float* dout = poisoned_device<float>(64 * N);
-  wgmma_tf32_transposed_kernel<N, K><<<1, wg::kThreads>>>(dp, dv, dout);
+  wgmma_tf32_transposed_kernel<N, K, WARPS><<<1, wg::kThreads>>>(dp, dv, dout);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto o = to_host(dout, 64 * N);
   for (int m = 0; m < 64; ++m)
@@ -409,6 +410,9 @@ TEST(Sm90Tile, Tf32WgmmaRegisterAWithTransposedV) {
   check_wgmma_tf32_transposed<64, 64>();   // two 32-column chunks of V and of Vᵀ
   check_wgmma_tf32_transposed<128, 32>();  // four chunks of V, one of Vᵀ
   check_wgmma_tf32_transposed<32, 128>();  // one chunk of V, four of Vᵀ (static shared memory: 48 KiB)
+  // Three transposing warps, as in the forward (its producer warpgroup's idle ones).
+  check_wgmma_tf32_transposed<64, 96, wg::kThreads / 32 - 1>();  // 48 KiB of static shared memory
+  check_wgmma_tf32_transposed<128, 32, wg::kThreads / 32 - 1>();
 }
 
 // ---- fp32 store of an accumulator into a swizzled [64, N] tile (the tf32 forward's epilogue) -----

@@ -41,8 +41,8 @@ struct BwdKernel {
   static constexpr int kProducerRegisters = bwd_producer_registers(PACKED);
   static constexpr int kConsumerRegisters = bwd_consumer_registers(PACKED);
   static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kBwdConsumers * kWarpgroupThreads <=
-                    65536,
-                "the register split exceeds the register file");
+                    register_pool(kThreads),
+                "the register split exceeds the block's pool: setmaxnreg.inc would wait forever");
   static constexpr size_t kSharedBytes = sizeof(Shared) + wg::kSwizzleAtomBytes;
   static_assert(kSharedBytes <= kSharedLimit, "the backward's tiles exceed Hopper's shared memory");
   static_assert(padded_head_dim(HD) <= kBwdMaxHeadDim, "dK and dV of larger head dims do not fit the registers");

@@ -35,20 +35,27 @@ constexpr int chunk_cols(size_t element_bytes) { return 128 / int(element_bytes)
 constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1) / kChunkCols * kChunkCols; }
 
 // Register budgets after setmaxnreg: the producer keeps few, the consumers take the rest of the
-// 64K-register file: 128 · 24 + 256 · 240 = 64,512 with two consumer warpgroups,
-// 128 · 32 + 384 · 160 = 65,536 with three.
+// block's pool, which is what __launch_bounds__(threads, 1) gives each thread at launch (the
+// 64K-register file over the threads, in steps of 8) times the threads: setmaxnreg.inc waits
+// until the pool has the registers, so a split above it never starts (register_pool).
+// 128 · 24 + 256 · 240 = 64,512 = 168 · 384 with two consumer warpgroups,
+// 128 · 32 + 384 · 160 = 65,536 = 128 · 512 with three.
 // A packed (variable-length) call's producer also walks the sequence table and publishes each
 // work tile's sequence: at head dims up to 128 it gets 40 registers and the consumers 232
 // (64,512) or 152 (63,488), where neither side then spills (-Xptxas -v, pingpong at 64 and 128);
 // above, the consumers' larger output tiles need the 240, and the producer spills a little
 // instead (a few local accesses per work tile, off the consumers' path).
 constexpr bool packed_producer_raised(bool packed, int head_dim) { return packed && padded_head_dim(head_dim) <= 128; }
-// fp32 (tf32) kernels: the producer's other three warps transpose V (sm90_fwd_kernel.cuh), which
-// needs more than 24 registers: 32, and 128 · 32 + 256 · 240 = 65,536 still fits.
-constexpr int producer_registers(int consumers, bool packed = false, int head_dim = 0, bool transposes = false) {
+// fp32 (tf32) kernels: the producer's other three warps also transpose V (sm90_fwd_kernel.cuh),
+// within the same 24 registers (-Xptxas -v: no spills at head dims 64, 96, 128).
+constexpr int producer_registers(int consumers, bool packed = false, int head_dim = 0) {
   if (packed_producer_raised(packed, head_dim)) return 40;
-  return consumers == 2 && !transposes ? 24 : 32;
+  return consumers == 2 ? 24 : 32;
 }
+// The registers a block of `threads` threads holds under __launch_bounds__(threads, 1): its
+// per-thread cap (the 64K-register file over the threads, rounded down to a multiple of 8) for
+// every thread. The producer's and consumers' setmaxnreg budgets must fit it.
+constexpr int register_pool(int threads) { return 65536 / threads / 8 * 8 * threads; }
 constexpr int consumer_registers(int consumers, bool packed = false, int head_dim = 0) {
   if (!packed_producer_raised(packed, head_dim)) return consumers == 2 ? 240 : 160;
   return consumers == 2 ? 232 : 152;

@@ -38,10 +38,11 @@ struct FwdKernel {
   static constexpr int BM = kConfig.tile_m(), BN = kConfig.tile_n, STAGES = kConfig.stages;
   static constexpr int kConsumers = kConfig.consumers;
   static constexpr int kThreads = kConfig.threads();
-  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD, kTransposeV);
+  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD);
   static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED, HD);
-  static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kConsumers * kWarpgroupThreads <= 65536,
-                "the register split exceeds the register file");
+  static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kConsumers * kWarpgroupThreads <=
+                    register_pool(kThreads),
+                "the register split exceeds the block's pool: setmaxnreg.inc would wait forever");
   // The output gets a staging buffer of its own wherever it fits next to Q and the K/V ring.
   static constexpr bool kSeparateO =
       sizeof(FwdShared<T, HD, BM, BN, STAGES, true>) + wg::kSwizzleAtomBytes <= kSharedLimit;
