@@ -5,6 +5,7 @@
 #   tests     the sm90 tile tests, then fmha_gpu_tests --gtest_filter=$FILTER in SHARDS processes
 #             of at most TEST_TIMEOUT s each                                          -> tests.log
 #   sanitize  memcheck and racecheck over SANITIZE_FILTER                              -> sanitize.log
+#   amx       the CPU suite's AMX cases with FMHA_CPU_ISA=amxbf16 (on a CPU with AMX)   -> amx.log
 #   profile   scripts/gpu_profile.sh with PROFILE_CASES                                -> ncu_*
 #   bench     the groups in BENCHES: fa-fwd, fa-bwd (sm90, bf16), seed (every tier), varlen (sm90),
 #             merge, decode; BENCH_EXTRA: more `fmha bench` argument lines, one per line -> bench.txt
@@ -26,13 +27,16 @@ if want build; then
     -DFMHA_HEAD_DIMS="${HEAD_DIMS:-64;96;128;192;256}" -DFMHA_DECODE_HEAD_DIMS=128 -DCMAKE_CUDA_FLAGS=-lineinfo \
     > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
   timeout "${BUILD_TIMEOUT:-300}" ninja -C "$B" -j"$(nproc)" fmha_cli fmha_gpu_tests fmha_tile_sm90_tests \
-    fmha_dispatch_tests >> "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+    fmha_tile_tests fmha_dispatch_tests fmha_tests >> "$OUT/build.log" 2>&1 ||
+    { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
   echo "   built in $(( $(date +%s) - t0 )) s"
 fi
 
 if want tests; then
   step "tests -> tests.log"
   timeout 60 "$B/tests/gpu/fmha_tile_sm90_tests" --gtest_color=no > "$OUT/tests.log" 2>&1 || status=1
+  timeout 60 "$B/tests/gpu/fmha_tile_tests" --gtest_color=no >> "$OUT/tests.log" 2>&1 || status=1
+  timeout 60 "$B/tests/gpu/fmha_dispatch_tests" --gtest_color=no >> "$OUT/tests.log" 2>&1 || status=1
   SHARDS=${SHARDS:-8}
   for ((i = 0; i < SHARDS; ++i)); do
     GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$i timeout "${TEST_TIMEOUT:-200}" "$T" --gtest_color=no \
@@ -56,6 +60,16 @@ if want sanitize; then
       --gtest_filter="$SANITIZE_FILTER" >> "$OUT/sanitize.log" 2>&1 || { status=1; echo "   $tool: failed or cut"; }
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize.log" | tail -1
   done
+fi
+
+if want amx; then
+  step "AMX cases -> amx.log"
+  grep -o 'amx_bf16\|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
+  "$B/fmha" info 2>&1 | grep -i "cpu path" | tee "$OUT/amx.log"
+  FMHA_CPU_ISA=amxbf16 timeout 240 "$B/tests/fmha_tests" --gtest_color=no --gtest_brief=1 \
+    --gtest_filter='CpuPaths.*:CpuAmxGemm.*:*amxbf16*:Fuzz/CpuFuzz.*:Varlen.*:Semantics.*' >> "$OUT/amx.log" 2>&1 ||
+    status=1
+  grep -E "^\[  PASSED|^\[  FAILED|tests? from .* ran" "$OUT/amx.log" | head
 fi
 
 if want profile; then
