@@ -228,43 +228,46 @@ TEST(Sm90Tile, BulkReduceAddsRows) {
 // ---- wgmma: C[64, N] = A[64, K] · B[N, K]ᵀ, both K-major in shared memory ---------------------
 // (Static shared memory: 48 KiB at most, which bounds N and K here.) The operands are written into swizzled chunks by ordinary stores, then fenced for the async
 // proxy; C leaves through the accumulator layout (Accumulator::row / col).
-template <int N, int K>
+// B_ROW0: B's N rows start at that row of a [B_ROW0 + N, K] tile (the split backward's scores
+// read a 32-row half of a 64-row query stage).
+template <int N, int K, int B_ROW0>
 __global__ void wgmma_ss_kernel(const bf16* a, const bf16* b, float* c) {
+  constexpr int kBRows = B_ROW0 + N;
   __shared__ alignas(1024) bf16 a_smem[64 * K];
-  __shared__ alignas(1024) bf16 b_smem[N * K];
+  __shared__ alignas(1024) bf16 b_smem[kBRows * K];
   const int t = threadIdx.x;
   stage_swizzled<64, K>(a_smem, a);
-  stage_swizzled<N, K>(b_smem, b);
+  stage_swizzled<kBRows, K>(b_smem, b);
   tile::fence_async_shared();
   __syncthreads();
   wg::Accumulator<N> acc;
   const uint64_t a0 = wg::k_major_desc<bf16, 16>(a_smem, 0, 0, 64 * wg::kSwizzleBytes);
-  const uint64_t b0 = wg::k_major_desc<bf16, 16>(b_smem, 0, 0, N * wg::kSwizzleBytes);
+  const uint64_t b0 = wg::k_major_desc<bf16, 16>(b_smem, B_ROW0, 0, kBRows * wg::kSwizzleBytes);
   wg::fence();
 #pragma unroll
   for (int k0 = 0; k0 < K; k0 += 16)
     wg::Wgmma<bf16, N>::ss(acc.d, a0 + wg::k_major_step<bf16>(k0, 64 * wg::kSwizzleBytes),
-                           b0 + wg::k_major_step<bf16>(k0, N * wg::kSwizzleBytes), k0 > 0 ? 1 : 0);
+                           b0 + wg::k_major_step<bf16>(k0, kBRows * wg::kSwizzleBytes), k0 > 0 ? 1 : 0);
   wg::commit();
   wg::wait<0>();
   wg::fence_operand(acc.d);
   store_accumulator(c, acc, t);
 }
 
-template <int N, int K>
+template <int N, int K, int B_ROW0 = 0>
 void check_wgmma_ss() {
-  const auto a = random_bf16(64 * K, 1), b = random_bf16(size_t(N) * K, 2);
+  const auto a = random_bf16(64 * K, 1), b = random_bf16(size_t(B_ROW0 + N) * K, 2);
   bf16 *da = to_device(a), *db = to_device(b);
   float* dc = poisoned_device<float>(64 * N);
-  wgmma_ss_kernel<N, K><<<1, wg::kThreads>>>(da, db, dc);
+  wgmma_ss_kernel<N, K, B_ROW0><<<1, wg::kThreads>>>(da, db, dc);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto c = to_host(dc, 64 * N);
   for (int m = 0; m < 64; ++m)
     for (int n = 0; n < N; ++n) {
       double want = 0;
-      for (int k = 0; k < K; ++k) want += double(f(a[size_t(m * K + k)])) * f(b[size_t(n * K + k)]);
-      ASSERT_NEAR(c[size_t(m * N + n)], want, 1e-3 * (1 + std::fabs(want))) << "N " << N << " K " << K << " at " << m
-                                                                               << ", " << n;
+      for (int k = 0; k < K; ++k) want += double(f(a[size_t(m * K + k)])) * f(b[size_t((B_ROW0 + n) * K + k)]);
+      ASSERT_NEAR(c[size_t(m * N + n)], want, 1e-3 * (1 + std::fabs(want)))
+          << "N " << N << " K " << K << " B from row " << B_ROW0 << " at " << m << ", " << n;
     }
   cudaFree(da);
   cudaFree(db);
@@ -277,6 +280,7 @@ TEST(Sm90Tile, WgmmaSharedOperands) {
   check_wgmma_ss<64, 128>();  // two column chunks of K
   check_wgmma_ss<128, 64>();
   check_wgmma_ss<96, 128>();  // N not a power of two
+  check_wgmma_ss<32, 128, 32>();  // N = 32 from row 32 of a 64-row tile, as the split backward's Sᵀ
 }
 
 // ---- wgmma with A from registers: O[64, N] = P[64, K] · V[K, N], V row-major (MN-major B) -------
