@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <vector>
 
@@ -37,6 +38,33 @@ inline PackedWalkPlan plan_packed_walk(const std::vector<int32_t>& table, int64_
     p.tiles += p.blocks[size_t(b)] * heads;
   }
   return p;
+}
+
+// The walks both cursors are checked on (host: tests/test_varlen.cpp; device:
+// tests/gpu/tile_test.cu): check(table, total_q, max_seqlen, heads, tile_m, longest_first, grid,
+// dynamic) per case.
+// Lengths 37, 0, 1, 130, 64, 5, 0, 300, 129 (empty sequences, one row, tiles split unevenly) at
+// each tile height, order, grid and schedule; 1,000 sequences of 0 ... 8 rows; no sequence, and
+// only empty ones (no work tile).
+template <class Check>
+void for_each_packed_walk(Check&& check) {
+  const std::vector<int32_t> mixed = {0, 37, 37, 38, 168, 232, 237, 237, 537, 666};
+  for (int tile_m : {128, 192})
+    for (bool reverse : {false, true})
+      for (int grid : {1, 7, 132})
+        for (bool dynamic : {false, true}) check(mixed, 666, 300, 3, tile_m, reverse, grid, dynamic);
+  std::vector<int32_t> many = {0};
+  for (int b = 0; b < 1000; ++b) many.push_back(many.back() + (b * 7) % 9);
+  check(many, many.back(), 8, 2, 128, true, 132, true);
+  check(std::vector<int32_t>{0}, 0, 0, 2, 128, false, 4, false);
+  check(std::vector<int32_t>{0, 0, 0}, 0, 0, 2, 128, false, 4, true);
+}
+// Tables that break the promise (decreasing, negative, past the total, INT32_MAX).
+template <class Check>
+void for_each_broken_packed_walk(Check&& check) {
+  const std::vector<int32_t> broken = {7, 300, 10, INT32_MAX, -5, 480, 3};
+  for (int64_t max_seqlen : {int64_t(16), int64_t(1000)})
+    for (bool dynamic : {false, true}) check(broken, 480, max_seqlen, 2, 128, true, 5, dynamic);
 }
 
 }  // namespace fmha::test

@@ -399,21 +399,9 @@ void check_packed_walk(const std::vector<int32_t>& table, int64_t total_q, int64
 }
 
 TEST(Varlen, Sm90PackedTilesEachOnce) {
-  // Lengths 37, 0, 1, 130, 64, 5, 0, 300, 129.
-  const std::vector<int32_t> mixed = {0, 37, 37, 38, 168, 232, 237, 237, 537, 666};
-  for (int tile_m : {128, 192})
-    for (bool reverse : {false, true})
-      for (int grid : {1, 7, 132})
-        for (bool dynamic : {false, true}) check_packed_walk(mixed, 666, 300, 3, tile_m, reverse, grid, dynamic);
-  std::vector<int32_t> many = {0};
-  for (int b = 0; b < 1000; ++b) many.push_back(many.back() + (b * 7) % 9);
-  check_packed_walk(many, many.back(), 8, 2, 128, true, 132, true);
-  check_packed_walk({0}, 0, 0, 2, 128, false, 4, false);
-  check_packed_walk({0, 0, 0}, 0, 0, 2, 128, false, 4, true);
+  test::for_each_packed_walk([](auto&&... c) { check_packed_walk(c...); });
   // Tables that break the promise: the walk follows the clamped sequences, each tile once.
-  const std::vector<int32_t> broken = {7, 300, 10, INT32_MAX, -5, 480, 3};
-  for (int64_t max_seqlen : {int64_t(16), int64_t(1000)})
-    for (bool dynamic : {false, true}) check_packed_walk(broken, 480, max_seqlen, 2, 128, true, 5, dynamic);
+  test::for_each_broken_packed_walk([](auto&&... c) { check_packed_walk(c...); });
 }
 
 }  // namespace

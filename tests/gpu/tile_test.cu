@@ -474,28 +474,14 @@ void check_packed_walk(const std::vector<int32_t>& table, int64_t total_q, int64
 
 TEST(PackedTiles, EveryWorkTileOnce) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  // Lengths 37, 0, 1, 130, 64, 5, 0, 300, 129: empty sequences, one row, tiles split unevenly.
-  const std::vector<int32_t> mixed = {0, 37, 37, 38, 168, 232, 237, 237, 537, 666};
-  for (int tile_m : {128, 192})
-    for (bool reverse : {false, true})
-      for (int grid : {1, 7, 132})
-        for (bool dynamic : {false, true}) check_packed_walk(mixed, 666, 300, 3, tile_m, reverse, grid, dynamic);
-  // 1,000 sequences of 0 ... 8 rows.
-  std::vector<int32_t> many = {0};
-  for (int b = 0; b < 1000; ++b) many.push_back(many.back() + (b * 7) % 9);
-  check_packed_walk(many, many.back(), 8, 2, 128, true, 132, true);
-  // No sequence, and only empty ones: no work tile.
-  check_packed_walk({0}, 0, 0, 2, 128, false, 4, false);
-  check_packed_walk({0, 0, 0}, 0, 0, 2, 128, false, 4, true);
+  fmha::test::for_each_packed_walk([](auto&&... c) { check_packed_walk(c...); });
 }
 
-// Tables that break the promise (decreasing, negative, past the total, INT32_MAX): each tile the
-// walk hands out is still one of the clamped sequences' tiles, each once.
+// Tables that break the promise: each tile the walk hands out is still one of the clamped
+// sequences' tiles, each once.
 TEST(PackedTiles, BrokenTablesStayClamped) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  const std::vector<int32_t> broken = {7, 300, 10, INT32_MAX, -5, 480, 3};
-  for (int64_t max_seqlen : {int64_t(16), int64_t(1000)})
-    for (bool dynamic : {false, true}) check_packed_walk(broken, 480, max_seqlen, 2, 128, true, 5, dynamic);
+  fmha::test::for_each_broken_packed_walk([](auto&&... c) { check_packed_walk(c...); });
 }
 
 // ---- Split tf32 (tf32x3): the same two products on fp32 inputs, against fp64 ------------------
