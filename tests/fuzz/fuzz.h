@@ -17,7 +17,11 @@
 // in opposite orders, since one order's rounding can cancel by chance), u_storage is the unit roundoff of the output's storage format, and unit_X is the
 // size of one term summed into X (|V| for O, |dO| for dV, |scale|·|dO|·|V|·Dv·|K| for dQ,
 // likewise for dK): the residue that fp32 sums leave where the exact answer cancels to zero.
-// (For dQ and dK, Dv rather than sqrt(Dv): it bounds the sum of |dO|·|V| over the head dim.)
+// (For dQ and dK, Dv rather than sqrt(Dv): it bounds the sum of |dO|·|V| over the head dim; and
+// times sqrt(the most keys a row sees) for dQ, sqrt(the most query rows, over the heads of a
+// group, that see a key) for dK: each such row's residue is summed into the element. Where a
+// row sees one key the exact dS is 0 and these residues are all of dK: tf32 products carry 22
+// significant bits, so their fp32 sums round where bf16's 16-bit products mostly do not.)
 // Elements the mask makes exact must be exact: O = 0 and LSE = -inf on rows that see no key,
 // dQ = 0 there, dK = dV = 0 for keys no query sees. NaN (outputs are poisoned) never passes.
 #pragma once

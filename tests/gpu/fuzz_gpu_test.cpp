@@ -271,9 +271,11 @@ TEST_P(GpuPeakedSoftmax, OneKeyRowsTakePExactlyOne) {
 // exp(own - LSE) where the two differ; against the CPU backend's backward of the same call
 // (Merge.PerPart* tests that one against the fp64 oracle). Row r's share is 1 (the own-softmax
 // path) or 0.3 to 0.999.
-void expect_given_lse_scales_p(Backend backend, Precision precision) {
+// `tolerance`: the relative 2-norm of the difference allowed, far below the smallest share's
+// 1e-3 that a P not scaled by exp(own - LSE) would leave.
+void expect_given_lse_scales_p(Backend backend, Precision precision, double tolerance) {
   constexpr double kShares[] = {1.0, 0.3, 0.5, 0.9, 0.99, 1.0 - 1e-3};
-  constexpr double kTolerance = 1e-5;  // relative 2-norm, fp32 against fp32
+  const double kTolerance = tolerance;
   int64_t ran = 0;
   for (int64_t head_dim : compiled_head_dims())
     for (bool deterministic : {false, true}) {
@@ -324,12 +326,14 @@ void expect_given_lse_scales_p(Backend backend, Precision precision) {
 
 TEST(SimtBackward, GivenLseLargerThanItsOwnScalesP) {
   SKIP_UNLESS_RUNNABLE(Backend::cuda_simt);
-  expect_given_lse_scales_p(Backend::cuda_simt, Precision::ieee);
+  expect_given_lse_scales_p(Backend::cuda_simt, Precision::ieee, 1e-5);  // fp32 against fp32
 }
 
 TEST(SplitTf32Backward, GivenLseLargerThanItsOwnScalesP) {
   SKIP_UNLESS_RUNNABLE(Backend::cuda_sm80);
-  expect_given_lse_scales_p(Backend::cuda_sm80, Precision::tf32x3);
+  // Split tf32 drops each product's lo·lo term (2^-22 of it): on an H200 1.0e-5 to 2.4e-5 from
+  // head dim 128 to 256, against simt's exact fp32 below 1e-5.
+  expect_given_lse_scales_p(Backend::cuda_sm80, Precision::tf32x3, 4e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fuzz, GpuPeakedSoftmax, ::testing::Values(Backend::cuda_simt, Backend::cuda_sm80),

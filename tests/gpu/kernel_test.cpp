@@ -145,7 +145,7 @@ std::vector<Named> all_cases() {
     // Head dims above 128 (the sm90 backward's split scheme: 64 keys per block, the head dim's
     // chunks shared by two warpgroups, one P/dS buffer, one Q/dO stage at 256): every option.
     for (int hd : dims) {
-      if (hd <= 128) continue;
+      if (hd <= 128 || !takes_head_dim(f.backend, hd, f.dtype)) continue;
       Case c = base(f, hd);
       c.seqlen_q = 200, c.seqlen_k = 333, c.heads = 4, c.kv_heads = 1, c.causal = Causal::top_left;
       out.push_back({c, true});
@@ -442,7 +442,7 @@ TEST(Edge, SmallEmptySequences) {
       // The largest compiled head dim the flavor's backward takes too.
       int head_dim = compiled_head_dims().back();
       for (int hd : compiled_head_dims())
-        if (f.backend == Backend::cuda_sm90 && hd >= 64) head_dim = hd;
+        if (f.backend == Backend::cuda_sm90 && takes_head_dim(f.backend, hd, f.dtype)) head_dim = hd;
       Case c = base(f, head_dim);
       c.batch = which == 2 ? 0 : 2;
       c.seqlen_q = which == 0 ? 0 : 17;
@@ -484,18 +484,27 @@ Refusal tiny_call(Backend backend, DType dtype, int64_t head_dim, int64_t seqlen
   return r;
 }
 
-// Adds the backward's tensors (dout, dq, dk, dv in `dtype`, fp32 LSE) to a tiny call, so that it
-// passes the argument checks and reaches the tier's own.
+// Adds the backward's tensors (dout, dq, dk, dv in `dtype`, fp32 LSE) to a tiny call of q's
+// sequence length, so that it passes the argument checks and reaches the tier's own.
 void add_backward_tensors(Refusal& r, DType dtype, int64_t head_dim) {
-  const size_t bytes = size_t(2 * 8 * 2 * head_dim) * dtype_size(dtype);
+  Params& p = r.params;
+  const int64_t seqlen = p.q.size(1);
+  const size_t bytes = size_t(2 * seqlen * 2 * head_dim) * dtype_size(dtype);
   r.backward_buffer = DeviceBuffer(4 * bytes + 4096);
   char* base = static_cast<char*>(r.backward_buffer.ptr);
-  Params& p = r.params;
-  p.dout = make_tensor(base, dtype, {2, 8, 2, head_dim}, p.q.device);
-  p.dq = make_tensor(base + bytes, dtype, {2, 8, 2, head_dim}, p.q.device);
-  p.dk = make_tensor(base + 2 * bytes, dtype, {2, 8, 2, head_dim}, p.q.device);
-  p.dv = make_tensor(base + 3 * bytes, dtype, {2, 8, 2, head_dim}, p.q.device);
-  p.lse = make_tensor(base + 4 * bytes, DType::fp32, {2, 2, 8}, p.q.device);
+  p.dout = make_tensor(base, dtype, {2, seqlen, 2, head_dim}, p.q.device);
+  p.dq = make_tensor(base + bytes, dtype, {2, seqlen, 2, head_dim}, p.q.device);
+  p.dk = make_tensor(base + 2 * bytes, dtype, {2, seqlen, 2, head_dim}, p.q.device);
+  p.dv = make_tensor(base + 3 * bytes, dtype, {2, seqlen, 2, head_dim}, p.q.device);
+  p.lse = make_tensor(base + 4 * bytes, DType::fp32, {2, 2, seqlen}, p.q.device);
+}
+
+// The tier `auto` gives a tf32 forward (fp32 storage) at `head_dim`: sm90 where it runs and takes
+// the head dim, sm80 otherwise.
+Backend tf32_forward_tier(int64_t head_dim) {
+  return tier_available(Backend::cuda_sm90) && takes_head_dim(Backend::cuda_sm90, int(head_dim), DType::fp32)
+             ? Backend::cuda_sm90
+             : Backend::cuda_sm80;
 }
 
 bool mentions(const Status& s, const std::string& word) { return s.message.find(word) != std::string::npos; }
@@ -603,7 +612,7 @@ TEST(Refuse, SmallTierLimits) {
       EXPECT_EQ(chosen, Backend::cuda_simt);
       r.params.precision = Precision::tf32;
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
-      EXPECT_EQ(chosen, Backend::cuda_sm80);
+      EXPECT_EQ(chosen, tf32_forward_tier(hd));
       // Split tf32: auto runs it on sm80; simt takes it too (exact fp32), plain tf32 it refuses.
       r.params.precision = Precision::tf32x3;
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
@@ -638,12 +647,11 @@ TEST(Refuse, SmallTierLimits) {
         EXPECT_TRUE(supports(t.params, Direction::forward).ok()) << supports(t.params, Direction::forward).message;
         add_backward_tensors(t, DType::fp32, d);
         refused(t, Direction::backward, "precision");
-        // auto: the tf32 forward stays on sm80 until it has run on a GPU (supports() says so),
-        // and so does its backward.
+        // auto: the tf32 forward runs here, its backward on sm80.
         t.params.backend = Backend::auto_select;
         Backend chosen{};
         ASSERT_TRUE(select_backend(t.params, Direction::forward, &chosen).ok());
-        EXPECT_EQ(chosen, Backend::cuda_sm80);
+        EXPECT_EQ(chosen, Backend::cuda_sm90);
         ASSERT_TRUE(select_backend(t.params, Direction::backward, &chosen).ok());
         EXPECT_EQ(chosen, Backend::cuda_sm80);
       }
@@ -656,14 +664,14 @@ TEST(Refuse, SmallTierLimits) {
       r.params.deterministic = true;
       EXPECT_TRUE(supports(r.params, Direction::backward).ok()) << supports(r.params, Direction::backward).message;
     }
-    if (big > 128) {  // the split backward (192, 256), which `auto` leaves to sm80 until it has run on a GPU
+    if (big > 128) {  // the split backward (192, 256): auto takes it too
       Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, big);
       add_backward_tensors(r, DType::bf16, big);
       EXPECT_TRUE(supports(r.params, Direction::backward).ok()) << supports(r.params, Direction::backward).message;
       r.params.backend = Backend::auto_select;
       Backend chosen = Backend::auto_select;
       EXPECT_TRUE(select_backend(r.params, Direction::backward, &chosen).ok());
-      EXPECT_EQ(chosen, Backend::cuda_sm80);
+      EXPECT_EQ(chosen, Backend::cuda_sm90);
       r.params.backend = Backend::cuda_sm90;
       r.params.deterministic = true;
       EXPECT_TRUE(supports(r.params, Direction::backward).ok()) << supports(r.params, Direction::backward).message;
@@ -719,7 +727,7 @@ TEST(Refuse, SmallTierLimits) {
       r.params.q.dtype = r.params.k.dtype = r.params.v.dtype = r.params.o.dtype = DType::fp32;
       r.params.q.stride[1] = 2 * big, r.params.q.stride[0] = kRows * 2 * big;
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
-      EXPECT_EQ(chosen, Backend::cuda_sm80);
+      EXPECT_EQ(chosen, tf32_forward_tier(big));
     }
   }
 }

@@ -222,9 +222,6 @@ inline constexpr int kBwdDqPad = 8;  // floats padding each row of the dQ tile a
 // Deterministic: one turn counter per query tile (the dQ warp adds the tile whole).
 inline constexpr int kBwdTurnParts = 1;
 inline constexpr int kBwdMaxHeadDim = 256;
-// The largest head dim whose backward `auto` takes here: the split backward above it has not yet
-// run on a GPU (naming the sm90 backend runs it, as the GPU tests do).
-inline constexpr int kBwdMaxAutoHeadDim = 128;
 inline constexpr int kBwdProducerRegisters = 24;
 inline constexpr int kBwdConsumerRegisters = 240;
 // A packed call's producer is a whole warp that also loads the row statistics: it gets 40

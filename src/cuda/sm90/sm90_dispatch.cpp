@@ -157,11 +157,6 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   if (fp32 && backward)
     return unsupported("precision: the sm90 backward takes fp16 and bf16 only; the tf32 backward (fp32 storage) runs "
                        "on the sm80 tier");
-  // Until the tf32 forward has run on a GPU, `auto` keeps tf32 on the sm80 tier; naming this tier
-  // runs it (as the GPU tests do).
-  if (fp32 && p.backend == Backend::auto_select)
-    return unsupported("precision: the sm90 tf32 forward has not yet been verified on a GPU, so auto runs tf32 on the "
-                       "sm80 tier; backend sm90 runs it");
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
   if (fp32 && bucket >= kMinHeadDim && !tf32_head_dim(bucket))
     return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
@@ -174,9 +169,6 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
     return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
                        " is above the sm90 backward's largest head dim (" + std::to_string(kBwdMaxHeadDim) +
                        "); the sm80 tier runs it");
-  if (backward && bucket > kBwdMaxAutoHeadDim && p.backend == Backend::auto_select)
-    return unsupported("head_dim: the sm90 backward above head dim " + std::to_string(kBwdMaxAutoHeadDim) +
-                       " has not yet been verified on a GPU, so auto runs it on the sm80 tier; backend sm90 runs it");
   const struct {
     const char* name;
     const Tensor* t;
