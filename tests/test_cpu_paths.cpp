@@ -34,7 +34,6 @@ std::vector<IsaSet> every_set_with_portable() {
   return sets;
 }
 
-// (Opt-in paths aside: those run only when forced.)
 TEST(CpuPaths, ChoiceIsTheFastestPathBothTheBuildAndTheCpuHave) {
   for (IsaSet compiled : every_set_with_portable())
     for (IsaSet cpu : every_set_with_portable()) {
@@ -42,14 +41,10 @@ TEST(CpuPaths, ChoiceIsTheFastestPathBothTheBuildAndTheCpuHave) {
       ASSERT_TRUE(choose_isa(compiled, cpu, nullptr, &chosen).ok());
       EXPECT_TRUE(compiled.has(chosen) && cpu.has(chosen))
           << to_string(chosen) << " chosen; compiled " << compiled.names() << ", cpu " << cpu.names();
-      for (Isa faster : kAllIsas) {
-        bool opt_in = false;
-        for (Isa o : kOptInIsas) opt_in = opt_in || o == faster;
-        if (int(faster) > int(chosen) && !opt_in)
+      for (Isa faster : kAllIsas)
+        if (int(faster) > int(chosen))
           EXPECT_FALSE(compiled.has(faster) && cpu.has(faster))
               << to_string(chosen) << " chosen over " << to_string(faster) << "; compiled " << compiled.names();
-      }
-      for (Isa o : kOptInIsas) EXPECT_NE(chosen, o) << "an opt-in path taken unasked";
       Isa chosen_empty = Isa::avx512bf16;
       ASSERT_TRUE(choose_isa(compiled, cpu, "", &chosen_empty).ok());
       EXPECT_EQ(chosen_empty, chosen) << "an empty FMHA_CPU_ISA means no preference";
@@ -75,8 +70,7 @@ TEST(CpuPaths, ForcedPathIsTakenWhenBothHaveIt) {
 }
 
 // The amxbf16 path is never taken on a CPU without it, whatever the build has, and forcing it
-// there is refused with the paths the CPU runs; where the CPU runs it, it is taken only when
-// forced (opt-in until it has run on an AMX CPU).
+// there is refused with the paths the CPU runs; where the CPU runs it, it is taken.
 TEST(CpuPaths, AmxPathOnlyWhereTheCpuHasIt) {
   const IsaSet all = set_of({Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amxbf16});
   const IsaSet no_amx = set_of({Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16});
@@ -84,7 +78,7 @@ TEST(CpuPaths, AmxPathOnlyWhereTheCpuHasIt) {
   ASSERT_TRUE(choose_isa(all, no_amx, nullptr, &chosen).ok());
   EXPECT_EQ(chosen, Isa::avx512bf16);
   ASSERT_TRUE(choose_isa(all, all, nullptr, &chosen).ok());
-  EXPECT_EQ(chosen, Isa::avx512bf16) << "amxbf16 is opt-in";
+  EXPECT_EQ(chosen, Isa::amxbf16) << "the fastest path both have";
   ASSERT_TRUE(choose_isa(all, all, "amxbf16", &chosen).ok());
   EXPECT_EQ(chosen, Isa::amxbf16);
   ASSERT_TRUE(choose_isa(no_amx, all, nullptr, &chosen).ok());

@@ -174,11 +174,8 @@ Status choose_isa(IsaSet compiled, IsaSet cpu, const char* forced, Isa* chosen) 
     return Status::success();
   }
   Isa best = Isa::portable;
-  for (Isa isa : kAllIsas) {
-    bool opt_in = false;
-    for (Isa o : kOptInIsas) opt_in = opt_in || o == isa;
-    if (usable.has(isa) && !opt_in) best = isa;
-  }
+  for (Isa isa : kAllIsas)
+    if (usable.has(isa)) best = isa;
   *chosen = best;
   return Status::success();
 }

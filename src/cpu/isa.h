@@ -53,12 +53,7 @@ IsaSet cpu_isas();
 // it can.
 std::string cpu_lacks(Isa isa);
 
-// Paths taken only when FMHA_CPU_ISA names them: amxbf16 has not yet run on a CPU with AMX (its
-// tests there skip on CPUs without it), so no call takes it unasked.
-inline constexpr Isa kOptInIsas[] = {Isa::amxbf16};
-
-// The one function that chooses a path: the last path of `compiled` ∩ `cpu` that is not opt-in,
-// or `forced` (the value of FMHA_CPU_ISA; null or empty for no preference), which must be known,
+// The one function that chooses a path: the last path of `compiled` ∩ `cpu`, or `forced` (the value of FMHA_CPU_ISA; null or empty for no preference), which must be known,
 // compiled in, and supported by the CPU. Otherwise an error that says what is there, and
 // `chosen` is untouched.
 Status choose_isa(IsaSet compiled, IsaSet cpu, const char* forced, Isa* chosen);

@@ -1,5 +1,7 @@
-// fmha::merge on CUDA tensors: a memory-bound kernel, one warp per (batch, row, head) row of the
-// output, lanes striding over head_dim_v so that loads and stores are coalesced. The per-row
+// fmha::merge on CUDA tensors: a memory-bound kernel. Rows of one storage format made of aligned
+// 16-byte vectors take the vector kernel (a row's lanes load and store 16 bytes each); any other
+// view the element kernel, one warp per (batch, row, head) row of the output, lanes striding over
+// head_dim_v so that loads and stores are coalesced. The per-row
 // weights are common/merge.h's, the same function the CPU path calls. The decode kernel's split
 // partials are combined here too, by the same weights and element rule.
 #include <cuda_bf16.h>
@@ -7,7 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "backends.h"
 #include "common/merge.h"
@@ -90,6 +94,87 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_kernel(const MergeArgs
     __syncwarp();
     if (lane == 0) static_cast<float*>(a.lse.data)[lse_offset(a.lse, b, s, h)] = w.lse;
   }
+}
+
+// The same merge 16 bytes a lane (8 fp16/bf16 or 4 fp32 values), for the common case of one
+// storage format, whole 16-byte vectors per row and 16-byte aligned rows: a row takes
+// kLanesPerRow lanes of one warp (the smallest power of two that covers its vectors, at most a
+// warp, which then loops), so a warp merges 32 / kLanesPerRow rows at a time. A row's lanes all
+// read both LSEs before its first lane writes the merged one (lse may be lse_a or lse_b).
+template <class T>
+struct Vector16 {
+  static constexpr int kValues = 16 / int(sizeof(T));
+  __device__ static void to_float(const uint4& raw, float (&x)[kValues]) {
+    const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) {
+      if constexpr (sizeof(T) == 4) x[i] = v[i];
+      else if constexpr (std::is_same_v<T, __half>) x[i] = __half2float(v[i]);
+      else x[i] = __bfloat162float(v[i]);
+    }
+  }
+  __device__ static uint4 from_float(const float (&x)[kValues]) {
+    uint4 raw;
+    T* v = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) {
+      if constexpr (sizeof(T) == 4) v[i] = x[i];
+      else if constexpr (std::is_same_v<T, __half>) v[i] = __float2half_rn(x[i]);
+      else v[i] = __float2bfloat16_rn(x[i]);
+    }
+    return raw;
+  }
+};
+
+template <class T>
+__global__ void __launch_bounds__(kThreadsPerBlock) merge_vector_kernel(const MergeArgs a, const int lanes_per_row) {
+  using V = Vector16<T>;
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int rows_per_warp = kWarpSize / lanes_per_row;
+  const int sub = lane % lanes_per_row;
+  const int64_t vectors = a.head_dim_v / V::kValues;
+  const int64_t step = int64_t(gridDim.x) * kWarpsPerBlock * rows_per_warp;
+  // Warp-uniform trip count: lanes past the last row still reach the __syncwarp.
+  for (int64_t first = (int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize) * rows_per_warp;
+       first < a.rows; first += step) {
+    const int64_t r = first + lane / lanes_per_row;
+    const bool live = r < a.rows;
+    const int64_t h = r % a.heads, s = (r / a.heads) % a.seqlen, b = r / (a.heads * a.seqlen);
+    MergeWeights w{};
+    if (live) {
+      w = merge_weights(static_cast<const float*>(a.lse_a.data)[lse_offset(a.lse_a, b, s, h)],
+                        static_cast<const float*>(a.lse_b.data)[lse_offset(a.lse_b, b, s, h)]);
+      const T* row_a = static_cast<const T*>(a.out_a.data) + out_offset(a.out_a, b, s, h);
+      const T* row_b = static_cast<const T*>(a.out_b.data) + out_offset(a.out_b, b, s, h);
+      T* row = static_cast<T*>(a.out.data) + out_offset(a.out, b, s, h);
+      for (int64_t v = sub; v < vectors; v += lanes_per_row) {
+        float x[V::kValues] = {}, y[V::kValues];
+        if (w.a != 0.f) {
+          V::to_float(reinterpret_cast<const uint4*>(row_a)[v], y);
+#pragma unroll
+          for (int i = 0; i < V::kValues; ++i) x[i] = w.a * y[i];
+        }
+        if (w.b != 0.f) {
+          V::to_float(reinterpret_cast<const uint4*>(row_b)[v], y);
+#pragma unroll
+          for (int i = 0; i < V::kValues; ++i) x[i] += w.b * y[i];
+        }
+        reinterpret_cast<uint4*>(row)[v] = V::from_float(x);
+      }
+    }
+    __syncwarp();
+    if (live && sub == 0) static_cast<float*>(a.lse.data)[lse_offset(a.lse, b, s, h)] = w.lse;
+  }
+}
+
+// Whether every row of `t` starts on a 16-byte boundary and holds whole 16-byte vectors.
+bool rows_of_vectors(const Tensor& t, int64_t head_dim_v) {
+  const int64_t bytes = dtype_size(t.dtype);
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || (head_dim_v * bytes) % 16 != 0) return false;
+  if (t.rank != 4 || t.stride[3] != 1) return false;
+  for (int d = 0; d < 3; ++d)
+    if ((t.stride[d] * bytes) % 16 != 0) return false;
+  return true;
 }
 
 // The split-KV parts of the decode kernel: fp32 out [splits, B, S, H, Dv] and lse [splits, B, H, S].
@@ -178,8 +263,25 @@ Status cuda_merge(const MergeRows& m, void* stream) {
   a.heads = m.heads;
   a.head_dim_v = m.head_dim_v;
   a.rows = m.rows();
-  const int64_t blocks = std::min<int64_t>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks);
-  merge_kernel<<<unsigned(blocks), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  const DType dtype = m.out.dtype;
+  const bool vectors = m.out_a.dtype == dtype && m.out_b.dtype == dtype && rows_of_vectors(m.out, a.head_dim_v) &&
+                       rows_of_vectors(m.out_a, a.head_dim_v) && rows_of_vectors(m.out_b, a.head_dim_v);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (vectors) {
+    const int64_t row_vectors = a.head_dim_v * int64_t(dtype_size(dtype)) / 16;
+    int lanes = 1;
+    while (lanes < kWarpSize && lanes < row_vectors) lanes *= 2;
+    const int64_t rows_per_block = int64_t(kWarpsPerBlock) * (kWarpSize / lanes);
+    const int64_t blocks = std::min<int64_t>((a.rows + rows_per_block - 1) / rows_per_block, kMaxBlocks);
+    switch (dtype) {
+      case DType::fp16: merge_vector_kernel<__half><<<unsigned(blocks), kThreadsPerBlock, 0, s>>>(a, lanes); break;
+      case DType::bf16: merge_vector_kernel<__nv_bfloat16><<<unsigned(blocks), kThreadsPerBlock, 0, s>>>(a, lanes); break;
+      default: merge_vector_kernel<float><<<unsigned(blocks), kThreadsPerBlock, 0, s>>>(a, lanes); break;
+    }
+  } else {
+    const int64_t blocks = std::min<int64_t>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks);
+    merge_kernel<<<unsigned(blocks), kThreadsPerBlock, 0, s>>>(a);
+  }
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess)
     return {Code::cuda_error, std::string("merge: kernel launch failed: ") + cudaGetErrorString(err)};
   return Status::success();

@@ -41,17 +41,24 @@ struct MergeCase {
   bool packed;
   DType part_dtype, out_dtype;
   bool in_place;  // out, lse are out_a, lse_a
+  int64_t dim;
 };
 
 TEST(MergeCuda, MatchesTheCpuMerge) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
-  constexpr int64_t kBatch = 3, kSeqlen = 129, kHeads = 5, kDim = 72;
-  const int64_t rows = kBatch * kSeqlen * kHeads, elements = rows * kDim;
+  constexpr int64_t kBatch = 3, kSeqlen = 129, kHeads = 5;
+  const int64_t rows = kBatch * kSeqlen * kHeads;
   const Device gpu = current_device();
-  for (MergeCase mc : {MergeCase{false, DType::fp32, DType::fp32, false}, MergeCase{false, DType::bf16, DType::fp32, false},
-                       MergeCase{true, DType::fp16, DType::fp16, true}, MergeCase{true, DType::fp32, DType::fp32, true}}) {
+  // One storage format with rows of whole 16-byte vectors takes the vector kernel: 18 vectors a
+  // row (fp32, 72), 9 (fp16, 72: two rows a warp), 16 (bf16, 128), 64 (fp32, 256: lanes loop);
+  // mixed formats and rows of 200 bytes (fp16, 100) the element kernel.
+  for (MergeCase mc : {MergeCase{false, DType::fp32, DType::fp32, false, 72}, MergeCase{false, DType::bf16, DType::fp32, false, 72},
+                       MergeCase{true, DType::fp16, DType::fp16, true, 72}, MergeCase{true, DType::fp32, DType::fp32, true, 72},
+                       MergeCase{false, DType::bf16, DType::bf16, false, 128}, MergeCase{false, DType::bf16, DType::bf16, true, 128},
+                       MergeCase{false, DType::fp32, DType::fp32, false, 256}, MergeCase{true, DType::fp16, DType::fp16, false, 100}}) {
+    const int64_t kDim = mc.dim, elements = rows * kDim;
     SCOPED_TRACE(std::string(mc.packed ? "packed " : "dense ") + to_string(mc.part_dtype) + " -> " +
-                 to_string(mc.out_dtype) + (mc.in_place ? " in place" : ""));
+                 to_string(mc.out_dtype) + (mc.in_place ? " in place" : "") + ", head_dim_v " + std::to_string(kDim));
     std::mt19937_64 rng(test_seed());
     std::normal_distribution<float> normal(0.f, 4.f);
     std::vector<float> out_a(static_cast<size_t>(elements)), out_b(static_cast<size_t>(elements));

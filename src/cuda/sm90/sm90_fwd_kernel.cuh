@@ -120,7 +120,7 @@ struct FwdKernel {
         shared.q_full.arrive();
         if constexpr (kTransposeV) {  // the transposing warps stop at the next landing slot
           shared.landing.empty[landing.index].wait(landing.phase ^ 1);
-          shared.landing.done = 1;
+          shared.landing.done[landing.index][landing.phase] = 1;
           shared.landing.full[landing.index].arrive();
         }
         break;
@@ -200,7 +200,7 @@ struct FwdKernel {
     tile::PipelineState<kLandingStages> landing;
     for (;;) {
       shared.landing.full[landing.index].wait(landing.phase);
-      if (shared.landing.done) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
+      if (shared.landing.done[landing.index][landing.phase]) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
       shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
       wg::transpose_k_major<BN, Shared::kHeadDimPadded, kTransposeWarps>(shared.v_load[landing.index],
                                                                           shared.v[pipe.index], warp, lane);
@@ -271,8 +271,8 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1
       for (int s = 0; s < K::Shared::kLoadStages; ++s) {
         shared.landing.full[s].init(1);
         shared.landing.empty[s].init(K::kTransposeWarps);
+        shared.landing.done[s][0] = shared.landing.done[s][1] = 0;
       }
-      shared.landing.done = 0;
     }
     tile::fence_barrier_init();
   }

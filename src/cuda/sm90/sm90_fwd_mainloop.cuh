@@ -39,11 +39,13 @@ namespace wg = tile::warpgroup;
 // warpgroup writes its O rows over its own Q rows, and Q is released once the store has read them.
 // The V landing buffer's barriers (fp32): TMA fills a stage (full), the transposing warps
 // release it (empty); `done` is the producer's flag that no V tile follows, set before its last
-// arrival on full. Empty without landing stages.
+// arrival on full, one per stage and barrier phase (as the published work tile index): the flag
+// the last arrival publishes is not the one the previous round of readers read. Empty without
+// landing stages.
 template <int STAGES>
 struct LandingBarriers {
   tile::MBarrier full[STAGES], empty[STAGES];
-  int done;
+  int done[STAGES][2];
 };
 template <>
 struct LandingBarriers<0> {};
