@@ -272,7 +272,7 @@ Status append_kv(const Params& params);
 //     out = exp(lse_a - lse) · out_a + exp(lse_b - lse) · out_b
 //
 // computed in fp32 for any LSE values: a row whose lse is -inf on one side takes the other side
-// unchanged (its out is not read, so it may hold anything), and a row with -inf on both sides
+// unchanged (its out is not used, so it may hold anything, NaN included), and a row with -inf on both sides
 // gets out = 0, lse = -inf.
 //
 // Layouts, as for attention (Params): dense out [B, S, H, Dv] with lse [B, H, S], or packed

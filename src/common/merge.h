@@ -20,7 +20,7 @@ struct MergeRows {
 };
 
 // out = weight_a · out_a + weight_b · out_b, and the merged lse. A side with weight 0 contributes
-// nothing and its out is not read (it may hold anything, as an unstarted accumulator does).
+// nothing and its out is not used (it may hold anything, as an unstarted accumulator does).
 struct MergeWeights {
   float a = 0.f, b = 0.f, lse = 0.f;
 };

@@ -142,24 +142,31 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_vector_kernel(const Me
     const int64_t h = r % a.heads, s = (r / a.heads) % a.seqlen, b = r / (a.heads * a.seqlen);
     MergeWeights w{};
     if (live) {
-      w = merge_weights(static_cast<const float*>(a.lse_a.data)[lse_offset(a.lse_a, b, s, h)],
-                        static_cast<const float*>(a.lse_b.data)[lse_offset(a.lse_b, b, s, h)]);
-      const T* row_a = static_cast<const T*>(a.out_a.data) + out_offset(a.out_a, b, s, h);
-      const T* row_b = static_cast<const T*>(a.out_b.data) + out_offset(a.out_b, b, s, h);
-      T* row = static_cast<T*>(a.out.data) + out_offset(a.out, b, s, h);
-      for (int64_t v = sub; v < vectors; v += lanes_per_row) {
+      const float lse_a = static_cast<const float*>(a.lse_a.data)[lse_offset(a.lse_a, b, s, h)];
+      const float lse_b = static_cast<const float*>(a.lse_b.data)[lse_offset(a.lse_b, b, s, h)];
+      const uint4* row_a = reinterpret_cast<const uint4*>(static_cast<const T*>(a.out_a.data) + out_offset(a.out_a, b, s, h));
+      const uint4* row_b = reinterpret_cast<const uint4*>(static_cast<const T*>(a.out_b.data) + out_offset(a.out_b, b, s, h));
+      uint4* row = reinterpret_cast<uint4*>(static_cast<T*>(a.out.data) + out_offset(a.out, b, s, h));
+      // The first vectors are loaded beside the LSEs, before the weights say whether they count
+      // (a side of weight 0 is read, in bounds, but never used): one memory latency a row, not two.
+      int64_t v = sub;
+      uint4 raw_a{}, raw_b{};
+      if (v < vectors) raw_a = row_a[v], raw_b = row_b[v];
+      w = merge_weights(lse_a, lse_b);
+      for (; v < vectors; v += lanes_per_row) {
         float x[V::kValues] = {}, y[V::kValues];
         if (w.a != 0.f) {
-          V::to_float(reinterpret_cast<const uint4*>(row_a)[v], y);
+          V::to_float(raw_a, y);
 #pragma unroll
           for (int i = 0; i < V::kValues; ++i) x[i] = w.a * y[i];
         }
         if (w.b != 0.f) {
-          V::to_float(reinterpret_cast<const uint4*>(row_b)[v], y);
+          V::to_float(raw_b, y);
 #pragma unroll
           for (int i = 0; i < V::kValues; ++i) x[i] += w.b * y[i];
         }
-        reinterpret_cast<uint4*>(row)[v] = V::from_float(x);
+        row[v] = V::from_float(x);
+        if (v + lanes_per_row < vectors) raw_a = row_a[v + lanes_per_row], raw_b = row_b[v + lanes_per_row];
       }
     }
     __syncwarp();
