@@ -139,7 +139,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_vector_kernel(const Me
        first < a.rows; first += step) {
     const int64_t r = first + lane / lanes_per_row;
     const bool live = r < a.rows;
-    const int64_t h = r % a.heads, s = (r / a.heads) % a.seqlen, b = r / (a.heads * a.seqlen);
+    // Rows in LSE order ([B, H, S]: s fastest), so that neighbouring rows share LSE sectors.
+    const int64_t s = r % a.seqlen, h = (r / a.seqlen) % a.heads, b = r / (a.heads * a.seqlen);
     MergeWeights w{};
     if (live) {
       const float lse_a = static_cast<const float*>(a.lse_a.data)[lse_offset(a.lse_a, b, s, h)];

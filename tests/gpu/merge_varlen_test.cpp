@@ -69,13 +69,19 @@ TEST(MergeCuda, MatchesTheCpuMerge) {
       lse_a[size_t(r)] = r % 5 == 0 ? -kInf : normal(rng);
       lse_b[size_t(r)] = r % 7 == 0 ? -kInf : normal(rng);
     }
-    // A side of weight 0 may hold anything: NaN there must not reach the result.
-    const size_t dim = size_t(kDim);
-    for (int64_t r = 0; r < rows; ++r)
-      for (size_t d = 0; d < dim; ++d) {
-        if (r % 5 == 0) out_a[size_t(r) * dim + d] = std::numeric_limits<float>::quiet_NaN();
-        if (r % 7 == 0) out_b[size_t(r) * dim + d] = std::numeric_limits<float>::quiet_NaN();
-      }
+    // A side of weight 0 may hold anything: NaN there must not reach the result. Out rows are
+    // [B, S, H] ([B·S, H] packed), LSE rows [B, H, S] ([H, B·S] packed).
+    for (int64_t b = 0; b < kBatch; ++b)
+      for (int64_t t = 0; t < kSeqlen; ++t)
+        for (int64_t h = 0; h < kHeads; ++h) {
+          const int64_t token = b * kSeqlen + t;
+          const size_t lse_row = size_t(mc.packed ? h * kBatch * kSeqlen + token : (b * kHeads + h) * kSeqlen + t);
+          const size_t first = size_t((token * kHeads + h) * kDim);
+          for (size_t d = 0; d < size_t(kDim); ++d) {
+            if (std::isinf(lse_a[lse_row])) out_a[first + d] = std::numeric_limits<float>::quiet_NaN();
+            if (std::isinf(lse_b[lse_row])) out_b[first + d] = std::numeric_limits<float>::quiet_NaN();
+          }
+        }
     const DType a_dtype = mc.in_place ? mc.out_dtype : mc.part_dtype;
     const std::vector<uint8_t> host_oa = encode(out_a, a_dtype), host_ob = encode(out_b, mc.part_dtype);
     const std::vector<uint8_t> host_la = encode(lse_a, DType::fp32), host_lb = encode(lse_b, DType::fp32);
