@@ -151,6 +151,20 @@ def _torch_grad_wanted(tensors):
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+# The extension's table arguments (a packed batch's sequence tables, a KV cache's block table and
+# lengths). They travel unexported and are exported by each run, as the tensors are: a DLPack
+# capsule is consumed by the call that imports it, and a call that first asks for its workspace
+# size runs twice.
+_TABLE_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "block_table", "cache_seqlens")
+
+
+def _exported(tables, export):
+    if not tables:
+        return {}
+    return {name: export(value) if name in _TABLE_ARGS and value is not None else value
+            for name, value in tables.items()}
+
+
 def _with_workspace(adapter, like, run):
     """run(None) returns the workspace bytes the call needs (0: it ran); then run with one."""
     needed = run(None)
@@ -165,7 +179,7 @@ def _call_forward(adapter, q, k, v, out, lse, options, stream_handle, varlen=Non
     def run(workspace):
         args = (export(q), export(k), export(v), export(out), None if lse is None else export(lse),
                 None if workspace is None else export(workspace))
-        return _C.forward(*args, options, adapter.raw_bf16, **(varlen or {}))
+        return _C.forward(*args, options, adapter.raw_bf16, **_exported(varlen, export))
 
     _with_workspace(adapter, q, run)
     adapter.finish(stream_handle)
@@ -180,7 +194,7 @@ def _call_backward(adapter, inputs, grads, options, stream_handle, varlen=None):
 
     def run(workspace):
         args = tuple(export(x) for x in inputs + grads) + (None if workspace is None else export(workspace),)
-        return _C.backward(*args, options, adapter.raw_bf16, **(varlen or {}))
+        return _C.backward(*args, options, adapter.raw_bf16, **_exported(varlen, export))
 
     _with_workspace(adapter, inputs[0], run)
     adapter.finish(stream_handle)
@@ -203,7 +217,7 @@ def _check_call(adapter, q, k, v, layout, options, stream, num_threads, tables):
     shapes = tuple(_require_rank(x, name, dims) for x, (name, dims) in zip((q, k, v), layout))
     stream_handle = adapter.stream(q, stream)
     options = make_options(*options, stream_handle, num_threads)
-    varlen = None if tables is None else _varlen_args(*tables, adapter.export)
+    varlen = None if tables is None else _varlen_args(*tables)
     return shapes, stream_handle, options, varlen
 
 
@@ -359,10 +373,10 @@ def max_seqlen(table, given, name):
     return int(numpy.diff(cu.astype(numpy.int64)).max(initial=0))
 
 
-def _varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, export):
+def _varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     return dict(
-        cu_seqlens_q=export(cu_seqlens_q),
-        cu_seqlens_k=export(cu_seqlens_k),
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen(cu_seqlens_q, max_seqlen_q, "max_seqlen_q"),
         max_seqlen_k=max_seqlen(cu_seqlens_k, max_seqlen_k, "max_seqlen_k"),
     )
@@ -573,9 +587,7 @@ def attention_with_kvcache(
     if out is None:
         out = adapter.empty(q, out_shape)
     lse = adapter.empty_f32(q, lse_shape) if return_lse else None
-    export = adapter.export
-    cache = dict(block_table=None if block_table is None else export(block_table),
-                 cache_seqlens=None if cache_seqlens is None else export(cache_seqlens))
+    cache = dict(block_table=block_table, cache_seqlens=cache_seqlens)
     return _call_forward(adapter, q, k_cache, v_cache, out, lse, options, stream_handle, cache)
 
 

@@ -342,3 +342,41 @@ def test_bad_backward_input():
         fmha.attention_backward(q, k, v, out, dout, lse, dk=np.zeros(k.shape, np.float16))
     with pytest.raises(ValueError, match="direction"):
         fmha.select_backend(q, k, v, direction="sideways")
+
+
+def test_tables_are_exported_afresh_when_a_call_runs_twice(monkeypatch):
+    """A DLPack capsule is consumed by the call that imports it, and a GPU call runs twice (its
+    workspace size first, then the call): each run must export the sequence tables and a KV
+    cache's tables again, as it does the tensors. Here every export makes a capsule and the
+    extension, stubbed, asks for a workspace once per call."""
+    import fmha._api as api
+    from fmha._frameworks import NumpyAdapter
+
+    monkeypatch.setattr(NumpyAdapter, "export", lambda self, array: array.__dlpack__())
+    runs = []
+
+    def extension_call(*args, **tables):
+        runs.append(tables)
+        return 256 if len(runs) % 2 == 1 else 0  # the first run of each call asks for a workspace
+
+    monkeypatch.setattr(api._C, "forward", extension_call)
+    monkeypatch.setattr(api._C, "backward", extension_call)
+
+    def fresh(names):
+        first, second = runs[-2], runs[-1]
+        for name in names:
+            assert type(first[name]).__name__ == "PyCapsule", name
+            assert first[name] is not second[name], name + ": the second run got the first run's capsule"
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((7, 2, 16)).astype(np.float32) for _ in range(3))
+    cu = np.array([0, 3, 7], dtype=np.int32)
+    fmha.attention_varlen(q, k, v, cu, cu)
+    fresh(("cu_seqlens_q", "cu_seqlens_k"))
+    lse = np.zeros((2, 7), dtype=np.float32)
+    fmha.attention_varlen_backward(q, k, v, q.copy(), q.copy(), lse, cu, cu)
+    fresh(("cu_seqlens_q", "cu_seqlens_k"))
+    cache = rng.standard_normal((2, 16, 2, 16)).astype(np.float32)  # 2 pages of 16 rows
+    fmha.attention_with_kvcache(q.reshape(7, 1, 2, 16)[:2], cache, cache, block_table=np.array([[0], [1]], np.int32),
+                                cache_seqlens=np.array([5, 9], np.int32))
+    fresh(("block_table", "cache_seqlens"))
