@@ -239,6 +239,55 @@ TEST_P(CpuPath, ShortCallsKeptScoresGiveTheBitsOfRecomputedOnes) {
   }
 }
 
+// Calls over the score budget whose heads alone give every thread its items: each fused item then
+// spans its head's keys and forms its queries' statistics itself (own statistics). Against the
+// oracle; and against the separate statistics pass (variant `recompute`) the same bits for dK and
+// dV, whose sums do not depend on how the keys are cut, and for dQ where the keys are one chunk
+// either way (at most 8 tiles; on a machine with more threads than these heads can keep busy,
+// both variants cut the keys alike and every output must match).
+struct OwnStatsCall {
+  const char* name;
+  int64_t batch, heads, kv_heads, sq, sk, head_dim;
+  Causal causal;
+  int64_t window_left, q_offset;
+  DType dtype;
+};
+
+const OwnStatsCall kOwnStatsCalls[] = {
+    {"fp32_gqa_causal", 4, 16, 8, 65, 260, 32, Causal::bottom_right, -1, 0, DType::fp32},     // 640 tiles
+    {"bf16_gqa_causal", 4, 16, 8, 65, 260, 32, Causal::bottom_right, -1, 0, DType::bf16},
+    {"fp16_window_offset", 4, 16, 16, 70, 300, 32, Causal::top_left, 70, -30, DType::fp16},  // 640 tiles
+    {"fp32_long_keys", 2, 8, 8, 65, 1100, 32, Causal::none, -1, 0, DType::fp32},  // 18 key tiles: one chunk
+    {"bf16_long_keys", 2, 8, 8, 65, 1100, 32, Causal::none, -1, 0, DType::bf16},  // here, three in `recompute`
+};
+
+TEST_P(CpuPath, BackwardWithOwnStatisticsMatchesOracleAndTheStatisticsPass) {
+  FORCE_CPU_PATH_OR_SKIP(GetParam());
+  for (const OwnStatsCall& shape : kOwnStatsCalls) {
+    SCOPED_TRACE(shape.name);
+    CaseSpec c = base_case();
+    c.batch = shape.batch, c.heads = shape.heads, c.kv_heads = shape.kv_heads;
+    c.seqlen_q = shape.sq, c.seqlen_k = shape.sk, c.head_dim = shape.head_dim;
+    c.causal = shape.causal, c.window_left = shape.window_left, c.q_offset = shape.q_offset;
+    c.dtype = shape.dtype;
+    c.mode = Direction::backward;
+    ASSERT_GT(c.batch * c.heads * ((c.seqlen_q + 63) / 64) * ((c.seqlen_k + 63) / 64), 512) << "under the score budget";
+    run_and_check(c);
+    c.seed = fresh_seed();
+    Harness own(c, Device{});
+    ASSERT_TRUE(own.run_once().ok());
+    setenv("FMHA_CPU_CONFIG", "recompute", 1);
+    Harness pass(c, Device{});
+    const Status s = pass.run_once();
+    unsetenv("FMHA_CPU_CONFIG");
+    ASSERT_TRUE(s.ok()) << s.message;
+    const Params a = own.params(), b = pass.params();
+    if (c.seqlen_k <= 512) EXPECT_EQ(tensor_bytes(a.dq), tensor_bytes(b.dq)) << "dq\n  " << describe(c);
+    EXPECT_EQ(tensor_bytes(a.dk), tensor_bytes(b.dk)) << "dk\n  " << describe(c);
+    EXPECT_EQ(tensor_bytes(a.dv), tensor_bytes(b.dv)) << "dv\n  " << describe(c);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, CpuPath, ::testing::ValuesIn(kPaths), [](const auto& info) { return info.param; });
 
 // ---- Head dims x storage dtypes ---------------------------------------------------------------------

@@ -206,8 +206,8 @@ Status selected_config(const Params& p, Direction direction, const CpuConfig** c
 }  // namespace
 
 std::vector<std::string> variants(Direction direction) {
-  // A variant that differs from the default in the backward's settings alone (score_cache_bytes)
-  // runs the default's forward: the tuner does not time it twice.
+  // A variant that differs from the default in the backward's settings alone (score_cache_bytes,
+  // row_score_bytes) runs the default's forward: the tuner does not time it twice.
   const CpuConfig& base = kCpuConfigs[kCpuDefaultVariant];
   std::vector<std::string> names;
   for (const CpuConfig& c : kCpuConfigs) {

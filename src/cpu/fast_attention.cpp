@@ -202,9 +202,13 @@ void sign_and_mask_row(float* s, float sign, int64_t col0, Range visible, bool f
 constexpr int64_t kItemsPerThread = 4;  // dynamic scheduling slack
 static_assert(kTileM == 64 && kTileN == 64, "cpu_config.h's blocks are multiples of 64");
 
-int64_t chunk_tiles(int64_t tiles_per_head, int64_t heads_total, int threads, const CpuConfig& config) {
+// `whole`: where the heads alone give every thread its items, a head is one chunk whatever its
+// length (the fused backward then forms its own statistics: takes_own_statistics).
+int64_t chunk_tiles(int64_t tiles_per_head, int64_t heads_total, int threads, const CpuConfig& config,
+                    bool whole = false) {
   const int64_t wanted = kItemsPerThread * threads;
   const int64_t chunks_per_head = std::max<int64_t>(1, (wanted + heads_total - 1) / std::max<int64_t>(heads_total, 1));
+  if (whole && chunks_per_head == 1) return std::max<int64_t>(1, tiles_per_head);
   return std::clamp<int64_t>((tiles_per_head + chunks_per_head - 1) / chunks_per_head, 1, config.max_chunk_tiles);
 }
 
@@ -667,12 +671,14 @@ struct BackwardScratch {
   Scratch delta_sum;           // statistics pass, fp16/bf16 storage: rowsum(E ∘ dP) (Δ's correction)
   Scratch row_max, inv_sum, delta;  // per-query statistics of the current block, padded
   Scratch row_sum;                  // statistics pass: running sums of exp2
+  Scratch kept;                     // own statistics: a query tile's S^T (and dP^T) tiles
+  Scratch tile_stats;               // own statistics: a query tile's running max, sum and Δ sum
   Scratch row;
 
   void trim(int64_t max_floats) {
     for (Operand* panel : {&k, &v, &kt, &q, &qt, &dout, &doutt, &kb, &vb, &qc, &doc}) panel->trim(max_floats);
     for (Scratch* buffer : {&s, &dprob, &operand, &b_operand, &dk, &dv, &dq, &delta_sum, &row_max, &inv_sum, &delta,
-                            &row_sum, &row})
+                            &row_sum, &kept, &tile_stats, &row})
       buffer->trim(max_floats);
   }
 };
@@ -756,6 +762,48 @@ struct ScoreCache {
   }
 };
 
+// One S^T tile [kTileN keys, kTileM queries] of x = sign(scale)·(q·k), masked, in the online
+// statistics of its queries (vector-aligned running max, sum and, 16-bit storage, Δ's sum of
+// rowsum(E ∘ dP)): the tile's max per query, then E = exp2((x - max)·|scale_log2|) in place of x,
+// summed per query, and the running sums rescaled to the new max. A vector holds kLanes queries,
+// so all of it is lane-wise over the tile's key rows.
+void statistics_step(float* scores, float* max_tile, float* sum_tile, float* delta_sum_tile, float scale_log2) {
+  constexpr int kVecsM = int(kTileM / kLanes);
+  vf max_v[kVecsM], base_v[kVecsM], sum_v[kVecsM], rescale_v[kVecsM];
+  for (int v = 0; v < kVecsM; ++v) max_v[v] = load(max_tile + v * kLanes);
+  for (int64_t c = 0; c < kTileN; ++c)
+    for (int v = 0; v < kVecsM; ++v) {
+      const vf x = load(scores + c * kTileM + v * kLanes);
+      max_v[v] = x > max_v[v] ? x : max_v[v];
+    }
+  for (int v = 0; v < kVecsM; ++v) {
+    base_v[v] = max_v[v] == kNegInf ? splat(0.0f) : max_v[v];  // nothing visible yet
+    rescale_v[v] = exp2((load(max_tile + v * kLanes) - base_v[v]) * scale_log2);
+    sum_v[v] = vf{};
+  }
+  for (int64_t c = 0; c < kTileN; ++c)
+    for (int v = 0; v < kVecsM; ++v) {
+      float* x = scores + c * kTileM + v * kLanes;
+      const vf e = exp2((load(x) - base_v[v]) * scale_log2);
+      store(x, e);
+      sum_v[v] += e;
+    }
+  for (int v = 0; v < kVecsM; ++v) {
+    store(sum_tile + v * kLanes, load(sum_tile + v * kLanes) * rescale_v[v] + sum_v[v]);
+    store(max_tile + v * kLanes, max_v[v]);
+    store(delta_sum_tile + v * kLanes, load(delta_sum_tile + v * kLanes) * rescale_v[v]);
+  }
+}
+
+// rowsum(E ∘ dP) of one tile (E from statistics_step, dP^T as S^T) added to Δ's running sums.
+void delta_step(const float* e, const float* dprob, float* delta_sum_tile) {
+  constexpr int kVecsM = int(kTileM / kLanes);
+  vf sum_v[kVecsM] = {};
+  for (int64_t c = 0; c < kTileN; ++c)
+    for (int v = 0; v < kVecsM; ++v) sum_v[v] += load(e + c * kTileM + v * kLanes) * load(dprob + c * kTileM + v * kLanes);
+  for (int v = 0; v < kVecsM; ++v) store(delta_sum_tile + v * kLanes, load(delta_sum_tile + v * kLanes) + sum_v[v]);
+}
+
 // Statistics pass: one item = (batch, KV head, chunk of query tiles), over every query head of the
 // group. Each row's softmax max and sum, online over the keys as the forward forms them, go to
 // `st` as row_max and inv_sum (RowStats says why they are not taken from LSE), for the fused pass.
@@ -768,7 +816,6 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
                           int64_t kv_head, Range rows, Range key_part, const StatsPart* part, ScoreCache* cache,
                           BackwardScratch<kBf16>& t) {
   [[maybe_unused]] const ItemTiles<kBf16> tile_session{};
-  constexpr int kVecsM = int(kTileM / kLanes);
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t n = round_up(rows.size(), kTileM);
@@ -816,41 +863,11 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
             cache->present[size_t(cache->slot(bh, col0, row0))] = 1;
           }
           sign_and_mask_transposed(scores, s, row0, col0, tile_rows, intersect(block, Range{col0, col0 + kTileN}));
-          // The tile's max per query, then E = exp2((x - max)·|scale_log2|) summed per query, and
-          // the running sums rescaled to the new max.
-          vf max_v[kVecsM], base_v[kVecsM], sum_v[kVecsM], rescale_v[kVecsM];
-          for (int v = 0; v < kVecsM; ++v) max_v[v] = load(max_tile + v * kLanes);
-          for (int64_t c = 0; c < kTileN; ++c)
-            for (int v = 0; v < kVecsM; ++v) {
-              const vf x = load(scores + c * kTileM + v * kLanes);
-              max_v[v] = x > max_v[v] ? x : max_v[v];
-            }
-          for (int v = 0; v < kVecsM; ++v) {
-            base_v[v] = max_v[v] == kNegInf ? splat(0.0f) : max_v[v];  // nothing visible yet
-            rescale_v[v] = exp2((load(max_tile + v * kLanes) - base_v[v]) * scale_log2);
-            sum_v[v] = vf{};
-          }
-          for (int64_t c = 0; c < kTileN; ++c)
-            for (int v = 0; v < kVecsM; ++v) {
-              float* x = scores + c * kTileM + v * kLanes;
-              const vf e = exp2((load(x) - base_v[v]) * scale_log2);
-              store(x, e);
-              sum_v[v] += e;
-            }
-          for (int v = 0; v < kVecsM; ++v) {
-            store(sum_tile + v * kLanes, load(sum_tile + v * kLanes) * rescale_v[v] + sum_v[v]);
-            store(max_tile + v * kLanes, max_v[v]);
-            store(delta_sum_tile + v * kLanes, load(delta_sum_tile + v * kLanes) * rescale_v[v]);
-          }
+          statistics_step(scores, max_tile, sum_tile, delta_sum_tile, scale_log2);
           if (!correct_delta) continue;
           // dP^T = V·dO^T; rowsum(E ∘ dP), per query
           tile_gemm(kTileN, kTileM, dvp, t.vb.tile(col0), t.vb.ld, t.doc.tile(row0), t.doc.ld, dprob, kTileM, false);
-          for (int v = 0; v < kVecsM; ++v) sum_v[v] = vf{};
-          for (int64_t c = 0; c < kTileN; ++c)
-            for (int v = 0; v < kVecsM; ++v)
-              sum_v[v] += load(scores + c * kTileM + v * kLanes) * load(dprob + c * kTileM + v * kLanes);
-          for (int v = 0; v < kVecsM; ++v)
-            store(delta_sum_tile + v * kLanes, load(delta_sum_tile + v * kLanes) + sum_v[v]);
+          delta_step(scores, dprob, delta_sum_tile);
         }
       }
     }
@@ -891,6 +908,52 @@ void merge_stats_parts(const Params& p, const Problem& s, RowStats& st, int64_t 
   }
 }
 
+// Own statistics (backward_chunk): the floats kept per key tile of a query tile's row: S^T, and
+// for fp16/bf16 storage dP^T after it.
+int64_t kept_tile_floats(const Problem& s) { return s.dtype == DType::fp32 ? kTileFloats : 2 * kTileFloats; }
+
+// Whether a fused item over `keys` forms its own statistics: its keys are all of the call's
+// (every key its queries see), and a query tile's row of kept tiles fits row_score_bytes.
+bool takes_own_statistics(const Problem& s, const CpuConfig& config, Range keys) {
+  const int64_t bytes = tiles(s.seqlen_k, kTileN) * kept_tile_floats(s) * int64_t(sizeof(float));
+  return keys.begin == 0 && keys.end == s.seqlen_k && s.seqlen_k > 0 && bytes <= config.row_score_bytes;
+}
+
+// Own statistics: query tile [row0, row0 + kTileM) of head h, its rows in `tile_rows`, over
+// `row_keys` (every key those rows see) in key order, as the statistics pass forms them
+// (backward_stats_chunk: the same S^T tiles, the same steps), finished into `st`. The tile row's
+// S^T tiles, as the matmul leaves them, and for fp16/bf16 storage its dP^T tiles go to t.kept,
+// key tile by key tile from align_down(row_keys.begin). Takes the fused pass's panels (K, Q^T,
+// and V, dO^T), loaded.
+template <bool kBf16>
+void own_tile_statistics(const Params& p, const Problem& s, RowStats& st, int64_t b, int64_t h, int64_t row0,
+                         Range tile_rows, Range row_keys, BackwardScratch<kBf16>& t) {
+  const bool correct_delta = s.dtype != DType::fp32;
+  const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
+  const int64_t first = align_down(row_keys.begin, kTileN), stride = kept_tile_floats(s);
+  float* kept = t.kept.reserve(std::max<int64_t>(1, tiles(row_keys.end - first, kTileN)) * stride);
+  float* scores = t.s.reserve(kTileFloats);
+  float* max_tile = t.tile_stats.reserve(3 * kTileM);
+  float* sum_tile = max_tile + kTileM;
+  float* delta_sum_tile = max_tile + 2 * kTileM;
+  std::fill_n(max_tile, kTileM, kNegInf);
+  std::fill_n(sum_tile, 2 * kTileM, 0.0f);
+  const float scale_log2 = std::abs(s.scale_log2);
+  for (int64_t col0 = first; col0 < row_keys.end; col0 += kTileN) {
+    float* tile = kept + (col0 - first) / kTileN * stride;
+    tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, tile, kTileM, false);
+    std::copy_n(tile, kTileFloats, scores);
+    sign_and_mask_transposed(scores, s, row0, col0, tile_rows, intersect(row_keys, Range{col0, col0 + kTileN}));
+    statistics_step(scores, max_tile, sum_tile, delta_sum_tile, scale_log2);
+    if (!correct_delta) continue;
+    tile_gemm(kTileN, kTileM, dvp, t.v.tile(col0), t.v.ld, t.doutt.tile(row0), t.doutt.ld, tile + kTileFloats, kTileM,
+              false);
+    delta_step(scores, tile + kTileFloats, delta_sum_tile);
+  }
+  for (int64_t r = tile_rows.begin; r < tile_rows.end; ++r)
+    finish_row_stats(p, s, st, b, h, r, max_tile[r - row0], sum_tile[r - row0], delta_sum_tile[r - row0]);
+}
+
 // dQ: every key chunk adds its share into one fp32 accumulator per call, [batch * heads][head_dim
 // padded][ld] (transposed: the fused pass computes dQ^T tiles), in a fixed order of the chunks of
 // each (batch, KV head), so that the sum is the same on every run whatever the thread count.
@@ -911,10 +974,18 @@ struct DqAccumulator {
 // whichever operand is A), so the dominant P is 1/sum exactly as in a plain softmax. dK and dV
 // have one writer (this item); the chunk's share of dQ^T is summed in scratch and added to the
 // call's accumulator when the chunk's turn comes (the `ordinal`-th chunk of this head).
+//
+// Own statistics (`own_stats`: the item's keys are every key its queries see, and a query tile's
+// row of tiles fits config.row_score_bytes): the item forms its queries' statistics itself, one
+// query tile at a time, as the statistics pass would (the same S^T tiles, the same online steps
+// in the same key order, so the same bits), keeps that tile row's S^T (and, 16-bit storage, the
+// dP^T the statistics form too), and the fused steps take them: S^T (and dP^T) formed once, not
+// twice, and the tiles still in L2.
 template <bool kBf16>
-void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, const RowStats& st, int64_t b,
+void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, RowStats& st, int64_t b,
                     int64_t kv_head, Range keys, int64_t ordinal, DqAccumulator& dq_acc,
-                    const std::atomic<bool>& abandoned, const ScoreCache* cache, BackwardScratch<kBf16>& t) {
+                    const std::atomic<bool>& abandoned, const ScoreCache* cache, bool own_stats,
+                    BackwardScratch<kBf16>& t) {
   [[maybe_unused]] const ItemTiles<kBf16> tile_session{};
   const int64_t query_block = config.query_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
@@ -955,18 +1026,32 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
       load_operand(t.doutt, p.dout, b, h, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
       // Statistics indexed from the panel's first row; rows outside the block see nothing.
       const size_t stat0 = size_t((b * s.heads + h) * s.seqlen_q);
-      for (int64_t r = t.q.first; r < t.q.first + round_up(block.end - t.q.first, kTileM); ++r) {
-        const bool in = r >= block.begin && r < block.end;
-        row_max[r - t.q.first] = in ? st.row_max[stat0 + size_t(r)] : kNegInf;
-        inv_sum[r - t.q.first] = in ? st.inv_sum[stat0 + size_t(r)] : 0.0f;
-        delta[r - t.q.first] = in ? st.delta[stat0 + size_t(r)] : 0.0f;
-      }
+      auto take_stats = [&](int64_t first, int64_t end) {
+        for (int64_t r = first; r < end; ++r) {
+          const bool in = r >= block.begin && r < block.end;
+          row_max[r - t.q.first] = in ? st.row_max[stat0 + size_t(r)] : kNegInf;
+          inv_sum[r - t.q.first] = in ? st.inv_sum[stat0 + size_t(r)] : 0.0f;
+          delta[r - t.q.first] = in ? st.delta[stat0 + size_t(r)] : 0.0f;
+        }
+      };
+      if (!own_stats) take_stats(t.q.first, t.q.first + round_up(block.end - t.q.first, kTileM));
       // Query tiles outside, key tiles inside: one query tile's four operand tiles stay in L1 while
       // the chunk's key panels and dK/dV accumulators stay in L2, instead of the whole query block
       // (four panels of up to query_block rows, more than an L2) streaming by for every key tile.
       // Each accumulator still sums its terms in the same order (dK, dV over ascending query
       // tiles; dQ^T over ascending key tiles): the result is the same bit for bit.
       for (int64_t row0 = align_down(block.begin, kTileM); row0 < block.end; row0 += kTileM) {
+        // Own statistics: the tile row's S^T (and dP^T) kept from here, key tiles from kept_first.
+        const Range tile_rows = intersect(block, Range{row0, row0 + kTileM});
+        const Range row_keys = s.mask.keys(tile_rows);
+        const int64_t kept_first = align_down(row_keys.begin, kTileN);
+        if (own_stats) {
+          if (!k_loaded) load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
+          if (!qt_loaded) load_operand(t.qt, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+          k_loaded = qt_loaded = true;
+          own_tile_statistics(p, s, st, b, h, row0, tile_rows, row_keys, t);
+          take_stats(row0, row0 + kTileM);
+        }
         for (int64_t col0 = keys.begin; col0 < keys.end; col0 += kTileN) {
           const Range tile_keys{col0, std::min(col0 + kTileN, keys.end)};
           const Range tile_queries = s.mask.queries(block, tile_keys);
@@ -975,7 +1060,12 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
           if (row0 < align_down(tile_queries.begin, kTileM) || row0 >= tile_queries.end) continue;
           const int64_t stat = row0 - t.q.first;
           // S^T = K·Q^T  [kTileN keys, kTileM queries] (or as the statistics pass kept it); P^T
-          if (const float* kept = cache ? cache->find(b * s.heads + h, col0, row0) : nullptr) {
+          const float* kept_dprob = nullptr;
+          if (own_stats) {
+            const float* kept = t.kept.get() + (col0 - kept_first) / kTileN * kept_tile_floats(s);
+            std::copy_n(kept, kTileFloats, scores);
+            if (s.dtype != DType::fp32) kept_dprob = kept + kTileFloats;
+          } else if (const float* kept = cache ? cache->find(b * s.heads + h, col0, row0) : nullptr) {
             std::copy_n(kept, kTileFloats, scores);
           } else {
             if (!k_loaded) load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
@@ -988,9 +1078,11 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
           // unrounded P, so that it is rounded once, not twice)
           tile_gemm(kTileN, dvp, kTileM, tile_operand<kBf16>(scores, t.operand, s.tf32), kTileM, t.dout.tile(row0),
                     t.dout.ld, dv_tile, dvp, true);
-          // dP^T = V·dO^T; dS^T = P^T ∘ (dP^T - Δ)
-          tile_gemm(kTileN, kTileM, dvp, t.v.tile(col0), t.v.ld, t.doutt.tile(row0), t.doutt.ld, dprob, kTileM, false);
-          score_gradient(scores, dprob, delta + stat, true);
+          // dP^T = V·dO^T (or as the statistics kept it); dS^T = P^T ∘ (dP^T - Δ)
+          if (!kept_dprob)
+            tile_gemm(kTileN, kTileM, dvp, t.v.tile(col0), t.v.ld, t.doutt.tile(row0), t.doutt.ld, dprob, kTileM,
+                      false);
+          score_gradient(scores, kept_dprob ? kept_dprob : dprob, delta + stat, true);
           if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
           // dK += dS^T·Q
           tile_gemm(kTileN, dp, kTileM, tile_operand<kBf16>(scores, t.operand), kTileM, t.q.tile(row0), t.q.ld, dk_tile,
@@ -1074,12 +1166,15 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
   // position or, `reversed`, last chunk first; the body gets the chunk's rank in that order. The
   // chunk size is computed for `chunk_threads` threads: the fused backward's dQ sums depend on how
   // the keys are cut, so it passes a count that does not vary with the threads asked for.
-  auto for_chunks = [&](auto length_of, int64_t tile, int chunk_threads, bool reversed, auto&& body) {
+  // `whole[c]`: call c's heads may be single chunks (chunk_tiles); empty: none.
+  auto for_chunks = [&](auto length_of, int64_t tile, int chunk_threads, bool reversed, const std::vector<char>& whole,
+                        auto&& body) {
     std::vector<int64_t> per_chunk(static_cast<size_t>(count)), chunks(static_cast<size_t>(count)), items(static_cast<size_t>(count));
     for (size_t c = 0; c < size_t(count); ++c) {
       const Problem& s = problems[c];
       const int64_t length = length_of(s);
-      per_chunk[c] = chunk_tiles(tiles(length, tile), heads_total, chunk_threads, config) * tile;
+      per_chunk[c] = chunk_tiles(tiles(length, tile), heads_total, chunk_threads, config, !whole.empty() && whole[c]) *
+                     tile;
       chunks[c] = tiles(length, per_chunk[c]);
     }
     for (size_t i = 0; i < order.size(); ++i) items[i] = problems[order[i]].batch * problems[order[i]].kv_heads * chunks[order[i]];
@@ -1148,7 +1243,7 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
       else forward_chunk<false>(p, s, config, b, kv_head, rows, keys, part, scratch);
     };
     if (parts == 1) {
-      for_chunks(seqlen_q, kTileM, threads, false,
+      for_chunks(seqlen_q, kTileM, threads, false, {},
                  [&](const Params& p, const Problem& s, size_t, int64_t b, int64_t kv_head, Range rows,
                      int64_t) { run(p, s, b, kv_head, rows, Range{0, s.seqlen_k}, nullptr); });
       return Status::success();
@@ -1209,14 +1304,26 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     }
   }
   auto cache_of = [&](size_t c) { return keep_scores ? &caches[c] : nullptr; };
+  // The fused pass's key chunks (for_chunks below, sized for hardware_threads()): a call whose
+  // items each span all its keys forms its statistics there (takes_own_statistics), and the
+  // statistics pass leaves it out.
+  std::vector<char> own_stats(static_cast<size_t>(count), 0), whole(static_cast<size_t>(count), 0);
+  for (size_t c = 0; c < size_t(count) && parts == 1 && !keep_scores; ++c) {
+    const Problem& s = problems[c];
+    whole[c] = takes_own_statistics(s, config, Range{0, s.seqlen_k});
+    const int64_t per_chunk =
+        chunk_tiles(tiles(s.seqlen_k, kTileN), heads_total, hardware_threads(), config, whole[c]) * kTileN;
+    own_stats[c] = whole[c] && per_chunk >= s.seqlen_k;
+  }
   std::atomic<bool> abandoned{false};
   auto backward = [&](auto bf16_tag) {
     constexpr bool kBf16 = decltype(bf16_tag)::value;
     // The statistics first: the fused pass forms P from them.
     if (parts == 1) {
-      for_chunks(seqlen_q, kTileM, threads, false,
+      for_chunks(seqlen_q, kTileM, threads, false, {},
                  [&](const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows,
                      int64_t) {
+                   if (own_stats[c]) return;
                    backward_stats_chunk<kBf16>(p, s, config, stats[c], b, kv_head, rows, Range{0, s.seqlen_k},
                                                nullptr, cache_of(c), thread_scratch<BackwardScratch<kBf16>>());
                  });
@@ -1236,12 +1343,12 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     }
     // Key chunks run last first: under a causal mask the last keys see the fewest queries, so the
     // lighter chunks come first and a chunk rarely waits for its turn behind a heavier one.
-    for_chunks(seqlen_k, kTileN, hardware_threads(), true,
+    for_chunks(seqlen_k, kTileN, hardware_threads(), true, whole,
                [&](const Params& p, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range keys,
                    int64_t rank) {
                  try {
                    backward_chunk<kBf16>(p, s, config, stats[c], b, kv_head, keys, rank, dq[c], abandoned,
-                                         cache_of(c), thread_scratch<BackwardScratch<kBf16>>());
+                                         cache_of(c), own_stats[c] != 0, thread_scratch<BackwardScratch<kBf16>>());
                  } catch (...) {
                    abandoned.store(true);  // the chunks after this one would wait for it forever
                    throw;
