@@ -202,13 +202,19 @@ void sign_and_mask_row(float* s, float sign, int64_t col0, Range visible, bool f
 constexpr int64_t kItemsPerThread = 4;  // dynamic scheduling slack
 static_assert(kTileM == 64 && kTileN == 64, "cpu_config.h's blocks are multiples of 64");
 
-// `whole`: where the heads alone give every thread its items, a head is one chunk whatever its
-// length (the fused backward then forms its own statistics: takes_own_statistics).
+// `whole`: a head may be one chunk whatever its length (the fused backward then forms its own
+// statistics, takes_own_statistics, and saves a sixth to two sevenths of its matmuls), which it is
+// where the heads alone give every thread its items: kItemsPerThread of them, or one or more each
+// with the threads busy for at least kWholeHeadBalance of the rounds they take.
+constexpr double kWholeHeadBalance = 0.85;
+
 int64_t chunk_tiles(int64_t tiles_per_head, int64_t heads_total, int threads, const CpuConfig& config,
                     bool whole = false) {
   const int64_t wanted = kItemsPerThread * threads;
   const int64_t chunks_per_head = std::max<int64_t>(1, (wanted + heads_total - 1) / std::max<int64_t>(heads_total, 1));
-  if (whole && chunks_per_head == 1) return std::max<int64_t>(1, tiles_per_head);
+  const int64_t rounds = (heads_total + threads - 1) / threads;
+  const bool balanced = heads_total >= threads && double(heads_total) >= kWholeHeadBalance * double(rounds * threads);
+  if (whole && (chunks_per_head == 1 || balanced)) return std::max<int64_t>(1, tiles_per_head);
   return std::clamp<int64_t>((tiles_per_head + chunks_per_head - 1) / chunks_per_head, 1, config.max_chunk_tiles);
 }
 
