@@ -216,6 +216,24 @@ TEST_P(CpuPath, ShortCallsBackwardMatchesOracleOnBothSidesOfTheScoreBudget) {
   }
 }
 
+// The backward of `c` under the default configuration and under `recompute` (a separate
+// statistics pass, S^T formed again by the fused pass, 8-tile key chunks): the same bits for dK and
+// dV, and for dQ where `same_dq` (its sum follows how the keys are cut into chunks).
+void expect_the_bits_of_recompute(CaseSpec c, bool same_dq) {
+  c.seed = fresh_seed();
+  Harness default_run(c, Device{});
+  ASSERT_TRUE(default_run.run_once().ok());
+  setenv("FMHA_CPU_CONFIG", "recompute", 1);
+  Harness recomputed(c, Device{});
+  const Status s = recomputed.run_once();
+  unsetenv("FMHA_CPU_CONFIG");
+  ASSERT_TRUE(s.ok()) << s.message;
+  const Params a = default_run.params(), b = recomputed.params();
+  if (same_dq) EXPECT_EQ(tensor_bytes(a.dq), tensor_bytes(b.dq)) << "dq\n  " << describe(c);
+  EXPECT_EQ(tensor_bytes(a.dk), tensor_bytes(b.dk)) << "dk\n  " << describe(c);
+  EXPECT_EQ(tensor_bytes(a.dv), tensor_bytes(b.dv)) << "dv\n  " << describe(c);
+}
+
 // A kept tile is the matmul's output as the fused pass forms it: the gradients are the same bits
 // whether the call keeps its tiles or (variant `recompute`) forms them again.
 TEST_P(CpuPath, ShortCallsKeptScoresGiveTheBitsOfRecomputedOnes) {
@@ -223,19 +241,7 @@ TEST_P(CpuPath, ShortCallsKeptScoresGiveTheBitsOfRecomputedOnes) {
   for (const ShortCall& shape : kShortCalls) {
     if (!shape.kept) continue;
     SCOPED_TRACE(shape.name);
-    CaseSpec c = short_call_case(shape);
-    c.seed = fresh_seed();
-    Harness kept(c, Device{});
-    ASSERT_TRUE(kept.run_once().ok());
-    setenv("FMHA_CPU_CONFIG", "recompute", 1);
-    Harness recomputed(c, Device{});
-    const Status s = recomputed.run_once();
-    unsetenv("FMHA_CPU_CONFIG");
-    ASSERT_TRUE(s.ok()) << s.message;
-    const Params a = kept.params(), b = recomputed.params();
-    EXPECT_EQ(tensor_bytes(a.dq), tensor_bytes(b.dq)) << "dq\n  " << describe(c);
-    EXPECT_EQ(tensor_bytes(a.dk), tensor_bytes(b.dk)) << "dk\n  " << describe(c);
-    EXPECT_EQ(tensor_bytes(a.dv), tensor_bytes(b.dv)) << "dv\n  " << describe(c);
+    expect_the_bits_of_recompute(short_call_case(shape), true);
   }
 }
 
@@ -245,46 +251,23 @@ TEST_P(CpuPath, ShortCallsKeptScoresGiveTheBitsOfRecomputedOnes) {
 // dV, whose sums do not depend on how the keys are cut, and for dQ where the keys are one chunk
 // either way (at most 8 tiles; on a machine with more threads than these heads can keep busy,
 // both variants cut the keys alike and every output must match).
-struct OwnStatsCall {
-  const char* name;
-  int64_t batch, heads, kv_heads, sq, sk, head_dim;
-  Causal causal;
-  int64_t window_left, q_offset;
-  DType dtype;
-};
-
-const OwnStatsCall kOwnStatsCalls[] = {
-    {"fp32_gqa_causal", 4, 16, 8, 65, 260, 32, Causal::bottom_right, -1, 0, DType::fp32},     // 640 tiles
-    {"bf16_gqa_causal", 4, 16, 8, 65, 260, 32, Causal::bottom_right, -1, 0, DType::bf16},
-    {"fp16_window_offset", 4, 16, 16, 70, 300, 32, Causal::top_left, 70, -30, DType::fp16},  // 640 tiles
-    {"fp32_long_keys", 2, 8, 8, 65, 1100, 32, Causal::none, -1, 0, DType::fp32},  // 18 key tiles: one chunk
-    {"bf16_long_keys", 2, 8, 8, 65, 1100, 32, Causal::none, -1, 0, DType::bf16},  // here, three in `recompute`
+const ShortCall kOwnStatsCalls[] = {
+    {"fp32_gqa_causal", 4, 16, 8, 65, 260, 32, Causal::bottom_right, -1, 0, DType::fp32, false},     // 640 tiles
+    {"bf16_gqa_causal", 4, 16, 8, 65, 260, 32, Causal::bottom_right, -1, 0, DType::bf16, false},
+    {"fp16_window_offset", 4, 16, 16, 70, 300, 32, Causal::top_left, 70, -30, DType::fp16, false},  // 640 tiles
+    // 18 key tiles: one chunk a head here, three under `recompute`
+    {"fp32_long_keys", 2, 8, 8, 65, 1100, 32, Causal::none, -1, 0, DType::fp32, false},
+    {"bf16_long_keys", 2, 8, 8, 65, 1100, 32, Causal::none, -1, 0, DType::bf16, false},
 };
 
 TEST_P(CpuPath, BackwardWithOwnStatisticsMatchesOracleAndTheStatisticsPass) {
   FORCE_CPU_PATH_OR_SKIP(GetParam());
-  for (const OwnStatsCall& shape : kOwnStatsCalls) {
+  for (const ShortCall& shape : kOwnStatsCalls) {
     SCOPED_TRACE(shape.name);
-    CaseSpec c = base_case();
-    c.batch = shape.batch, c.heads = shape.heads, c.kv_heads = shape.kv_heads;
-    c.seqlen_q = shape.sq, c.seqlen_k = shape.sk, c.head_dim = shape.head_dim;
-    c.causal = shape.causal, c.window_left = shape.window_left, c.q_offset = shape.q_offset;
-    c.dtype = shape.dtype;
-    c.mode = Direction::backward;
-    ASSERT_GT(c.batch * c.heads * ((c.seqlen_q + 63) / 64) * ((c.seqlen_k + 63) / 64), 512) << "under the score budget";
+    ASSERT_GT(score_tiles(shape), 512) << "under the score budget";
+    const CaseSpec c = short_call_case(shape);
     run_and_check(c);
-    c.seed = fresh_seed();
-    Harness own(c, Device{});
-    ASSERT_TRUE(own.run_once().ok());
-    setenv("FMHA_CPU_CONFIG", "recompute", 1);
-    Harness pass(c, Device{});
-    const Status s = pass.run_once();
-    unsetenv("FMHA_CPU_CONFIG");
-    ASSERT_TRUE(s.ok()) << s.message;
-    const Params a = own.params(), b = pass.params();
-    if (c.seqlen_k <= 512) EXPECT_EQ(tensor_bytes(a.dq), tensor_bytes(b.dq)) << "dq\n  " << describe(c);
-    EXPECT_EQ(tensor_bytes(a.dk), tensor_bytes(b.dk)) << "dk\n  " << describe(c);
-    EXPECT_EQ(tensor_bytes(a.dv), tensor_bytes(b.dv)) << "dv\n  " << describe(c);
+    expect_the_bits_of_recompute(c, c.seqlen_k <= 512);
   }
 }
 
