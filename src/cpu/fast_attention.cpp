@@ -1065,12 +1065,13 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
           float* dv_tile = dv + (col0 - keys.begin) * dvp;
           if (row0 < align_down(tile_queries.begin, kTileM) || row0 >= tile_queries.end) continue;
           const int64_t stat = row0 - t.q.first;
-          // S^T = K·Q^T  [kTileN keys, kTileM queries] (or as the statistics pass kept it); P^T
+          // S^T = K·Q^T  [kTileN keys, kTileM queries] (or as the statistics kept it: an own
+          // statistics tile then becomes P^T and dS^T in place, these steps being its last use); P^T
+          float* tile = scores;
           const float* kept_dprob = nullptr;
           if (own_stats) {
-            const float* kept = t.kept.get() + (col0 - kept_first) / kTileN * kept_tile_floats(s);
-            std::copy_n(kept, kTileFloats, scores);
-            if (s.dtype != DType::fp32) kept_dprob = kept + kTileFloats;
+            tile = t.kept.get() + (col0 - kept_first) / kTileN * kept_tile_floats(s);
+            if (s.dtype != DType::fp32) kept_dprob = tile + kTileFloats;
           } else if (const float* kept = cache ? cache->find(b * s.heads + h, col0, row0) : nullptr) {
             std::copy_n(kept, kTileFloats, scores);
           } else {
@@ -1079,23 +1080,23 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
             k_loaded = qt_loaded = true;
             tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
           }
-          probabilities(scores, s, row0, col0, block, tile_keys, row_max + stat, inv_sum + stat);
+          probabilities(tile, s, row0, col0, block, tile_keys, row_max + stat, inv_sum + stat);
           // dV += P^T·dO (P rounded to the operand format in a copy: dS below is formed from the
           // unrounded P, so that it is rounded once, not twice)
-          tile_gemm(kTileN, dvp, kTileM, tile_operand<kBf16>(scores, t.operand, s.tf32), kTileM, t.dout.tile(row0),
+          tile_gemm(kTileN, dvp, kTileM, tile_operand<kBf16>(tile, t.operand, s.tf32), kTileM, t.dout.tile(row0),
                     t.dout.ld, dv_tile, dvp, true);
           // dP^T = V·dO^T (or as the statistics kept it); dS^T = P^T ∘ (dP^T - Δ)
           if (!kept_dprob)
             tile_gemm(kTileN, kTileM, dvp, t.v.tile(col0), t.v.ld, t.doutt.tile(row0), t.doutt.ld, dprob, kTileM,
                       false);
-          score_gradient(scores, kept_dprob ? kept_dprob : dprob, delta + stat, true);
-          if (!kBf16 && s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
+          score_gradient(tile, kept_dprob ? kept_dprob : dprob, delta + stat, true);
+          if (!kBf16 && s.tf32) round_tile_to_tf32(tile, kTileN * kTileM);
           // dK += dS^T·Q
-          tile_gemm(kTileN, dp, kTileM, tile_operand<kBf16>(scores, t.operand), kTileM, t.q.tile(row0), t.q.ld, dk_tile,
+          tile_gemm(kTileN, dp, kTileM, tile_operand<kBf16>(tile, t.operand), kTileM, t.q.tile(row0), t.q.ld, dk_tile,
                     dp, true);
           // dQ^T += K^T·dS^T  [dq_rows, kTileM queries]
           int64_t ds_ld = 0;
-          const auto ds = tile_b_operand<kBf16>(scores, t.b_operand, ds_ld);
+          const auto ds = tile_b_operand<kBf16>(tile, t.b_operand, ds_ld);
           tile_gemm(dq_rows, kTileM, kTileN, t.kt.tile(col0), t.kt.ld, ds, ds_ld, dq_head + (row0 - dq_first), dq_ld,
                     true);
         }
