@@ -6,6 +6,10 @@
 #             of at most TEST_TIMEOUT s each                                          -> tests.log
 #   sanitize  memcheck and racecheck over SANITIZE_FILTER                              -> sanitize.log
 #   amx       the CPU suite's AMX cases with FMHA_CPU_ISA=amxbf16 (on a CPU with AMX)   -> amx.log
+#   cputorch  the CPU-only Python module (build-py), then bench/compare_torch_cpu.py on the
+#             machine's cores, CPU_SETS (default long) -> cpu/compare_torch_cpu.csv, cputorch.log
+#   pytorch   pip install . (HEAD_DIMS, ARCHS), then bench/compare_varlen.py and the package's
+#             CUDA tests (pytest -k cuda)                                     -> varlen.log, pytest.log
 #   profile   scripts/gpu_profile.sh with PROFILE_CASES                                -> ncu_*
 #   bench     the groups in BENCHES: fa-fwd, fa-bwd (sm90, bf16), seed (every tier), varlen (sm90),
 #             merge, decode; BENCH_EXTRA: more `fmha bench` argument lines, one per line -> bench.txt
@@ -70,6 +74,28 @@ if want amx; then
     --gtest_filter='CpuPaths.*:CpuAmxGemm.*:*amxbf16*:Fuzz/CpuFuzz.*:Varlen.*:Semantics.*' >> "$OUT/amx.log" 2>&1 ||
     status=1
   grep -E "^\[  PASSED|^\[  FAILED|tests? from .* ran" "$OUT/amx.log" | head
+fi
+
+if want cputorch; then
+  step "CPU beside PyTorch -> cputorch.log"
+  (cmake -S . -B build-py -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA=OFF -DFMHA_PYTHON=ON \
+     -DFMHA_BUILD_TESTS=OFF -DFMHA_BUILD_CLI=OFF && ninja -C build-py -j"$(nproc)") > "$OUT/cputorch_build.log" 2>&1 ||
+    { tail -20 "$OUT/cputorch_build.log"; status=1; }
+  PKG=$(mktemp -d); mkdir -p "$PKG/fmha"; cp python/fmha/*.py "$PKG/fmha/"; find build-py -name "_C*.so" -exec cp {} "$PKG/fmha/" \;
+  PYTHONPATH=$PKG timeout 300 python3 bench/compare_torch_cpu.py --set "${CPU_SETS:-long}" --rounds 3 \
+    --threads "$(nproc)" --out "$OUT/cpu" > "$OUT/cputorch.log" 2>&1 || status=1
+  tail -15 "$OUT/cputorch.log"
+fi
+
+if want pytorch; then
+  step "pip install ., compare_varlen, pytest -k cuda -> varlen.log, pytest.log"
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install -q --no-build-isolation --no-deps . \
+    -C cmake.define.FMHA_CUDA_ARCHS="${ARCHS:-90}" -C cmake.define.FMHA_HEAD_DIMS="${HEAD_DIMS:-32;64;128}" \
+    > "$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; exit 1; }
+  timeout 200 python3 bench/compare_varlen.py --out "$OUT/varlen" > "$OUT/varlen.log" 2>&1 || status=1
+  tail -12 "$OUT/varlen.log"
+  timeout 200 python3 -m pytest tests/python -q -rs -p no:cacheprovider -k cuda > "$OUT/pytest.log" 2>&1 || status=1
+  tail -3 "$OUT/pytest.log"
 fi
 
 if want profile; then
