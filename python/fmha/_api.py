@@ -172,14 +172,15 @@ def _with_workspace(adapter, like, run):
         run(adapter.workspace(like, needed))
 
 
-def _call_forward(adapter, q, k, v, out, lse, options, stream_handle, varlen=None):
-    """The forward through the extension; returns out (and lse where one was given), wrapped."""
+def _call_forward(adapter, q, k, v, out, lse, options, stream_handle, tables=None):
+    """The forward through the extension; returns out (and lse where one was given), wrapped.
+    tables: the extension's keyword arguments beyond a dense call's (_TABLE_ARGS and the lengths)."""
     export = adapter.export
 
     def run(workspace):
         args = (export(q), export(k), export(v), export(out), None if lse is None else export(lse),
                 None if workspace is None else export(workspace))
-        return _C.forward(*args, options, adapter.raw_bf16, **_exported(varlen, export))
+        return _C.forward(*args, options, adapter.raw_bf16, **_exported(tables, export))
 
     _with_workspace(adapter, q, run)
     adapter.finish(stream_handle)
@@ -188,13 +189,13 @@ def _call_forward(adapter, q, k, v, out, lse, options, stream_handle, varlen=Non
     return adapter.wrap(out)
 
 
-def _call_backward(adapter, inputs, grads, options, stream_handle, varlen=None):
+def _call_backward(adapter, inputs, grads, options, stream_handle, tables=None):
     """The backward through the extension: inputs (q, k, v, out, dout, lse), grads (dq, dk, dv)."""
     export = adapter.export
 
     def run(workspace):
         args = tuple(export(x) for x in inputs + grads) + (None if workspace is None else export(workspace),)
-        return _C.backward(*args, options, adapter.raw_bf16, **_exported(varlen, export))
+        return _C.backward(*args, options, adapter.raw_bf16, **_exported(tables, export))
 
     _with_workspace(adapter, inputs[0], run)
     adapter.finish(stream_handle)

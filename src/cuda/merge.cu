@@ -1,5 +1,5 @@
 // fmha::merge on CUDA tensors: a memory-bound kernel. Rows of one storage format made of aligned
-// 16-byte vectors take the vector kernel (a row's lanes load and store 16 bytes each); any other
+// 16-byte vectors take the vector kernel (a row's lanes load and store a vector each); any other
 // view the element kernel, one warp per (batch, row, head) row of the output, lanes striding over
 // head_dim_v so that loads and stores are coalesced. The per-row
 // weights are common/merge.h's, the same function the CPU path calls. The decode kernel's split
@@ -96,14 +96,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_kernel(const MergeArgs
   }
 }
 
-// The same merge 16 bytes a lane (8 fp16/bf16 or 4 fp32 values), for the common case of one
-// storage format, whole 16-byte vectors per row and 16-byte aligned rows: a row takes
-// kLanesPerRow lanes of one warp (the smallest power of two that covers its vectors, at most a
-// warp, which then loops), so a warp merges 32 / kLanesPerRow rows at a time. A row's lanes all
-// read both LSEs before its first lane writes the merged one (lse may be lse_a or lse_b).
+// The same merge a vector of kVectorBytes a lane (8 fp16/bf16 or 4 fp32 values), for the common
+// case of one storage format, whole vectors per row and vector-aligned rows: a row takes
+// `lanes_per_row` lanes of one warp (the smallest power of two that covers its vectors, at most a
+// warp, which then loops), so a warp merges kWarpSize / lanes_per_row rows at a time. A row's lanes
+// all read both LSEs before its first lane writes the merged one (lse may be lse_a or lse_b).
+constexpr int kVectorBytes = int(sizeof(uint4));
+
 template <class T>
 struct Vector16 {
-  static constexpr int kValues = 16 / int(sizeof(T));
+  static constexpr int kValues = kVectorBytes / int(sizeof(T));
   __device__ static void to_float(const uint4& raw, float (&x)[kValues]) {
     const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
@@ -175,13 +177,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_vector_kernel(const Me
   }
 }
 
-// Whether every row of `t` starts on a 16-byte boundary and holds whole 16-byte vectors.
+// Whether every row of `t` starts on a vector boundary and holds whole vectors.
 bool rows_of_vectors(const Tensor& t, int64_t head_dim_v) {
-  const int64_t bytes = dtype_size(t.dtype);
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || (head_dim_v * bytes) % 16 != 0) return false;
+  const int64_t bytes = int64_t(dtype_size(t.dtype));
+  if (reinterpret_cast<uintptr_t>(t.data) % kVectorBytes != 0 || (head_dim_v * bytes) % kVectorBytes != 0) return false;
   if (t.rank != 4 || t.stride[3] != 1) return false;
   for (int d = 0; d < 3; ++d)
-    if ((t.stride[d] * bytes) % 16 != 0) return false;
+    if ((t.stride[d] * bytes) % kVectorBytes != 0) return false;
   return true;
 }
 
@@ -276,7 +278,7 @@ Status cuda_merge(const MergeRows& m, void* stream) {
                        rows_of_vectors(m.out_a, a.head_dim_v) && rows_of_vectors(m.out_b, a.head_dim_v);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (vectors) {
-    const int64_t row_vectors = a.head_dim_v * int64_t(dtype_size(dtype)) / 16;
+    const int64_t row_vectors = a.head_dim_v * int64_t(dtype_size(dtype)) / kVectorBytes;
     int lanes = 1;
     while (lanes < kWarpSize && lanes < row_vectors) lanes *= 2;
     const int64_t rows_per_block = int64_t(kWarpsPerBlock) * (kWarpSize / lanes);
