@@ -348,7 +348,7 @@ def test_tables_are_exported_afresh_when_a_call_runs_twice(monkeypatch):
     """A DLPack capsule is consumed by the call that imports it, and a GPU call runs twice (its
     workspace size first, then the call): each run must export the sequence tables and a KV
     cache's tables again, as it does the tensors. Here every export makes a capsule and the
-    extension, stubbed, asks for a workspace once per call."""
+    extension, replaced by a fake, asks for a workspace once per call."""
     import fmha._api as api
     from fmha._frameworks import NumpyAdapter
 
