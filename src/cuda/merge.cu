@@ -61,6 +61,25 @@ __device__ __forceinline__ void store(const RowView& v, int64_t index, float x) 
   }
 }
 
+// A row index r of [B, S, H] (h fastest) or [B, H, S] (s fastest) as (b, s, h). The divisions are
+// 32-bit where the indices fit (every practical call): a 64-bit one is a subroutine of ~70
+// instructions, which bounds a kernel that moves a few vectors a row.
+struct RowIndex {
+  int64_t b, s, h;
+};
+template <bool LSE_ORDER>
+__device__ __forceinline__ RowIndex row_index(int64_t r, int64_t seqlen, int64_t heads) {
+  const int64_t inner = LSE_ORDER ? seqlen : heads, outer = LSE_ORDER ? heads : seqlen;
+  int64_t i, j, b;
+  if (((r | inner | outer) >> 32) == 0) {
+    const uint32_t r32 = uint32_t(r), rest = r32 / uint32_t(inner);
+    i = r32 - rest * uint32_t(inner), j = rest % uint32_t(outer), b = rest / uint32_t(outer);
+  } else {
+    i = r % inner, j = (r / inner) % outer, b = r / (inner * outer);
+  }
+  return LSE_ORDER ? RowIndex{b, i, j} : RowIndex{b, j, i};
+}
+
 __device__ __forceinline__ int64_t out_offset(const RowView& v, int64_t b, int64_t s, int64_t h) {
   return b * v.stride[0] + s * v.stride[1] + h * v.stride[2];
 }
@@ -82,7 +101,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_kernel(const MergeArgs
   const int lane = int(threadIdx.x) % kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * kWarpsPerBlock;
   for (int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize; r < a.rows; r += warps) {
-    const int64_t h = r % a.heads, s = (r / a.heads) % a.seqlen, b = r / (a.heads * a.seqlen);
+    const auto [b, s, h] = row_index<false>(r, a.seqlen, a.heads);
     // Every lane reads both LSEs before lane 0 writes the merged one: lse may be lse_a or lse_b.
     const float lse_a = static_cast<const float*>(a.lse_a.data)[lse_offset(a.lse_a, b, s, h)];
     const float lse_b = static_cast<const float*>(a.lse_b.data)[lse_offset(a.lse_b, b, s, h)];
@@ -96,12 +115,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_kernel(const MergeArgs
   }
 }
 
-// The same merge a vector of kVectorBytes a lane (8 fp16/bf16 or 4 fp32 values), for the common
-// case of one storage format, whole vectors per row and vector-aligned rows: a row takes
-// `lanes_per_row` lanes of one warp (the smallest power of two that covers its vectors, at most a
-// warp, which then loops), so a warp merges kWarpSize / lanes_per_row rows at a time. A row's lanes
-// all read both LSEs before its first lane writes the merged one (lse may be lse_a or lse_b).
+// The same merge in vectors of kVectorBytes (8 fp16/bf16 or 4 fp32 values), for the common case
+// of one storage format, whole vectors per row and vector-aligned rows. A lane takes up to
+// kVectorsPerLane vectors of a row per round, loads all of them before it uses any (more bytes in
+// flight per thread), and a row takes `lanes_per_row` lanes of one warp (the smallest power of two
+// that covers its vectors in one round, at most a warp, which then loops), so a warp merges
+// kWarpSize / lanes_per_row rows at a time. A row's lanes all read both LSEs before its first
+// lane writes the merged one (lse may be lse_a or lse_b).
 constexpr int kVectorBytes = int(sizeof(uint4));
+constexpr int kVectorsPerLane = 2;
 
 template <class T>
 struct Vector16 {
@@ -126,6 +148,21 @@ struct Vector16 {
     }
     return raw;
   }
+  // weight_a · a + weight_b · b, a side of weight 0 not used (it may hold NaN).
+  __device__ static uint4 merge(const MergeWeights& w, const uint4& raw_a, const uint4& raw_b) {
+    float x[kValues] = {}, y[kValues];
+    if (w.a != 0.f) {
+      to_float(raw_a, y);
+#pragma unroll
+      for (int i = 0; i < kValues; ++i) x[i] = w.a * y[i];
+    }
+    if (w.b != 0.f) {
+      to_float(raw_b, y);
+#pragma unroll
+      for (int i = 0; i < kValues; ++i) x[i] += w.b * y[i];
+    }
+    return from_float(x);
+  }
 };
 
 template <class T>
@@ -135,6 +172,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_vector_kernel(const Me
   const int rows_per_warp = kWarpSize / lanes_per_row;
   const int sub = lane % lanes_per_row;
   const int64_t vectors = a.head_dim_v / V::kValues;
+  const int64_t round = int64_t(lanes_per_row) * kVectorsPerLane;  // vectors of a row per round
   const int64_t step = int64_t(gridDim.x) * kWarpsPerBlock * rows_per_warp;
   // Warp-uniform trip count: lanes past the last row still reach the __syncwarp.
   for (int64_t first = (int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize) * rows_per_warp;
@@ -142,7 +180,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_vector_kernel(const Me
     const int64_t r = first + lane / lanes_per_row;
     const bool live = r < a.rows;
     // Rows in LSE order ([B, H, S]: s fastest), so that neighbouring rows share LSE sectors.
-    const int64_t s = r % a.seqlen, h = (r / a.seqlen) % a.heads, b = r / (a.heads * a.seqlen);
+    const auto [b, s, h] = row_index<true>(live ? r : 0, a.seqlen, a.heads);
     MergeWeights w{};
     if (live) {
       const float lse_a = static_cast<const float*>(a.lse_a.data)[lse_offset(a.lse_a, b, s, h)];
@@ -150,26 +188,26 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_vector_kernel(const Me
       const uint4* row_a = reinterpret_cast<const uint4*>(static_cast<const T*>(a.out_a.data) + out_offset(a.out_a, b, s, h));
       const uint4* row_b = reinterpret_cast<const uint4*>(static_cast<const T*>(a.out_b.data) + out_offset(a.out_b, b, s, h));
       uint4* row = reinterpret_cast<uint4*>(static_cast<T*>(a.out.data) + out_offset(a.out, b, s, h));
-      // The first vectors are loaded beside the LSEs, before the weights say whether they count
-      // (a side of weight 0 is read, in bounds, but never used): one memory latency a row, not two.
-      int64_t v = sub;
-      uint4 raw_a{}, raw_b{};
-      if (v < vectors) raw_a = row_a[v], raw_b = row_b[v];
+      // A round's vectors are loaded before they are used; the first round's beside the LSEs,
+      // before the weights say whether they count (a side of weight 0 is read, in bounds, but
+      // never used): one memory latency a row, not two.
+      uint4 raw_a[kVectorsPerLane], raw_b[kVectorsPerLane];
+      auto load_round = [&](int64_t v0) {
+#pragma unroll
+        for (int u = 0; u < kVectorsPerLane; ++u) {
+          const int64_t v = v0 + int64_t(u) * lanes_per_row;
+          if (v < vectors) raw_a[u] = row_a[v], raw_b[u] = row_b[v];
+        }
+      };
+      load_round(sub);
       w = merge_weights(lse_a, lse_b);
-      for (; v < vectors; v += lanes_per_row) {
-        float x[V::kValues] = {}, y[V::kValues];
-        if (w.a != 0.f) {
-          V::to_float(raw_a, y);
+      for (int64_t v0 = sub; v0 < vectors; v0 += round) {
 #pragma unroll
-          for (int i = 0; i < V::kValues; ++i) x[i] = w.a * y[i];
+        for (int u = 0; u < kVectorsPerLane; ++u) {
+          const int64_t v = v0 + int64_t(u) * lanes_per_row;
+          if (v < vectors) row[v] = V::merge(w, raw_a[u], raw_b[u]);
         }
-        if (w.b != 0.f) {
-          V::to_float(raw_b, y);
-#pragma unroll
-          for (int i = 0; i < V::kValues; ++i) x[i] += w.b * y[i];
-        }
-        row[v] = V::from_float(x);
-        if (v + lanes_per_row < vectors) raw_a = row_a[v + lanes_per_row], raw_b = row_b[v + lanes_per_row];
+        if (v0 + round < vectors) load_round(v0 + round);
       }
     }
     __syncwarp();
@@ -203,7 +241,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_splits_kernel(const Sp
   const int lane = int(threadIdx.x) % kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * kWarpsPerBlock;
   for (int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize; r < a.rows; r += warps) {
-    const int64_t h = r % a.heads, s = (r / a.heads) % a.seqlen, b = r / (a.heads * a.seqlen);
+    const auto [b, s, h] = row_index<false>(r, a.seqlen, a.heads);
     float acc[kSplitValuesPerLane] = {};
     float acc_lse = -INFINITY;
     for (int64_t split = 0; split < a.splits; ++split) {
@@ -280,7 +318,7 @@ Status cuda_merge(const MergeRows& m, void* stream) {
   if (vectors) {
     const int64_t row_vectors = a.head_dim_v * int64_t(dtype_size(dtype)) / kVectorBytes;
     int lanes = 1;
-    while (lanes < kWarpSize && lanes < row_vectors) lanes *= 2;
+    while (lanes < kWarpSize && lanes * kVectorsPerLane < row_vectors) lanes *= 2;
     const int64_t rows_per_block = int64_t(kWarpsPerBlock) * (kWarpSize / lanes);
     const int64_t blocks = std::min<int64_t>((a.rows + rows_per_block - 1) / rows_per_block, kMaxBlocks);
     switch (dtype) {

@@ -314,6 +314,18 @@ TEST(Sm90Variants, EveryForwardVariantMatchesTheOracle) {
             EXPECT_TRUE(msg.empty()) << name << " " << c.name() << " (seed " << test_seed()
                                      << ", FMHA_TEST_SEED to repeat)\n" << msg;
           }
+      // Several work tiles per block (176, above an H200's 132 SMs), so that a block goes from
+      // one tile to the next (the carried turns run on across them): tiles of uneven length under
+      // the causal mask, and with more queries than keys under the bottom-right mask, tiles whose
+      // rows see no key before tiles that do.
+      for (Causal causal : {Causal::none, Causal::bottom_right}) {
+        Case c;
+        c.backend = Backend::cuda_sm90, c.dtype = DType::bf16, c.head_dim = c.head_dim_v = d;
+        c.batch = 1, c.heads = 16, c.kv_heads = 4, c.seqlen_q = 1300, c.seqlen_k = 300, c.causal = causal;
+        const std::string msg = check_forward(c, test_seed());
+        EXPECT_TRUE(msg.empty()) << name << " " << c.name() << " (seed " << test_seed()
+                                 << ", FMHA_TEST_SEED to repeat)\n" << msg;
+      }
     }
   }
 }
