@@ -3,7 +3,7 @@
 // view the element kernel, one warp per (batch, row, head) row of the output, lanes striding over
 // head_dim_v so that loads and stores are coalesced. The per-row
 // weights are common/merge.h's, the same function the CPU path calls. The decode kernel's split
-// partials are combined here too, by the same weights and element rule.
+// partials are combined here too, all splits of a row at once, by the same element rule.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "backends.h"
+#include "common/decode.h"
 #include "common/merge.h"
 
 namespace fmha::detail {
@@ -235,33 +236,86 @@ struct SplitMergeArgs {
   int64_t splits = 0, batch = 0, seqlen = 0, heads = 0, head_dim_v = 0, rows = 0;
 };
 
-// Folds every split of a row into registers (merge_into over the parts in order), then stores the
-// row once in out's dtype: one launch whatever the number of splits.
+// A row's splits in two phases, so that nothing waits on a chain of loads one split long (a fold
+// of one split at a time waits on each split's LSE, then on its values: two memory latencies a
+// split, and a decode call at 1 × 8k has 31 splits per row). First the LSEs: lane l holds splits l, l + 32,
+// ...; the row's LSE is max + log Σ 2-sided weights as in merge_weights (a split equal to the
+// max weighs exactly 1; NaN anywhere gives NaN; all -inf gives O = 0, LSE = -inf). Then each
+// split's final weight exp(lse_s - max) / Σ is broadcast from its lane and the values are summed
+// with every load independent of the others, kSplitBatch splits in flight at a time (a split of
+// weight 0 is read, in bounds, and not used: it may hold anything). Rounding differs from a fold
+// in split order (one normalisation instead of one per step); the function is the same.
+constexpr int kSplitsPerLane = int((decode::kMaxSplits + kWarpSize - 1) / kWarpSize);
+constexpr int kSplitBatch = 8;  // splits whose values are in flight together
+
 __global__ void __launch_bounds__(kThreadsPerBlock) merge_splits_kernel(const SplitMergeArgs a) {
   const int lane = int(threadIdx.x) % kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * kWarpsPerBlock;
+  const int chunks = int((a.splits + kWarpSize - 1) / kWarpSize);
   for (int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize; r < a.rows; r += warps) {
     const auto [b, s, h] = row_index<false>(r, a.seqlen, a.heads);
-    float acc[kSplitValuesPerLane] = {};
-    float acc_lse = -INFINITY;
-    for (int64_t split = 0; split < a.splits; ++split) {
-      const float part_lse = a.part_lse[((split * a.batch + b) * a.heads + h) * a.seqlen + s];
-      const MergeWeights w = merge_weights(acc_lse, part_lse);
-      const float* part = a.part_out + (((split * a.batch + b) * a.seqlen + s) * a.heads + h) * a.head_dim_v;
+    float lse[kSplitsPerLane];
+    float hi = -INFINITY;
+    bool nan = false;
 #pragma unroll
-      for (int e = 0; e < kSplitValuesPerLane; ++e) {
-        const int64_t d = lane + int64_t(e) * kWarpSize;
-        if (d < a.head_dim_v) acc[e] = merged(w, [&] { return acc[e]; }, [&] { return part[d]; });
+    for (int c = 0; c < kSplitsPerLane; ++c) {
+      const int64_t split = int64_t(c) * kWarpSize + lane;
+      lse[c] = c < chunks && split < a.splits ? a.part_lse[((split * a.batch + b) * a.heads + h) * a.seqlen + s]
+                                              : -INFINITY;
+      nan |= lse[c] != lse[c];
+      hi = fmaxf(hi, lse[c]);
+    }
+    nan = __any_sync(0xffffffffu, nan);
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < kSplitsPerLane; ++c) {
+      lse[c] = hi == -INFINITY ? 0.f : (lse[c] == hi ? 1.f : expf(lse[c] - hi));  // unnormalised weight
+      sum += lse[c];
+    }
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    const float inv = hi == -INFINITY || nan ? 0.f : 1.f / sum;
+    const float row_lse = nan ? NAN : (hi == -INFINITY ? -INFINITY : hi + logf(sum));
+    float acc[kSplitValuesPerLane] = {};
+    for (int c = 0; c < chunks; ++c) {
+      const int in_chunk = int(a.splits - int64_t(c) * kWarpSize < kWarpSize ? a.splits - int64_t(c) * kWarpSize
+                                                                                : kWarpSize);
+      float mine = 0.f;
+#pragma unroll
+      for (int k = 0; k < kSplitsPerLane; ++k)
+        if (k == c) mine = lse[k] * inv;
+      // kSplitBatch splits at a time: all their loads issued before any is used.
+      for (int j0 = 0; j0 < in_chunk; j0 += kSplitBatch) {
+        float x[kSplitBatch][kSplitValuesPerLane];
+#pragma unroll
+        for (int u = 0; u < kSplitBatch; ++u) {
+          const int64_t split = int64_t(c) * kWarpSize + (j0 + u < in_chunk ? j0 + u : in_chunk - 1);
+          const float* part = a.part_out + (((split * a.batch + b) * a.seqlen + s) * a.heads + h) * a.head_dim_v;
+#pragma unroll
+          for (int e = 0; e < kSplitValuesPerLane; ++e) {
+            const int64_t d = lane + int64_t(e) * kWarpSize;
+            x[u][e] = d < a.head_dim_v ? part[d] : 0.f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kSplitBatch; ++u) {
+          const float w = __shfl_sync(0xffffffffu, mine, (j0 + u) % kWarpSize);
+          if (j0 + u < in_chunk && w != 0.f) {
+#pragma unroll
+            for (int e = 0; e < kSplitValuesPerLane; ++e) acc[e] += w * x[u][e];
+          }
+        }
       }
-      acc_lse = w.lse;
     }
     const int64_t o = out_offset(a.out, b, s, h);
 #pragma unroll
     for (int e = 0; e < kSplitValuesPerLane; ++e) {
       const int64_t d = lane + int64_t(e) * kWarpSize;
-      if (d < a.head_dim_v) store(a.out, o + d, acc[e]);
+      if (d < a.head_dim_v) store(a.out, o + d, nan ? NAN : acc[e]);
     }
-    if (lane == 0 && a.lse.data != nullptr) static_cast<float*>(a.lse.data)[lse_offset(a.lse, b, s, h)] = acc_lse;
+    if (lane == 0 && a.lse.data != nullptr) static_cast<float*>(a.lse.data)[lse_offset(a.lse, b, s, h)] = row_lse;
   }
 }
 
