@@ -1,5 +1,5 @@
 // fmha::merge on CUDA tensors: a memory-bound kernel. Rows of one storage format made of aligned
-// 16-byte vectors take the vector kernel (a row's lanes load and store a vector each); any other
+// 16-byte vectors take the vector kernel (a row's lanes load and store up to two vectors each a round); any other
 // view the element kernel, one warp per (batch, row, head) row of the output, lanes striding over
 // head_dim_v so that loads and stores are coalesced. The per-row
 // weights are common/merge.h's, the same function the CPU path calls. The decode kernel's split
