@@ -1,9 +1,9 @@
 // fmha::merge on CUDA tensors: a memory-bound kernel. Rows of one storage format made of aligned
-// 16-byte vectors take the vector kernel (a row's lanes load and store up to two vectors each a round); any other
-// view the element kernel, one warp per (batch, row, head) row of the output, lanes striding over
-// head_dim_v so that loads and stores are coalesced. The per-row
-// weights are common/merge.h's, the same function the CPU path calls. The decode kernel's split
-// partials are combined here too, all splits of a row at once, by the same element rule.
+// 16-byte vectors take the vector kernel (a row's lanes load and store up to two vectors each a
+// round); any other view the element kernel, one warp per (batch, row, head) row of the output,
+// lanes striding over head_dim_v so that loads and stores are coalesced. The per-row weights are
+// common/merge.h's, the same function the CPU path calls. The decode kernel's split partials are
+// combined here too, all splits of a row at once, by the same element rule.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
