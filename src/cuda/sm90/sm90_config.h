@@ -84,6 +84,10 @@ inline constexpr size_t kSharedLimit = 227 * 1024;
 //             of the default are measured against)
 //   poly8     pingpong with one exponential in 8 on the FMA pipe (tile::exp2_poly), the rest on
 //             the MUFU unit
+//   n144      pingpong on 144-key tiles (head dims up to 128): an eighth more keys share each
+//             tile's fixed costs (turn hand-over, waits, row-max shuffles, descriptor set-up);
+//             160 keys spilled 112 bytes inside the loop at head dim 128 (ptxas), 144 spill
+//             24 bytes, outside it
 // Measured on an H200 (docs/PERF.md, 2026-12-04): lazy rescaling +3-9 % at head dim 128 from 4k
 // keys, level at 1k and at head dim 64 (not measured at 192/256); a third K/V stage (O staged
 // over Q) lost 1-7 % at 128; carrying the turns across work tiles +3-7 % at head dim 128 from 2k
@@ -110,9 +114,9 @@ struct FwdConfig {
   constexpr int threads() const { return (consumers + 1) * kWarpgroupThreads; }
 };
 
-inline constexpr int kFwdVariants = 7;
+inline constexpr int kFwdVariants = 8;
 inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3",
-                                                               "eager",    "restart", "poly8"};
+                                                               "eager",    "restart", "poly8",  "n144"};
 inline constexpr int kFwdDefault = 0;
 
 // The variant a call runs when FMHA_SM90_FWD_CONFIG names none: c3 at head dim 64 (the softmax
@@ -122,6 +126,8 @@ inline constexpr int kFwdDefault = 0;
 // elsewhere (poly8 lost 1-3 % at 128). Measured on an H200, docs/PERF.md.
 inline constexpr int kFwdC3 = 3;
 inline constexpr int kFwdPoly8 = 6;
+inline constexpr int kFwdN144 = 7;
+inline constexpr int kWideKeys = 144;  // keys per tile of n144
 inline constexpr int64_t kC3MaskedMinRows = 8192;
 constexpr int default_fwd_variant(int head_dim, int64_t seqlen_q, bool masked) {
   if (padded_head_dim(head_dim) == 64) return !masked || seqlen_q >= kC3MaskedMinRows ? kFwdC3 : kFwdPoly8;
@@ -155,8 +161,10 @@ constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2)
   if (element_bytes == 4) return tf32_fwd_config(head_dim);
   const int d = padded_head_dim(head_dim);
   const bool lazy = variant == kFwdDefault || variant >= 5;
-  FwdConfig c{2, 128, 2, true, true, true, lazy, variant == kFwdDefault || variant == kFwdPoly8};
+  FwdConfig c{2, 128, 2, true, true, true, lazy,
+              variant == kFwdDefault || variant == kFwdPoly8 || variant == kFwdN144};
   if (variant == kFwdPoly8) c.poly_every = 8;
+  if (variant == kFwdN144 && d <= 128) c.tile_n = kWideKeys;
   if (d <= 64) c.stages = 3;
   if (d == 192) c.tile_n = 96;
   if (d == 256) c.tile_n = 64;
