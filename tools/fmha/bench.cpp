@@ -288,67 +288,91 @@ int run_merge_bench(const BenchOptions& opt, const CaseSpec& base, Device device
   const int iters = opt.run.iters >= 0 ? std::max(opt.run.iters, 1) : (gpu ? 20 : 3);
   const int warmup = opt.run.warmup >= 0 ? opt.run.warmup : (gpu ? 5 : 1);
   const DType dtype = base.dtype;
-  std::printf("%-8s %-5s %8s %6s %5s %10s %9s %9s %7s\n", "device", "dtype", "tokens", "heads", "dim", "ms",
+  // The forms: parts and result in the run's dtype; with a 16-bit dtype also ring attention's
+  // accumulate, an fp32 accumulator (out_a, merged into in place) and a part in the run's dtype.
+  struct Form {
+    DType acc;  // out_a and out
+    std::string name;
+  };
+  std::vector<Form> forms = {{dtype, to_string(dtype)}};
+  if (dtype_size(dtype) == 2) forms.push_back({DType::fp32, std::string("fp32+") + to_string(dtype)});
+  std::printf("%-8s %-9s %8s %6s %5s %10s %9s %9s %7s\n", "device", "dtype", "tokens", "heads", "dim", "ms",
               "GB/s", "copy GB/s", "ratio");
   nlohmann::json results = nlohmann::json::array();
-  int failures = 0;
+  int failures = 0, cases = 0;
   for (int64_t tokens : kMergeTokens) {
-    const int64_t rows = tokens * kMergeHeads, elements = rows * kMergeDim;
-    const size_t out_bytes = size_t(elements) * dtype_size(dtype), lse_bytes = size_t(rows) * sizeof(float);
-    Buffer out_a(device, out_bytes), out_b(device, out_bytes), out(device, out_bytes), copy(device, out_bytes);
-    Buffer lse_a(device, lse_bytes), lse_b(device, lse_bytes), lse(device, lse_bytes);
-    // Finite LSEs: every row reads both sides (a -inf side would skip its reads and flatter the rate).
-    std::vector<unsigned char> host_out(out_bytes);
-    std::vector<float> host_lse(static_cast<size_t>(rows));
-    std::mt19937_64 rng(base.seed);
-    std::normal_distribution<float> normal;
-    for (int64_t i = 0; i < elements; ++i) store_element(host_out.data(), dtype, i, normal(rng));
-    for (float& x : host_lse) x = normal(rng);
-    out_a.upload(host_out.data());
-    out_b.upload(host_out.data());
-    lse_a.upload(host_lse.data());
-    lse_b.upload(host_lse.data());
-    MergeParams m;
-    auto view = [&](const Buffer& b) { return make_tensor(b.data(), dtype, {1, tokens, kMergeHeads, kMergeDim}, device); };
-    auto lse_view = [&](const Buffer& b) {
-      return make_tensor(b.data(), DType::fp32, {1, kMergeHeads, tokens}, device);
-    };
-    m.out_a = view(out_a), m.out_b = view(out_b), m.out = view(out);
-    m.lse_a = lse_view(lse_a), m.lse_b = lse_view(lse_b), m.lse = lse_view(lse);
-    m.num_threads = base.num_threads;
-    Status status;
-    const double merge_ms = time_ms(device, warmup, iters, [&] {
-      if (status.ok()) status = merge(m);
-    });
-    // The copy reads and writes one output's bytes: the device's copy bandwidth for this size.
-    const double copy_ms = time_ms(device, warmup, iters, [&] {
-#ifdef FMHA_WITH_CUDA
-      if (gpu) {
-        cudaMemcpyAsync(copy.data(), out_a.data(), out_bytes, cudaMemcpyDeviceToDevice);
-        return;
+    for (const Form& form : forms) {
+      ++cases;
+      const bool accumulate = form.acc != dtype;
+      const int64_t rows = tokens * kMergeHeads, elements = rows * kMergeDim;
+      const size_t part_bytes = size_t(elements) * dtype_size(dtype), acc_bytes = size_t(elements) * dtype_size(form.acc);
+      const size_t lse_bytes = size_t(rows) * sizeof(float);
+      Buffer out_a(device, acc_bytes), out_b(device, part_bytes), out(device, accumulate ? 1 : acc_bytes),
+          copy(device, part_bytes);
+      Buffer lse_a(device, lse_bytes), lse_b(device, lse_bytes), lse(device, accumulate ? 1 : lse_bytes);
+      // Finite LSEs: every row reads both sides (a -inf side would skip its reads and flatter the rate).
+      std::vector<unsigned char> host_acc(acc_bytes), host_part(part_bytes);
+      std::vector<float> host_lse(static_cast<size_t>(rows));
+      std::mt19937_64 rng(base.seed);
+      std::normal_distribution<float> normal;
+      for (int64_t i = 0; i < elements; ++i) {
+        const float x = normal(rng);
+        store_element(host_acc.data(), form.acc, i, x);
+        store_element(host_part.data(), dtype, i, x);
       }
+      for (float& x : host_lse) x = normal(rng);
+      out_a.upload(host_acc.data());
+      out_b.upload(host_part.data());
+      lse_a.upload(host_lse.data());
+      lse_b.upload(host_lse.data());
+      MergeParams m;
+      auto view = [&](const Buffer& b, DType t) {
+        return make_tensor(b.data(), t, {1, tokens, kMergeHeads, kMergeDim}, device);
+      };
+      auto lse_view = [&](const Buffer& b) {
+        return make_tensor(b.data(), DType::fp32, {1, kMergeHeads, tokens}, device);
+      };
+      m.out_a = view(out_a, form.acc), m.out_b = view(out_b, dtype);
+      m.lse_a = lse_view(lse_a), m.lse_b = lse_view(lse_b);
+      // The accumulate form merges in place (merge_into); the other writes a third tensor.
+      m.out = accumulate ? m.out_a : view(out, dtype);
+      m.lse = accumulate ? m.lse_a : lse_view(lse);
+      m.num_threads = base.num_threads;
+      Status status;
+      const double merge_ms = time_ms(device, warmup, iters, [&] {
+        if (status.ok()) status = merge(m);
+      });
+      // The copy reads and writes one part's bytes: the device's copy bandwidth for this size.
+      const double copy_ms = time_ms(device, warmup, iters, [&] {
+#ifdef FMHA_WITH_CUDA
+        if (gpu) {
+          cudaMemcpyAsync(copy.data(), out_b.data(), part_bytes, cudaMemcpyDeviceToDevice);
+          return;
+        }
 #endif
-      std::memcpy(copy.data(), out_a.data(), out_bytes);
-    });
-    const double moved = 3.0 * double(out_bytes) + 3.0 * double(lse_bytes);  // read a, b; write out
-    const double gbps = status.ok() && merge_ms > 0 ? moved / (merge_ms * 1e-3) / 1e9 : 0.0;
-    const double copy_gbps = copy_ms > 0 ? 2.0 * double(out_bytes) / (copy_ms * 1e-3) / 1e9 : 0.0;
-    if (!status.ok()) {
-      ++failures;
-      std::printf("%-8s %-5s %8lld %6lld %5lld  n/a: %s\n", gpu ? "cuda" : "cpu", to_string(dtype), (long long)tokens,
-                  (long long)kMergeHeads, (long long)kMergeDim, status.message.c_str());
-    } else {
-      std::printf("%-8s %-5s %8lld %6lld %5lld %10.4f %9.1f %9.1f %7.2f\n", gpu ? "cuda" : "cpu", to_string(dtype),
-                  (long long)tokens, (long long)kMergeHeads, (long long)kMergeDim, merge_ms, gbps, copy_gbps,
-                  copy_gbps > 0 ? gbps / copy_gbps : 0.0);
+        std::memcpy(copy.data(), out_b.data(), part_bytes);
+      });
+      // Read a and b, write out (the accumulator's bytes twice in the accumulate form).
+      const double moved = 2.0 * double(acc_bytes) + double(part_bytes) + 3.0 * double(lse_bytes);
+      const double gbps = status.ok() && merge_ms > 0 ? moved / (merge_ms * 1e-3) / 1e9 : 0.0;
+      const double copy_gbps = copy_ms > 0 ? 2.0 * double(part_bytes) / (copy_ms * 1e-3) / 1e9 : 0.0;
+      if (!status.ok()) {
+        ++failures;
+        std::printf("%-8s %-9s %8lld %6lld %5lld  n/a: %s\n", gpu ? "cuda" : "cpu", form.name.c_str(),
+                    (long long)tokens, (long long)kMergeHeads, (long long)kMergeDim, status.message.c_str());
+      } else {
+        std::printf("%-8s %-9s %8lld %6lld %5lld %10.4f %9.1f %9.1f %7.2f\n", gpu ? "cuda" : "cpu", form.name.c_str(),
+                    (long long)tokens, (long long)kMergeHeads, (long long)kMergeDim, merge_ms, gbps, copy_gbps,
+                    copy_gbps > 0 ? gbps / copy_gbps : 0.0);
+      }
+      results.push_back({{"device", device_description(device)}, {"dtype", form.name}, {"tokens", tokens},
+                         {"heads", kMergeHeads}, {"head_dim_v", kMergeDim}, {"ms", merge_ms}, {"gbps", gbps},
+                         {"copy_gbps", copy_gbps}, {"status", status.ok() ? "ok" : status.message}});
     }
-    results.push_back({{"device", device_description(device)}, {"dtype", to_string(dtype)}, {"tokens", tokens},
-                       {"heads", kMergeHeads}, {"head_dim_v", kMergeDim}, {"ms", merge_ms}, {"gbps", gbps},
-                       {"copy_gbps", copy_gbps}, {"status", status.ok() ? "ok" : status.message}});
   }
   if (opt.json_out == "-") std::cout << results.dump(2) << "\n";
   else if (!opt.json_out.empty()) std::ofstream(opt.json_out) << results.dump(2) << "\n";
-  return failures == int(std::size(kMergeTokens)) ? 1 : 0;
+  return failures == cases ? 1 : 0;
 }
 
 }  // namespace
@@ -357,7 +381,7 @@ void add_bench_options(CLI::App* app, BenchOptions& o) {
   app->add_option("--sweep", o.sweep,
                   "Named sweep: fa (FlashAttention's), seed (B4 H4 S4096 D64) or varlen (64 packed sequences of "
                   "128 to 8k tokens, D128 causal, and the dense batch at their mean length) or merge (fmha::merge's "
-                  "bandwidth next to a copy; bf16 unless --dtype says otherwise) or decode (one query token "
+                  "bandwidth next to a copy; bf16 unless --dtype says otherwise, 16-bit parts also merged into an fp32 accumulator in place) or decode (one query token "
                   "against a KV cache of 8k to 128k keys, 32/8 heads, D128, contiguous and paged by --page-size; "
                   "bf16 unless --dtype says otherwise; TB/s of Q, K, V, O bytes once) or cpu (the CPU backend's "
                   "shapes: three long cases, short calls and decode-shaped GQA calls; fp32 and bf16)");
