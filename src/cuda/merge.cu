@@ -116,63 +116,92 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_kernel(const MergeArgs
   }
 }
 
-// The same merge in vectors of kVectorBytes (8 fp16/bf16 or 4 fp32 values), for the common case
-// of one storage format, whole vectors per row and vector-aligned rows. A lane takes up to
-// kVectorsPerLane vectors of a row per round, loads all of them before it uses any (more bytes in
-// flight per thread), and a row takes `lanes_per_row` lanes of one warp (the smallest power of two
-// that covers its vectors in one round, at most a warp, which then loops), so a warp merges
-// kWarpSize / lanes_per_row rows at a time. A row's lanes all read both LSEs before its first
-// lane writes the merged one (lse may be lse_a or lse_b).
+// The same merge in vectors of kVectorBytes (8 fp16/bf16 or 4 fp32 values) of the widest of the
+// three formats, for rows of whole vectors that start on vector boundaries: one storage format
+// (TA = TB = TO), or ring attention's accumulate, an fp32 accumulator merged in place with a
+// 16-bit part (whose vectors of 4 values are then 8 bytes). A lane takes up to kVectorsPerLane
+// vectors of a row per round, loads all of them before it uses any (more bytes in flight per
+// thread), and a row takes `lanes_per_row` lanes of one warp (the smallest power of two that
+// covers its vectors in one round, at most a warp, which then loops), so a warp merges
+// kWarpSize / lanes_per_row rows at a time. A row's lanes all read both LSEs before its first lane
+// writes the merged one (lse may be lse_a or lse_b).
 constexpr int kVectorBytes = int(sizeof(uint4));
 constexpr int kVectorsPerLane = 2;
 
-template <class T>
-struct Vector16 {
-  static constexpr int kValues = kVectorBytes / int(sizeof(T));
-  __device__ static void to_float(const uint4& raw, float (&x)[kValues]) {
+// One load or store of BYTES bytes.
+template <int BYTES>
+struct RawOf;
+template <>
+struct RawOf<16> {
+  using type = uint4;
+};
+template <>
+struct RawOf<8> {
+  using type = uint2;
+};
+
+// N values of T as one aligned access, widened to fp32 and back.
+template <class T, int N>
+struct Values {
+  using Raw = typename RawOf<N * int(sizeof(T))>::type;
+  __device__ static void to_float(const Raw& raw, float (&x)[N]) {
     const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int i = 0; i < kValues; ++i) {
+    for (int i = 0; i < N; ++i) {
       if constexpr (sizeof(T) == 4) x[i] = v[i];
       else if constexpr (std::is_same_v<T, __half>) x[i] = __half2float(v[i]);
       else x[i] = __bfloat162float(v[i]);
     }
   }
-  __device__ static uint4 from_float(const float (&x)[kValues]) {
-    uint4 raw;
+  __device__ static Raw from_float(const float (&x)[N]) {
+    Raw raw;
     T* v = reinterpret_cast<T*>(&raw);
 #pragma unroll
-    for (int i = 0; i < kValues; ++i) {
+    for (int i = 0; i < N; ++i) {
       if constexpr (sizeof(T) == 4) v[i] = x[i];
       else if constexpr (std::is_same_v<T, __half>) v[i] = __float2half_rn(x[i]);
       else v[i] = __float2bfloat16_rn(x[i]);
     }
     return raw;
   }
+};
+
+template <class TA, class TB, class TO>
+struct VectorFormats {
+  static constexpr int kWidest = int(sizeof(TA) > sizeof(TB) ? (sizeof(TA) > sizeof(TO) ? sizeof(TA) : sizeof(TO))
+                                                             : (sizeof(TB) > sizeof(TO) ? sizeof(TB) : sizeof(TO)));
+  static constexpr int kValues = kVectorBytes / kWidest;  // values per vector
+  using A = Values<TA, kValues>;
+  using B = Values<TB, kValues>;
+  using O = Values<TO, kValues>;
   // weight_a · a + weight_b · b, a side of weight 0 not used (it may hold NaN).
-  __device__ static uint4 merge(const MergeWeights& w, const uint4& raw_a, const uint4& raw_b) {
+  __device__ static typename O::Raw merge(const MergeWeights& w, const typename A::Raw& raw_a,
+                                          const typename B::Raw& raw_b) {
     float x[kValues] = {}, y[kValues];
     if (w.a != 0.f) {
-      to_float(raw_a, y);
+      A::to_float(raw_a, y);
 #pragma unroll
       for (int i = 0; i < kValues; ++i) x[i] = w.a * y[i];
     }
     if (w.b != 0.f) {
-      to_float(raw_b, y);
+      B::to_float(raw_b, y);
 #pragma unroll
       for (int i = 0; i < kValues; ++i) x[i] += w.b * y[i];
     }
-    return from_float(x);
+    return O::from_float(x);
   }
 };
 
-template <class T>
+template <class TA, class TB, class TO>
 __global__ void __launch_bounds__(kThreadsPerBlock) merge_vector_kernel(const MergeArgs a, const int lanes_per_row) {
-  using V = Vector16<T>;
+  using F = VectorFormats<TA, TB, TO>;
+  using RawA = typename F::A::Raw;
+  using RawB = typename F::B::Raw;
+  using RawO = typename F::O::Raw;
   const int lane = int(threadIdx.x) % kWarpSize;
   const int rows_per_warp = kWarpSize / lanes_per_row;
   const int sub = lane % lanes_per_row;
-  const int64_t vectors = a.head_dim_v / V::kValues;
+  const int64_t vectors = a.head_dim_v / F::kValues;
   const int64_t round = int64_t(lanes_per_row) * kVectorsPerLane;  // vectors of a row per round
   const int64_t step = int64_t(gridDim.x) * kWarpsPerBlock * rows_per_warp;
   // Warp-uniform trip count: lanes past the last row still reach the __syncwarp.
@@ -186,13 +215,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_vector_kernel(const Me
     if (live) {
       const float lse_a = static_cast<const float*>(a.lse_a.data)[lse_offset(a.lse_a, b, s, h)];
       const float lse_b = static_cast<const float*>(a.lse_b.data)[lse_offset(a.lse_b, b, s, h)];
-      const uint4* row_a = reinterpret_cast<const uint4*>(static_cast<const T*>(a.out_a.data) + out_offset(a.out_a, b, s, h));
-      const uint4* row_b = reinterpret_cast<const uint4*>(static_cast<const T*>(a.out_b.data) + out_offset(a.out_b, b, s, h));
-      uint4* row = reinterpret_cast<uint4*>(static_cast<T*>(a.out.data) + out_offset(a.out, b, s, h));
+      const RawA* row_a = reinterpret_cast<const RawA*>(static_cast<const TA*>(a.out_a.data) + out_offset(a.out_a, b, s, h));
+      const RawB* row_b = reinterpret_cast<const RawB*>(static_cast<const TB*>(a.out_b.data) + out_offset(a.out_b, b, s, h));
+      RawO* row = reinterpret_cast<RawO*>(static_cast<TO*>(a.out.data) + out_offset(a.out, b, s, h));
       // A round's vectors are loaded before they are used; the first round's beside the LSEs,
       // before the weights say whether they count (a side of weight 0 is read, in bounds, but
       // never used): one memory latency a row, not two.
-      uint4 raw_a[kVectorsPerLane], raw_b[kVectorsPerLane];
+      RawA raw_a[kVectorsPerLane];
+      RawB raw_b[kVectorsPerLane];
       auto load_round = [&](int64_t v0) {
 #pragma unroll
         for (int u = 0; u < kVectorsPerLane; ++u) {
@@ -206,7 +236,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_vector_kernel(const Me
 #pragma unroll
         for (int u = 0; u < kVectorsPerLane; ++u) {
           const int64_t v = v0 + int64_t(u) * lanes_per_row;
-          if (v < vectors) row[v] = V::merge(w, raw_a[u], raw_b[u]);
+          if (v < vectors) row[v] = F::merge(w, raw_a[u], raw_b[u]);
         }
         if (v0 + round < vectors) load_round(v0 + round);
       }
@@ -216,13 +246,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_vector_kernel(const Me
   }
 }
 
-// Whether every row of `t` starts on a vector boundary and holds whole vectors.
-bool rows_of_vectors(const Tensor& t, int64_t head_dim_v) {
-  const int64_t bytes = int64_t(dtype_size(t.dtype));
-  if (reinterpret_cast<uintptr_t>(t.data) % kVectorBytes != 0 || (head_dim_v * bytes) % kVectorBytes != 0) return false;
+// Whether every row of `t` starts on a boundary of `vector_bytes` and holds whole vectors of
+// `values` values.
+bool rows_of_vectors(const Tensor& t, int64_t head_dim_v, int values) {
+  const int64_t bytes = int64_t(dtype_size(t.dtype)), vector_bytes = bytes * values;
+  if (head_dim_v % values != 0 || reinterpret_cast<uintptr_t>(t.data) % vector_bytes != 0) return false;
   if (t.rank != 4 || t.stride[3] != 1) return false;
   for (int d = 0; d < 3; ++d)
-    if ((t.stride[d] * bytes) % kVectorBytes != 0) return false;
+    if ((t.stride[d] * bytes) % vector_bytes != 0) return false;
   return true;
 }
 
@@ -365,21 +396,30 @@ Status cuda_merge(const MergeRows& m, void* stream) {
   a.heads = m.heads;
   a.head_dim_v = m.head_dim_v;
   a.rows = m.rows();
-  const DType dtype = m.out.dtype;
-  const bool vectors = m.out_a.dtype == dtype && m.out_b.dtype == dtype && rows_of_vectors(m.out, a.head_dim_v) &&
-                       rows_of_vectors(m.out_a, a.head_dim_v) && rows_of_vectors(m.out_b, a.head_dim_v);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  // Vectors of one format (16 bytes), or of an fp32 accumulator and a 16-bit part (4 values).
+  const DType dtype = m.out.dtype;
+  const bool same = m.out_a.dtype == dtype && m.out_b.dtype == dtype;
+  const bool accumulate = dtype == DType::fp32 && m.out_a.dtype == DType::fp32 && dtype_size(m.out_b.dtype) == 2;
+  const int values = int(kVectorBytes / (same ? dtype_size(dtype) : sizeof(float)));
+  const bool vectors = (same || accumulate) && rows_of_vectors(m.out, a.head_dim_v, values) &&
+                       rows_of_vectors(m.out_a, a.head_dim_v, values) && rows_of_vectors(m.out_b, a.head_dim_v, values);
   if (vectors) {
-    const int64_t row_vectors = a.head_dim_v * int64_t(dtype_size(dtype)) / kVectorBytes;
+    const int64_t row_vectors = a.head_dim_v / values;
     int lanes = 1;
     while (lanes < kWarpSize && lanes * kVectorsPerLane < row_vectors) lanes *= 2;
     const int64_t rows_per_block = int64_t(kWarpsPerBlock) * (kWarpSize / lanes);
-    const int64_t blocks = std::min<int64_t>((a.rows + rows_per_block - 1) / rows_per_block, kMaxBlocks);
-    switch (dtype) {
-      case DType::fp16: merge_vector_kernel<__half><<<unsigned(blocks), kThreadsPerBlock, 0, s>>>(a, lanes); break;
-      case DType::bf16: merge_vector_kernel<__nv_bfloat16><<<unsigned(blocks), kThreadsPerBlock, 0, s>>>(a, lanes); break;
-      default: merge_vector_kernel<float><<<unsigned(blocks), kThreadsPerBlock, 0, s>>>(a, lanes); break;
-    }
+    const unsigned blocks = unsigned(std::min<int64_t>((a.rows + rows_per_block - 1) / rows_per_block, kMaxBlocks));
+    if (accumulate && m.out_b.dtype == DType::bf16)
+      merge_vector_kernel<float, __nv_bfloat16, float><<<blocks, kThreadsPerBlock, 0, s>>>(a, lanes);
+    else if (accumulate)
+      merge_vector_kernel<float, __half, float><<<blocks, kThreadsPerBlock, 0, s>>>(a, lanes);
+    else if (dtype == DType::fp16)
+      merge_vector_kernel<__half, __half, __half><<<blocks, kThreadsPerBlock, 0, s>>>(a, lanes);
+    else if (dtype == DType::bf16)
+      merge_vector_kernel<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16><<<blocks, kThreadsPerBlock, 0, s>>>(a, lanes);
+    else
+      merge_vector_kernel<float, float, float><<<blocks, kThreadsPerBlock, 0, s>>>(a, lanes);
   } else {
     const int64_t blocks = std::min<int64_t>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks);
     merge_kernel<<<unsigned(blocks), kThreadsPerBlock, 0, s>>>(a);

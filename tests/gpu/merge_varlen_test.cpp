@@ -51,11 +51,15 @@ TEST(MergeCuda, MatchesTheCpuMerge) {
   const Device gpu = current_device();
   // One storage format with rows of whole 16-byte vectors takes the vector kernel: 18 vectors a
   // row (fp32, 72), 9 (fp16, 72: two rows a warp), 16 (bf16, 128), 64 (fp32, 256: lanes loop);
-  // mixed formats and rows of 200 bytes (fp16, 100) the element kernel.
+  // so does an fp32 accumulator merged in place with a 16-bit part (vectors of 4 values: 32 a
+  // row at 128, 18 at 72); other mixed formats, rows of 200 bytes (fp16, 100) and an accumulate
+  // whose rows are not whole vectors (70) take the element kernel.
   for (MergeCase mc : {MergeCase{false, DType::fp32, DType::fp32, false, 72}, MergeCase{false, DType::bf16, DType::fp32, false, 72},
                        MergeCase{true, DType::fp16, DType::fp16, true, 72}, MergeCase{true, DType::fp32, DType::fp32, true, 72},
                        MergeCase{false, DType::bf16, DType::bf16, false, 128}, MergeCase{false, DType::bf16, DType::bf16, true, 128},
-                       MergeCase{false, DType::fp32, DType::fp32, false, 256}, MergeCase{true, DType::fp16, DType::fp16, false, 100}}) {
+                       MergeCase{false, DType::fp32, DType::fp32, false, 256}, MergeCase{true, DType::fp16, DType::fp16, false, 100},
+                       MergeCase{false, DType::bf16, DType::fp32, true, 128}, MergeCase{true, DType::fp16, DType::fp32, true, 72},
+                       MergeCase{false, DType::bf16, DType::fp32, true, 70}}) {
     const int64_t kDim = mc.dim, elements = rows * kDim;
     SCOPED_TRACE(std::string(mc.packed ? "packed " : "dense ") + to_string(mc.part_dtype) + " -> " +
                  to_string(mc.out_dtype) + (mc.in_place ? " in place" : "") + ", head_dim_v " + std::to_string(kDim));
