@@ -51,6 +51,55 @@ TEST(CpuPaths, ChoiceIsTheFastestPathBothTheBuildAndTheCpuHave) {
     }
 }
 
+// Paths passed over (measured slower on this CPU than the path before them) are skipped by the
+// choice and taken only when forced; portable is never passed over.
+TEST(CpuPaths, ChoiceSkipsPassedOverPathsUnlessForced) {
+  const IsaSet passed[] = {set_of({Isa::avx512bf16}), set_of({Isa::avx512bf16, Isa::avx512}),
+                           set_of({Isa::portable, Isa::avx2})};
+  for (IsaSet compiled : every_set_with_portable())
+    for (IsaSet cpu : every_set_with_portable())
+      for (IsaSet skip : passed) {
+        Isa chosen = Isa::amxbf16;
+        ASSERT_TRUE(choose_isa(compiled, cpu, nullptr, &chosen, skip).ok());
+        EXPECT_TRUE(compiled.has(chosen) && cpu.has(chosen));
+        EXPECT_TRUE(chosen == Isa::portable || !skip.has(chosen)) << to_string(chosen) << " was passed over";
+        for (Isa faster : kAllIsas)
+          if (int(faster) > int(chosen))
+            EXPECT_FALSE(compiled.has(faster) && cpu.has(faster) && !skip.has(faster))
+                << to_string(chosen) << " chosen over " << to_string(faster);
+        for (Isa forced : kAllIsas)
+          if (compiled.has(forced) && cpu.has(forced)) {
+            ASSERT_TRUE(choose_isa(compiled, cpu, to_string(forced), &chosen, skip).ok());
+            EXPECT_EQ(chosen, forced) << "a forced path is taken even when passed over";
+          }
+      }
+  const IsaSet no_amx = set_of({Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16});
+  Isa chosen = Isa::portable;
+  ASSERT_TRUE(choose_isa(no_amx, no_amx, nullptr, &chosen, set_of({Isa::avx512bf16})).ok());
+  EXPECT_EQ(chosen, Isa::avx512) << "bf16 widened on the avx512 path where the dot product is slow";
+}
+
+// This CPU's own answer: what it passes over it runs, says why (the measured rates), and still
+// takes when forced.
+TEST(CpuPaths, PassedOverPathsAreMeasuredHere) {
+  const IsaSet runnable = compiled_isas() & cpu_isas();
+  for (Isa isa : kAllIsas) {
+    EXPECT_EQ(cpu_passed_over().has(isa), !cpu_passed_over_why(isa).empty()) << to_string(isa);
+    if (!cpu_passed_over().has(isa)) continue;
+    EXPECT_TRUE(runnable.has(isa)) << to_string(isa) << " is passed over but cannot run here";
+    EXPECT_NE(cpu_passed_over_why(isa).find("measured"), std::string::npos) << cpu_passed_over_why(isa);
+    const testing::ForceCpuPath force(to_string(isa));
+    EXPECT_EQ(cpu_paths().selected, to_string(isa));
+  }
+  EXPECT_FALSE(cpu_passed_over().has(Isa::portable));
+  const testing::ForceCpuPath no_preference("");
+  const CpuPaths paths = cpu_paths();
+  size_t passed = 0;
+  for (Isa isa : kAllIsas) passed += cpu_passed_over().has(isa) ? 1 : 0;
+  EXPECT_EQ(paths.passed_over.size(), passed);
+  if (cpu_passed_over().has(Isa::avx512bf16)) EXPECT_EQ(paths.selected, "avx512");
+}
+
 TEST(CpuPaths, ForcedPathIsTakenWhenBothHaveIt) {
   for (IsaSet compiled : every_set_with_portable())
     for (IsaSet cpu : every_set_with_portable())
@@ -171,7 +220,9 @@ TEST(CpuPaths, RuntimeChoiceMatchesTheCpuFlagsOfProcCpuinfo) {
   EXPECT_TRUE(expected.has(chosen)) << "the run-time choice " << to_string(chosen) << " is not one this CPU runs";
   EXPECT_TRUE(compiled_isas().has(chosen));
   for (Isa faster : kAllIsas)
-    if (int(faster) > int(chosen)) EXPECT_FALSE(expected.has(faster) && compiled_isas().has(faster)) << to_string(faster);
+    if (int(faster) > int(chosen))
+      EXPECT_FALSE(expected.has(faster) && compiled_isas().has(faster) && !cpu_passed_over().has(faster))
+          << to_string(faster);
 #endif
 }
 
@@ -181,7 +232,13 @@ TEST(CpuPaths, PublicListsAgreeWithTheChoice) {
   ASSERT_TRUE(paths.error.empty()) << paths.error;
   ASSERT_FALSE(paths.runnable.empty());
   EXPECT_EQ(paths.runnable.front(), "portable");
-  EXPECT_EQ(paths.selected, paths.runnable.back());
+  std::string expected;  // the last runnable path not passed over
+  for (const std::string& path : paths.runnable) {
+    Isa isa{};
+    ASSERT_TRUE(parse(path, &isa));
+    if (!cpu_passed_over().has(isa)) expected = path;
+  }
+  EXPECT_EQ(paths.selected, expected);
   for (const std::string& path : paths.runnable) {
     const testing::ForceCpuPath force(path);
     EXPECT_EQ(cpu_paths().selected, path);

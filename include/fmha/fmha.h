@@ -315,12 +315,16 @@ std::vector<DeviceInfo> devices();
 
 // The `cpu` backend's instruction-set paths (portable, avx2, avx512, avx512bf16, amxbf16): those
 // compiled into this build, those of them this CPU runs, and the one calls take now, which is the
-// fastest of those unless the environment variable FMHA_CPU_ISA names another. A path that this
-// build or this CPU lacks is refused, never run: calls to the cpu backend then fail with `error`.
+// fastest of those (a path that measured slower here than the one before it is passed over)
+// unless the environment variable FMHA_CPU_ISA names another. A path that this build or this CPU
+// lacks is refused, never run: calls to the cpu backend then fail with `error`.
 struct CpuPaths {
   std::vector<std::string> compiled;
   std::vector<std::string> runnable;
   std::vector<std::string> not_runnable;  // "<path>: why this CPU cannot run it", each compiled path it cannot
+  // "<path>: why the choice passes it over", each runnable path that measured slower here than
+  // the path before it (FMHA_CPU_ISA can still force it)
+  std::vector<std::string> passed_over;
   std::string selected;  // empty when FMHA_CPU_ISA is refused
   std::string error;     // why FMHA_CPU_ISA is refused; empty otherwise
 };

@@ -8,6 +8,7 @@
 // class runs, else the default (src/tune/selection.h).
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -155,7 +156,7 @@ IsaSet cpu_isas() { return cpu_support().runs; }
 
 std::string cpu_lacks(Isa isa) { return cpu_support().lacks[int(isa)]; }
 
-Status choose_isa(IsaSet compiled, IsaSet cpu, const char* forced, Isa* chosen) {
+Status choose_isa(IsaSet compiled, IsaSet cpu, const char* forced, Isa* chosen, IsaSet passed_over) {
   const IsaSet usable = compiled & cpu;
   if (forced && *forced) {
     Isa isa{};
@@ -175,13 +176,55 @@ Status choose_isa(IsaSet compiled, IsaSet cpu, const char* forced, Isa* chosen) 
   }
   Isa best = Isa::portable;
   for (Isa isa : kAllIsas)
-    if (usable.has(isa)) best = isa;
+    if (usable.has(isa) && !passed_over.has(isa)) best = isa;
   *chosen = best;
   return Status::success();
 }
 
+namespace {
+
+// The paths passed over on this CPU, and why, found once per process where it matters.
+struct PassedOver {
+  IsaSet paths;
+  std::string why[kIsaCount];
+};
+
+PassedOver measure_passed_over() {
+  PassedOver out;
+#ifdef FMHA_CPU_HAS_AVX512BF16
+  // Only where the choice would otherwise land on avx512bf16.
+  const IsaSet usable = compiled_isas() & cpu_isas();
+  if (!usable.has(Isa::avx512bf16) || usable.has(Isa::amxbf16)) return out;
+  const avx512bf16::DotAndFmaRates rates = avx512bf16::measure_dot_and_fma();
+  if (rates.dot < kDotOverFmaToPrefer * rates.fma) {
+    out.paths.add(Isa::avx512bf16);
+    char line[200];
+    std::snprintf(line, sizeof(line),
+                  "this core's bf16 dot product measured %.1f G multiply-adds/s against %.1f for its fp32 FMA "
+                  "(below %.2fx): bf16 runs widened to fp32 on the avx512 path",
+                  rates.dot * 1e-9, rates.fma * 1e-9, kDotOverFmaToPrefer);
+    out.why[int(Isa::avx512bf16)] = line;
+  }
+#endif
+  return out;
+}
+
+const PassedOver& passed_over() {
+  static const PassedOver measured = measure_passed_over();
+  return measured;
+}
+
+}  // namespace
+
+IsaSet cpu_passed_over() { return passed_over().paths; }
+
+std::string cpu_passed_over_why(Isa isa) { return passed_over().why[int(isa)]; }
+
 Status selected_isa(Isa* chosen) {
-  return choose_isa(compiled_isas(), cpu_isas(), std::getenv(kIsaEnvironmentVariable), chosen);
+  const char* forced = std::getenv(kIsaEnvironmentVariable);
+  // A forced path needs no measurement.
+  const IsaSet skip = forced && *forced ? IsaSet() : cpu_passed_over();
+  return choose_isa(compiled_isas(), cpu_isas(), forced, chosen, skip);
 }
 
 namespace {
@@ -284,10 +327,13 @@ CpuPaths cpu_paths() {
   using namespace cpu;
   CpuPaths out;
   const IsaSet compiled = compiled_isas(), runnable = compiled & cpu_isas();
+  const IsaSet skipped = cpu_passed_over();
   for (Isa isa : kAllIsas) {
     if (compiled.has(isa)) out.compiled.push_back(to_string(isa));
     if (runnable.has(isa)) out.runnable.push_back(to_string(isa));
     else if (compiled.has(isa)) out.not_runnable.push_back(std::string(to_string(isa)) + ": " + cpu_lacks(isa));
+    if (runnable.has(isa) && skipped.has(isa))
+      out.passed_over.push_back(std::string(to_string(isa)) + ": " + cpu_passed_over_why(isa));
   }
   Isa isa{};
   if (Status s = selected_isa(&isa); s.ok()) out.selected = to_string(isa);

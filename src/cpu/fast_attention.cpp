@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -1154,6 +1155,45 @@ struct ItemPool {
 };
 
 }  // namespace
+
+#if FMHA_CPU_LEVEL == 3
+namespace {
+// Multiply-adds per second of `step` (one instruction on each of kAccumulators independent
+// registers, kMacs multiply-adds each), best of kRounds rounds of kIterations.
+template <int kMacs, class Step>
+double multiply_add_rate(Step step) {
+  constexpr int kAccumulators = 12, kRounds = 3;
+  constexpr long kIterations = 20000;
+  double best = 0.0;
+  for (int round = 0; round < kRounds; ++round) {
+    __m512 acc[kAccumulators];
+    for (int k = 0; k < kAccumulators; ++k) acc[k] = _mm512_set1_ps(float(k));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (long i = 0; i < kIterations; ++i) {
+#pragma GCC unroll 12
+      for (int k = 0; k < kAccumulators; ++k) acc[k] = step(acc[k]);
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // The sums keep the loop's results alive.
+    float sum = 0.f;
+    for (int k = 0; k < kAccumulators; ++k) sum += _mm512_cvtss_f32(acc[k]);
+    volatile float sink = sum;
+    (void)sink;
+    if (seconds > 0.0) best = std::max(best, double(kIterations) * kAccumulators * kMacs / seconds);
+  }
+  return best;
+}
+}  // namespace
+
+DotAndFmaRates measure_dot_and_fma() {
+  const __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
+  const __m512bh a = __m512bh(_mm512_set1_epi32(0x3f803f80));  // bf16 pairs of 1.0
+  DotAndFmaRates rates;
+  rates.fma = multiply_add_rate<16>([&](__m512 acc) { return _mm512_fmadd_ps(acc, x, y); });
+  rates.dot = multiply_add_rate<32>([&](__m512 acc) { return _mm512_dpbf16_ps(acc, a, a); });
+  return rates;
+}
+#endif
 
 Status run_kernels(const Params* calls, int64_t count, Direction direction, const CpuConfig& config) {
   if (count <= 0) return Status::success();

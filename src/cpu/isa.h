@@ -53,13 +53,27 @@ IsaSet cpu_isas();
 // it can.
 std::string cpu_lacks(Isa isa);
 
-// The one function that chooses a path: the last path of `compiled` ∩ `cpu`, or `forced` (the value of FMHA_CPU_ISA; null or empty for no preference), which must be known,
-// compiled in, and supported by the CPU. Otherwise an error that says what is there, and
-// `chosen` is untouched.
-Status choose_isa(IsaSet compiled, IsaSet cpu, const char* forced, Isa* chosen);
+// Paths this CPU runs that the choice passes over because they measured slower here than the
+// path before them: avx512bf16 where the core's bf16 dot product does fewer than
+// kDotOverFmaToPrefer times the multiply-adds per second of its fp32 FMA (bf16 then runs widened
+// to fp32 on the avx512 path). Intel cores with two 512-bit FMA units run vdpbf16ps at half the
+// FMA's rate or less; AMD Zen 4, whose FMA is one 512-bit operation a cycle, at about twice.
+// Measured once per process, the first time the choice needs it, and only where avx512bf16
+// would be chosen (an AMX CPU takes amxbf16 first).
+IsaSet cpu_passed_over();
+// Why `isa` is passed over (the measured rates); empty when it is not.
+std::string cpu_passed_over_why(Isa isa);
+inline constexpr double kDotOverFmaToPrefer = 1.25;
 
-// The path calls take now: choose_isa(compiled_isas(), cpu_isas(), getenv("FMHA_CPU_ISA")).
-// FMHA_CPU_ISA is read on every call, so a process (a test) may change it between calls.
+// The one function that chooses a path: the last path of `compiled` ∩ `cpu` that is not in
+// `passed_over` (portable never is), or `forced` (the value of FMHA_CPU_ISA; null or empty for no
+// preference), which must be known, compiled in, and supported by the CPU, and is taken even if
+// passed over. Otherwise an error that says what is there, and `chosen` is untouched.
+Status choose_isa(IsaSet compiled, IsaSet cpu, const char* forced, Isa* chosen, IsaSet passed_over = IsaSet());
+
+// The path calls take now: choose_isa(compiled_isas(), cpu_isas(), getenv("FMHA_CPU_ISA"),
+// cpu_passed_over()). FMHA_CPU_ISA is read on every call, so a process (a test) may change it
+// between calls.
 Status selected_isa(Isa* chosen);
 
 inline constexpr const char* kIsaEnvironmentVariable = "FMHA_CPU_ISA";

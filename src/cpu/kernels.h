@@ -24,6 +24,13 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
 }
 namespace avx512bf16 {
 Status run_kernels(const Params* calls, int64_t count, Direction direction, const CpuConfig& config);
+// Multiply-adds per second of this core's bf16 dot product (vdpbf16ps, 32 a 512-bit instruction)
+// and of its fp32 FMA (vfmadd, 16), each on enough independent accumulators to run at its
+// throughput, best of a few short rounds on the calling thread (about a millisecond in all).
+struct DotAndFmaRates {
+  double dot = 0.0, fma = 0.0;  // multiply-adds per second
+};
+DotAndFmaRates measure_dot_and_fma();
 }
 namespace amxbf16 {
 Status run_kernels(const Params* calls, int64_t count, Direction direction, const CpuConfig& config);

@@ -44,6 +44,7 @@ int cmd_info(bool json) {
       dj["cpu_paths_compiled"] = paths.compiled;
       dj["cpu_paths_runnable"] = paths.runnable;
       if (!paths.not_runnable.empty()) dj["cpu_paths_not_runnable"] = paths.not_runnable;
+      if (!paths.passed_over.empty()) dj["cpu_paths_passed_over"] = paths.passed_over;
       dj["cpu_path"] = paths.selected;
       if (!paths.error.empty()) dj["cpu_path_error"] = paths.error;
     }
@@ -72,6 +73,8 @@ int cmd_info(bool json) {
                 << names(d["cpu_paths_runnable"]) << "\n";
       if (d.contains("cpu_paths_not_runnable"))
         for (const auto& why : d["cpu_paths_not_runnable"]) std::cout << "    not run here: " << why.get<std::string>() << "\n";
+      if (d.contains("cpu_paths_passed_over"))
+        for (const auto& why : d["cpu_paths_passed_over"]) std::cout << "    passed over: " << why.get<std::string>() << "\n";
       std::cout << "    cpu path in use: ";
       if (d.contains("cpu_path_error")) std::cout << "none (" << d["cpu_path_error"].get<std::string>() << ")\n";
       else std::cout << d["cpu_path"].get<std::string>() << "\n";
