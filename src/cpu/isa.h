@@ -56,10 +56,11 @@ std::string cpu_lacks(Isa isa);
 // Paths this CPU runs that the choice passes over because they measured slower here than the
 // path before them: avx512bf16 where the core's bf16 dot product does fewer than
 // kDotOverFmaToPrefer times the multiply-adds per second of its fp32 FMA (bf16 then runs widened
-// to fp32 on the avx512 path). Intel cores with two 512-bit FMA units run vdpbf16ps at half the
-// FMA's rate or less; AMD Zen 4, whose FMA is one 512-bit operation a cycle, at about twice.
-// Measured once per process, the first time the choice needs it, and only where avx512bf16
-// would be chosen (an AMX CPU takes amxbf16 first).
+// to fp32 on the avx512 path). On a 2-core Intel Xeon (docs/PERF.md, 2026-12-04) vdpbf16ps gave
+// half its FMA's rate and the widened path ran bf16 1.6x faster; on an AMD EPYC (2026-12-03) the
+// dot-product path ran 1.5-1.7x faster than widened arithmetic. Measured once per process, the
+// first time the choice needs it, and only where avx512bf16 would be chosen (an AMX CPU takes
+// amxbf16 first).
 IsaSet cpu_passed_over();
 // Why `isa` is passed over (the measured rates); empty when it is not.
 std::string cpu_passed_over_why(Isa isa);
