@@ -79,6 +79,17 @@ TEST(CpuPaths, ChoiceSkipsPassedOverPathsUnlessForced) {
   EXPECT_EQ(chosen, Isa::avx512) << "bf16 widened on the avx512 path where the dot product is slow";
 }
 
+// The rule that passes avx512bf16 over: the dot product must give at least 1.25x the FMA's
+// multiply-adds per second (the rates measured on the 2-core Intel Xeon of docs/PERF.md: 44.7 vs
+// 83.0 G/s, passed over).
+TEST(CpuPaths, DotProductPaysOnlyAtAQuarterMoreThanTheFma) {
+  EXPECT_FALSE(dot_product_pays(44.7e9, 83.0e9));
+  EXPECT_FALSE(dot_product_pays(83.0e9, 83.0e9)) << "level rates: the widened path needs no conversions";
+  EXPECT_FALSE(dot_product_pays(1.24 * 83.0e9, 83.0e9));
+  EXPECT_TRUE(dot_product_pays(1.25 * 83.0e9, 83.0e9));
+  EXPECT_TRUE(dot_product_pays(2.0 * 83.0e9, 83.0e9));
+}
+
 // This CPU's own answer: what it passes over it runs, says why (the measured rates), and still
 // takes when forced.
 TEST(CpuPaths, PassedOverPathsAreMeasuredHere) {

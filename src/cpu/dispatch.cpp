@@ -112,15 +112,16 @@ std::string amx_unavailable() {
 #endif
 }
 
-// What this CPU runs, and why not the rest, found once per process.
-struct CpuSupport {
-  IsaSet runs;
-  std::string lacks[kIsaCount];
+// A set of paths with a reason per path, found once per process: what this CPU runs and why not
+// the rest (detect_cpu), and what the choice passes over and why (measure_passed_over).
+struct PathsAndReasons {
+  IsaSet paths;
+  std::string why[kIsaCount];
 };
 
-CpuSupport detect_cpu() {
-  CpuSupport out;
-  out.runs.add(Isa::portable);
+PathsAndReasons detect_cpu() {
+  PathsAndReasons out;
+  out.paths.add(Isa::portable);
 #if defined(__x86_64__) || defined(__i386__)
   // __builtin_cpu_supports also asks the operating system (XGETBV) whether it saves the AVX and
   // AVX-512 registers: a CPU flag alone is not enough to use them.
@@ -130,31 +131,31 @@ CpuSupport detect_cpu() {
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   const bool avx512bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
   const std::string amx = avx512bf16 ? amx_unavailable() : "the CPU cannot run the avx512bf16 path";
-  if (avx2) out.runs.add(Isa::avx2);
-  else out.lacks[int(Isa::avx2)] = "the CPU (or its operating system) lacks AVX2 or FMA";
-  if (avx512) out.runs.add(Isa::avx512);
-  else out.lacks[int(Isa::avx512)] = "the CPU (or its operating system) lacks AVX-512 F/BW/DQ/VL or AVX2";
-  if (avx512bf16) out.runs.add(Isa::avx512bf16);
-  else out.lacks[int(Isa::avx512bf16)] = "the CPU (or its operating system) lacks AVX512_BF16 or AVX-512";
-  if (amx.empty()) out.runs.add(Isa::amxbf16);
-  else out.lacks[int(Isa::amxbf16)] = amx;
+  if (avx2) out.paths.add(Isa::avx2);
+  else out.why[int(Isa::avx2)] = "the CPU (or its operating system) lacks AVX2 or FMA";
+  if (avx512) out.paths.add(Isa::avx512);
+  else out.why[int(Isa::avx512)] = "the CPU (or its operating system) lacks AVX-512 F/BW/DQ/VL or AVX2";
+  if (avx512bf16) out.paths.add(Isa::avx512bf16);
+  else out.why[int(Isa::avx512bf16)] = "the CPU (or its operating system) lacks AVX512_BF16 or AVX-512";
+  if (amx.empty()) out.paths.add(Isa::amxbf16);
+  else out.why[int(Isa::amxbf16)] = amx;
 #else
   for (Isa isa : kAllIsas)
-    if (isa != Isa::portable) out.lacks[int(isa)] = "not an x86 CPU";
+    if (isa != Isa::portable) out.why[int(isa)] = "not an x86 CPU";
 #endif
   return out;
 }
 
-const CpuSupport& cpu_support() {
-  static const CpuSupport support = detect_cpu();
+const PathsAndReasons& cpu_support() {
+  static const PathsAndReasons support = detect_cpu();
   return support;
 }
 
 }  // namespace
 
-IsaSet cpu_isas() { return cpu_support().runs; }
+IsaSet cpu_isas() { return cpu_support().paths; }
 
-std::string cpu_lacks(Isa isa) { return cpu_support().lacks[int(isa)]; }
+std::string cpu_lacks(Isa isa) { return cpu_support().why[int(isa)]; }
 
 Status choose_isa(IsaSet compiled, IsaSet cpu, const char* forced, Isa* chosen, IsaSet passed_over) {
   const IsaSet usable = compiled & cpu;
@@ -183,20 +184,15 @@ Status choose_isa(IsaSet compiled, IsaSet cpu, const char* forced, Isa* chosen, 
 
 namespace {
 
-// The paths passed over on this CPU, and why, found once per process where it matters.
-struct PassedOver {
-  IsaSet paths;
-  std::string why[kIsaCount];
-};
-
-PassedOver measure_passed_over() {
-  PassedOver out;
+// The paths passed over on this CPU, and why, measured once per process where it matters.
+PathsAndReasons measure_passed_over() {
+  PathsAndReasons out;
 #ifdef FMHA_CPU_HAS_AVX512BF16
   // Only where the choice would otherwise land on avx512bf16.
   const IsaSet usable = compiled_isas() & cpu_isas();
   if (!usable.has(Isa::avx512bf16) || usable.has(Isa::amxbf16)) return out;
   const avx512bf16::DotAndFmaRates rates = avx512bf16::measure_dot_and_fma();
-  if (rates.dot < kDotOverFmaToPrefer * rates.fma) {
+  if (!dot_product_pays(rates.dot, rates.fma)) {
     out.paths.add(Isa::avx512bf16);
     char line[200];
     std::snprintf(line, sizeof(line),
@@ -209,8 +205,8 @@ PassedOver measure_passed_over() {
   return out;
 }
 
-const PassedOver& passed_over() {
-  static const PassedOver measured = measure_passed_over();
+const PathsAndReasons& passed_over() {
+  static const PathsAndReasons measured = measure_passed_over();
   return measured;
 }
 

@@ -65,6 +65,9 @@ IsaSet cpu_passed_over();
 // Why `isa` is passed over (the measured rates); empty when it is not.
 std::string cpu_passed_over_why(Isa isa);
 inline constexpr double kDotOverFmaToPrefer = 1.25;
+// The rule itself: whether a bf16 dot product of `dot` multiply-adds per second is worth taking
+// over an fp32 FMA of `fma` (at least kDotOverFmaToPrefer times as many).
+constexpr bool dot_product_pays(double dot, double fma) { return dot >= kDotOverFmaToPrefer * fma; }
 
 // The one function that chooses a path: the last path of `compiled` ∩ `cpu` that is not in
 // `passed_over` (portable never is), or `forced` (the value of FMHA_CPU_ISA; null or empty for no
