@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -296,10 +297,13 @@ TEST(Sm90Schedule, DynamicAndStaticAgreeBitwise) {
 // Every forward variant of the sm90 tier (each a different pipeline, tile or rescaling scheme)
 // against the oracle, on random scores and on scores that grow along the keys, so that rows
 // rescale on some key tiles and keep their exponent base on others (the lazy variants' two paths).
+// FMHA_TEST_FWD_VARIANTS=a,b limits it to those variants (all by default).
 TEST(Sm90Variants, EveryForwardVariantMatchesTheOracle) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
+  const char* only = std::getenv("FMHA_TEST_FWD_VARIANTS");
   for (const char* name : cuda::sm90::kFwdVariantNames) {
+    if (only && ("," + std::string(only) + ",").find("," + std::string(name) + ",") == std::string::npos) continue;
     detail::CandidateScope scope(Backend::cuda_sm90, Direction::forward, name);
     for (int d : compiled_head_dims()) {
       if (!takes_head_dim(Backend::cuda_sm90, d)) continue;

@@ -88,6 +88,11 @@ inline constexpr size_t kSharedLimit = 227 * 1024;
 //             tile's fixed costs (turn hand-over, waits, row-max shuffles, descriptor set-up);
 //             160 keys spilled 112 bytes inside the loop at head dim 128 (ptxas), 144 spill
 //             24 bytes, outside it
+//   spec      pingpong whose exponentials start on each row's current base before the key
+//             tile's row max is known (OnlineSoftmax::update_speculative): one vote afterwards
+//             confirms that no row outgrew its base by more than the lazy bound, else the rows
+//             take the exact path from the kept exponents; the row max's shuffles leave the path
+//             from a tile's Q·Kᵀ to its P·V
 // Measured on an H200 (docs/PERF.md, 2026-12-04): lazy rescaling +3-9 % at head dim 128 from 4k
 // keys, level at 1k and at head dim 64 (not measured at 192/256); a third K/V stage (O staged
 // over Q) lost 1-7 % at 128; carrying the turns across work tiles +3-7 % at head dim 128 from 2k
@@ -110,13 +115,16 @@ struct FwdConfig {
   bool chain_turns;
   // Every poly_every-th exponential of a row on the FMA pipe (0: all on the MUFU unit).
   int poly_every = 0;
+  // Exponentials on the current base before the row max (OnlineSoftmax::update_speculative); needs
+  // lazy_rescale, overlap and poly_every 0.
+  bool speculate = false;
   constexpr int tile_m() const { return consumers * kConsumerRows; }
   constexpr int threads() const { return (consumers + 1) * kWarpgroupThreads; }
 };
 
-inline constexpr int kFwdVariants = 8;
-inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3",
-                                                               "eager",    "restart", "poly8",  "n144"};
+inline constexpr int kFwdVariants = 9;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3",  "eager",
+                                                               "restart",  "poly8",   "n144",   "spec"};
 inline constexpr int kFwdDefault = 0;
 
 // The variant a call runs when FMHA_SM90_FWD_CONFIG names none: c3 at head dim 64 (the softmax
@@ -127,6 +135,7 @@ inline constexpr int kFwdDefault = 0;
 inline constexpr int kFwdC3 = 3;
 inline constexpr int kFwdPoly8 = 6;
 inline constexpr int kFwdN144 = 7;
+inline constexpr int kFwdSpeculate = 8;
 inline constexpr int kWideKeys = 144;  // keys per tile of n144
 inline constexpr int64_t kC3MaskedMinRows = 8192;
 constexpr int default_fwd_variant(int head_dim, int64_t seqlen_q, bool masked) {
@@ -162,8 +171,9 @@ constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2)
   const int d = padded_head_dim(head_dim);
   const bool lazy = variant == kFwdDefault || variant >= 5;
   FwdConfig c{2, 128, 2, true, true, true, lazy,
-              variant == kFwdDefault || variant == kFwdPoly8 || variant == kFwdN144};
+              variant == kFwdDefault || variant == kFwdPoly8 || variant == kFwdN144 || variant == kFwdSpeculate};
   if (variant == kFwdPoly8) c.poly_every = 8;
+  if (variant == kFwdSpeculate) c.speculate = true;
   if (variant == kFwdN144 && d <= 128) c.tile_n = kWideKeys;
   if (d <= 64) c.stages = 3;
   if (d == 192) c.tile_n = 96;

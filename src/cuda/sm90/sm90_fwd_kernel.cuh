@@ -48,7 +48,7 @@ struct FwdKernel {
       sizeof(FwdShared<T, HD, BM, BN, STAGES, true>) + wg::kSwizzleAtomBytes <= kSharedLimit;
   using Mainloop =
       FwdMainloop<T, HD, BM, BN, STAGES, kConfig.overlap, kConfig.pingpong, kConfig.fold_scale, kConfig.lazy_rescale,
-                  kSeparateO, kConfig.chain_turns, kConfig.poly_every>;
+                  kSeparateO, kConfig.chain_turns, kConfig.poly_every, kConfig.speculate>;
   using Epilogue = FwdEpilogue<Mainloop>;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;

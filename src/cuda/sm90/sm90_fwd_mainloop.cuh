@@ -119,7 +119,7 @@ struct ConsumerTiles {
 };
 
 template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool PINGPONG, bool FOLD_SCALE, bool LAZY,
-          bool SEPARATE_O, bool CHAIN = false, int POLY = 0>
+          bool SEPARATE_O, bool CHAIN = false, int POLY = 0, bool SPECULATE = false>
 struct FwdMainloop {
   using Element = T;
   static constexpr bool kSeparateO = SEPARATE_O;
@@ -133,6 +133,7 @@ struct FwdMainloop {
   static_assert(!PINGPONG || (OVERLAP && kConsumers > 1), "pingpong alternates overlapped GEMM pairs of warpgroups");
   static_assert(kConsumers <= kMaxConsumers, "one epilogue and one turn barrier per consumer warpgroup");
   static_assert(!LAZY || FOLD_SCALE, "lazy rescaling is an option of the folded-scale update");
+  static_assert(!SPECULATE || (LAZY && OVERLAP && POLY == 0), "speculative exponentials are a form of the lazy overlapped update");
 
   Shared& shared;
   const AttentionArgs& args;
@@ -268,19 +269,32 @@ struct FwdMainloop {
   // Mask where the tile needs it, then the online-softmax update: s becomes P, rescale[i] is what
   // row i's output accumulated so far must be multiplied by. With FOLD_SCALE the scale is folded
   // into the exponent (a negative softmax scale takes the plain path: scale, then update).
+  // With SPECULATE, P also goes into `next` as register-A fragments, and where `speculate` is set
+  // (every key tile but a work tile's first, whose rows have no base yet) the exponentials start
+  // on the rows' current bases before the row max is known (OnlineSoftmax::update_speculative):
+  // s then holds the exponents, not P, and `next` is what P·V reads.
   __device__ __forceinline__ void softmax_step(typename Tiles::Scores& s, typename Tiles::Softmax& softmax,
                                                float (&rescale)[Tiles::Scores::kRows], const Mask& mask, Range rows,
-                                               int64_t col0, bool need_mask) {
+                                               int64_t col0, bool need_mask, typename Tiles::PFragments& next,
+                                               bool speculate) {
     if (need_mask)
       tile::thread::mask_outside(
           s, [&](int i) { return mask.keys(rows.begin + Tiles::Scores::row(i, thread)); }, col0,
           [&](int j) { return Tiles::Scores::col(j, thread); });
     if (FOLD_SCALE && args.scale_log2 > 0.f) {
+      if constexpr (SPECULATE) {
+        if (speculate) {
+          softmax.update_speculative(s, args.scale_log2, rescale,
+                                     [&](const typename Tiles::Scores& p) { wg::a_from_acc<T>(next, p); });
+          return;
+        }
+      }
       softmax.template update_scaled<true, LAZY, POLY>(s, args.scale_log2, rescale);
     } else {
       tile::thread::scale(s, args.scale_log2);
       softmax.template update<true>(s, rescale);
     }
+    if constexpr (SPECULATE) wg::a_from_acc<T>(next, s);
   }
 
   // With LAZY most tiles leave every factor at 1: a warp whose rows all keep their base skips
@@ -307,6 +321,7 @@ struct FwdMainloop {
                       typename Tiles::Output& o, typename Tiles::Softmax& softmax) {
     typename Tiles::Scores s;  // [64, BN] scores of the tile in flight
     typename Tiles::PFragments p;  // [64, BN] P of the previous tile, register-A fragments
+    typename Tiles::PFragments next;  // SPECULATE: P's other buffer (the two alternate by key tile)
     float rescale[Tiles::Scores::kRows];
     if (num_tiles == 0) {
       release_queries();
@@ -321,7 +336,7 @@ struct FwdMainloop {
         wg::fence_operand(s.d);
         release(shared.k_empty[pipe.index]);
         if (j == num_tiles - 1) release_queries();
-        softmax_step(s, softmax, rescale, mask, rows, keys.begin + int64_t(j) * BN, full.need_mask(j));
+        softmax_step(s, softmax, rescale, mask, rows, keys.begin + int64_t(j) * BN, full.need_mask(j), next, false);
         apply_rescale(o, rescale);
         wg::a_from_acc<T>(p, s);
         pv_step(o, p, pipe);
@@ -338,16 +353,17 @@ struct FwdMainloop {
       wg::fence_operand(s.d);
       release(shared.k_empty[pipe.index]);
       if (num_tiles == 1) release_queries();
-      softmax_step(s, softmax, rescale, mask, rows, keys.begin, full.need_mask(0));
+      softmax_step(s, softmax, rescale, mask, rows, keys.begin, full.need_mask(0), p, false);
       Pipeline previous = pipe;
       pipe.advance();
-      for (int j = 1; j < num_tiles; ++j) {
+      // Key tile j > 0: P(j-1) in `cur`; with SPECULATE the softmax forms P(j) in `nxt`.
+      auto step = [&](int j, typename Tiles::PFragments& cur, typename Tiles::PFragments& nxt) {
         // P(j-1) is converted here and O rescaled just before the P·V that adds to it, not after
         // the previous iteration's final wait: nothing then touches the registers that P·V reads or
         // writes until the iteration ends, so ptxas keeps that wait below the softmax, which runs
         // while P·V is in flight (with the conversion after the wait, the SASS showed the wait
         // hoisted above the whole softmax).
-        wg::a_from_acc<T>(p, s);
+        if constexpr (!SPECULATE) wg::a_from_acc<T>(cur, s);
         // S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) in flight together.
         shared.k_full[pipe.index].wait(pipe.phase);
         take_turn();
@@ -355,23 +371,45 @@ struct FwdMainloop {
         apply_rescale(o, rescale);  // to tile j-1's row max, while S(j) runs
         shared.v_full[previous.index].wait(previous.phase);
         wg::fence_operand(o.d);
-        issue_pv(o, p, previous.index);
+        issue_pv(o, cur, previous.index);
         pass_turn(false);
         wg::wait<1>();  // S(j) is done; P·V may still run
         wg::fence_operand(s.d);
         release(shared.k_empty[pipe.index]);
-        softmax_step(s, softmax, rescale, mask, rows, keys.begin + int64_t(j) * BN, full.need_mask(j));
+        softmax_step(s, softmax, rescale, mask, rows, keys.begin + int64_t(j) * BN, full.need_mask(j), nxt, true);
         wg::wait<0>();
         wg::fence_operand(o.d);
-        wg::fence_operand(p);
+        wg::fence_operand(cur);
         release(shared.v_empty[previous.index]);
         previous = pipe;
         pipe.advance();
+      };
+      auto last_pv = [&](typename Tiles::PFragments& last) {
+        if (num_tiles > 1) release_queries();  // the last Q·Kᵀ completed in the loop
+        if constexpr (!SPECULATE) wg::a_from_acc<T>(last, s);
+        apply_rescale(o, rescale);
+        pv_step(o, last, previous, true);
+      };
+      if constexpr (SPECULATE) {
+        // P·V of one tile reads its fragments while the softmax of the next writes the other
+        // buffer: the two alternate (two tiles per turn of the loop), so no copy from one to the
+        // other sits between them (a copy that ptxas folds away makes the softmax write
+        // registers that an in-flight wgmma reads, and it then serialises the wgmma).
+        int j = 1;
+        for (; j + 1 < num_tiles; j += 2) {
+          step(j, p, next);
+          step(j + 1, next, p);
+        }
+        if (j < num_tiles) {
+          step(j, p, next);
+          last_pv(next);
+        } else {
+          last_pv(p);
+        }
+      } else {
+        for (int j = 1; j < num_tiles; ++j) step(j, p, p);
+        last_pv(p);
       }
-      if (num_tiles > 1) release_queries();  // the last Q·Kᵀ completed in the loop
-      wg::a_from_acc<T>(p, s);
-      apply_rescale(o, rescale);
-      pv_step(o, p, previous, true);
     }
   }
 };

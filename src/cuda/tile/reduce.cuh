@@ -226,6 +226,58 @@ struct OnlineSoftmax {
     }
   }
 
+  // update_scaled<true, true> (lazy, ex2.approx) with the exponentials started on each row's
+  // current base before the tile's row max is known: the row max no longer precedes them (its
+  // in-thread reduction runs beside them and its lane shuffles are gone). x = scale·s − base is
+  // kept in s; P = 2^x goes to emit(P) (the caller packs it into its own registers while P's
+  // registers are still live, so that s and the packed P, not two fp32 tiles, cross the check).
+  // Then one vote: if every lane of the warp saw x ≤ kLazyRescaleLog2 in rows that had a base
+  // already, every row keeps its base (rescale 1) and P stands. Otherwise (a row's first key
+  // tile, or a max that grew by more than the lazy bound: rare after a row's first tiles) each
+  // row decides as update_scaled does from its max over the lanes, and P is formed again from x
+  // on the new base, 2^(x − (new base − base)), and emitted again. Needs scale > 0.
+  template <class Reg, class Emit>
+  __device__ __forceinline__ void update_speculative(Reg& s, float scale, float (&rescale)[ROWS], Emit&& emit) {
+    static_assert(Reg::kRows == ROWS, "one softmax row per tile row");
+    Reg p;
+    float base[ROWS], over[ROWS], part[ROWS];
+    bool keep_all = true;
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      keep_all &= max[i] != kNegInf;
+      base[i] = max[i] == kNegInf ? 0.f : max[i];
+#pragma unroll
+      for (int j = 0; j < Reg::kCols; ++j) {
+        s(i, j) = fmaf(s(i, j), scale, -base[i]);
+        p(i, j) = exp2_fast(s(i, j));
+      }
+      over[i] = warp::thread_row_reduce(s, i, [](float a, float b) { return fmaxf(a, b); });
+      part[i] = warp::thread_row_reduce(p, i, [](float a, float b) { return a + b; });
+      keep_all &= over[i] <= kLazyRescaleLog2;
+    }
+    emit(p);
+    if (__all_sync(0xffffffffu, keep_all)) {
+#pragma unroll
+      for (int i = 0; i < ROWS; ++i) sum[i] += part[i], rescale[i] = 1.f;
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      const float grown = warp::row_max<LANES>(over[i]);  // the tile's row max, less base[i]
+      // With -inf on both sides (a row with no visible key yet) the plain path, as update_scaled.
+      const bool keep = max[i] != kNegInf && grown <= kLazyRescaleLog2;
+      const float new_max = keep ? max[i] : fmaxf(max[i], base[i] + grown);
+      const float new_base = new_max == kNegInf ? 0.f : new_max;
+      const float shift = new_base - base[i];
+      rescale[i] = keep ? 1.f : exp2_fast(max[i] - new_base);
+#pragma unroll
+      for (int j = 0; j < Reg::kCols; ++j) p(i, j) = exp2_fast(s(i, j) - shift);
+      sum[i] = sum[i] * rescale[i] + warp::thread_row_reduce(p, i, [](float a, float b) { return a + b; });
+      max[i] = new_max;
+    }
+    emit(p);
+  }
+
   // Row sums reduced over the lanes; afterwards inv_sum / lse are per row.
   __device__ __forceinline__ void finish() {
 #pragma unroll
