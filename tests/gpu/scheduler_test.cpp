@@ -133,12 +133,12 @@ TEST(Sm90Config, Tf32ForwardFitsAndTakesWholeKeyChunks) {
 }
 
 TEST(Sm90Config, DefaultVariantByShape) {
-  // Head dim 64: c3, except masked problems with few query rows (poly8); pingpong at every other head dim.
-  EXPECT_EQ(default_fwd_variant(64, 512, false), kFwdC3);
-  EXPECT_EQ(default_fwd_variant(64, 4096, true), kFwdPoly8);
-  EXPECT_EQ(default_fwd_variant(64, kC3MaskedMinRows, true), kFwdC3);
-  for (int head_dim : {96, 128, 192, 256})
-    for (bool masked : {false, true}) EXPECT_EQ(default_fwd_variant(head_dim, 16384, masked), kFwdDefault);
+  // spec at head dims 64 and 128, pingpong (the one variant compiled at the others) elsewhere.
+  EXPECT_EQ(default_fwd_variant(64), kFwdSpeculate);
+  EXPECT_EQ(default_fwd_variant(128), kFwdSpeculate);
+  for (int head_dim : {96, 192, 256}) EXPECT_EQ(default_fwd_variant(head_dim), kFwdDefault);
+  EXPECT_TRUE(fwd_config(128, kFwdSpeculate).speculate && fwd_config(128, kFwdSpeculate).lazy_rescale);
+  EXPECT_FALSE(fwd_config(128, kFwdDefault).speculate);
   for (int v = 0; v < kFwdVariants; ++v)
     EXPECT_TRUE(fwd_config(64, v).pingpong == (std::string(kFwdVariantNames[v]) != "overlap" &&
                                                std::string(kFwdVariantNames[v]) != "serial"))

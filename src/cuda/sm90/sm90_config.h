@@ -127,20 +127,17 @@ inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "over
                                                                "restart",  "poly8",   "n144",   "spec"};
 inline constexpr int kFwdDefault = 0;
 
-// The variant a call runs when FMHA_SM90_FWD_CONFIG names none: c3 at head dim 64 (the softmax
-// bounds there, and three warpgroups share each K/V tile), except for masked problems below 8k
-// query rows, where 192-row tiles are too few and too uneven to balance: those take poly8 (the
-// MUFU unit is what the softmax waits on at that head dim: +2-4 % over pingpong); pingpong
-// elsewhere (poly8 lost 1-3 % at 128). Measured on an H200, docs/PERF.md.
+// The variant a call runs when FMHA_SM90_FWD_CONFIG names none: spec at head dims 64 and 128, at
+// every length and mask (on an H200 against pingpong: +5-8 % at 128 from 4k keys, -2 % at 1k
+// causal; +4-15 % at 64, where it also passed c3 and poly8, the earlier defaults there);
+// pingpong elsewhere (spec is compiled at the tuned head dims only). docs/PERF.md, run 25.
 inline constexpr int kFwdC3 = 3;
 inline constexpr int kFwdPoly8 = 6;
 inline constexpr int kFwdN144 = 7;
 inline constexpr int kFwdSpeculate = 8;
 inline constexpr int kWideKeys = 144;  // keys per tile of n144
-inline constexpr int64_t kC3MaskedMinRows = 8192;
-constexpr int default_fwd_variant(int head_dim, int64_t seqlen_q, bool masked) {
-  if (padded_head_dim(head_dim) == 64) return !masked || seqlen_q >= kC3MaskedMinRows ? kFwdC3 : kFwdPoly8;
-  return kFwdDefault;
+constexpr int default_fwd_variant(int head_dim) {
+  return head_dim == 64 || head_dim == 128 ? kFwdSpeculate : kFwdDefault;
 }
 
 // The head dims the tf32 forward (fp32 storage) takes: padded to at most 128 (64, 96, 128), where

@@ -114,8 +114,7 @@ size_t forward_shared_bytes_of(DType dtype) {
 // (kDefaultVariant where that is the tier's default); fp32 (tf32) has the default alone.
 int shape_default_variant(int head_dim, const Params& p) {
   if (p.q.dtype == DType::fp32) return kDefaultVariant;
-  const bool masked = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
-  const int v = default_fwd_variant(head_dim, Problem::of(p).seqlen_q, masked);
+  const int v = default_fwd_variant(head_dim);
   return v == kFwdDefault ? kDefaultVariant : v;
 }
 
