@@ -133,10 +133,12 @@ TEST(Sm90Config, Tf32ForwardFitsAndTakesWholeKeyChunks) {
 }
 
 TEST(Sm90Config, DefaultVariantByShape) {
-  // spec at head dims 64 and 128, pingpong (the one variant compiled at the others) elsewhere.
-  EXPECT_EQ(default_fwd_variant(64), kFwdSpeculate);
-  EXPECT_EQ(default_fwd_variant(128), kFwdSpeculate);
-  for (int head_dim : {96, 192, 256}) EXPECT_EQ(default_fwd_variant(head_dim), kFwdDefault);
+  // spec for dense calls at head dims 64 and 128; pingpong for packed calls and at the others.
+  EXPECT_EQ(default_fwd_variant(64, false), kFwdSpeculate);
+  EXPECT_EQ(default_fwd_variant(128, false), kFwdSpeculate);
+  for (int head_dim : {64, 128}) EXPECT_EQ(default_fwd_variant(head_dim, true), kFwdDefault);
+  for (int head_dim : {96, 192, 256})
+    for (bool packed : {false, true}) EXPECT_EQ(default_fwd_variant(head_dim, packed), kFwdDefault);
   EXPECT_TRUE(fwd_config(128, kFwdSpeculate).speculate && fwd_config(128, kFwdSpeculate).lazy_rescale);
   EXPECT_FALSE(fwd_config(128, kFwdDefault).speculate);
   for (int v = 0; v < kFwdVariants; ++v)

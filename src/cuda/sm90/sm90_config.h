@@ -127,17 +127,19 @@ inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "over
                                                                "restart",  "poly8",   "n144",   "spec"};
 inline constexpr int kFwdDefault = 0;
 
-// The variant a call runs when FMHA_SM90_FWD_CONFIG names none: spec at head dims 64 and 128, at
-// every length and mask (on an H200 against pingpong: +5-8 % at 128 from 4k keys, -2 % at 1k
-// causal; +4-15 % at 64, where it also passed c3 and poly8, the earlier defaults there);
-// pingpong elsewhere (spec is compiled at the tuned head dims only). docs/PERF.md, run 25.
+// The variant a call runs when FMHA_SM90_FWD_CONFIG names none: spec for dense calls at head dims
+// 64 and 128, at every length and mask (on an H200 against pingpong: +5-8 % at 128 from 4k keys,
+// -2 % at 1k causal; +4-15 % at 64, where it also passed c3 and poly8, the earlier defaults
+// there); pingpong for packed calls (spec's packed kernel keeps 128 bytes in local memory at 128,
+// and its speed there is not measured yet) and at the other head dims (spec is compiled at the
+// tuned head dims only; it spills 112-184 bytes at 192 and 256). docs/PERF.md, run 25.
 inline constexpr int kFwdC3 = 3;
 inline constexpr int kFwdPoly8 = 6;
 inline constexpr int kFwdN144 = 7;
 inline constexpr int kFwdSpeculate = 8;
 inline constexpr int kWideKeys = 144;  // keys per tile of n144
-constexpr int default_fwd_variant(int head_dim) {
-  return head_dim == 64 || head_dim == 128 ? kFwdSpeculate : kFwdDefault;
+constexpr int default_fwd_variant(int head_dim, bool packed) {
+  return !packed && (head_dim == 64 || head_dim == 128) ? kFwdSpeculate : kFwdDefault;
 }
 
 // The head dims the tf32 forward (fp32 storage) takes: padded to at most 128 (64, 96, 128), where

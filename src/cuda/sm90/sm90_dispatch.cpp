@@ -114,7 +114,8 @@ size_t forward_shared_bytes_of(DType dtype) {
 // (kDefaultVariant where that is the tier's default); fp32 (tf32) has the default alone.
 int shape_default_variant(int head_dim, const Params& p) {
   if (p.q.dtype == DType::fp32) return kDefaultVariant;
-  const int v = default_fwd_variant(head_dim);
+  const bool packed = p.cu_seqlens_q.defined() || p.cu_seqlens_k.defined();
+  const int v = default_fwd_variant(head_dim, packed);
   return v == kFwdDefault ? kDefaultVariant : v;
 }
 
