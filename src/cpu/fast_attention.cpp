@@ -373,11 +373,14 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
           const float base = new_max == kNegInf ? 0.0f : new_max;  // nothing visible yet
           vf sum{};
           for (int v = 0; v < kVecsN; ++v) {
-            const vf prob = exp2((load(srow + v * kLanes) - base) * scale_log2);
+            const vf prob = exp2_nonpositive((load(srow + v * kLanes) - base) * scale_log2);
             store(srow + v * kLanes, prob);
             sum += prob;
           }
-          const float rescale = exp2(splat((max_tile[r] - base) * scale_log2))[0];
+          // A row whose max did not grow keeps its scale: exp2(0) is 1 exactly, so the common case
+          // skips evaluating it.
+          const float rescale =
+              new_max == max_tile[r] ? 1.0f : exp2_nonpositive(splat((max_tile[r] - base) * scale_log2))[0];
           sum_tile[r] = sum_tile[r] * rescale + horizontal_sum(sum);
           max_tile[r] = new_max;
           if (rescale != 1.0f) {

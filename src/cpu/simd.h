@@ -82,13 +82,16 @@ inline float multiply_add(float a, float b, float c) {
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // 2^x for x <= 127, flushing results below 2^-126 to 0 (so exp2(-inf) = 0). Relative error
-// ~1e-7: a degree-7 polynomial of 2^f on f in [-0.5, 0.5] times 2^round(x).
-inline vf exp2(vf x) {
+// ~1e-7: a degree-7 polynomial of 2^f on f in [-0.5, 0.5] times 2^round(x). kUpper = false
+// leaves out the clamp at 127, for arguments known to be at most 0 (exp2_nonpositive).
+template <bool kUpper>
+inline vf exp2_clamped(vf x) {
   const vf lo = splat(-127.0f), hi = splat(127.0f);
   x = x < lo ? lo : x;
-  x = x > hi ? hi : x;
+  if constexpr (kUpper) x = x > hi ? hi : x;
   const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const vf whole = (x + magic) - magic;
+  const vf shifted = x + magic;         // round(x) in the low bits of the mantissa
+  const vf whole = shifted - magic;
   const vf f = x - whole;
   // Taylor coefficients of 2^f = e^(f ln 2): (ln 2)^k / k!
   vf p = splat(1.525273380405984e-05f);
@@ -99,11 +102,19 @@ inline vf exp2(vf x) {
   p = p * f + 2.402265069591007e-01f;
   p = p * f + 6.931471805599453e-01f;
   p = p * f + 1.0f;
-  const vi exponent = (__builtin_convertvector(whole, vi) + 127) << 23;  // 0 at x = -127
+  // 2^round(x) from the bits of `shifted` (no conversion): round(x) + 127 into the exponent
+  // field, where magic's own bits shift out of the word; 0 at x = -127.
+  using vu = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+  vu bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  const vu exponent = (bits + 127u) << 23;
   vf scale;
   std::memcpy(&scale, &exponent, sizeof scale);
   return p * scale;
 }
+inline vf exp2(vf x) { return exp2_clamped<true>(x); }
+// exp2 of arguments at most 0 (or -inf): a score less the row max that it is part of.
+inline vf exp2_nonpositive(vf x) { return exp2_clamped<false>(x); }
 
 // Horizontal reductions as a tree of in-register shuffles (log2(kLanes) dependent steps).
 // swap_groups<Step> exchanges neighbouring groups of Step lanes.
