@@ -206,7 +206,10 @@ static_assert(kTileM == 64 && kTileN == 64, "cpu_config.h's blocks are multiples
 // `whole`: a head may be one chunk whatever its length (the fused backward then forms its own
 // statistics, takes_own_statistics, and saves a sixth to two sevenths of its matmuls), which it is
 // where the heads alone give every thread its items: kItemsPerThread of them, or one or more each
-// with the threads busy for at least kWholeHeadBalance of the rounds they take.
+// with the threads busy for at least kWholeHeadBalance of the rounds they take. Where the heads
+// balance the threads so, a chunk is also never cut shorter than the head (up to
+// max_chunk_tiles): cutting a short head in two only loads its K/V panels twice (B1 H4 S192 D128
+// fp32 on 2 threads: forward +10-14 %, backward +15-19 %; docs/PERF.md).
 constexpr double kWholeHeadBalance = 0.85;
 
 int64_t chunk_tiles(int64_t tiles_per_head, int64_t heads_total, int threads, const CpuConfig& config,
@@ -216,6 +219,7 @@ int64_t chunk_tiles(int64_t tiles_per_head, int64_t heads_total, int threads, co
   const int64_t rounds = (heads_total + threads - 1) / threads;
   const bool balanced = heads_total >= threads && double(heads_total) >= kWholeHeadBalance * double(rounds * threads);
   if (whole && (chunks_per_head == 1 || balanced)) return std::max<int64_t>(1, tiles_per_head);
+  if (balanced) return std::clamp<int64_t>(tiles_per_head, 1, config.max_chunk_tiles);
   return std::clamp<int64_t>((tiles_per_head + chunks_per_head - 1) / chunks_per_head, 1, config.max_chunk_tiles);
 }
 
