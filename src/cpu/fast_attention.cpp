@@ -514,10 +514,17 @@ RowStats allocate_stats(const Problem& s) {
   return st;
 }
 
-// |x| of an fp32 row, summed in double (a bound's ingredient, not an operand).
-double norm_of(const std::vector<float>& x, int64_t n) {
+// |x| of an fp32 row, summed in double (a bound's ingredient, not an operand) over kNormChains
+// interleaved partial sums: independent chains, not one chain of dependent adds.
+constexpr int kNormChains = 8;
+double norm_of(const float* x, int64_t n) {
+  double part[kNormChains] = {};
+  int64_t i = 0;
+  for (; i + kNormChains <= n; i += kNormChains)
+    for (int c = 0; c < kNormChains; ++c) part[c] += double(x[i + c]) * double(x[i + c]);
+  for (; i < n; ++i) part[0] += double(x[i]) * double(x[i]);
   double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += double(x[size_t(i)]) * double(x[size_t(i)]);
+  for (double v : part) sum += v;
   return std::sqrt(sum);
 }
 
@@ -525,26 +532,38 @@ double norm_of(const std::vector<float>& x, int64_t n) {
 // matmul operands are (tf32) and summed in the matmuls' order (one fused multiply-add per head
 // dim element, first to last): where a row sees one key, O is that key's V as the matmuls see it
 // and Δ equals dP bit for bit, so dS = P·(dP - Δ) is exactly 0, as it is in exact arithmetic.
+// Rows go kPreprocessRows at a time, their chains interleaved (each row's own order unchanged):
+// one row's chain of dependent fused multiply-adds waits on the unit's latency at every step.
 // Also each query row's |q|, and (the item of a KV head's first query head) the largest |k| of
 // the KV head's keys: lse_factor's bound.
+constexpr int64_t kPreprocessRows = 8;
 void preprocess(const Params& p, const Problem& s, int64_t item, RowStats& st) {
   const int64_t b = item / s.heads, h = item % s.heads;
-  std::vector<float> o_row(size_t(s.head_dim_v)), do_row(size_t(s.head_dim_v)), qk_row(size_t(s.head_dim));
-  for (int64_t i = 0; i < s.seqlen_q; ++i) {
-    read_row(p.o, offset4(p.o, b, i, h, 0), s.head_dim_v, o_row.data(), false);
-    read_row(p.dout, offset4(p.dout, b, i, h, 0), s.head_dim_v, do_row.data(), s.tf32);
-    float delta = 0.0f;
-    for (int64_t d = 0; d < s.head_dim_v; ++d) delta = multiply_add(do_row[size_t(d)], o_row[size_t(d)], delta);
-    st.delta[size_t(item * s.seqlen_q + i)] = delta;
-    read_row(p.q, offset4(p.q, b, i, h, 0), s.head_dim, qk_row.data(), s.tf32);
-    st.q_norm[size_t(item * s.seqlen_q + i)] = float(norm_of(qk_row, s.head_dim));
+  const int64_t dv = s.head_dim_v, dk = s.head_dim;
+  std::vector<float> o_rows(size_t(kPreprocessRows * dv)), do_rows(size_t(kPreprocessRows * dv));
+  std::vector<float> qk_row(static_cast<size_t>(dk));
+  for (int64_t i0 = 0; i0 < s.seqlen_q; i0 += kPreprocessRows) {
+    const int64_t count = std::min(kPreprocessRows, s.seqlen_q - i0);
+    for (int64_t r = 0; r < count; ++r) {
+      read_row(p.o, offset4(p.o, b, i0 + r, h, 0), dv, o_rows.data() + r * dv, false);
+      read_row(p.dout, offset4(p.dout, b, i0 + r, h, 0), dv, do_rows.data() + r * dv, s.tf32);
+    }
+    float delta[kPreprocessRows] = {};
+    for (int64_t d = 0; d < dv; ++d)
+      for (int64_t r = 0; r < kPreprocessRows; ++r)
+        delta[r] = multiply_add(do_rows[size_t(r * dv + d)], o_rows[size_t(r * dv + d)], delta[r]);
+    for (int64_t r = 0; r < count; ++r) {
+      st.delta[size_t(item * s.seqlen_q + i0 + r)] = delta[r];
+      read_row(p.q, offset4(p.q, b, i0 + r, h, 0), dk, qk_row.data(), s.tf32);
+      st.q_norm[size_t(item * s.seqlen_q + i0 + r)] = float(norm_of(qk_row.data(), dk));
+    }
   }
   if (h % s.group != 0) return;
   const int64_t kv_head = h / s.group;
   double key_norm_max = 0.0;
   for (int64_t j = 0; j < s.seqlen_k; ++j) {
-    read_row(p.k, offset4(p.k, b, j, kv_head, 0), s.head_dim, qk_row.data(), s.tf32);
-    key_norm_max = std::max(key_norm_max, norm_of(qk_row, s.head_dim));
+    read_row(p.k, offset4(p.k, b, j, kv_head, 0), dk, qk_row.data(), s.tf32);
+    key_norm_max = std::max(key_norm_max, norm_of(qk_row.data(), dk));
   }
   st.key_norm_max[size_t(b * s.kv_heads + kv_head)] = float(key_norm_max);
 }
