@@ -991,12 +991,33 @@ void own_tile_statistics(const Params& p, const Problem& s, RowStats& st, int64_
 // padded][ld] (transposed: the fused pass computes dQ^T tiles), in a fixed order of the chunks of
 // each (batch, KV head), so that the sum is the same on every run whatever the thread count.
 // `turn[b * kv_heads + kv_head]` counts the chunks of that head already added.
+// `direct`: every (batch, KV head) of the call is one chunk, so a chunk's share is the whole of
+// dQ^T and the chunk writes it out itself (write_dq_rows): no accumulator to clear, add into and
+// read back (at long sequences three passes over a tensor the size of dQ, from memory).
 struct DqAccumulator {
   Scratch data;  // vector-aligned, as the adds load and store whole vectors
   int64_t ld = 0, dp = 0;  // dp: the head dim rounded up to kDimRows
+  bool direct = false;
   std::vector<std::atomic<int64_t>> turn;
   float* head(int64_t bh) { return data.get() + bh * dp * ld; }
 };
+
+// dQ = scale · (dQ^T)^T for every query row of head (b, h): `src` holds dQ^T [dp][ld], its
+// columns the queries from `first`, `width` of them; rows outside them get 0. `rows_buffer` holds
+// kTileM rows of dp floats.
+void write_dq_rows(const Params& p, const Problem& s, int64_t b, int64_t h, const float* src, int64_t ld, int64_t dp,
+                   int64_t first, int64_t width, float* rows_buffer) {
+  for (int64_t row0 = 0; row0 < s.seqlen_q; row0 += kTileM) {
+    const int64_t rows = std::min(kTileM, s.seqlen_q - row0);
+    // [kTileM, dp] a block of rows gathered from the transposed dQ^T, zero outside its columns
+    const Range inside = intersect(Range{row0, row0 + rows}, Range{first, first + width});
+    std::fill_n(rows_buffer, rows * dp, 0.0f);
+    for (int64_t d = 0; d < s.head_dim; ++d)
+      for (int64_t r = inside.begin; r < inside.end; ++r)
+        rows_buffer[(r - row0) * dp + d] = src[d * ld + (r - first)] * s.scale;
+    for (int64_t r = 0; r < rows; ++r) write_row(p.dq, offset4(p.dq, b, row0 + r, h, 0), s.head_dim, rows_buffer + r * dp);
+  }
+}
 
 // Fused pass: one item = (batch, KV head, chunk of key tiles), over every query head of the group
 // and every query tile the mask lets the chunk see. For each (key tile, query tile) pair, P and dS
@@ -1136,6 +1157,13 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
     write_row(p.dk, offset4(p.dk, b, keys.begin + c, kv_head, 0), s.head_dim, dk_row);
     write_row(p.dv, offset4(p.dv, b, keys.begin + c, kv_head, 0), s.head_dim_v, dv + c * dvp);
   }
+  if (dq_acc.direct) {  // the share is the whole of dQ^T
+    float* rows_buffer = t.s.reserve(kTileM * dq_rows);
+    for (int64_t g = 0; g < s.group; ++g)
+      write_dq_rows(p, s, b, kv_head * s.group + g, dq_share + g * dq_rows * dq_ld, dq_ld, dq_rows, dq_first,
+                    dq_width, rows_buffer);
+    return;
+  }
   // The share joins the accumulator in chunk order: wait for the chunks before this one.
   std::atomic<int64_t>& turn = dq_acc.turn[size_t(b * s.kv_heads + kv_head)];
   if (!wait_for_turn(turn, ordinal, abandoned)) return;
@@ -1151,16 +1179,7 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
 
 // The fused pass's last step, per (batch, head) `bh`: dQ = scale · (dQ^T)^T, written out.
 void write_dq(const Params& p, const Problem& s, int64_t bh, DqAccumulator& dq_acc, float* rows_buffer) {
-  const int64_t b = bh / s.heads, h = bh % s.heads;
-  const float* src = dq_acc.head(bh);
-  for (int64_t row0 = 0; row0 < s.seqlen_q; row0 += kTileM) {
-    const int64_t rows = std::min(kTileM, s.seqlen_q - row0);
-    // [kTileM, dp] a block of rows gathered from the transposed accumulator
-    for (int64_t d = 0; d < s.head_dim; ++d)
-      for (int64_t r = 0; r < rows; ++r) rows_buffer[r * dq_acc.dp + d] = src[d * dq_acc.ld + row0 + r] * s.scale;
-    for (int64_t r = 0; r < rows; ++r)
-      write_row(p.dq, offset4(p.dq, b, row0 + r, h, 0), s.head_dim, rows_buffer + r * dq_acc.dp);
-  }
+  write_dq_rows(p, s, bh / s.heads, bh % s.heads, dq_acc.head(bh), dq_acc.ld, dq_acc.dp, 0, dq_acc.ld, rows_buffer);
 }
 
 // Items of several calls in one pool: item `i` of the call at position `c` of the pool is flat
@@ -1347,17 +1366,6 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     const size_t c = stat_pool.call(item);
     preprocess(calls[c], problems[c], item - stat_pool.first[c], stats[c]);
   });
-  std::vector<DqAccumulator> dq(static_cast<size_t>(count));
-  std::vector<int64_t> dq_items(static_cast<size_t>(count));
-  for (size_t c = 0; c < size_t(count); ++c) {
-    const Problem& s = problems[c];
-    dq[c].dp = round_up(s.head_dim, kDimRows);
-    dq[c].ld = round_up(s.seqlen_q, kTileM) + kLanes;
-    const int64_t size = s.batch * s.heads * dq[c].dp * dq[c].ld;
-    std::fill_n(dq[c].data.reserve(size), size, 0.0f);
-    dq[c].turn = std::vector<std::atomic<int64_t>>(size_t(s.batch * s.kv_heads));
-    dq_items[c] = s.batch * s.heads;
-  }
   // Short calls keep their S^T tiles (ScoreCache) in a buffer of the calling thread's, kept for
   // its later calls (at most config.score_cache_bytes).
   std::vector<ScoreCache> caches(static_cast<size_t>(count));
@@ -1381,12 +1389,23 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
   // items each span all its keys forms its statistics there (takes_own_statistics), and the
   // statistics pass leaves it out.
   std::vector<char> own_stats(static_cast<size_t>(count), 0), whole(static_cast<size_t>(count), 0);
-  for (size_t c = 0; c < size_t(count) && parts == 1 && !keep_scores; ++c) {
+  for (size_t c = 0; c < size_t(count) && parts == 1 && !keep_scores; ++c)
+    whole[c] = takes_own_statistics(problems[c], config, Range{0, problems[c].seqlen_k});
+  std::vector<DqAccumulator> dq(static_cast<size_t>(count));
+  std::vector<int64_t> dq_items(static_cast<size_t>(count));
+  for (size_t c = 0; c < size_t(count); ++c) {
     const Problem& s = problems[c];
-    whole[c] = takes_own_statistics(s, config, Range{0, s.seqlen_k});
     const int64_t per_chunk =
         chunk_tiles(tiles(s.seqlen_k, kTileN), heads_total, hardware_threads(), config, whole[c]) * kTileN;
     own_stats[c] = whole[c] && per_chunk >= s.seqlen_k;
+    dq[c].direct = s.seqlen_k > 0 && per_chunk >= s.seqlen_k;  // one chunk per (batch, KV head)
+    dq[c].dp = round_up(s.head_dim, kDimRows);
+    dq[c].ld = round_up(s.seqlen_q, kTileM) + kLanes;
+    if (dq[c].direct) continue;
+    const int64_t size = s.batch * s.heads * dq[c].dp * dq[c].ld;
+    std::fill_n(dq[c].data.reserve(size), size, 0.0f);
+    dq[c].turn = std::vector<std::atomic<int64_t>>(size_t(s.batch * s.kv_heads));
+    dq_items[c] = s.batch * s.heads;
   }
   std::atomic<bool> abandoned{false};
   auto backward = [&](auto bf16_tag) {
