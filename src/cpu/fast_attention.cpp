@@ -83,30 +83,50 @@ void prefetch_row(const Tensor& t, int64_t b, int64_t r, int64_t h, int64_t dim)
 //               plus one vector; dim rounded up to kDimRows rows
 struct Panel {
   Scratch buffer;
-  int64_t first = 0, ld = 0;
+  int64_t first = 0, ld = 0, span = 0;
   bool transposed = false;
 
   void load(const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, bool transpose, bool tf32,
             float* row_buffer) {
     transposed = transpose;
     first = align_down(rows.begin, kTileN);
-    const int64_t span = round_up(std::max<int64_t>(rows.end - first, 1), kTileN);
+    span = round_up(std::max<int64_t>(rows.end - first, 1), kTileN);
     const int64_t dim_padded = round_up(dim, kLanes);
     // A transposed panel's rows are read one after another by the matmul's k loop; a row length
     // of a multiple of 4 KiB would map them all to the same L1 sets, so pad it by one vector.
     ld = transposed ? span + kLanes : dim_padded;
     const int64_t size = transposed ? round_up(dim, kDimRows) * ld : span * ld;
     float* data = buffer.reserve(size);
-    std::fill_n(data, size, 0.0f);
+    if (transposed) std::fill_n(data, size, 0.0f);
+    else {  // zero where no row is read: the rows outside `rows`, the columns past dim
+      std::fill_n(data, (rows.begin - first) * ld, 0.0f);
+      std::fill_n(data + (rows.end - first) * ld, (first + span - rows.end) * ld, 0.0f);
+    }
     for (int64_t r = rows.begin; r < rows.end; ++r) {
       if (r + kPrefetchRows < rows.end) prefetch_row(t, b, r + kPrefetchRows, h, dim);
       if (!transposed) {
-        read_row(t, offset4(t, b, r, h, 0), dim, data + (r - first) * ld, tf32);
+        float* row = data + (r - first) * ld;
+        read_row(t, offset4(t, b, r, h, 0), dim, row, tf32);
+        std::fill_n(row + dim, ld - dim, 0.0f);
         continue;
       }
       read_row(t, offset4(t, b, r, h, 0), dim, row_buffer, tf32);
       for (int64_t d = 0; d < dim; ++d) data[d * ld + (r - first)] = row_buffer[d];
     }
+  }
+  // The transposed panel of a row-major one (the same rows, `dim` its head dim), formed from it in
+  // the cache, a register block at a time, instead of from the tensor again: one read of the
+  // tensor's rows from memory serves both panels.
+  void transpose_of(const Panel& rows_panel, int64_t dim) {
+    transposed = true;
+    first = rows_panel.first;
+    span = rows_panel.span;
+    ld = span + kLanes;  // see load()
+    const int64_t dim_padded = rows_panel.ld, dim_rows = round_up(dim, kDimRows);
+    float* data = buffer.reserve(dim_rows * ld);
+    transpose(rows_panel.buffer.get(), rows_panel.ld, span, dim_padded, data, ld);
+    for (int64_t d = 0; d < dim_padded; ++d) std::fill_n(data + d * ld + span, ld - span, 0.0f);
+    std::fill_n(data + dim_padded * ld, (dim_rows - dim_padded) * ld, 0.0f);
   }
   void trim(int64_t max_floats) { buffer.trim(max_floats); }
   // The tile whose first row is `row` (a multiple of 64 at or after `first`).
@@ -231,7 +251,7 @@ int64_t chunk_tiles(int64_t tiles_per_head, int64_t heads_total, int threads, co
 
 struct ForwardScratch {
   Panel q;                 // [group heads x chunk rows, dp] queries (one panel per head, reloaded)
-  Panel kt, v;             // [dp, key block], [key block, dvp]
+  Panel k, kt, v;          // [key block, dp] (as read, then transposed into kt), [dp, key block], [key block, dvp]
   Scratch q_all;           // [group][chunk rows][dp]
   Scratch s;               // [kTileM, kTileN] scores, then probabilities (exp2 domain)
   Scratch acc;             // [group][chunk rows][dvp] unnormalised output
@@ -243,7 +263,7 @@ struct ForwardScratch {
   Scratch p_bf16;          // [kTileM, kTileN] probabilities rounded to bf16
 
   void trim(int64_t max_floats) {
-    for (Panel* panel : {&q, &kt, &v}) panel->trim(max_floats);
+    for (Panel* panel : {&q, &k, &kt, &v}) panel->trim(max_floats);
     for (Bf16Panel* panel : {&q_bf16, &k_bf16, &v_bf16}) panel->trim(max_floats);
     for (Scratch* buffer : {&q_all, &s, &acc, &row_max, &row_sum, &row, &q_all_bf16, &p_bf16}) buffer->trim(max_floats);
   }
@@ -337,7 +357,8 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
       t.k_bf16.load(p.k, b, kv_head, block, s.head_dim, Bf16Layout::pairs_over_dim);
       t.v_bf16.load(p.v, b, kv_head, block, s.head_dim_v, Bf16Layout::pairs_over_rows);
     } else {
-      t.kt.load(p.k, b, kv_head, block, s.head_dim, true, s.tf32, row_buffer);
+      t.k.load(p.k, b, kv_head, block, s.head_dim, false, s.tf32, row_buffer);
+      t.kt.transpose_of(t.k, s.head_dim);
       t.v.load(p.v, b, kv_head, block, s.head_dim_v, false, s.tf32, row_buffer);
     }
     // Tiles of kTileM consecutive rows of the group's (padded or packed) rows.
@@ -653,6 +674,32 @@ void load_operand(Bf16Panel& panel, const Tensor& t, int64_t b, int64_t h, Range
   panel.load(t, b, h, rows, dim, kLayouts[int(role)]);
 }
 
+// `panel` in a transposed role (b_dim, a_transposed) over the rows that `rows_panel` holds as read
+// (Role a or b_rows, the same rows of the same tensor): fp32 panels transpose it in the cache
+// (Panel::transpose_of); bf16 panels, whose layouts pair elements differently, read the tensor.
+void load_transposed(Panel& panel, const Panel& rows_panel, const Tensor&, int64_t, int64_t, Range, int64_t dim, Role,
+                     bool, float*) {
+  panel.transpose_of(rows_panel, dim);
+}
+[[maybe_unused]]  // on paths with kBf16Dot only
+void load_transposed(Bf16Panel& panel, const Bf16Panel&, const Tensor& t, int64_t b, int64_t h, Range rows,
+                     int64_t dim, Role role, bool tf32, float* row_buffer) {
+  load_operand(panel, t, b, h, rows, dim, role, tf32, row_buffer);
+}
+// `panel` in a transposed role, through `stage` where the panels are fp32: the rows read as they
+// are stored, then transposed in the cache (a row at a time, the transposed store would touch one
+// cache line per element).
+void load_through_rows(Panel& panel, Panel& stage, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim,
+                       Role role, bool tf32, float* row_buffer) {
+  load_operand(stage, t, b, h, rows, dim, role == Role::b_dim ? Role::b_rows : Role::a, tf32, row_buffer);
+  panel.transpose_of(stage, dim);
+}
+[[maybe_unused]]  // on paths with kBf16Dot only
+void load_through_rows(Bf16Panel& panel, Bf16Panel&, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim,
+                       Role role, bool tf32, float* row_buffer) {
+  load_operand(panel, t, b, h, rows, dim, role, tf32, row_buffer);
+}
+
 // C[rows][width] (+)= A[rows][depth] · B on either kind of operand (depth in elements).
 template <class T>
 void tile_gemm(int64_t rows, int64_t width, int64_t depth, const T* a, int64_t lda, const T* b, int64_t ldb, float* c,
@@ -700,6 +747,7 @@ struct BackwardScratch {
   Operand q, qt, dout, doutt;  // query block: Q b_rows, Q b_dim, dO b_rows, dO b_dim (fused pass)
   Operand kb, vb;              // key block: K a, V a                               (statistics pass)
   Operand qc, doc;             // chunk rows of one head: Q b_dim, dO b_dim         (statistics pass)
+  Operand stage;               // rows as read, transposed into qc or doc (fp32 panels)
   Scratch s, dprob;            // [64, 64] probabilities then dS; dP
   Scratch operand, b_operand;  // [64, 64] P or dS rounded to bf16 (or tf32) as an A / a B operand
   Scratch dk, dv, dq;          // fp32 accumulators
@@ -711,7 +759,7 @@ struct BackwardScratch {
   Scratch row;
 
   void trim(int64_t max_floats) {
-    for (Operand* panel : {&k, &v, &kt, &q, &qt, &dout, &doutt, &kb, &vb, &qc, &doc}) panel->trim(max_floats);
+    for (Operand* panel : {&k, &v, &kt, &q, &qt, &dout, &doutt, &kb, &vb, &qc, &doc, &stage}) panel->trim(max_floats);
     for (Scratch* buffer : {&s, &dprob, &operand, &b_operand, &dk, &dv, &dq, &delta_sum, &row_max, &inv_sum, &delta,
                             &row_sum, &kept, &tile_stats, &row})
       buffer->trim(max_floats);
@@ -877,8 +925,9 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
     if (correct_delta) load_operand(t.vb, p.v, b, kv_head, block, s.head_dim_v, Role::a, s.tf32, row_buffer);
     for (int64_t g = 0; g < s.group; ++g) {
       const int64_t h = kv_head * s.group + g;
-      load_operand(t.qc, p.q, b, h, rows, s.head_dim, Role::b_dim, s.tf32, row_buffer);
-      if (correct_delta) load_operand(t.doc, p.dout, b, h, rows, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
+      load_through_rows(t.qc, t.stage, p.q, b, h, rows, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+      if (correct_delta)
+        load_through_rows(t.doc, t.stage, p.dout, b, h, rows, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
       for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
         const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
         const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
@@ -1065,10 +1114,12 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
   const int64_t dq_ld = dq_width + kLanes;
   float* dq_share = t.dq.reserve(s.group * dq_rows * dq_ld);
   std::fill_n(dq_share, s.group * dq_rows * dq_ld, 0.0f);
-  // K (as the A operand) and Q^T only form S^T: loaded at the first tile the cache lacks.
-  bool k_loaded = false, qt_loaded = false;
+  // Q^T only forms S^T: loaded at the first tile the cache lacks. K^T, Q^T and dO^T are the row
+  // panels K, Q and dO transposed in the cache (load_transposed): each tensor is read once.
+  bool qt_loaded = false;
   if (!queries.empty()) {
-    load_operand(t.kt, p.k, b, kv_head, keys, s.head_dim, Role::a_transposed, s.tf32, row_buffer);
+    load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
+    load_transposed(t.kt, t.k, p.k, b, kv_head, keys, s.head_dim, Role::a_transposed, s.tf32, row_buffer);
     load_operand(t.v, p.v, b, kv_head, keys, s.head_dim_v, Role::a, s.tf32, row_buffer);
   }
   for (int64_t g = 0; g < s.group; ++g) {
@@ -1079,7 +1130,7 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
       load_operand(t.q, p.q, b, h, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
       qt_loaded = false;
       load_operand(t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_rows, s.tf32, row_buffer);
-      load_operand(t.doutt, p.dout, b, h, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
+      load_transposed(t.doutt, t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
       // Statistics indexed from the panel's first row; rows outside the block see nothing.
       const size_t stat0 = size_t((b * s.heads + h) * s.seqlen_q);
       auto take_stats = [&](int64_t first, int64_t end) {
@@ -1102,9 +1153,8 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
         const Range row_keys = s.mask.keys(tile_rows);
         const int64_t kept_first = align_down(row_keys.begin, kTileN);
         if (own_stats) {
-          if (!k_loaded) load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
-          if (!qt_loaded) load_operand(t.qt, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
-          k_loaded = qt_loaded = true;
+          if (!qt_loaded) load_transposed(t.qt, t.q, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+          qt_loaded = true;
           own_tile_statistics(p, s, st, b, h, row0, tile_rows, row_keys, t);
           take_stats(row0, row0 + kTileM);
         }
@@ -1125,9 +1175,8 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
           } else if (const float* kept = cache ? cache->find(b * s.heads + h, col0, row0) : nullptr) {
             std::copy_n(kept, kTileFloats, scores);
           } else {
-            if (!k_loaded) load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
-            if (!qt_loaded) load_operand(t.qt, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
-            k_loaded = qt_loaded = true;
+            if (!qt_loaded) load_transposed(t.qt, t.q, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+            qt_loaded = true;
             tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
           }
           probabilities(tile, s, row0, col0, block, tile_keys, row_max + stat, inv_sum + stat);

@@ -141,6 +141,38 @@ inline float horizontal_sum(vf x) {
   else return horizontal_sum<Step / 2>(x + swap_groups<Step>(x));
 }
 
+// A kLanes x kLanes block transposed in registers: in[r] is row r (lane c: element (r, c)),
+// out[c] column c. One stage per bit of the index: the stage of bit B swaps bit B of the row with
+// bit B of the lane, exchanging element (i, l) with (i ^ B, l ^ B) where bit B of i is clear and
+// that of l set; after every bit, element (r, c) sits at (c, r). Two two-source shuffles per row
+// pair and stage (log2(kLanes) · kLanes shuffles in all) instead of kLanes² scalar moves.
+template <int B, int... L>
+inline void swap_bit(vf& lower, vf& upper, std::integer_sequence<int, L...>) {
+  const vf a = lower, b = upper;
+  lower = __builtin_shufflevector(a, b, ((L & B) == 0 ? L : kLanes + (L ^ B))...);
+  upper = __builtin_shufflevector(a, b, ((L & B) == 0 ? (L ^ B) : kLanes + L)...);
+}
+template <int B = 1>
+inline void transpose_block(vf (&x)[kLanes]) {
+  if constexpr (B < kLanes) {
+    for (int i = 0; i < kLanes; ++i)
+      if ((i & B) == 0) swap_bit<B>(x[i], x[i | B], std::make_integer_sequence<int, kLanes>{});
+    transpose_block<2 * B>(x);
+  }
+}
+
+// dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (both multiples of kLanes; src and
+// dst vector-aligned, lds and ldd multiples of kLanes), a register block at a time.
+inline void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kLanes)
+    for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
+      vf x[kLanes];
+      for (int i = 0; i < kLanes; ++i) x[i] = load(src + (r0 + i) * lds + c0);
+      transpose_block(x);
+      for (int i = 0; i < kLanes; ++i) store(dst + (c0 + i) * ldd + r0, x[i]);
+    }
+}
+
 // C[r][0:W] (+)= sum_k A[r][k] * B[k][0:W] for r in [0, kRowBlock). B and C rows are 64-byte
 // aligned; W is a multiple of kLanes. The kRowBlock x W block of C stays in registers over the
 // k loop: with AVX-512, 8 x 32 is 16 accumulators and 2 vector loads + 8 broadcasts per 16 FMAs;
