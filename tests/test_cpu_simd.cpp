@@ -2,6 +2,7 @@
 // arithmetic is the same at every vector width, only the lane count follows the target. Against
 // exp2 in double over its range, and at its edges: 0 exactly at -inf and below 2^-127, 1 exactly
 // at 0, the clamp at 127, NaN kept; exp2_nonpositive (no upper clamp) the same bits on x <= 0.
+// And the register-block transpose that forms the transposed panels.
 #define FMHA_CPU_ISA simd_test
 #include "cpu/simd.h"
 
@@ -75,6 +76,28 @@ TEST(CpuSimd, Exp2NonpositiveIsExp2AtOrBelowZero) {
   const std::vector<float> got = over([](vf v) { return exp2_nonpositive(v); }, x);
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(bits(got[i]), bits(want[i])) << "x = " << x[i];
   EXPECT_TRUE(std::isnan(over([](vf v) { return exp2_nonpositive(v); }, {nan})[0]));
+}
+
+// The register-block transpose moves every element, bits and all (NaN payloads, -0, denormals),
+// to its transposed place, and writes nothing outside the rows x cols it is given.
+TEST(CpuSimd, TransposeMovesEveryElementAndNothingElse) {
+  for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{kLanes, kLanes}, {3 * kLanes, kLanes}, {2 * kLanes, 5 * kLanes}}) {
+    const int64_t lds = cols + kLanes, ldd = rows + 2 * kLanes;  // padded rows, as the panels have
+    Scratch src(rows * lds), dst(cols * ldd);
+    uint32_t next = 0x3f800000u;
+    for (int64_t i = 0; i < rows * lds; ++i) {
+      next = next * 1664525u + 1013904223u;  // every bit pattern is fair game: NaNs, -0, denormals
+      std::memcpy(src.get() + i, &next, sizeof next);
+    }
+    const uint32_t kUntouched = 0xdeadbeefu;
+    for (int64_t i = 0; i < cols * ldd; ++i) std::memcpy(dst.get() + i, &kUntouched, sizeof kUntouched);
+    transpose(src.get(), lds, rows, cols, dst.get(), ldd);
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < ldd; ++r) {
+        const uint32_t want = r < rows ? bits(src.get()[r * lds + c]) : kUntouched;
+        ASSERT_EQ(bits(dst.get()[c * ldd + r]), want) << rows << "x" << cols << " at (" << r << ", " << c << ")";
+      }
+  }
 }
 
 }  // namespace
