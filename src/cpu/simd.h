@@ -179,13 +179,19 @@ inline void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols,
 // with AVX, 8 x 8 is 8 accumulators and 1 load + 8 broadcasts per 8 FMAs (measured fastest of
 // 4x8, 4x16, 8x8, 8x16, 16x8 on a 2-core AVX2 EPYC: docs/PERF.md); with 4 lanes, 8 x 4 the same
 // shape at half the width. None spills.
+// With kAccumulate, the block's C comes from L2 or further as often as not (the accumulators of a
+// tile pair outgrow L1): the block asks for the next block's C rows (`next_c`, same ldc, W wide)
+// while its k loop runs, so that they are in L1 when that block loads them.
 template <int W, bool kAccumulate>
 inline void gemm_block(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-                       int64_t ldc) {
+                       int64_t ldc, const float* next_c = nullptr) {
   constexpr int kVecs = W / kLanes;
   vf acc[kRowBlock][kVecs];
   for (int r = 0; r < kRowBlock; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = kAccumulate ? load(c + r * ldc + v * kLanes) : vf{};
+  if (kAccumulate && next_c)
+    for (int r = 0; r < kRowBlock; ++r)
+      for (int64_t i = 0; i < W; i += int64_t(kAlign / sizeof(float))) __builtin_prefetch(next_c + r * ldc + i);
   for (int64_t k = 0; k < depth; ++k) {
     vf brow[kVecs];
     for (int v = 0; v < kVecs; ++v) brow[v] = load(b + k * ldb + v * kLanes);
@@ -201,10 +207,15 @@ inline void gemm_block(int64_t depth, const float* a, int64_t lda, const float* 
 template <bool kAccumulate>
 inline void gemm_rows(int64_t rows, int64_t width, int64_t depth, const float* a, int64_t lda, const float* b,
                       int64_t ldb, float* c, int64_t ldc) {
+  const int64_t full_width = width / kBlockCols * kBlockCols;
   for (int64_t r = 0; r < rows; r += kRowBlock) {
     int64_t col = 0;
-    for (; col + kBlockCols <= width; col += kBlockCols)
-      gemm_block<kBlockCols, kAccumulate>(depth, a + r * lda, lda, b + col, ldb, c + r * ldc + col, ldc);
+    for (; col < full_width; col += kBlockCols) {
+      const float* next = col + kBlockCols < full_width ? c + r * ldc + col + kBlockCols
+                          : r + kRowBlock < rows        ? c + (r + kRowBlock) * ldc
+                                                        : nullptr;
+      gemm_block<kBlockCols, kAccumulate>(depth, a + r * lda, lda, b + col, ldb, c + r * ldc + col, ldc, next);
+    }
     for (; col < width; col += kLanes)
       gemm_block<kLanes, kAccumulate>(depth, a + r * lda, lda, b + col, ldb, c + r * ldc + col, ldc);
   }
