@@ -396,7 +396,10 @@ std::vector<OptionCase> decode_cases() {
   add("gqa_8_bf16", [](CaseSpec& c) { c.dtype = DType::bf16; c.heads = 8; c.seqlen_q = 2; });
   // The query heads of a KV group packed into one tile (fewer than 64 rows per head): GQA ratios
   // 1 (nothing to pack), 4 and 8, tiles that hold several heads' rows or split one head's rows
-  // (20 rows x 4 heads: 64 + 16), masks, q_offset, fp32 and bf16, a paged cache.
+  // (20 rows x 4 heads: 64 + 16), masks, q_offset, fp32 and bf16, a paged cache. Items of at most
+  // 8 queries (one_row, keys_1013_no_lse, rows_beyond_keys, gqa_*_one_row, gqa_4_paged) take the
+  // row-major forward, the others the query-major one (fast_attention.cpp, forward_chunk_rows and
+  // forward_chunk).
   add("gqa_1_one_row", [](CaseSpec& c) { c.heads = c.kv_heads = 2; });
   add("gqa_4_one_row", [](CaseSpec& c) { c.heads = 8; c.kv_heads = 2; c.batch = 2; });
   add("gqa_8_one_row", [](CaseSpec& c) { c.heads = 8; });

@@ -251,21 +251,25 @@ int64_t chunk_tiles(int64_t tiles_per_head, int64_t heads_total, int threads, co
 
 struct ForwardScratch {
   Panel q;                 // [group heads x chunk rows, dp] queries (one panel per head, reloaded)
-  Panel k, kt, v;          // [key block, dp] (as read, then transposed into kt), [dp, key block], [key block, dvp]
-  Scratch q_all;           // [group][chunk rows][dp]
-  Scratch s;               // [kTileM, kTileN] scores, then probabilities (exp2 domain)
-  Scratch acc;             // [group][chunk rows][dvp] unnormalised output
-  Scratch row_max, row_sum;  // [group][chunk rows]
+  Panel k, v, vt;          // [key block, dp], [key block, dvp] as read; V^T [dvr, key block]
+  Panel kt;                // K^T [dp, key block] (forward_chunk_rows)
+  Scratch q_all;           // [group][chunk rows][dp] the item's query rows, then
+  Scratch q_cols;          // [dp][total + kLanes] them as columns: Q^T, the B operand of S^T = K·Q^T
+  Scratch s;               // [kTileN keys, kTileM queries] S^T, then P^T (exp2 domain)
+  Scratch acc;             // [total / kTileM][dvr][kTileM] unnormalised O^T, tile by tile
+  Scratch row_max, row_sum;  // [total]
+  Scratch rows;            // [kTileM][dvp] one tile's O, back in rows
   Scratch row;             // one converted row
   // bf16 operands (kBf16: bf16 storage on a path with vdpbf16ps)
-  Bf16Panel q_bf16, k_bf16, v_bf16;  // one head's queries, [dp / 2 pairs, key block], [key block / 2 pairs, dvp]
-  Scratch q_all_bf16;      // [group][chunk rows][dp]
-  Scratch p_bf16;          // [kTileM, kTileN] probabilities rounded to bf16
+  Bf16Panel q_bf16, k_bf16, v_bf16;  // one head's queries (pairs over dim), K rows, V columns
+  Scratch q_cols_bf16;     // [dp / 2 pairs][total + kLanes columns][2] Q^T over the item's query rows
+  Scratch p_bf16;          // [kTileN / 2 pairs][kTileM][2] P^T rounded to bf16, pairs over the keys
 
   void trim(int64_t max_floats) {
-    for (Panel* panel : {&q, &k, &kt, &v}) panel->trim(max_floats);
+    for (Panel* panel : {&q, &k, &v, &vt, &kt}) panel->trim(max_floats);
     for (Bf16Panel* panel : {&q_bf16, &k_bf16, &v_bf16}) panel->trim(max_floats);
-    for (Scratch* buffer : {&q_all, &s, &acc, &row_max, &row_sum, &row, &q_all_bf16, &p_bf16}) buffer->trim(max_floats);
+    for (Scratch* buffer : {&q_all, &q_cols, &s, &acc, &row_max, &row_sum, &rows, &row, &q_cols_bf16, &p_bf16})
+      buffer->trim(max_floats);
   }
 };
 
@@ -306,8 +310,11 @@ struct ForwardPart {
   float* row_sum = nullptr;  // [group][rows] its sum of exp2((x - max)·|scale_log2|)
 };
 
+// The forward of an item whose tiles hold at most kRowBlock queries (decode: a query or a few per
+// head): row-major S = Q·K^T tiles and a softmax per row, as a query-major tile would be kLanes
+// queries wide and mostly padding. forward_chunk takes every other item.
 template <bool kBf16>
-void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, int64_t b, int64_t kv_head, Range rows,
+void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& config, int64_t b, int64_t kv_head, Range rows,
                    Range key_part, const ForwardPart* part, ForwardScratch& t) {
   [[maybe_unused]] const ItemTiles<kBf16> tile_session{};
   const int64_t key_block = config.key_block;
@@ -320,11 +327,11 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
   const bool packed = rows.size() < kTileM && s.group > 1;
   const int64_t n = packed ? rows.size() : round_up(rows.size(), kTileM);
   const int64_t total = round_up(s.group * n, kTileM);  // every tile's rows, padding included
-  float* acc = t.acc.reserve(total * dvp);
+  float* acc = t.acc.reserve(total * dvp);  // [total][dvp] O, row-major
   float* row_max = t.row_max.reserve(total);
   float* row_sum = t.row_sum.reserve(total);
   float* q_all = kBf16 ? nullptr : t.q_all.reserve(total * dp);
-  uint16_t* q_all_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.q_all_bf16.reserve(total * dp / 2)) : nullptr;
+  uint16_t* q_all_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.q_cols_bf16.reserve(total * dp / 2)) : nullptr;
   uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kTileN / 2)) : nullptr;
   float* scores = t.s.reserve(kTileM * kTileN);
   float* row_buffer = t.row.reserve(std::max(dp, dvp));
@@ -447,6 +454,206 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
         static_cast<float*>(p.lse.data)[offset3(p.lse, b, h, rows.begin + r)] = lse;
       }
     }
+}
+
+// The forward works on S^T tiles [kTileN keys, kTileM queries] (S^T = K·Q^T, O^T += V^T·P^T): a
+// vector holds kLanes queries, so the softmax (mask, max, exp2, sums, rescale) is lane-wise over
+// the tile's key rows, with no reduction across lanes and no scalar work per query. The products
+// are those of S = Q·K^T and O += P·V, each output's terms summed in the same order.
+//
+// One query tile's online-softmax update over one S^T tile, in place (S^T becomes P^T): lanes
+// [0, active) are the tile's queries, lane r sees the keys col0 + [lo[r], hi[r]) (relative,
+// clamped to [0, kTileN]; every key where `full`). max_tile and sum_tile are the queries' running
+// max (of x = sign(scale)·s, unscaled) and sum of exp2((x - max)·|scale_log2|); rescale gets
+// what each query's O^T column must be multiplied by. Returns whether any factor is not 1.
+bool forward_softmax_step(float* st, int64_t active, const int32_t* lo, const int32_t* hi, bool full, float sign,
+                          float* max_tile, float* sum_tile, float* rescale, float scale_log2) {
+  bool any_rescale = false;
+  for (int64_t q0 = 0; q0 < active; q0 += kLanes) {
+    if (!full) {
+      vi lo_v, hi_v;
+      std::memcpy(&lo_v, lo + q0, sizeof lo_v);
+      std::memcpy(&hi_v, hi + q0, sizeof hi_v);
+      for (int32_t c = 0; c < int32_t(kTileN); ++c) {
+        float* x = st + c * kTileM + q0;
+        store(x, (lo_v <= c && hi_v > c) ? load(x) * sign : splat(kNegInf));  // exact: sign is ±1
+      }
+    } else if (sign < 0.0f) {
+      for (int64_t c = 0; c < kTileN; ++c) store(st + c * kTileM + q0, -load(st + c * kTileM + q0));
+    }
+    // The max over the key rows in kMaxChains independent chains (a max is exact in any order):
+    // one chain of dependent maxes would wait on the unit's latency at every row.
+    constexpr int kMaxChains = 4;
+    const vf old_max = load(max_tile + q0);
+    vf chain[kMaxChains];
+    for (int i = 0; i < kMaxChains; ++i) chain[i] = old_max;
+    for (int64_t c = 0; c < kTileN; c += kMaxChains)
+      for (int i = 0; i < kMaxChains; ++i) {
+        const vf x = load(st + (c + i) * kTileM + q0);
+        chain[i] = x > chain[i] ? x : chain[i];
+      }
+    vf m = chain[0];
+    for (int i = 1; i < kMaxChains; ++i) m = chain[i] > m ? chain[i] : m;
+    const vf base = m == kNegInf ? splat(0.0f) : m;  // nothing visible yet
+    vf sum{};
+    for (int64_t c = 0; c < kTileN; ++c) {
+      float* x = st + c * kTileM + q0;
+      const vf prob = exp2_nonpositive((load(x) - base) * scale_log2);
+      store(x, prob);
+      sum += prob;
+    }
+    // A query whose max did not grow keeps its scale (exp2(0) is 1 exactly): most tiles after a
+    // query's first skip the exp2.
+    bool grew = false;
+    for (int l = 0; l < kLanes; ++l) grew |= old_max[l] != m[l];
+    const vf factor = !grew ? splat(1.0f) : old_max == m ? splat(1.0f) : exp2_nonpositive((old_max - base) * scale_log2);
+    store(sum_tile + q0, load(sum_tile + q0) * factor + sum);
+    store(max_tile + q0, m);
+    store(rescale + q0, factor);
+    for (int l = 0; l < kLanes; ++l) any_rescale |= factor[l] != 1.0f;
+  }
+  return any_rescale;
+}
+
+template <bool kBf16>
+void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, int64_t b, int64_t kv_head, Range rows,
+                   Range key_part, const ForwardPart* part, ForwardScratch& t) {
+  [[maybe_unused]] const ItemTiles<kBf16> tile_session{};
+  const int64_t key_block = config.key_block;
+  const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
+  const int64_t dvr = round_up(s.head_dim_v, kDimRows);  // O^T's rows: the matmul's row blocks
+  // The group's query rows one after another, head by head: row g * n + r is query rows.begin + r
+  // of head kv_head * group + g. With a tile or more of rows per head each head's rows are padded
+  // to whole tiles (n = rows rounded up); with fewer (decode: a query or a few per head) they are
+  // packed (n = rows), so that one tile holds the rows of several heads: one matmul over K and
+  // one over V per key tile serve the whole group, instead of one nearly empty tile per head.
+  const bool packed = rows.size() < kTileM && s.group > 1;
+  if ((packed ? s.group * rows.size() : rows.size()) <= kRowBlock)
+    return forward_chunk_rows<kBf16>(p, s, config, b, kv_head, rows, key_part, part, t);
+  const int64_t n = packed ? rows.size() : round_up(rows.size(), kTileM);
+  const int64_t total = round_up(s.group * n, kTileM);  // every tile's rows, padding included
+  const int64_t ldq = total + kLanes;  // Q^T's row length: see Panel::load on padding by a vector
+  float* acc = t.acc.reserve(total * dvr);
+  float* row_max = t.row_max.reserve(total);
+  float* row_sum = t.row_sum.reserve(total);
+  float* q_all = kBf16 ? nullptr : t.q_all.reserve(total * dp);
+  float* q_cols = kBf16 ? nullptr : t.q_cols.reserve(dp * ldq);
+  uint16_t* q_cols_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.q_cols_bf16.reserve((dp * ldq + 1) / 2)) : nullptr;
+  uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kTileN / 2)) : nullptr;
+  float* scores = t.s.reserve(kTileM * kTileN);
+  float* out_rows = t.rows.reserve(kTileM * std::max(dvp, dvr));
+  float* row_buffer = t.row.reserve(std::max(dp, dvp));
+  const float sign = score_sign(s), scale_log2 = std::abs(s.scale_log2);
+  std::fill_n(acc, total * dvr, 0.0f);
+  std::fill_n(row_max, total, kNegInf);
+  std::fill_n(row_sum, total, 0.0f);
+  const Range keys = intersect(s.mask.keys(rows), key_part);
+
+  if (!keys.empty()) {
+    if constexpr (kBf16) {
+      std::fill_n(q_cols_bf16, dp * ldq, uint16_t{0});
+      // Each head's queries as Q^T pairs over the head dim, placed at columns g * n on.
+      for (int64_t g = 0; g < s.group; ++g) {
+        t.q_bf16.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, Bf16Layout::pairs_over_dim);
+        const uint16_t* src = t.q_bf16.tile(rows.begin);
+        for (int64_t pair = 0; pair < dp / 2; ++pair)
+          std::copy_n(src + pair * t.q_bf16.ld, 2 * rows.size(), q_cols_bf16 + pair * 2 * ldq + 2 * g * n);
+      }
+    } else {
+      std::fill_n(q_all, total * dp, 0.0f);
+      for (int64_t g = 0; g < s.group; ++g) {
+        t.q.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, false, s.tf32, row_buffer);
+        float* dst = q_all + g * n * dp;
+        for (int64_t r = 0; r < rows.size(); ++r) std::copy_n(t.q.tile(rows.begin + r), dp, dst + r * dp);
+      }
+      transpose(q_all, dp, total, dp, q_cols, ldq);
+    }
+  }
+
+  alignas(kAlign) int32_t lo[kTileM], hi[kTileM];
+  alignas(kAlign) float rescale[kTileM];
+  for (int64_t block0 = align_down(keys.begin, key_block); block0 < keys.end; block0 += key_block) {
+    const Range block = intersect(keys, Range{block0, block0 + key_block});
+    if constexpr (kBf16) {
+      t.k_bf16.load(p.k, b, kv_head, block, s.head_dim, Bf16Layout::rows);
+      t.v_bf16.load(p.v, b, kv_head, block, s.head_dim_v, Bf16Layout::columns);
+    } else {
+      t.k.load(p.k, b, kv_head, block, s.head_dim, false, s.tf32, row_buffer);
+      t.v.load(p.v, b, kv_head, block, s.head_dim_v, false, s.tf32, row_buffer);
+      t.vt.transpose_of(t.v, s.head_dim_v);
+    }
+    // Tiles of kTileM consecutive rows of the group's (padded or packed) rows.
+    for (int64_t first = 0; first < s.group * n; first += kTileM) {
+      // The tile's rows [0, valid) hold queries; the queries they hold span tile_rows.
+      const int64_t g = first / n, r_off = first % n;
+      const int64_t valid = packed ? std::min(kTileM, s.group * n - first) : std::min(kTileM, rows.size() - r_off);
+      const Range tile_rows = packed && (first + valid - 1) / n != g
+                                  ? rows  // rows of two or more heads
+                                  : Range{rows.begin + r_off, rows.begin + r_off + valid};
+      const auto query_of = [&](int64_t r) { return rows.begin + (first + r) % n; };
+      const int64_t active = round_up(valid, kLanes);
+      const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
+      float* acc_tile = acc + first * dvr;  // [dvr][kTileM]
+      float* max_tile = row_max + first;
+      float* sum_tile = row_sum + first;
+      for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
+        const Range cols{col0, col0 + kTileN};
+        // Load K tile (from the panel); S^T = K·Q^T  [kTileN keys, active queries]
+        if constexpr (kBf16)
+          gemm_bf16(kTileN, active, dp / 2, t.k_bf16.tile(col0), t.k_bf16.ld, q_cols_bf16 + 2 * first, 2 * ldq, scores,
+                    kTileM, false);
+        else
+          gemm(kTileN, active, dp, t.k.tile(col0), t.k.ld, q_cols + first, ldq, scores, kTileM, false);
+        // Mask, max, exp2, sums, rescale: every query of the tile at once.
+        const bool full = valid == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
+                          s.mask.tile_is_full(tile_rows, cols);
+        if (!full)
+          for (int64_t r = 0; r < active; ++r) {
+            const Range visible = r < valid ? intersect(intersect(s.mask.keys(query_of(r)), block), cols) : Range{};
+            lo[r] = int32_t(visible.empty() ? 0 : visible.begin - col0);
+            hi[r] = int32_t(visible.empty() ? 0 : visible.end - col0);
+          }
+        if (forward_softmax_step(scores, active, lo, hi, full, sign, max_tile, sum_tile, rescale, scale_log2))
+          for (int64_t d = 0; d < dvr; ++d)
+            for (int64_t q0 = 0; q0 < active; q0 += kLanes)
+              store(acc_tile + d * kTileM + q0, load(acc_tile + d * kTileM + q0) * load(rescale + q0));
+        // Load V tile (from the panel); O^T += V^T·P^T
+        if constexpr (kBf16) {
+          to_bf16_pairs(scores, p_bf16, kTileN, kTileM);
+          gemm_bf16(dvr, active, kTileN / 2, t.v_bf16.tile(col0), t.v_bf16.ld, p_bf16, 2 * kTileM, acc_tile, kTileM,
+                    true);
+        } else {
+          if (s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
+          gemm(dvr, active, kTileN, t.vt.tile(col0), t.vt.ld, scores, kTileM, acc_tile, kTileM, true);
+        }
+      }
+    }
+  }
+
+  // Epilogue: O = acc / row_sum, LSE = ln(row_sum) + max; rows that saw nothing get 0 and -inf.
+  for (int64_t first = 0; first < s.group * n; first += kTileM) {
+    transpose(acc + first * dvr, kTileM, dvp, kTileM, out_rows, dvp);  // this tile's O^T back to rows
+    for (int64_t r = 0; r < kTileM && first + r < s.group * n; ++r) {
+      const int64_t i = first + r, g = i / n, q = i % n;
+      if (q >= rows.size()) continue;  // a padding row
+      const int64_t h = kv_head * s.group + g;
+      float* a = out_rows + r * dvp;
+      if (part) {  // the merge normalises
+        const int64_t j = g * rows.size() + q;
+        std::copy_n(a, dvp, part->acc + j * dvp);
+        part->row_max[j] = row_max[i];
+        part->row_sum[j] = row_sum[i];
+        continue;
+      }
+      const float inv = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
+      for (int64_t d = 0; d < s.head_dim_v; ++d) a[d] *= inv;
+      write_row(p.o, offset4(p.o, b, rows.begin + q, h, 0), s.head_dim_v, a);
+      if (p.lse.defined()) {
+        const float lse = row_sum[i] > 0.0f ? row_max[i] * std::abs(s.scale) + std::log(row_sum[i]) : kNegInf;
+        static_cast<float*>(p.lse.data)[offset3(p.lse, b, h, rows.begin + q)] = lse;
+      }
+    }
+  }
 }
 
 // Decode-shaped calls (a few query rows, many keys) have fewer query tiles than the threads need:
