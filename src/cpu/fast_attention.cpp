@@ -758,44 +758,80 @@ double norm_of(const float* x, int64_t n) {
   return std::sqrt(sum);
 }
 
-// Δ = rowsum(dO ∘ O) of one (batch, head) of a call: item = b * heads + h. dO is rounded as the
-// matmul operands are (tf32) and summed in the matmuls' order (one fused multiply-add per head
-// dim element, first to last): where a row sees one key, O is that key's V as the matmuls see it
-// and Δ equals dP bit for bit, so dS = P·(dP - Δ) is exactly 0, as it is in exact arithmetic.
-// Rows go kPreprocessRows at a time, their chains interleaved (each row's own order unchanged):
-// one row's chain of dependent fused multiply-adds waits on the unit's latency at every step.
-// Also each query row's |q|, and (the item of a KV head's first query head) the largest |k| of
-// the KV head's keys: lse_factor's bound.
+// Δ = rowsum(dO ∘ O) of one query row: dO rounded as the matmul operands are (tf32) and summed in
+// the matmuls' order (one fused multiply-add per head dim element, first to last): where a row
+// sees one key, O is that key's V as the matmuls see it and Δ equals dP bit for bit, so dS =
+// P·(dP - Δ) is exactly 0, as it is in exact arithmetic. `deltas` takes kPreprocessRows rows at a
+// time, their chains interleaved (each row's own order unchanged): one row's chain of dependent
+// fused multiply-adds waits on the unit's latency at every step. Row r of dO at dout + r * ld_do,
+// of O at o + r * ld_o.
 constexpr int64_t kPreprocessRows = 8;
-void preprocess(const Params& p, const Problem& s, int64_t item, RowStats& st) {
-  const int64_t b = item / s.heads, h = item % s.heads;
-  const int64_t dv = s.head_dim_v, dk = s.head_dim;
-  std::vector<float> o_rows(size_t(kPreprocessRows * dv)), do_rows(size_t(kPreprocessRows * dv));
-  std::vector<float> qk_row(static_cast<size_t>(dk));
-  for (int64_t i0 = 0; i0 < s.seqlen_q; i0 += kPreprocessRows) {
-    const int64_t count = std::min(kPreprocessRows, s.seqlen_q - i0);
-    for (int64_t r = 0; r < count; ++r) {
-      read_row(p.o, offset4(p.o, b, i0 + r, h, 0), dv, o_rows.data() + r * dv, false);
-      read_row(p.dout, offset4(p.dout, b, i0 + r, h, 0), dv, do_rows.data() + r * dv, s.tf32);
-    }
+void deltas(const float* dout, int64_t ld_do, const float* o, int64_t ld_o, int64_t count, int64_t dv, float* out) {
+  for (int64_t i0 = 0; i0 < count; i0 += kPreprocessRows) {
+    const int64_t rows = std::min(kPreprocessRows, count - i0);
     float delta[kPreprocessRows] = {};
     for (int64_t d = 0; d < dv; ++d)
-      for (int64_t r = 0; r < kPreprocessRows; ++r)
-        delta[r] = multiply_add(do_rows[size_t(r * dv + d)], o_rows[size_t(r * dv + d)], delta[r]);
-    for (int64_t r = 0; r < count; ++r) {
-      st.delta[size_t(item * s.seqlen_q + i0 + r)] = delta[r];
-      read_row(p.q, offset4(p.q, b, i0 + r, h, 0), dk, qk_row.data(), s.tf32);
-      st.q_norm[size_t(item * s.seqlen_q + i0 + r)] = float(norm_of(qk_row.data(), dk));
-    }
+      for (int64_t r = 0; r < rows; ++r)
+        delta[r] = multiply_add(dout[(i0 + r) * ld_do + d], o[(i0 + r) * ld_o + d], delta[r]);
+    std::copy_n(delta, rows, out + i0);
   }
-  if (h % s.group != 0) return;
-  const int64_t kv_head = h / s.group;
+}
+
+// Δ and each query row's |q| for the rows `rows` of head h (batch b) into `st`, from dO and Q as
+// read (tf32 rounding applied where the call asks; row r of each at its panel's row r - first).
+void query_row_stats(const Params& p, const Problem& s, RowStats& st, int64_t b, int64_t h, Range rows,
+                     const float* dout, int64_t ld_do, const float* q, int64_t ld_q, int64_t first, float* o_rows) {
+  const size_t stat0 = size_t((b * s.heads + h) * s.seqlen_q);
+  for (int64_t i0 = rows.begin; i0 < rows.end; i0 += kPreprocessRows) {
+    const int64_t count = std::min(kPreprocessRows, rows.end - i0);
+    for (int64_t r = 0; r < count; ++r)
+      read_row(p.o, offset4(p.o, b, i0 + r, h, 0), s.head_dim_v, o_rows + r * s.head_dim_v, false);
+    deltas(dout + (i0 - first) * ld_do, ld_do, o_rows, s.head_dim_v, count, s.head_dim_v, st.delta.data() + stat0 + i0);
+    for (int64_t r = 0; r < count; ++r)
+      st.q_norm[stat0 + size_t(i0 + r)] = float(norm_of(q + (i0 + r - first) * ld_q, s.head_dim));
+  }
+}
+
+// The largest |k| of KV head kv_head's keys (batch b): lse_factor's bound; key j's row at row_of(j).
+template <class RowOf>
+void key_row_stats(const Problem& s, RowStats& st, int64_t b, int64_t kv_head, RowOf&& row_of) {
   double key_norm_max = 0.0;
-  for (int64_t j = 0; j < s.seqlen_k; ++j) {
-    read_row(p.k, offset4(p.k, b, j, kv_head, 0), dk, qk_row.data(), s.tf32);
-    key_norm_max = std::max(key_norm_max, norm_of(qk_row.data(), dk));
-  }
+  for (int64_t j = 0; j < s.seqlen_k; ++j) key_norm_max = std::max(key_norm_max, norm_of(row_of(j), s.head_dim));
   st.key_norm_max[size_t(b * s.kv_heads + kv_head)] = float(key_norm_max);
+}
+
+// The statistics that come before the backward's passes, read from the tensors: Δ and |q| for
+// query rows `rows` of head h (preprocess_rows), the largest |k| of KV head kv_head's keys
+// (preprocess_keys).
+void preprocess_rows(const Params& p, const Problem& s, RowStats& st, int64_t b, int64_t h, Range rows) {
+  const int64_t dv = s.head_dim_v, dk = s.head_dim;
+  std::vector<float> o_rows(size_t(kPreprocessRows * dv)), do_rows(size_t(kPreprocessRows * dv));
+  std::vector<float> q_rows(size_t(kPreprocessRows * dk));
+  for (int64_t i0 = rows.begin; i0 < rows.end; i0 += kPreprocessRows) {
+    const int64_t count = std::min(kPreprocessRows, rows.end - i0);
+    for (int64_t r = 0; r < count; ++r) {
+      read_row(p.dout, offset4(p.dout, b, i0 + r, h, 0), dv, do_rows.data() + r * dv, s.tf32);
+      read_row(p.q, offset4(p.q, b, i0 + r, h, 0), dk, q_rows.data() + r * dk, s.tf32);
+    }
+    query_row_stats(p, s, st, b, h, Range{i0, i0 + count}, do_rows.data(), dv, q_rows.data(), dk, i0, o_rows.data());
+  }
+}
+void preprocess_keys(const Params& p, const Problem& s, RowStats& st, int64_t b, int64_t kv_head) {
+  std::vector<float> k_row(static_cast<size_t>(s.head_dim));
+  key_row_stats(s, st, b, kv_head, [&](int64_t j) {
+    read_row(p.k, offset4(p.k, b, j, kv_head, 0), s.head_dim, k_row.data(), s.tf32);
+    return static_cast<const float*>(k_row.data());
+  });
+}
+
+// The statistics that come before the backward's passes, for one (batch, head) of a call (item =
+// b * heads + h): Δ and |q| per query row, and (the item of a KV head's first query head) the
+// largest |k| of its keys. A fused item that forms its own statistics computes these itself,
+// from the panels it loads where they are fp32 (backward_chunk), and the call skips this pass.
+void preprocess(const Params& p, const Problem& s, int64_t item, RowStats& st) {
+  const int64_t b = item / s.heads, h = item % s.heads;
+  preprocess_rows(p, s, st, b, h, Range{0, s.seqlen_q});
+  if (h % s.group == 0) preprocess_keys(p, s, st, b, h / s.group);
 }
 
 // One key row of an S^T tile (queries row0.. as its columns) made ready for the softmax:
@@ -963,12 +999,13 @@ struct BackwardScratch {
   Scratch row_sum;                  // statistics pass: running sums of exp2
   Scratch kept;                     // own statistics: a query tile's S^T (and dP^T) tiles
   Scratch tile_stats;               // own statistics: a query tile's running max, sum and Δ sum
+  Scratch o_rows;                   // own statistics: O rows read for Δ
   Scratch row;
 
   void trim(int64_t max_floats) {
     for (Operand* panel : {&k, &v, &kt, &q, &qt, &dout, &doutt, &kb, &vb, &qc, &doc, &stage}) panel->trim(max_floats);
     for (Scratch* buffer : {&s, &dprob, &operand, &b_operand, &dk, &dv, &dq, &delta_sum, &row_max, &inv_sum, &delta,
-                            &row_sum, &kept, &tile_stats, &row})
+                            &row_sum, &kept, &tile_stats, &o_rows, &row})
       buffer->trim(max_floats);
   }
 };
@@ -1329,6 +1366,15 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
     load_transposed(t.kt, t.k, p.k, b, kv_head, keys, s.head_dim, Role::a_transposed, s.tf32, row_buffer);
     load_operand(t.v, p.v, b, kv_head, keys, s.head_dim_v, Role::a, s.tf32, row_buffer);
   }
+  // Own statistics: the call skipped the preprocess; this item, the only one of its KV head, forms
+  // what it would have (the same values from the same rows: bit for bit), from its panels where
+  // they hold fp32 rows (the largest |k| here, Δ and |q| per query block below).
+  float* o_rows = own_stats ? t.o_rows.reserve(kPreprocessRows * s.head_dim_v) : nullptr;
+  if (own_stats) {
+    if constexpr (kBf16) preprocess_keys(p, s, st, b, kv_head);
+    else if (queries.empty()) preprocess_keys(p, s, st, b, kv_head);
+    else key_row_stats(s, st, b, kv_head, [&](int64_t j) { return t.k.buffer.get() + (j - t.k.first) * t.k.ld; });
+  }
   for (int64_t g = 0; g < s.group; ++g) {
     const int64_t h = kv_head * s.group + g;
     float* dq_head = dq_share + g * dq_rows * dq_ld;
@@ -1338,6 +1384,12 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
       qt_loaded = false;
       load_operand(t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_rows, s.tf32, row_buffer);
       load_transposed(t.doutt, t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
+      if (own_stats) {
+        if constexpr (kBf16) preprocess_rows(p, s, st, b, h, block);
+        else
+          query_row_stats(p, s, st, b, h, block, t.dout.buffer.get(), t.dout.ld, t.q.buffer.get(), t.q.ld, t.q.first,
+                          o_rows);
+      }
       // Statistics indexed from the panel's first row; rows outside the block see nothing.
       const size_t stat0 = size_t((b * s.heads + h) * s.seqlen_q);
       auto take_stats = [&](int64_t first, int64_t end) {
@@ -1616,17 +1668,6 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     });
     return Status::success();
   }
-  std::vector<RowStats> stats(static_cast<size_t>(count));
-  std::vector<int64_t> stat_items(static_cast<size_t>(count));
-  for (size_t c = 0; c < size_t(count); ++c) {
-    stats[c] = allocate_stats(problems[c]);
-    stat_items[c] = problems[c].batch * problems[c].heads;
-  }
-  const ItemPool stat_pool(stat_items);
-  parallel_for(stat_pool.size(), threads, [&](int, int64_t item) {
-    const size_t c = stat_pool.call(item);
-    preprocess(calls[c], problems[c], item - stat_pool.first[c], stats[c]);
-  });
   // Short calls keep their S^T tiles (ScoreCache) in a buffer of the calling thread's, kept for
   // its later calls (at most config.score_cache_bytes).
   std::vector<ScoreCache> caches(static_cast<size_t>(count));
@@ -1668,6 +1709,18 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     dq[c].turn = std::vector<std::atomic<int64_t>>(size_t(s.batch * s.kv_heads));
     dq_items[c] = s.batch * s.heads;
   }
+  // The preprocess, for the calls whose fused items do not compute it themselves (own_stats).
+  std::vector<RowStats> stats(static_cast<size_t>(count));
+  std::vector<int64_t> stat_items(static_cast<size_t>(count));
+  for (size_t c = 0; c < size_t(count); ++c) {
+    stats[c] = allocate_stats(problems[c]);
+    stat_items[c] = own_stats[c] ? 0 : problems[c].batch * problems[c].heads;
+  }
+  const ItemPool stat_pool(stat_items);
+  parallel_for(stat_pool.size(), threads, [&](int, int64_t item) {
+    const size_t c = stat_pool.call(item);
+    preprocess(calls[c], problems[c], item - stat_pool.first[c], stats[c]);
+  });
   std::atomic<bool> abandoned{false};
   auto backward = [&](auto bf16_tag) {
     constexpr bool kBf16 = decltype(bf16_tag)::value;
