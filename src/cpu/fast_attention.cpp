@@ -1082,8 +1082,9 @@ struct ScoreCache {
     return (bh * key_tiles + col0 / kTileN) * query_tiles + row0 / kTileM;
   }
   float* tile(int64_t bh, int64_t col0, int64_t row0) { return data + slot(bh, col0, row0) * kTileFloats; }
-  // The kept tile of keys col0.. and queries row0.., or nullptr.
-  const float* find(int64_t bh, int64_t col0, int64_t row0) const {
+  // The kept tile of keys col0.. and queries row0.., or nullptr. The fused pass turns it into P^T
+  // and dS^T in place: each tile pair is its item's, once.
+  float* find(int64_t bh, int64_t col0, int64_t row0) const {
     const int64_t i = slot(bh, col0, row0);
     return present[size_t(i)] ? data + i * kTileFloats : nullptr;
   }
@@ -1425,14 +1426,15 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
           if (row0 < align_down(tile_queries.begin, kTileM) || row0 >= tile_queries.end) continue;
           const int64_t stat = row0 - t.q.first;
           // S^T = K·Q^T  [kTileN keys, kTileM queries] (or as the statistics kept it: an own
-          // statistics tile then becomes P^T and dS^T in place, these steps being its last use); P^T
+          // statistics tile or a ScoreCache tile then becomes P^T and dS^T in place, these steps
+          // being its last use); P^T
           float* tile = scores;
           const float* kept_dprob = nullptr;
           if (own_stats) {
             tile = t.kept.get() + (col0 - kept_first) / kTileN * kept_tile_floats(s);
             if (s.dtype != DType::fp32) kept_dprob = tile + kTileFloats;
-          } else if (const float* kept = cache ? cache->find(b * s.heads + h, col0, row0) : nullptr) {
-            std::copy_n(kept, kTileFloats, scores);
+          } else if (float* kept = cache ? cache->find(b * s.heads + h, col0, row0) : nullptr) {
+            tile = kept;
           } else {
             if (!qt_loaded) load_transposed(t.qt, t.q, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
             qt_loaded = true;
