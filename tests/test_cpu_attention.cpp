@@ -157,7 +157,7 @@ TEST_P(CpuPath, Bf16OddShapes) {
     }
 }
 
-// ---- Short backward calls: S^T tiles kept from the statistics pass (ScoreCache) --------------------
+// ---- Short backward calls: exponent tiles kept from the statistics pass (ScoreCache) ---------------
 // A call keeps its tiles while all of them, every (batch, head) together, fit 8 MiB (cpu_config.h,
 // kScoreCacheBytes): 16 KiB per 64 x 64 tile, so 512 tiles. Cases on both sides of that budget.
 

@@ -18,11 +18,11 @@ struct CpuConfig {
   int64_t query_block;      // queries converted at once (backward fused pass); a multiple of 64
   int64_t max_chunk_tiles;  // at most this many 64-row tiles per work item (the fused pass: per key chunk,
                             // whose dQ shares are summed in chunk order, so it also fixes that order)
-  int64_t score_cache_bytes;  // backward: a call whose S^T tiles fit keeps them from the statistics pass
-                              // for the fused pass (src/cpu/fast_attention.cpp, ScoreCache); 0: never
+  int64_t score_cache_bytes;  // backward: a call whose S^T tiles fit keeps them (as the statistics pass's
+                              // exponents) for the fused pass (src/cpu/fast_attention.cpp, ScoreCache); 0: never
   int64_t row_score_bytes;    // backward: a fused item that spans every key its queries see forms their
-                              // statistics itself, keeping one query tile's S^T (and, 16-bit storage,
-                              // dP^T) tiles up to this size for its own use (OwnStatistics); 0: never
+                              // statistics itself, keeping one query tile's S^T tiles (as exponents; and,
+                              // 16-bit storage, dP^T) up to this size for its own use; 0: never
 };
 
 // A few L2 caches' worth: kept tiles that spill to memory would cost about what forming them again does.

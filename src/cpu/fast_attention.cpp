@@ -46,6 +46,9 @@ namespace {
 constexpr int64_t kTileM = 64;             // query rows per tile
 constexpr int64_t kTileN = kWideCols;      // keys per tile: one 64-wide register row
 constexpr int kVecsN = int(kTileN / kLanes);
+// Lane-wise maxes over a tile's key rows run in kMaxChains independent chains (a max is exact in
+// any order): one chain of dependent maxes would wait on the unit's latency at every row.
+constexpr int kMaxChains = 4;
 
 void round_tile_to_tf32(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = round_to_tf32(x[i]);
@@ -481,9 +484,7 @@ bool forward_softmax_step(float* st, int64_t active, const int32_t* lo, const in
     } else if (sign < 0.0f) {
       for (int64_t c = 0; c < kTileN; ++c) store(st + c * kTileM + q0, -load(st + c * kTileM + q0));
     }
-    // The max over the key rows in kMaxChains independent chains (a max is exact in any order):
-    // one chain of dependent maxes would wait on the unit's latency at every row.
-    constexpr int kMaxChains = 4;
+    // The max over the key rows in kMaxChains independent chains.
     const vf old_max = load(max_tile + q0);
     vf chain[kMaxChains];
     for (int i = 0; i < kMaxChains; ++i) chain[i] = old_max;
@@ -862,6 +863,35 @@ void sign_and_mask_transposed(float* s, const Problem& pr, int64_t row0, int64_t
   for (int64_t c = 0; c < kTileN; ++c) sign_and_mask_key_row(s + c * kTileM, pr, sign, col0 + c, row0, rows, cols, full);
 }
 
+// The softmax of a backward tile is taken in two factors, each query's exponentials on its own
+// max within the tile (the tile's base: 0 where the query sees none of the tile's keys), then one
+// factor per query to its row's final max and sum:
+//   E = exp2((x - tile base)·|scale_log2|),  P = E · exp2((tile base - max)·|scale_log2|) / sum.
+// The statistics form E anyway (statistics_step); a fused item that forms its own statistics
+// keeps them and needs one exp2 per query, not one per entry, for P (probabilities_from_exponents),
+// and a fused item that does not forms the same E again (probabilities): the same bits either way.
+// Where a query's max sits, its tile's base is that max, so that entry is 1/sum exactly.
+vf probability_factor(vf tile_base, vf row_max, vf inv_sum, float scale_log2) {
+  // A query that sees no key has max -inf and inv_sum 0: exp2 clamps the +inf argument, so 0.
+  return exp2((tile_base - row_max) * scale_log2) * inv_sum;
+}
+
+// The max over a masked S^T tile's key rows of vector v of its kTileM queries (-inf where a query
+// sees none of them), and the tile base taken from it (0 there).
+vf tile_max(const float* s, int v) {
+  vf chain[kMaxChains];
+  for (int i = 0; i < kMaxChains; ++i) chain[i] = splat(kNegInf);
+  for (int64_t c = 0; c < kTileN; c += kMaxChains)
+    for (int i = 0; i < kMaxChains; ++i) {
+      const vf x = load(s + (c + i) * kTileM + v * kLanes);
+      chain[i] = x > chain[i] ? x : chain[i];
+    }
+  vf m = chain[0];
+  for (int i = 1; i < kMaxChains; ++i) m = chain[i] > m ? chain[i] : m;
+  return m;
+}
+vf base_of(vf max) { return max == kNegInf ? splat(0.0f) : max; }
+
 // P^T on a 64 x 64 tile of S^T (rows are keys col0.., columns queries row0..), masked, from the
 // rows' statistics (RowStats; row_max and inv_sum indexed by query - row0). Only queries in
 // `queries` and keys in `keys` count (the panels loaded).
@@ -871,20 +901,25 @@ void probabilities(float* s, const Problem& pr, int64_t row0, int64_t col0, Rang
   const Range cols = intersect(keys, Range{col0, col0 + kTileN});
   const bool full = transposed_tile_is_full(pr, rows, cols);
   const float sign = score_sign(pr), scale_log2 = std::abs(pr.scale_log2);
-  vf max_v[kVecsN], inv_v[kVecsN];
+  for (int64_t c = 0; c < kTileN; ++c) sign_and_mask_key_row(s + c * kTileM, pr, sign, col0 + c, row0, rows, cols, full);
   for (int v = 0; v < kVecsN; ++v) {
-    max_v[v] = load(row_max + v * kLanes);
-    inv_v[v] = load(inv_sum + v * kLanes);
-  }
-  for (int64_t c = 0; c < kTileN; ++c) {
-    float* srow = s + c * kTileM;
-    sign_and_mask_key_row(srow, pr, sign, col0 + c, row0, rows, cols, full);
-    // Rows that see no key have max -inf and inv_sum 0: their masked entries give 0·0, not NaN.
-    for (int v = 0; v < kVecsN; ++v) {
-      const vf x = load(srow + v * kLanes) - max_v[v];
-      const vf arg = x == x ? x * scale_log2 : splat(kNegInf);  // -inf - -inf: no key seen
-      store(srow + v * kLanes, exp2(arg) * inv_v[v]);
+    const vf base = base_of(tile_max(s, v));
+    const vf factor = probability_factor(base, load(row_max + v * kLanes), load(inv_sum + v * kLanes), scale_log2);
+    for (int64_t c = 0; c < kTileN; ++c) {
+      float* x = s + c * kTileM + v * kLanes;
+      store(x, exp2_nonpositive((load(x) - base) * scale_log2) * factor);
     }
+  }
+}
+
+// P^T in place of a tile of statistics_step's exponents E (masked entries 0), `base` its tile
+// bases: P = E · probability_factor.
+void probabilities_from_exponents(float* e, const float* base, const float* row_max, const float* inv_sum,
+                                  float scale_log2) {
+  for (int v = 0; v < kVecsN; ++v) {
+    const vf factor = probability_factor(load(base + v * kLanes), load(row_max + v * kLanes),
+                                         load(inv_sum + v * kLanes), scale_log2);
+    for (int64_t c = 0; c < kTileN; ++c) store(e + c * kTileM + v * kLanes, load(e + c * kTileM + v * kLanes) * factor);
   }
 }
 
@@ -997,7 +1032,8 @@ struct BackwardScratch {
   Scratch delta_sum;           // statistics pass, fp16/bf16 storage: rowsum(E ∘ dP) (Δ's correction)
   Scratch row_max, inv_sum, delta;  // per-query statistics of the current block, padded
   Scratch row_sum;                  // statistics pass: running sums of exp2
-  Scratch kept;                     // own statistics: a query tile's S^T (and dP^T) tiles
+  Scratch kept;                     // own statistics: a query tile's E (and dP^T) tiles
+  Scratch kept_bases;               // own statistics: their tile bases, kTileM a tile
   Scratch tile_stats;               // own statistics: a query tile's running max, sum and Δ sum
   Scratch o_rows;                   // own statistics: O rows read for Δ
   Scratch row;
@@ -1005,7 +1041,7 @@ struct BackwardScratch {
   void trim(int64_t max_floats) {
     for (Operand* panel : {&k, &v, &kt, &q, &qt, &dout, &doutt, &kb, &vb, &qc, &doc, &stage}) panel->trim(max_floats);
     for (Scratch* buffer : {&s, &dprob, &operand, &b_operand, &dk, &dv, &dq, &delta_sum, &row_max, &inv_sum, &delta,
-                            &row_sum, &kept, &tile_stats, &o_rows, &row})
+                            &row_sum, &kept, &kept_bases, &tile_stats, &o_rows, &row})
       buffer->trim(max_floats);
   }
 };
@@ -1060,76 +1096,77 @@ struct StatsPart {
   float* delta_sum = nullptr;  // [group][rows] rowsum(E ∘ dP) over them (fp16/bf16 storage)
 };
 
-// Short calls: the statistics pass's S^T tiles kept for the fused pass, which then takes them
-// instead of forming S^T = K·Q^T again (one of its six matmuls per tile pair, and the K and Q^T
-// operand panels that only this matmul reads). Worth it while the tiles stay in the caches: only
-// calls whose tiles, every (batch, head) together, fit config.score_cache_bytes (cpu_config.h)
-// keep them. A kept tile is
-// the matmul's output as the fused pass would form it, bit for bit (same operands, same kernel;
-// entries outside the panels' rows are masked by both passes), so the result does not depend on
-// whether the call keeps its tiles.
+// Short calls: the statistics pass's exponent tiles (statistics_step's E of each S^T tile, with
+// their tile bases) kept for the fused pass, which then takes them instead of forming S^T = K·Q^T
+// and E again (one of its six matmuls per tile pair, an exp2 per entry, and the K and Q^T operand
+// panels that only this matmul reads). Worth it while the tiles stay in the caches: only calls
+// whose tiles, every (batch, head) together, fit config.score_cache_bytes (cpu_config.h) keep
+// them. A kept tile is E as the fused pass would form it, bit for bit (same operands, same
+// kernel, same mask: entries outside the panels' rows are masked by both passes; same steps), so
+// the result does not depend on whether the call keeps its tiles.
 constexpr int64_t kTileFloats = kTileM * kTileN;
 
 struct ScoreCache {
   float* data = nullptr;             // [batch * heads][key tiles][query tiles][kTileN keys, kTileM queries]
+  float* bases = nullptr;            // [batch * heads][key tiles][query tiles][kTileM] each tile's bases
   std::vector<uint8_t> present;      // 1 where the statistics pass left the tile
   int64_t key_tiles = 0, query_tiles = 0;
 
-  static int64_t floats_for(const Problem& s) {
-    return s.batch * s.heads * tiles(s.seqlen_k, kTileN) * tiles(s.seqlen_q, kTileM) * kTileFloats;
+  static int64_t tiles_for(const Problem& s) {
+    return s.batch * s.heads * tiles(s.seqlen_k, kTileN) * tiles(s.seqlen_q, kTileM);
   }
   int64_t slot(int64_t bh, int64_t col0, int64_t row0) const {
     return (bh * key_tiles + col0 / kTileN) * query_tiles + row0 / kTileM;
   }
-  float* tile(int64_t bh, int64_t col0, int64_t row0) { return data + slot(bh, col0, row0) * kTileFloats; }
+  float* tile(int64_t bh, int64_t col0, int64_t row0) const { return data + slot(bh, col0, row0) * kTileFloats; }
+  float* base(int64_t bh, int64_t col0, int64_t row0) const { return bases + slot(bh, col0, row0) * kTileM; }
   // The kept tile of keys col0.. and queries row0.., or nullptr. The fused pass turns it into P^T
   // and dS^T in place: each tile pair is its item's, once.
   float* find(int64_t bh, int64_t col0, int64_t row0) const {
-    const int64_t i = slot(bh, col0, row0);
-    return present[size_t(i)] ? data + i * kTileFloats : nullptr;
+    return present[size_t(slot(bh, col0, row0))] ? tile(bh, col0, row0) : nullptr;
   }
 };
 
 // One S^T tile [kTileN keys, kTileM queries] of x = sign(scale)·(q·k), masked, in the online
 // statistics of its queries (vector-aligned running max, sum and, 16-bit storage, Δ's sum of
-// rowsum(E ∘ dP)): the tile's max per query, then E = exp2((x - max)·|scale_log2|) in place of x,
-// summed per query, and the running sums rescaled to the new max. A vector holds kLanes queries,
-// so all of it is lane-wise over the tile's key rows.
-void statistics_step(float* scores, float* max_tile, float* sum_tile, float* delta_sum_tile, float scale_log2) {
+// rowsum(E ∘ dP)): E = exp2((x - tile base)·|scale_log2|) in place of x (the tile bases of
+// probability_factor, left in `base_tile`), summed per query; the running sums rescaled to the new
+// running max and the tile's sum added at its factor exp2((tile base - running max)·|scale_log2|),
+// left in `factor_tile` for delta_step. A vector holds kLanes queries, so all of it is lane-wise
+// over the tile's key rows.
+void statistics_step(float* scores, float* max_tile, float* sum_tile, float* delta_sum_tile, float* base_tile,
+                     float* factor_tile, float scale_log2) {
   constexpr int kVecsM = int(kTileM / kLanes);
-  vf max_v[kVecsM], base_v[kVecsM], sum_v[kVecsM], rescale_v[kVecsM];
-  for (int v = 0; v < kVecsM; ++v) max_v[v] = load(max_tile + v * kLanes);
-  for (int64_t c = 0; c < kTileN; ++c)
-    for (int v = 0; v < kVecsM; ++v) {
-      const vf x = load(scores + c * kTileM + v * kLanes);
-      max_v[v] = x > max_v[v] ? x : max_v[v];
-    }
   for (int v = 0; v < kVecsM; ++v) {
-    base_v[v] = max_v[v] == kNegInf ? splat(0.0f) : max_v[v];  // nothing visible yet
-    rescale_v[v] = exp2((load(max_tile + v * kLanes) - base_v[v]) * scale_log2);
-    sum_v[v] = vf{};
-  }
-  for (int64_t c = 0; c < kTileN; ++c)
-    for (int v = 0; v < kVecsM; ++v) {
+    const vf max = tile_max(scores, v), base = base_of(max), old_max = load(max_tile + v * kLanes);
+    vf sum{};
+    for (int64_t c = 0; c < kTileN; ++c) {
       float* x = scores + c * kTileM + v * kLanes;
-      const vf e = exp2((load(x) - base_v[v]) * scale_log2);
+      const vf e = exp2_nonpositive((load(x) - base) * scale_log2);
       store(x, e);
-      sum_v[v] += e;
+      sum += e;
     }
-  for (int v = 0; v < kVecsM; ++v) {
-    store(sum_tile + v * kLanes, load(sum_tile + v * kLanes) * rescale_v[v] + sum_v[v]);
-    store(max_tile + v * kLanes, max_v[v]);
-    store(delta_sum_tile + v * kLanes, load(delta_sum_tile + v * kLanes) * rescale_v[v]);
+    const vf new_max = max > old_max ? max : old_max;
+    const vf running = new_max == kNegInf ? splat(0.0f) : new_max;  // nothing visible yet
+    const vf rescale = exp2((old_max - running) * scale_log2);
+    const vf factor = exp2((base - running) * scale_log2);
+    store(sum_tile + v * kLanes, load(sum_tile + v * kLanes) * rescale + sum * factor);
+    store(max_tile + v * kLanes, new_max);
+    store(delta_sum_tile + v * kLanes, load(delta_sum_tile + v * kLanes) * rescale);
+    store(base_tile + v * kLanes, base);
+    store(factor_tile + v * kLanes, factor);
   }
 }
 
-// rowsum(E ∘ dP) of one tile (E from statistics_step, dP^T as S^T) added to Δ's running sums.
-void delta_step(const float* e, const float* dprob, float* delta_sum_tile) {
+// rowsum(E ∘ dP) of one tile (E from statistics_step, dP^T as S^T) added to Δ's running sums at
+// the tile's factors.
+void delta_step(const float* e, const float* dprob, const float* factor_tile, float* delta_sum_tile) {
   constexpr int kVecsM = int(kTileM / kLanes);
   vf sum_v[kVecsM] = {};
   for (int64_t c = 0; c < kTileN; ++c)
     for (int v = 0; v < kVecsM; ++v) sum_v[v] += load(e + c * kTileM + v * kLanes) * load(dprob + c * kTileM + v * kLanes);
-  for (int v = 0; v < kVecsM; ++v) store(delta_sum_tile + v * kLanes, load(delta_sum_tile + v * kLanes) + sum_v[v]);
+  for (int v = 0; v < kVecsM; ++v)
+    store(delta_sum_tile + v * kLanes, load(delta_sum_tile + v * kLanes) + sum_v[v] * load(factor_tile + v * kLanes));
 }
 
 // Statistics pass: one item = (batch, KV head, chunk of query tiles), over every query head of the
@@ -1164,6 +1201,7 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
   std::fill_n(row_max, s.group * n, kNegInf);
   std::fill_n(row_sum, s.group * n, 0.0f);
   const Range keys = intersect(s.mask.keys(rows), key_part);
+  alignas(kAlign) float base_tile[kTileM], factor_tile[kTileM];  // statistics_step's, per tile
   for (int64_t block0 = align_down(keys.begin, key_block); block0 < keys.end; block0 += key_block) {
     const Range block = intersect(keys, Range{block0, block0 + key_block});
     load_operand(t.kb, p.k, b, kv_head, block, s.head_dim, Role::a, s.tf32, row_buffer);
@@ -1184,19 +1222,19 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
         float* sum_tile = row_sum + g * n + r_off;
         float* delta_sum_tile = delta_sum + g * n + r_off;
         for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
-          // S^T = K·Q^T  [kTileN keys, kTileM queries]; x = sign(scale)·(q·k), -inf where masked
-          tile_gemm(kTileN, kTileM, dp, t.kb.tile(col0), t.kb.ld, t.qc.tile(row0), t.qc.ld, scores, kTileM, false);
-          if (cache) {
-            const int64_t bh = b * s.heads + h;
-            std::copy_n(scores, kTileFloats, cache->tile(bh, col0, row0));
-            cache->present[size_t(cache->slot(bh, col0, row0))] = 1;
-          }
-          sign_and_mask_transposed(scores, s, row0, col0, tile_rows, intersect(block, Range{col0, col0 + kTileN}));
-          statistics_step(scores, max_tile, sum_tile, delta_sum_tile, scale_log2);
+          // S^T = K·Q^T  [kTileN keys, kTileM queries]; x = sign(scale)·(q·k), -inf where masked;
+          // E in its place (in the cache's tile where the call keeps them)
+          const int64_t bh = b * s.heads + h;
+          float* tile = cache ? cache->tile(bh, col0, row0) : scores;
+          tile_gemm(kTileN, kTileM, dp, t.kb.tile(col0), t.kb.ld, t.qc.tile(row0), t.qc.ld, tile, kTileM, false);
+          sign_and_mask_transposed(tile, s, row0, col0, tile_rows, intersect(block, Range{col0, col0 + kTileN}));
+          statistics_step(tile, max_tile, sum_tile, delta_sum_tile, cache ? cache->base(bh, col0, row0) : base_tile,
+                          factor_tile, scale_log2);
+          if (cache) cache->present[size_t(cache->slot(bh, col0, row0))] = 1;
           if (!correct_delta) continue;
           // dP^T = V·dO^T; rowsum(E ∘ dP), per query
           tile_gemm(kTileN, kTileM, dvp, t.vb.tile(col0), t.vb.ld, t.doc.tile(row0), t.doc.ld, dprob, kTileM, false);
-          delta_step(scores, dprob, delta_sum_tile);
+          delta_step(tile, dprob, factor_tile, delta_sum_tile);
         }
       }
     }
@@ -1237,8 +1275,9 @@ void merge_stats_parts(const Params& p, const Problem& s, RowStats& st, int64_t 
   }
 }
 
-// Own statistics (backward_chunk): the floats kept per key tile of a query tile's row: S^T, and
-// for fp16/bf16 storage dP^T after it.
+// Own statistics (backward_chunk): the floats kept per key tile of a query tile's row: the
+// exponents E of S^T (statistics_step's), and for fp16/bf16 storage dP^T after them (the kTileM
+// tile bases E was taken on go to their own array, t.kept_bases).
 int64_t kept_tile_floats(const Problem& s) { return s.dtype == DType::fp32 ? kTileFloats : 2 * kTileFloats; }
 
 // Whether a fused item over `keys` forms its own statistics: its keys are all of the call's
@@ -1251,17 +1290,19 @@ bool takes_own_statistics(const Problem& s, const CpuConfig& config, Range keys)
 // Own statistics: query tile [row0, row0 + kTileM) of head h, its rows in `tile_rows`, over
 // `row_keys` (every key those rows see) in key order, as the statistics pass forms them
 // (backward_stats_chunk: the same S^T tiles, the same steps), finished into `st`. The tile row's
-// S^T tiles, as the matmul leaves them, and for fp16/bf16 storage its dP^T tiles go to t.kept,
-// key tile by key tile from align_down(row_keys.begin). Takes the fused pass's panels (K, Q^T,
-// and V, dO^T), loaded.
+// exponents (statistics_step's E of each S^T tile, with its tile bases) and for fp16/bf16 storage
+// its dP^T tiles go to t.kept, key tile by key tile from align_down(row_keys.begin), for
+// probabilities_from_exponents. Takes the fused pass's panels (K, Q^T, and V, dO^T), loaded.
 template <bool kBf16>
 void own_tile_statistics(const Params& p, const Problem& s, RowStats& st, int64_t b, int64_t h, int64_t row0,
                          Range tile_rows, Range row_keys, BackwardScratch<kBf16>& t) {
   const bool correct_delta = s.dtype != DType::fp32;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t first = align_down(row_keys.begin, kTileN), stride = kept_tile_floats(s);
-  float* kept = t.kept.reserve(std::max<int64_t>(1, tiles(row_keys.end - first, kTileN)) * stride);
-  float* scores = t.s.reserve(kTileFloats);
+  const int64_t kept_tiles = std::max<int64_t>(1, tiles(row_keys.end - first, kTileN));
+  float* kept = t.kept.reserve(kept_tiles * stride);
+  float* kept_bases = t.kept_bases.reserve(kept_tiles * kTileM);
+  alignas(kAlign) float factor_tile[kTileM];
   float* max_tile = t.tile_stats.reserve(3 * kTileM);
   float* sum_tile = max_tile + kTileM;
   float* delta_sum_tile = max_tile + 2 * kTileM;
@@ -1271,13 +1312,13 @@ void own_tile_statistics(const Params& p, const Problem& s, RowStats& st, int64_
   for (int64_t col0 = first; col0 < row_keys.end; col0 += kTileN) {
     float* tile = kept + (col0 - first) / kTileN * stride;
     tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, tile, kTileM, false);
-    std::copy_n(tile, kTileFloats, scores);
-    sign_and_mask_transposed(scores, s, row0, col0, tile_rows, intersect(row_keys, Range{col0, col0 + kTileN}));
-    statistics_step(scores, max_tile, sum_tile, delta_sum_tile, scale_log2);
+    sign_and_mask_transposed(tile, s, row0, col0, tile_rows, intersect(row_keys, Range{col0, col0 + kTileN}));
+    statistics_step(tile, max_tile, sum_tile, delta_sum_tile, kept_bases + (col0 - first) / kTileN * kTileM,
+                    factor_tile, scale_log2);
     if (!correct_delta) continue;
     tile_gemm(kTileN, kTileM, dvp, t.v.tile(col0), t.v.ld, t.doutt.tile(row0), t.doutt.ld, tile + kTileFloats, kTileM,
               false);
-    delta_step(scores, tile + kTileFloats, delta_sum_tile);
+    delta_step(tile, tile + kTileFloats, factor_tile, delta_sum_tile);
   }
   for (int64_t r = tile_rows.begin; r < tile_rows.end; ++r)
     finish_row_stats(p, s, st, b, h, r, max_tile[r - row0], sum_tile[r - row0], delta_sum_tile[r - row0]);
@@ -1321,16 +1362,17 @@ void write_dq_rows(const Params& p, const Problem& s, int64_t b, int64_t h, cons
 //   S^T = K·Q^T, P^T from the rows' statistics, dV += P^T·dO, dP^T = V·dO^T,
 //   dS^T = P^T∘(dP^T - Δ), dK += dS^T·Q, dQ^T += K^T·dS^T
 // S^T is the statistics pass's S bit for bit (the matmul sums over the head dim in the same order
-// whichever operand is A), so the dominant P is 1/sum exactly as in a plain softmax. dK and dV
+// whichever operand is A), and P^T is formed from the same exponents (probability_factor), so the
+// dominant P is 1/sum exactly as in a plain softmax. dK and dV
 // have one writer (this item); the chunk's share of dQ^T is summed in scratch and added to the
 // call's accumulator when the chunk's turn comes (the `ordinal`-th chunk of this head).
 //
 // Own statistics (`own_stats`: the item's keys are every key its queries see, and a query tile's
 // row of tiles fits config.row_score_bytes): the item forms its queries' statistics itself, one
 // query tile at a time, as the statistics pass would (the same S^T tiles, the same online steps
-// in the same key order, so the same bits), keeps that tile row's S^T (and, 16-bit storage, the
-// dP^T the statistics form too), and the fused steps take them: S^T (and dP^T) formed once, not
-// twice, and the tiles still in L2.
+// in the same key order, so the same bits), keeps that tile row's exponents E with their tile
+// bases (and, 16-bit storage, the dP^T the statistics form too), and the fused steps take them:
+// S^T, E (and dP^T) formed once, not twice, and the tiles still in L2.
 template <bool kBf16>
 void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, RowStats& st, int64_t b,
                     int64_t kv_head, Range keys, int64_t ordinal, DqAccumulator& dq_acc,
@@ -1408,7 +1450,7 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
       // Each accumulator still sums its terms in the same order (dK, dV over ascending query
       // tiles; dQ^T over ascending key tiles): the result is the same bit for bit.
       for (int64_t row0 = align_down(block.begin, kTileM); row0 < block.end; row0 += kTileM) {
-        // Own statistics: the tile row's S^T (and dP^T) kept from here, key tiles from kept_first.
+        // Own statistics: the tile row's E (and dP^T) kept from here, key tiles from kept_first.
         const Range tile_rows = intersect(block, Range{row0, row0 + kTileM});
         const Range row_keys = s.mask.keys(tile_rows);
         const int64_t kept_first = align_down(row_keys.begin, kTileN);
@@ -1425,22 +1467,26 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
           float* dv_tile = dv + (col0 - keys.begin) * dvp;
           if (row0 < align_down(tile_queries.begin, kTileM) || row0 >= tile_queries.end) continue;
           const int64_t stat = row0 - t.q.first;
-          // S^T = K·Q^T  [kTileN keys, kTileM queries] (or as the statistics kept it: an own
-          // statistics tile or a ScoreCache tile then becomes P^T and dS^T in place, these steps
-          // being its last use); P^T
+          // S^T = K·Q^T  [kTileN keys, kTileM queries], then P^T (or P^T from the exponents the
+          // statistics kept: an own statistics tile or a ScoreCache tile becomes P^T and dS^T in
+          // place, these steps being its last use)
           float* tile = scores;
           const float* kept_dprob = nullptr;
           if (own_stats) {
             tile = t.kept.get() + (col0 - kept_first) / kTileN * kept_tile_floats(s);
             if (s.dtype != DType::fp32) kept_dprob = tile + kTileFloats;
+            probabilities_from_exponents(tile, t.kept_bases.get() + (col0 - kept_first) / kTileN * kTileM,
+                                         row_max + stat, inv_sum + stat, std::abs(s.scale_log2));
           } else if (float* kept = cache ? cache->find(b * s.heads + h, col0, row0) : nullptr) {
             tile = kept;
+            probabilities_from_exponents(tile, cache->base(b * s.heads + h, col0, row0), row_max + stat,
+                                         inv_sum + stat, std::abs(s.scale_log2));
           } else {
             if (!qt_loaded) load_transposed(t.qt, t.q, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
             qt_loaded = true;
             tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
           }
-          probabilities(tile, s, row0, col0, block, tile_keys, row_max + stat, inv_sum + stat);
+          if (tile == scores) probabilities(tile, s, row0, col0, block, tile_keys, row_max + stat, inv_sum + stat);
           // dV += P^T·dO (P rounded to the operand format in a copy: dS below is formed from the
           // unrounded P, so that it is rounded once, not twice)
           tile_gemm(kTileN, dvp, kTileM, tile_operand<kBf16>(tile, t.operand, s.tf32), kTileM, t.dout.tile(row0),
@@ -1670,22 +1716,26 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     });
     return Status::success();
   }
-  // Short calls keep their S^T tiles (ScoreCache) in a buffer of the calling thread's, kept for
-  // its later calls (at most config.score_cache_bytes).
+  // Short calls keep their exponent tiles (ScoreCache) in a buffer of the calling thread's, kept
+  // for its later calls (at most config.score_cache_bytes of tiles).
   std::vector<ScoreCache> caches(static_cast<size_t>(count));
-  int64_t cache_floats = 0;
-  for (const Problem& s : problems) cache_floats += ScoreCache::floats_for(s);
-  const bool keep_scores = cache_floats * int64_t(sizeof(float)) <= config.score_cache_bytes;
+  int64_t cache_tiles = 0;
+  for (const Problem& s : problems) cache_tiles += ScoreCache::tiles_for(s);
+  // The budget counts the tiles; their bases (a 64th more) come on top.
+  const bool keep_scores = cache_tiles * kTileFloats * int64_t(sizeof(float)) <= config.score_cache_bytes;
   if (keep_scores) {
     thread_local Scratch cache_buffer;
-    float* data = cache_buffer.reserve(cache_floats);
+    float* data = cache_buffer.reserve(cache_tiles * (kTileFloats + kTileM));
+    float* bases = data + cache_tiles * kTileFloats;
     for (size_t c = 0; c < size_t(count); ++c) {
       const Problem& s = problems[c];
       caches[c].data = data;
+      caches[c].bases = bases;
       caches[c].key_tiles = tiles(s.seqlen_k, kTileN);
       caches[c].query_tiles = tiles(s.seqlen_q, kTileM);
-      caches[c].present.assign(size_t(s.batch * s.heads * caches[c].key_tiles * caches[c].query_tiles), 0);
-      data += ScoreCache::floats_for(s);
+      caches[c].present.assign(size_t(ScoreCache::tiles_for(s)), 0);
+      data += ScoreCache::tiles_for(s) * kTileFloats;
+      bases += ScoreCache::tiles_for(s) * kTileM;
     }
   }
   auto cache_of = [&](size_t c) { return keep_scores ? &caches[c] : nullptr; };
