@@ -519,6 +519,9 @@ bool forward_softmax_step(float* st, int64_t active, const int32_t* lo, const in
 template <bool kBf16>
 void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, int64_t b, int64_t kv_head, Range rows,
                    Range key_part, const ForwardPart* part, ForwardScratch& t) {
+  const bool packed = rows.size() < kTileM && s.group > 1;
+  if ((packed ? s.group * rows.size() : rows.size()) <= kRowBlock)  // before this item's tile session
+    return forward_chunk_rows<kBf16>(p, s, config, b, kv_head, rows, key_part, part, t);
   [[maybe_unused]] const ItemTiles<kBf16> tile_session{};
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
@@ -528,9 +531,6 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
   // to whole tiles (n = rows rounded up); with fewer (decode: a query or a few per head) they are
   // packed (n = rows), so that one tile holds the rows of several heads: one matmul over K and
   // one over V per key tile serve the whole group, instead of one nearly empty tile per head.
-  const bool packed = rows.size() < kTileM && s.group > 1;
-  if ((packed ? s.group * rows.size() : rows.size()) <= kRowBlock)
-    return forward_chunk_rows<kBf16>(p, s, config, b, kv_head, rows, key_part, part, t);
   const int64_t n = packed ? rows.size() : round_up(rows.size(), kTileM);
   const int64_t total = round_up(s.group * n, kTileM);  // every tile's rows, padding included
   const int64_t ldq = total + kLanes;  // Q^T's row length: see Panel::load on padding by a vector
