@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -46,9 +47,23 @@ namespace {
 constexpr int64_t kTileM = 64;             // query rows per tile
 constexpr int64_t kTileN = kWideCols;      // keys per tile: one 64-wide register row
 constexpr int kVecsN = int(kTileN / kLanes);
-// Lane-wise maxes over a tile's key rows run in kMaxChains independent chains (a max is exact in
-// any order): one chain of dependent maxes would wait on the unit's latency at every row.
+// The lane-wise max of `init` and the kTileN key rows of an S^T tile [kTileN keys, kTileM
+// queries], over the kLanes queries from q0 (NaN entries are passed over). The rows go in
+// kMaxChains independent chains (a max is exact in any order): one chain of dependent maxes would
+// wait on the unit's latency at every row.
 constexpr int kMaxChains = 4;
+vf key_rows_max(const float* st, int64_t q0, vf init) {
+  vf chain[kMaxChains];
+  for (int i = 0; i < kMaxChains; ++i) chain[i] = init;
+  for (int64_t c = 0; c < kTileN; c += kMaxChains)
+    for (int i = 0; i < kMaxChains; ++i) {
+      const vf x = load(st + (c + i) * kTileM + q0);
+      chain[i] = x > chain[i] ? x : chain[i];
+    }
+  vf m = chain[0];
+  for (int i = 1; i < kMaxChains; ++i) m = chain[i] > m ? chain[i] : m;
+  return m;
+}
 
 void round_tile_to_tf32(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = round_to_tf32(x[i]);
@@ -89,42 +104,32 @@ struct Panel {
   int64_t first = 0, ld = 0, span = 0;
   bool transposed = false;
 
-  void load(const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, bool transpose, bool tf32,
-            float* row_buffer) {
-    transposed = transpose;
+  // Row-major (transposed panels come from row-major ones: transpose_of).
+  void load(const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, bool tf32) {
+    transposed = false;
     first = align_down(rows.begin, kTileN);
     span = round_up(std::max<int64_t>(rows.end - first, 1), kTileN);
-    const int64_t dim_padded = round_up(dim, kLanes);
-    // A transposed panel's rows are read one after another by the matmul's k loop; a row length
-    // of a multiple of 4 KiB would map them all to the same L1 sets, so pad it by one vector.
-    ld = transposed ? span + kLanes : dim_padded;
-    const int64_t size = transposed ? round_up(dim, kDimRows) * ld : span * ld;
-    float* data = buffer.reserve(size);
-    if (transposed) std::fill_n(data, size, 0.0f);
-    else {  // zero where no row is read: the rows outside `rows`, the columns past dim
-      std::fill_n(data, (rows.begin - first) * ld, 0.0f);
-      std::fill_n(data + (rows.end - first) * ld, (first + span - rows.end) * ld, 0.0f);
-    }
+    ld = round_up(dim, kLanes);
+    float* data = buffer.reserve(span * ld);
+    // Zero where no row is read: the rows outside `rows`, the columns past dim.
+    std::fill_n(data, (rows.begin - first) * ld, 0.0f);
+    std::fill_n(data + (rows.end - first) * ld, (first + span - rows.end) * ld, 0.0f);
     for (int64_t r = rows.begin; r < rows.end; ++r) {
       if (r + kPrefetchRows < rows.end) prefetch_row(t, b, r + kPrefetchRows, h, dim);
-      if (!transposed) {
-        float* row = data + (r - first) * ld;
-        read_row(t, offset4(t, b, r, h, 0), dim, row, tf32);
-        std::fill_n(row + dim, ld - dim, 0.0f);
-        continue;
-      }
-      read_row(t, offset4(t, b, r, h, 0), dim, row_buffer, tf32);
-      for (int64_t d = 0; d < dim; ++d) data[d * ld + (r - first)] = row_buffer[d];
+      float* row = data + (r - first) * ld;
+      read_row(t, offset4(t, b, r, h, 0), dim, row, tf32);
+      std::fill_n(row + dim, ld - dim, 0.0f);
     }
   }
   // The transposed panel of a row-major one (the same rows, `dim` its head dim), formed from it in
-  // the cache, a register block at a time, instead of from the tensor again: one read of the
-  // tensor's rows from memory serves both panels.
+  // the cache, a register block at a time: one read of the tensor's rows from memory serves both
+  // panels. Its rows are read one after another by the matmul's k loop; a row length of a multiple
+  // of 4 KiB would map them all to the same L1 sets, so it is padded by one vector.
   void transpose_of(const Panel& rows_panel, int64_t dim) {
     transposed = true;
     first = rows_panel.first;
     span = rows_panel.span;
-    ld = span + kLanes;  // see load()
+    ld = span + kLanes;
     const int64_t dim_padded = rows_panel.ld, dim_rows = round_up(dim, kDimRows);
     float* data = buffer.reserve(dim_rows * ld);
     transpose(rows_panel.buffer.get(), rows_panel.ld, span, dim_padded, data, ld);
@@ -262,7 +267,7 @@ struct ForwardScratch {
   Scratch acc;             // [total / kTileM][dvr][kTileM] unnormalised O^T, tile by tile
   Scratch row_max, row_sum;  // [total]
   Scratch rows;            // [kTileM][dvp] one tile's O, back in rows
-  Scratch row;             // one converted row
+  Scratch row;             // one row of O (the merge of decode's key parts)
   // bf16 operands (kBf16: bf16 storage on a path with vdpbf16ps)
   Bf16Panel q_bf16, k_bf16, v_bf16;  // one head's queries (pairs over dim), K rows, V columns
   Scratch q_cols_bf16;     // [dp / 2 pairs][total + kLanes columns][2] Q^T over the item's query rows
@@ -337,7 +342,6 @@ void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& conf
   uint16_t* q_all_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.q_cols_bf16.reserve(total * dp / 2)) : nullptr;
   uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kTileN / 2)) : nullptr;
   float* scores = t.s.reserve(kTileM * kTileN);
-  float* row_buffer = t.row.reserve(std::max(dp, dvp));
   const float sign = score_sign(s), scale_log2 = std::abs(s.scale_log2);
   std::fill_n(acc, total * dvp, 0.0f);
   std::fill_n(row_max, total, kNegInf);
@@ -356,7 +360,7 @@ void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& conf
         for (int64_t r = 0; r < rows.size(); ++r) std::copy_n(t.q_bf16.tile(rows.begin + r), dp, dst + r * dp);
         continue;
       }
-      t.q.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, false, s.tf32, row_buffer);
+      t.q.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, s.tf32);
       float* dst = q_all + g * n * dp;
       for (int64_t r = 0; r < rows.size(); ++r) std::copy_n(t.q.tile(rows.begin + r), dp, dst + r * dp);
     }
@@ -367,9 +371,9 @@ void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& conf
       t.k_bf16.load(p.k, b, kv_head, block, s.head_dim, Bf16Layout::pairs_over_dim);
       t.v_bf16.load(p.v, b, kv_head, block, s.head_dim_v, Bf16Layout::pairs_over_rows);
     } else {
-      t.k.load(p.k, b, kv_head, block, s.head_dim, false, s.tf32, row_buffer);
+      t.k.load(p.k, b, kv_head, block, s.head_dim, s.tf32);
       t.kt.transpose_of(t.k, s.head_dim);
-      t.v.load(p.v, b, kv_head, block, s.head_dim_v, false, s.tf32, row_buffer);
+      t.v.load(p.v, b, kv_head, block, s.head_dim_v, s.tf32);
     }
     // Tiles of kTileM consecutive rows of the group's (padded or packed) rows.
     for (int64_t first = 0; first < s.group * n; first += kTileM) {
@@ -484,17 +488,8 @@ bool forward_softmax_step(float* st, int64_t active, const int32_t* lo, const in
     } else if (sign < 0.0f) {
       for (int64_t c = 0; c < kTileN; ++c) store(st + c * kTileM + q0, -load(st + c * kTileM + q0));
     }
-    // The max over the key rows in kMaxChains independent chains.
     const vf old_max = load(max_tile + q0);
-    vf chain[kMaxChains];
-    for (int i = 0; i < kMaxChains; ++i) chain[i] = old_max;
-    for (int64_t c = 0; c < kTileN; c += kMaxChains)
-      for (int i = 0; i < kMaxChains; ++i) {
-        const vf x = load(st + (c + i) * kTileM + q0);
-        chain[i] = x > chain[i] ? x : chain[i];
-      }
-    vf m = chain[0];
-    for (int i = 1; i < kMaxChains; ++i) m = chain[i] > m ? chain[i] : m;
+    const vf m = key_rows_max(st, q0, old_max);
     const vf base = m == kNegInf ? splat(0.0f) : m;  // nothing visible yet
     vf sum{};
     for (int64_t c = 0; c < kTileN; ++c) {
@@ -543,7 +538,6 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
   uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kTileN / 2)) : nullptr;
   float* scores = t.s.reserve(kTileM * kTileN);
   float* out_rows = t.rows.reserve(kTileM * std::max(dvp, dvr));
-  float* row_buffer = t.row.reserve(std::max(dp, dvp));
   const float sign = score_sign(s), scale_log2 = std::abs(s.scale_log2);
   std::fill_n(acc, total * dvr, 0.0f);
   std::fill_n(row_max, total, kNegInf);
@@ -563,7 +557,7 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
     } else {
       std::fill_n(q_all, total * dp, 0.0f);
       for (int64_t g = 0; g < s.group; ++g) {
-        t.q.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, false, s.tf32, row_buffer);
+        t.q.load(p.q, b, kv_head * s.group + g, rows, s.head_dim, s.tf32);
         float* dst = q_all + g * n * dp;
         for (int64_t r = 0; r < rows.size(); ++r) std::copy_n(t.q.tile(rows.begin + r), dp, dst + r * dp);
       }
@@ -579,8 +573,8 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
       t.k_bf16.load(p.k, b, kv_head, block, s.head_dim, Bf16Layout::rows);
       t.v_bf16.load(p.v, b, kv_head, block, s.head_dim_v, Bf16Layout::columns);
     } else {
-      t.k.load(p.k, b, kv_head, block, s.head_dim, false, s.tf32, row_buffer);
-      t.v.load(p.v, b, kv_head, block, s.head_dim_v, false, s.tf32, row_buffer);
+      t.k.load(p.k, b, kv_head, block, s.head_dim, s.tf32);
+      t.v.load(p.v, b, kv_head, block, s.head_dim_v, s.tf32);
       t.vt.transpose_of(t.v, s.head_dim_v);
     }
     // Tiles of kTileM consecutive rows of the group's (padded or packed) rows.
@@ -878,18 +872,7 @@ vf probability_factor(vf tile_base, vf row_max, vf inv_sum, float scale_log2) {
 
 // The max over a masked S^T tile's key rows of vector v of its kTileM queries (-inf where a query
 // sees none of them), and the tile base taken from it (0 there).
-vf tile_max(const float* s, int v) {
-  vf chain[kMaxChains];
-  for (int i = 0; i < kMaxChains; ++i) chain[i] = splat(kNegInf);
-  for (int64_t c = 0; c < kTileN; c += kMaxChains)
-    for (int i = 0; i < kMaxChains; ++i) {
-      const vf x = load(s + (c + i) * kTileM + v * kLanes);
-      chain[i] = x > chain[i] ? x : chain[i];
-    }
-  vf m = chain[0];
-  for (int i = 1; i < kMaxChains; ++i) m = chain[i] > m ? chain[i] : m;
-  return m;
-}
+vf tile_max(const float* s, int v) { return key_rows_max(s, v * kLanes, splat(kNegInf)); }
 vf base_of(vf max) { return max == kNegInf ? splat(0.0f) : max; }
 
 // P^T on a 64 x 64 tile of S^T (rows are keys col0.., columns queries row0..), masked, from the
@@ -940,13 +923,16 @@ static_assert(kTileM == kTileN, "the backward swaps the roles of score rows and 
 //   a_transposed: the A operand of the tensor transposed, depth along its rows (transposed / columns)
 enum class Role { a, b_rows, b_dim, a_transposed };
 
-void load_operand(Panel& panel, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, Role role, bool tf32,
-                  float* row_buffer) {
-  panel.load(t, b, h, rows, dim, role == Role::b_dim || role == Role::a_transposed, tf32, row_buffer);
+// fp32 panels of the row-major roles (a, b_rows); the transposed ones come from them
+// (load_transposed, load_through_rows).
+void load_operand(Panel& panel, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim,
+                  [[maybe_unused]] Role role, bool tf32) {
+  assert(role == Role::a || role == Role::b_rows);
+  panel.load(t, b, h, rows, dim, tf32);
 }
 [[maybe_unused]]  // on paths with kBf16Dot only
-void load_operand(Bf16Panel& panel, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, Role role, bool,
-                  float*) {
+void load_operand(Bf16Panel& panel, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, Role role,
+                  bool) {
   constexpr Bf16Layout kLayouts[] = {Bf16Layout::rows, Bf16Layout::pairs_over_rows, Bf16Layout::pairs_over_dim,
                                      Bf16Layout::columns};  // by Role
   panel.load(t, b, h, rows, dim, kLayouts[int(role)]);
@@ -956,26 +942,26 @@ void load_operand(Bf16Panel& panel, const Tensor& t, int64_t b, int64_t h, Range
 // (Role a or b_rows, the same rows of the same tensor): fp32 panels transpose it in the cache
 // (Panel::transpose_of); bf16 panels, whose layouts pair elements differently, read the tensor.
 void load_transposed(Panel& panel, const Panel& rows_panel, const Tensor&, int64_t, int64_t, Range, int64_t dim, Role,
-                     bool, float*) {
+                     bool) {
   panel.transpose_of(rows_panel, dim);
 }
 [[maybe_unused]]  // on paths with kBf16Dot only
 void load_transposed(Bf16Panel& panel, const Bf16Panel&, const Tensor& t, int64_t b, int64_t h, Range rows,
-                     int64_t dim, Role role, bool tf32, float* row_buffer) {
-  load_operand(panel, t, b, h, rows, dim, role, tf32, row_buffer);
+                     int64_t dim, Role role, bool tf32) {
+  load_operand(panel, t, b, h, rows, dim, role, tf32);
 }
 // `panel` in a transposed role, through `stage` where the panels are fp32: the rows read as they
 // are stored, then transposed in the cache (a row at a time, the transposed store would touch one
 // cache line per element).
 void load_through_rows(Panel& panel, Panel& stage, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim,
-                       Role role, bool tf32, float* row_buffer) {
-  load_operand(stage, t, b, h, rows, dim, role == Role::b_dim ? Role::b_rows : Role::a, tf32, row_buffer);
+                       Role role, bool tf32) {
+  load_operand(stage, t, b, h, rows, dim, role == Role::b_dim ? Role::b_rows : Role::a, tf32);
   panel.transpose_of(stage, dim);
 }
 [[maybe_unused]]  // on paths with kBf16Dot only
 void load_through_rows(Bf16Panel& panel, Bf16Panel&, const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim,
-                       Role role, bool tf32, float* row_buffer) {
-  load_operand(panel, t, b, h, rows, dim, role, tf32, row_buffer);
+                       Role role, bool tf32) {
+  load_operand(panel, t, b, h, rows, dim, role, tf32);
 }
 
 // C[rows][width] (+)= A[rows][depth] · B on either kind of operand (depth in elements).
@@ -1036,12 +1022,11 @@ struct BackwardScratch {
   Scratch kept_bases;               // own statistics: their tile bases, kTileM a tile
   Scratch tile_stats;               // own statistics: a query tile's running max, sum and Δ sum
   Scratch o_rows;                   // own statistics: O rows read for Δ
-  Scratch row;
 
   void trim(int64_t max_floats) {
     for (Operand* panel : {&k, &v, &kt, &q, &qt, &dout, &doutt, &kb, &vb, &qc, &doc, &stage}) panel->trim(max_floats);
     for (Scratch* buffer : {&s, &dprob, &operand, &b_operand, &dk, &dv, &dq, &delta_sum, &row_max, &inv_sum, &delta,
-                            &row_sum, &kept, &kept_bases, &tile_stats, &o_rows, &row})
+                            &row_sum, &kept, &kept_bases, &tile_stats, &o_rows})
       buffer->trim(max_floats);
   }
 };
@@ -1187,7 +1172,6 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
   const float scale_log2 = std::abs(s.scale_log2);
   float* scores = t.s.reserve(kTileM * kTileN);
   float* dprob = t.dprob.reserve(kTileM * kTileN);
-  float* row_buffer = t.row.reserve(std::max(dp, dvp));
   // [group][n] each, vector-aligned per tile (n and tile offsets are multiples of kTileM)
   float* row_max = t.row_max.reserve(s.group * n);
   float* row_sum = t.row_sum.reserve(s.group * n);
@@ -1204,13 +1188,13 @@ void backward_stats_chunk(const Params& p, const Problem& s, const CpuConfig& co
   alignas(kAlign) float base_tile[kTileM], factor_tile[kTileM];  // statistics_step's, per tile
   for (int64_t block0 = align_down(keys.begin, key_block); block0 < keys.end; block0 += key_block) {
     const Range block = intersect(keys, Range{block0, block0 + key_block});
-    load_operand(t.kb, p.k, b, kv_head, block, s.head_dim, Role::a, s.tf32, row_buffer);
-    if (correct_delta) load_operand(t.vb, p.v, b, kv_head, block, s.head_dim_v, Role::a, s.tf32, row_buffer);
+    load_operand(t.kb, p.k, b, kv_head, block, s.head_dim, Role::a, s.tf32);
+    if (correct_delta) load_operand(t.vb, p.v, b, kv_head, block, s.head_dim_v, Role::a, s.tf32);
     for (int64_t g = 0; g < s.group; ++g) {
       const int64_t h = kv_head * s.group + g;
-      load_through_rows(t.qc, t.stage, p.q, b, h, rows, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+      load_through_rows(t.qc, t.stage, p.q, b, h, rows, s.head_dim, Role::b_dim, s.tf32);
       if (correct_delta)
-        load_through_rows(t.doc, t.stage, p.dout, b, h, rows, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
+        load_through_rows(t.doc, t.stage, p.dout, b, h, rows, s.head_dim_v, Role::b_dim, s.tf32);
       for (int64_t row0 = rows.begin; row0 < rows.end; row0 += kTileM) {
         const Range tile_rows{row0, std::min(row0 + kTileM, rows.end)};
         const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
@@ -1386,7 +1370,6 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
   float* dv = t.dv.reserve(n * dvp);
   float* scores = t.s.reserve(kTileM * kTileN);
   float* dprob = t.dprob.reserve(kTileM * kTileN);
-  float* row_buffer = t.row.reserve(std::max(dp, dvp));
   float* row_max = t.row_max.reserve(query_block + kTileM);
   float* inv_sum = t.inv_sum.reserve(query_block + kTileM);
   float* delta = t.delta.reserve(query_block + kTileM);
@@ -1405,9 +1388,9 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
   // panels K, Q and dO transposed in the cache (load_transposed): each tensor is read once.
   bool qt_loaded = false;
   if (!queries.empty()) {
-    load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32, row_buffer);
-    load_transposed(t.kt, t.k, p.k, b, kv_head, keys, s.head_dim, Role::a_transposed, s.tf32, row_buffer);
-    load_operand(t.v, p.v, b, kv_head, keys, s.head_dim_v, Role::a, s.tf32, row_buffer);
+    load_operand(t.k, p.k, b, kv_head, keys, s.head_dim, Role::a, s.tf32);
+    load_transposed(t.kt, t.k, p.k, b, kv_head, keys, s.head_dim, Role::a_transposed, s.tf32);
+    load_operand(t.v, p.v, b, kv_head, keys, s.head_dim_v, Role::a, s.tf32);
   }
   // Own statistics: the call skipped the preprocess; this item, the only one of its KV head, forms
   // what it would have (the same values from the same rows: bit for bit), from its panels where
@@ -1423,10 +1406,10 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
     float* dq_head = dq_share + g * dq_rows * dq_ld;
     for (int64_t qb0 = align_down(queries.begin, query_block); qb0 < queries.end; qb0 += query_block) {
       const Range block = intersect(queries, Range{qb0, qb0 + query_block});
-      load_operand(t.q, p.q, b, h, block, s.head_dim, Role::b_rows, s.tf32, row_buffer);
+      load_operand(t.q, p.q, b, h, block, s.head_dim, Role::b_rows, s.tf32);
       qt_loaded = false;
-      load_operand(t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_rows, s.tf32, row_buffer);
-      load_transposed(t.doutt, t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_dim, s.tf32, row_buffer);
+      load_operand(t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_rows, s.tf32);
+      load_transposed(t.doutt, t.dout, p.dout, b, h, block, s.head_dim_v, Role::b_dim, s.tf32);
       if (own_stats) {
         if constexpr (kBf16) preprocess_rows(p, s, st, b, h, block);
         else
@@ -1455,7 +1438,7 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
         const Range row_keys = s.mask.keys(tile_rows);
         const int64_t kept_first = align_down(row_keys.begin, kTileN);
         if (own_stats) {
-          if (!qt_loaded) load_transposed(t.qt, t.q, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+          if (!qt_loaded) load_transposed(t.qt, t.q, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32);
           qt_loaded = true;
           own_tile_statistics(p, s, st, b, h, row0, tile_rows, row_keys, t);
           take_stats(row0, row0 + kTileM);
@@ -1482,7 +1465,7 @@ void backward_chunk(const Params& p, const Problem& s, const CpuConfig& config, 
             probabilities_from_exponents(tile, cache->base(b * s.heads + h, col0, row0), row_max + stat,
                                          inv_sum + stat, std::abs(s.scale_log2));
           } else {
-            if (!qt_loaded) load_transposed(t.qt, t.q, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32, row_buffer);
+            if (!qt_loaded) load_transposed(t.qt, t.q, p.q, b, h, block, s.head_dim, Role::b_dim, s.tf32);
             qt_loaded = true;
             tile_gemm(kTileN, kTileM, dp, t.k.tile(col0), t.k.ld, t.qt.tile(row0), t.qt.ld, scores, kTileM, false);
           }
