@@ -4,21 +4,25 @@
 // read, so conversion and transposition stay off the critical path.
 //
 // Forward, per query tile: for each key tile the mask lets it see,
-//   load K tile, S = Q·K^T, mask, row max, exp2, row sum, rescale, load V, O += P·V.
+//   load K tile, S^T = K·Q^T, mask, max, exp2, sum, rescale (lane-wise over 16 queries of a
+//   vector), load V, O^T += V^T·P^T;
+// items of at most 8 queries (decode) take the same steps on row-major S = Q·K^T tiles.
 // The exp2 argument is (x - max)·|scale|·log2(e) with x = sign(scale)·(q·k): the difference of two
 // unscaled scores is exact near the max, so large logits lose nothing to the scaling.
 // Calls with too few query tiles for the threads (decode) split their keys into parts and merge
 // the parts' running max, sum and output as the online softmax merges two key tiles.
 //
-// Backward, after Δ = rowsum(dO∘O) (the preprocess step):
+// Backward, after Δ = rowsum(dO∘O) (the preprocess step; inside the fused items where they form
+// their own statistics):
 //   statistics pass, per query tile: over key tiles, S^T = K·Q^T (the fused pass's tile), each
-//     query's max and sum online as the forward forms them (RowStats says why the stored LSE is
-//     not read);
+//     query's max and sum online (RowStats says why the stored LSE is not read), on exponents
+//     E = exp2((x - tile base)·|scale_log2|) that short calls keep for the fused pass;
 //   fused pass, per key tile: over the group's query heads and query tiles,
-//     P = exp2((x - max)·|scale_log2|) / sum, dV += P^T·dO, dP = dO·V^T, dS = P∘(dP - Δ),
-//     dK += dS^T·Q, dQ^T += K^T·dS^T
+//     P = E · exp2((tile base - max)·|scale_log2|) / sum, dV += P^T·dO, dP = dO·V^T,
+//     dS = P∘(dP - Δ), dK += dS^T·Q, dQ^T += K^T·dS^T
 // dK and dV have one writer; each key chunk's dQ share is added to an fp32 accumulator in a fixed
-// chunk order (deterministic, no atomic adds), then dQ is written out.
+// chunk order (deterministic, no atomic adds), then dQ is written out (by the chunk itself where a
+// head is one chunk).
 //
 // This file is compiled once per instruction-set path, each time with that path's flags and
 // FMHA_CPU_ISA naming its namespace (src/cpu/isa.h); src/cpu/dispatch.cpp calls the one chosen.
@@ -318,6 +322,46 @@ struct ForwardPart {
   float* row_sum = nullptr;  // [group][rows] its sum of exp2((x - max)·|scale_log2|)
 };
 
+// The forward's tile of kTileM consecutive rows from `first` of an item's group rows (head g's
+// query rows.begin + r at row g * n + r; n = rows rounded up to whole tiles, or, packed, n =
+// rows): rows [0, valid) hold queries, which span `queries`; query_of(r) is row r's query.
+struct GroupTile {
+  int64_t valid;
+  Range queries;
+  int64_t first, n, rows_begin;
+
+  GroupTile(Range rows, int64_t group, int64_t n_, bool packed, int64_t first_)
+      : first(first_), n(n_), rows_begin(rows.begin) {
+    const int64_t g = first / n, r_off = first % n;
+    valid = packed ? std::min(kTileM, group * n - first) : std::min(kTileM, rows.size() - r_off);
+    queries = packed && (first + valid - 1) / n != g ? rows  // rows of two or more heads
+                                                      : Range{rows.begin + r_off, rows.begin + r_off + valid};
+  }
+  int64_t query_of(int64_t r) const { return rows_begin + (first + r) % n; }
+};
+
+// One query row's forward result (query `query` of head h): its unnormalised output `a` (the head
+// dim rounded up to kLanes, normalised in place), running max and sum. To row j of the part
+// buffers where the call's keys are split (the merge normalises), else O = a / sum and LSE =
+// ln(sum) + max·|scale|; a row that saw nothing gets 0 and -inf.
+void finish_forward_row(const Params& p, const Problem& s, const ForwardPart* part, int64_t b, int64_t h,
+                        int64_t query, int64_t j, float* a, float row_max, float row_sum) {
+  if (part) {
+    const int64_t dvp = round_up(s.head_dim_v, kLanes);
+    std::copy_n(a, dvp, part->acc + j * dvp);
+    part->row_max[j] = row_max;
+    part->row_sum[j] = row_sum;
+    return;
+  }
+  const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+  for (int64_t d = 0; d < s.head_dim_v; ++d) a[d] *= inv;
+  write_row(p.o, offset4(p.o, b, query, h, 0), s.head_dim_v, a);
+  if (p.lse.defined()) {
+    const float lse = row_sum > 0.0f ? row_max * std::abs(s.scale) + std::log(row_sum) : kNegInf;
+    static_cast<float*>(p.lse.data)[offset3(p.lse, b, h, query)] = lse;
+  }
+}
+
 // The forward of an item whose tiles hold at most kRowBlock queries (decode: a query or a few per
 // head): row-major S = Q·K^T tiles and a softmax per row, as a query-major tile would be kLanes
 // queries wide and mostly padding. forward_chunk takes every other item.
@@ -377,13 +421,10 @@ void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& conf
     }
     // Tiles of kTileM consecutive rows of the group's (padded or packed) rows.
     for (int64_t first = 0; first < s.group * n; first += kTileM) {
-      // The tile's rows [0, valid) hold queries; the queries they hold span tile_rows.
-      const int64_t g = first / n, r_off = first % n;
-      const int64_t valid = packed ? std::min(kTileM, s.group * n - first) : std::min(kTileM, rows.size() - r_off);
-      const Range tile_rows = packed && (first + valid - 1) / n != g
-                                  ? rows  // rows of two or more heads
-                                  : Range{rows.begin + r_off, rows.begin + r_off + valid};
-      const auto query_of = [&](int64_t r) { return rows.begin + (first + r) % n; };
+      const GroupTile tile(rows, s.group, n, packed, first);
+      const int64_t valid = tile.valid;
+      const Range tile_rows = tile.queries;
+      const auto query_of = [&](int64_t r) { return tile.query_of(r); };
       const int64_t active = round_up(valid, kRowBlock);
       const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
       const int64_t q_tile = first * dp;  // offset in q_all / q_all_bf16
@@ -444,22 +485,9 @@ void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& conf
   // Epilogue: O = acc / row_sum, LSE = ln(row_sum) + max; rows that saw nothing get 0 and -inf.
   for (int64_t g = 0; g < s.group; ++g)
     for (int64_t r = 0; r < rows.size(); ++r) {
-      const int64_t h = kv_head * s.group + g, i = g * n + r;
-      float* a = acc + i * dvp;
-      if (part) {  // the merge normalises
-        const int64_t j = g * rows.size() + r;
-        std::copy_n(a, dvp, part->acc + j * dvp);
-        part->row_max[j] = row_max[i];
-        part->row_sum[j] = row_sum[i];
-        continue;
-      }
-      const float inv = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
-      for (int64_t d = 0; d < s.head_dim_v; ++d) a[d] *= inv;
-      write_row(p.o, offset4(p.o, b, rows.begin + r, h, 0), s.head_dim_v, a);
-      if (p.lse.defined()) {
-        const float lse = row_sum[i] > 0.0f ? row_max[i] * std::abs(s.scale) + std::log(row_sum[i]) : kNegInf;
-        static_cast<float*>(p.lse.data)[offset3(p.lse, b, h, rows.begin + r)] = lse;
-      }
+      const int64_t i = g * n + r;
+      finish_forward_row(p, s, part, b, kv_head * s.group + g, rows.begin + r, g * rows.size() + r, acc + i * dvp,
+                         row_max[i], row_sum[i]);
     }
 }
 
@@ -579,13 +607,10 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
     }
     // Tiles of kTileM consecutive rows of the group's (padded or packed) rows.
     for (int64_t first = 0; first < s.group * n; first += kTileM) {
-      // The tile's rows [0, valid) hold queries; the queries they hold span tile_rows.
-      const int64_t g = first / n, r_off = first % n;
-      const int64_t valid = packed ? std::min(kTileM, s.group * n - first) : std::min(kTileM, rows.size() - r_off);
-      const Range tile_rows = packed && (first + valid - 1) / n != g
-                                  ? rows  // rows of two or more heads
-                                  : Range{rows.begin + r_off, rows.begin + r_off + valid};
-      const auto query_of = [&](int64_t r) { return rows.begin + (first + r) % n; };
+      const GroupTile tile(rows, s.group, n, packed, first);
+      const int64_t valid = tile.valid;
+      const Range tile_rows = tile.queries;
+      const auto query_of = [&](int64_t r) { return tile.query_of(r); };
       const int64_t active = round_up(valid, kLanes);
       const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
       float* acc_tile = acc + first * dvr;  // [dvr][kTileM]
@@ -631,22 +656,8 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
     for (int64_t r = 0; r < kTileM && first + r < s.group * n; ++r) {
       const int64_t i = first + r, g = i / n, q = i % n;
       if (q >= rows.size()) continue;  // a padding row
-      const int64_t h = kv_head * s.group + g;
-      float* a = out_rows + r * dvp;
-      if (part) {  // the merge normalises
-        const int64_t j = g * rows.size() + q;
-        std::copy_n(a, dvp, part->acc + j * dvp);
-        part->row_max[j] = row_max[i];
-        part->row_sum[j] = row_sum[i];
-        continue;
-      }
-      const float inv = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
-      for (int64_t d = 0; d < s.head_dim_v; ++d) a[d] *= inv;
-      write_row(p.o, offset4(p.o, b, rows.begin + q, h, 0), s.head_dim_v, a);
-      if (p.lse.defined()) {
-        const float lse = row_sum[i] > 0.0f ? row_max[i] * std::abs(s.scale) + std::log(row_sum[i]) : kNegInf;
-        static_cast<float*>(p.lse.data)[offset3(p.lse, b, h, rows.begin + q)] = lse;
-      }
+      finish_forward_row(p, s, part, b, kv_head * s.group + g, rows.begin + q, g * rows.size() + q,
+                         out_rows + r * dvp, row_max[i], row_sum[i]);
     }
   }
 }
