@@ -238,9 +238,7 @@ static_assert(kTileM == 64 && kTileN == 64, "cpu_config.h's blocks are multiples
 // `whole`: a head may be one chunk whatever its length, which it is where the heads alone give
 // every thread its items: kItemsPerThread of them, or one or more each with the threads busy for
 // at least kWholeHeadBalance of the rounds they take. The fused backward then forms its own
-// statistics (takes_own_statistics) and saves a sixth to two sevenths of its matmuls; the forward
-// loads each head's K/V panels once, not once per chunk (B4 H4 S4096 D64 fp32 on 2 threads:
-// +6 %; docs/PERF.md). Where the heads
+// statistics (takes_own_statistics) and saves a sixth to two sevenths of its matmuls. Where the heads
 // balance the threads so, a chunk is also never cut shorter than the head (up to
 // max_chunk_tiles): cutting a short head in two only loads its K/V panels twice (B1 H4 S192 D128
 // fp32 on 2 threads: forward +10-14 %, backward +15-19 %; docs/PERF.md).
@@ -1687,10 +1685,10 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
       else forward_chunk<false>(p, s, config, b, kv_head, rows, keys, part, scratch);
     };
     if (parts == 1) {
-      // Heads whole where they balance the threads (chunk_tiles): each chunk loads its head's K and V
-      // panels from memory, so a head cut in n chunks loads them n times.
-      const std::vector<char> whole_heads(static_cast<size_t>(count), 1);
-      for_chunks(seqlen_q, kTileM, threads, false, whole_heads,
+      // Heads are cut in chunks (not kept whole, as the backward keeps them): each chunk loads its
+      // head's K and V panels again, but on 16 threads whole heads left B4 H4 S4096 (16 heads) one
+      // item a thread and ran 1.3-1.5x slower (docs/PERF.md); on 2 threads they gained 2-7 %.
+      for_chunks(seqlen_q, kTileM, threads, false, {},
                  [&](const Params& p, const Problem& s, size_t, int64_t b, int64_t kv_head, Range rows,
                      int64_t) { run(p, s, b, kv_head, rows, Range{0, s.seqlen_k}, nullptr); });
       return Status::success();
