@@ -297,11 +297,11 @@ DeviceProblem upload(const HostProblem& hp, bool backward) {
   if (backward) {
     d.o.upload(hp.o);
     d.lse.upload(hp.lse);
-    d.dout = DeviceBuffer(hp.dout.size());
+    d.dout = DeviceBuffer(hp.dout.size(), size_t(c.base_offset));
     d.dout.upload(hp.dout);
-    d.dq = DeviceBuffer(hp.q.size());
-    d.dk = DeviceBuffer(hp.k.size());
-    d.dv = DeviceBuffer(hp.v.size());
+    d.dq = DeviceBuffer(hp.q.size(), size_t(c.base_offset));
+    d.dk = DeviceBuffer(hp.k.size(), size_t(c.base_offset));
+    d.dv = DeviceBuffer(hp.v.size(), size_t(c.base_offset));
     p.dout = view(d.dout.ptr, c.dtype, L.o, dev);
     p.dq = view(d.dq.ptr, c.dtype, L.q, dev);
     p.dk = view(d.dk.ptr, c.dtype, L.k, dev);

@@ -134,6 +134,12 @@ std::vector<Named> all_cases() {
       Case c = base(f, main_dim);
       c.seqlen_q = 200, c.seqlen_k = 300, c.heads = 4, c.kv_heads = 2, c.base_offset = 16;
       out.push_back({c, true});
+      // Every tensor 4 bytes past its allocation (simt takes any fp32 view): the backward's row
+      // kernels (Δ, dQ's conversion) then go element by element instead of in 16-byte vectors.
+      if (f.backend == Backend::cuda_simt) {
+        c.base_offset = 4, c.causal = Causal::bottom_right, c.seqlen_q = 77;
+        out.push_back({c, true});
+      }
       c = base(f, main_dim);
       c.batch = 300, c.heads = 256, c.kv_heads = 32, c.seqlen_q = 1, c.seqlen_k = 5;
       out.push_back({c, false});

@@ -87,11 +87,7 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
   // Preprocess and convert run over every (query row, head) pair, packed calls' included.
   const AttentionArgs row_args = row_kernel_args(args);
   const int64_t rows = int64_t(row_args.batch) * row_args.heads * row_args.seqlen_q;
-  if (rows > 0) {
-    const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
-    bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(row_args);
-    if (Status s = check_launch("simt backward preprocess launch"); !s.ok()) return s;
-  }
+  if (Status s = launch_bwd_preprocess<T>(row_args, stream, "simt"); !s.ok()) return s;
 
   // Each row's own softmax max and sum (cuda/common/own_softmax.cuh says why), before the kernels that
   // form P from them.
@@ -128,12 +124,7 @@ Status backward_for(const AttentionArgs& args, cudaStream_t stream) {
   }
   if (rows == 0) return Status::success();
 
-  if (args.dq_accum != nullptr) {
-    const int64_t elements = rows * args.head_dim;
-    bwd_convert_dq_kernel<T><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(
-        row_args);
-    return check_launch("simt backward dQ convert launch");
-  }
+  if (args.dq_accum != nullptr) return launch_bwd_convert_dq<T>(row_args, stream, "simt");
   const size_t dq_shared = backward_dq_shared_bytes<HD, VARIANT>();
   return with_packing(args, [&](auto packed) {
     auto kernel = bwd_dq_kernel<T, HD, dq.tile_m, dq.tile_n, dq.min_blocks, decltype(packed)::value>;

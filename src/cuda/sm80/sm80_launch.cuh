@@ -76,14 +76,11 @@ Status backward(const AttentionArgs& args, cudaStream_t stream) {
   // Preprocess and convert run over every (query row, head) pair, packed calls' included.
   const AttentionArgs row_args = row_kernel_args(args);
   const int64_t rows = int64_t(row_args.batch) * row_args.heads * row_args.seqlen_q;
-  if (rows > 0) {
-    const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
+  {
     // fp32 storage on (whole) tf32 tensor cores: Δ from dO rounded to tf32, as dP sees it. Split
     // tf32 carries dO to within 2^-22 into dP, as exact fp32 does: Δ from dO as stored.
     constexpr bool kTf32 = std::is_same_v<T, tf32_t>;
-    bwd_preprocess_kernel<T, kTf32>
-        <<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(row_args);
-    if (Status s = check_launch("sm80 backward preprocess launch"); !s.ok()) return s;
+    if (Status s = launch_bwd_preprocess<T, kTf32>(row_args, stream, "sm80"); !s.ok()) return s;
   }
 
   // Split tf32: each row's own softmax max and sum (cuda/common/own_softmax.cuh says why), and Δ
@@ -114,12 +111,7 @@ Status backward(const AttentionArgs& args, cudaStream_t stream) {
   }
   if (rows == 0) return Status::success();
 
-  if (args.dq_accum != nullptr) {
-    const int64_t elements = rows * args.head_dim;
-    bwd_convert_dq_kernel<T><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(
-        row_args);
-    return check_launch("sm80 backward dQ convert launch");
-  }
+  if (args.dq_accum != nullptr) return launch_bwd_convert_dq<T>(row_args, stream, "sm80");
   return with_packing(args, [&](auto packed) {
     auto kernel = bwd_dq_kernel<T, HD, S::kDqKeys, S::kDqStages, S::dq.min_blocks, decltype(packed)::value>;
     if (Status s = prepare_kernel(kernel, S::kDqShared, "sm80 backward dQ"); !s.ok()) return s;

@@ -249,16 +249,27 @@ struct BwdKernel {
       T* dk_row = args.dk.at<T>(start, key, kv_head);
       T* dv_row = args.dv.at<T>(start, key, kv_head);
 #pragma unroll
-      for (int j = 0; j < G::kCols; ++j) {
+      for (int j = 0; j < G::kCols; j += 2) {
         const int col = col0 + G::col(j, thread);
-        if (col < args.head_dim) dk_row[col] = tile::from_float<T>(dk(i, j) * args.scale);
-        if (col < args.head_dim_v) dv_row[col] = tile::from_float<T>(dv(i, j));
+        store_pair(dk_row, col, args.head_dim, dk(i, j) * args.scale, dk(i, j + 1) * args.scale);
+        store_pair(dv_row, col, args.head_dim_v, dv(i, j), dv(i, j + 1));
       }
     }
   }
 
+  // Columns col and col + 1 of a row (an accumulator's adjacent pair) in the storage type, as one
+  // 32-bit store where both are inside `cols` and the row allows it, else each that is inside.
+  __device__ __forceinline__ static void store_pair(T* row, int col, int cols, float a, float b) {
+    if (col + 1 < cols && reinterpret_cast<uintptr_t>(row + col) % sizeof(uint32_t) == 0) {
+      *reinterpret_cast<uint32_t*>(row + col) = tile::pack2<T>(a, b);
+      return;
+    }
+    if (col < cols) row[col] = tile::from_float<T>(a);
+    if (col + 1 < cols) row[col + 1] = tile::from_float<T>(b);
+  }
+
   // dK = scale · acc and dV in the storage type, rows past seqlen_k and columns past the head
-  // dims dropped. Once per block: plain stores from registers. start: the sequence's first key
+  // dims dropped. Once per block: plain stores from registers, two columns at a time. start: the sequence's first key
   // row (dense: the batch index).
   __device__ static void store_key_grads(const AttentionArgs& args, int warpgroup, int thread, int kv_head,
                                          int64_t start,
@@ -272,10 +283,10 @@ struct BwdKernel {
       T* dk_row = args.dk.at<T>(start, key, kv_head);
       T* dv_row = args.dv.at<T>(start, key, kv_head);
 #pragma unroll
-      for (int j = 0; j < G::kCols; ++j) {
+      for (int j = 0; j < G::kCols; j += 2) {
         const int col = G::col(j, thread);
-        if (col < args.head_dim) dk_row[col] = tile::from_float<T>(dk(i, j) * args.scale);
-        if (col < args.head_dim_v) dv_row[col] = tile::from_float<T>(dv(i, j));
+        store_pair(dk_row, col, args.head_dim, dk(i, j) * args.scale, dk(i, j + 1) * args.scale);
+        store_pair(dv_row, col, args.head_dim_v, dv(i, j), dv(i, j + 1));
       }
     }
   }

@@ -62,11 +62,7 @@ Status backward(const BwdParams& params, cudaStream_t stream) {
   // Preprocess and convert run over every (query row, head) pair, packed calls' included.
   const AttentionArgs row_args = row_kernel_args(args);
   const int64_t rows = int64_t(row_args.batch) * row_args.heads * row_args.seqlen_q;
-  if (rows > 0) {
-    const int kWarpsPerBlock = kRowKernelThreads / kWarpSize;
-    bwd_preprocess_kernel<T><<<grid_stride_blocks(rows, kWarpsPerBlock), kRowKernelThreads, 0, stream>>>(row_args);
-    if (Status s = check_launch("sm90 backward preprocess launch"); !s.ok()) return s;
-  }
+  if (Status s = launch_bwd_preprocess<T>(row_args, stream, "sm90"); !s.ok()) return s;
   if (args.dq_turns != nullptr && rows > 0) {
     const size_t counters = size_t(args.batch) * size_t(args.heads) * size_t(args.dq_turn_tiles) * kBwdTurnParts;
     if (Status s = cuda_status(cudaMemsetAsync(args.dq_turns, 0, counters * sizeof(int), stream),
@@ -77,11 +73,7 @@ Status backward(const BwdParams& params, cudaStream_t stream) {
   const Status main = args.dq_turns != nullptr ? launch_backward_main<T, HD, true>(params, stream)
                                                : launch_backward_main<T, HD, false>(params, stream);
   if (!main.ok()) return main;
-  if (rows == 0) return Status::success();
-  const int64_t elements = rows * args.head_dim;
-  bwd_convert_dq_kernel<T><<<grid_stride_blocks(elements, kRowKernelThreads), kRowKernelThreads, 0, stream>>>(
-      row_args);
-  return check_launch("sm90 backward dQ convert launch");
+  return launch_bwd_convert_dq<T>(row_args, stream, "sm90");
 }
 
 }  // namespace fmha::cuda::sm90
