@@ -299,9 +299,9 @@ DeviceProblem upload(const HostProblem& hp, bool backward) {
     d.lse.upload(hp.lse);
     d.dout = DeviceBuffer(hp.dout.size(), size_t(c.base_offset));
     d.dout.upload(hp.dout);
-    d.dq = DeviceBuffer(hp.q.size(), size_t(c.base_offset));
-    d.dk = DeviceBuffer(hp.k.size(), size_t(c.base_offset));
-    d.dv = DeviceBuffer(hp.v.size(), size_t(c.base_offset));
+    d.dq = DeviceBuffer(hp.q.size(), size_t(c.base_offset + c.grad_offset));
+    d.dk = DeviceBuffer(hp.k.size(), size_t(c.base_offset + c.grad_offset));
+    d.dv = DeviceBuffer(hp.v.size(), size_t(c.base_offset + c.grad_offset));
     p.dout = view(d.dout.ptr, c.dtype, L.o, dev);
     p.dq = view(d.dq.ptr, c.dtype, L.q, dev);
     p.dk = view(d.dk.ptr, c.dtype, L.k, dev);
@@ -401,6 +401,7 @@ std::string Case::name() const {
   if (deterministic) out << "_det";
   if (bhsd_layout) out << "_bhsd";
   if (base_offset) out << "_at" << base_offset;
+  if (grad_offset) out << "_grads_at" << grad_offset;
   if (key_ramp > 0) out << "_ramp" << key_ramp;
   return out.str();
 }

@@ -61,6 +61,7 @@ struct Case {
   bool deterministic = false;
   bool bhsd_layout = false;  // q/o/dout/dq stored [B, H, S, D] (a strided view)
   int base_offset = 0;       // bytes between each tensor's allocation and its data (alignment tests)
+  int grad_offset = 0;       // more bytes before dQ, dK and dV only (the outputs no tier loads in tiles)
   // Scores that grow along the keys: with key_ramp > 0 every query's first component is 1 and key
   // j's is key_ramp · (j / seqlen_k)², so a row's max climbs slowly over the first key tiles and
   // steeply over the last (the online softmax's rescaling paths, lazy and not, all taken).

@@ -140,6 +140,11 @@ std::vector<Named> all_cases() {
         c.base_offset = 4, c.causal = Causal::bottom_right, c.seqlen_q = 77;
         out.push_back({c, true});
       }
+      // dQ, dK and dV one element past 16 bytes (every tier writes them without TMA): dQ's
+      // conversion goes element by element, sm90's dK and dV leave from registers, not in vectors.
+      c = base(f, main_dim);
+      c.seqlen_q = 70, c.seqlen_k = 150, c.heads = 4, c.kv_heads = 2, c.grad_offset = int(dtype_size(f.dtype));
+      out.push_back({c, true});
       c = base(f, main_dim);
       c.batch = 300, c.heads = 256, c.kv_heads = 32, c.seqlen_q = 1, c.seqlen_k = 5;
       out.push_back({c, false});

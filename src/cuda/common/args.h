@@ -29,6 +29,14 @@ struct View4 {
   FMHA_HOST_DEVICE T* at(int64_t b, int64_t s, int64_t h) const {
     return static_cast<T*>(data) + offset(b, s, h);
   }
+  // Whether every row of this view over [batch, rows, heads] (`dim` elements of `element_bytes`)
+  // starts on 16 bytes and is whole 16-byte vectors: the base, and the stride of every dimension
+  // with more than one index, multiples of 16 bytes.
+  bool vector_rows(int64_t batch, int64_t rows, int64_t heads, int64_t dim, int64_t element_bytes) const {
+    const auto aligned = [&](int64_t elements) { return (elements * element_bytes) % 16 == 0; };
+    return reinterpret_cast<uintptr_t>(data) % 16 == 0 && aligned(dim) && (batch <= 1 || aligned(batch_stride)) &&
+           (rows <= 1 || aligned(seq_stride)) && (heads <= 1 || aligned(head_stride));
+  }
 };
 
 // Row statistics (lse_log2, delta, row_max, row_inv_sum) are stored in runs of this many rows per (batch, head).

@@ -181,17 +181,6 @@ inline unsigned grid_stride_blocks(int64_t items, int items_per_block) {
   return unsigned(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
 }
 
-// Whether every row of `view` ([batch, rows, heads, dim], `dim` elements of `element_bytes` wide)
-// starts on 16 bytes and is whole 16-byte vectors: the base, and the stride of every dimension
-// with more than one index, multiples of 16 bytes.
-inline bool vector_rows(const View4& view, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
-                        size_t element_bytes) {
-  const auto aligned = [&](int64_t elements) { return (elements * int64_t(element_bytes)) % 16 == 0; };
-  return reinterpret_cast<uintptr_t>(view.data) % 16 == 0 && aligned(dim) &&
-         (batch <= 1 || aligned(view.batch_stride)) && (rows <= 1 || aligned(view.seq_stride)) &&
-         (heads <= 1 || aligned(view.head_stride));
-}
-
 // Lanes per row: enough for one 16-byte vector each across `dim` elements of `element_bytes`
 // (a power of two, at most a warp; a warp where the rows go element by element).
 inline int row_lanes(int64_t dim, size_t element_bytes, bool vectors) {
@@ -216,8 +205,8 @@ Status launch_bwd_preprocess(const AttentionArgs& rows_args, cudaStream_t stream
   const int64_t rows = int64_t(a.batch) * a.heads * a.stat_rows;
   if (rows <= 0) return Status::success();
   RowKernelShape shape;
-  shape.vectors = vector_rows(a.o, a.batch, a.seqlen_q, a.heads, a.head_dim_v, sizeof(T)) &&
-                  vector_rows(a.dout, a.batch, a.seqlen_q, a.heads, a.head_dim_v, sizeof(T));
+  shape.vectors = a.o.vector_rows(a.batch, a.seqlen_q, a.heads, a.head_dim_v, sizeof(T)) &&
+                  a.dout.vector_rows(a.batch, a.seqlen_q, a.heads, a.head_dim_v, sizeof(T));
   shape.accum_vectors = vector_accum(a);
   shape.lanes = row_lanes(a.head_dim_v, sizeof(T), shape.vectors);
   const int rows_per_block = kRowKernelThreads / kWarpSize * (kWarpSize / shape.lanes);
@@ -232,7 +221,7 @@ Status launch_bwd_convert_dq(const AttentionArgs& rows_args, cudaStream_t stream
   const int64_t rows = int64_t(a.batch) * a.heads * a.seqlen_q;
   if (rows <= 0) return Status::success();
   RowKernelShape shape;
-  shape.vectors = vector_rows(a.dq, a.batch, a.seqlen_q, a.heads, a.head_dim, sizeof(T)) && vector_accum(a);
+  shape.vectors = a.dq.vector_rows(a.batch, a.seqlen_q, a.heads, a.head_dim, sizeof(T)) && vector_accum(a);
   shape.accum_vectors = shape.vectors;
   shape.lanes = row_lanes(a.head_dim, sizeof(T), shape.vectors);
   const int rows_per_block = kRowKernelThreads / kWarpSize * (kWarpSize / shape.lanes);

@@ -215,7 +215,12 @@ struct BwdKernel {
         mainloop.step(pipe, m, keys, step % 2, dk, dv);
         pipe.advance();
       }
-    store_key_grads(args, warpgroup, thread, kv_head, block_start(shared).k, keys, dk, dv);
+    if (params.vector_key_grads) {
+      stage_key_grads(shared, dk, dv, warpgroup * kConsumerRows, 0, args.scale, thread);
+      write_key_grads(args, shared, kv_head, block_start(shared).k, keys);
+    } else {
+      store_key_grads(args, warpgroup, thread, kv_head, block_start(shared).k, keys, dk, dv);
+    }
   }
 
   // Split: this warpgroup's COLS columns of dK and dV ([64 keys, COLS] fp32 each), from column
@@ -241,6 +246,11 @@ struct BwdKernel {
     // dims dropped.
     const int64_t start = block_start(shared).k;
     const int kv_head = int(blockIdx.y);
+    if (params.vector_key_grads) {
+      stage_key_grads(shared, dk, dv, 0, col0, args.scale, thread);
+      write_key_grads(args, shared, kv_head, start, keys);
+      return;
+    }
     using G = wg::Accumulator<COLS>;
 #pragma unroll
     for (int i = 0; i < G::kRows; ++i) {
@@ -254,6 +264,59 @@ struct BwdKernel {
         store_pair(dk_row, col, args.head_dim, dk(i, j) * args.scale, dk(i, j + 1) * args.scale);
         store_pair(dv_row, col, args.head_dim_v, dv(i, j), dv(i, j + 1));
       }
+    }
+  }
+
+  // The key gradients through shared memory (params.vector_key_grads): once both consumer
+  // warpgroups are past their last GEMM (the dQ GEMMs read every key of K), the K and V tiles are
+  // dead and take dK and dV ([keys, HDP] in the storage type, row-major, each row's 16-byte chunks
+  // XOR-swizzled by the row's index mod 8, so that a warp's 4-byte stores of an accumulator
+  // fragment, 8 rows × 4 columns pairs, fall in 32 distinct banks); then all 256 consumer threads
+  // write the tiles out in 16-byte vectors, whole rows at a time.
+  static constexpr int kVectorElems = 16 / int(sizeof(T));
+  static constexpr int kRowChunks = Shared::kHeadDimPadded / kVectorElems;  // 16-byte chunks per row
+  static constexpr int kSwizzleRows = 8;
+  static_assert(kRowChunks % kSwizzleRows == 0, "the XOR swizzle permutes chunks inside a row");
+  static constexpr int kKeyGradThreads = kBwdConsumers * wg::kThreads;
+  __device__ __forceinline__ static int staged_index(int row, int col) {
+    return row * Shared::kHeadDimPadded + ((col / kVectorElems) ^ (row % kSwizzleRows)) * kVectorElems +
+           col % kVectorElems;
+  }
+  template <int N>
+  __device__ __forceinline__ static void stage_key_grads(Shared& shared, const wg::Accumulator<N>& dk,
+                                                         const wg::Accumulator<N>& dv, int row0, int col0,
+                                                         float scale, int thread) {
+    using G = wg::Accumulator<N>;
+    tile::named_sync(int(NamedBarrier::ds_ready), kKeyGradThreads);  // every GEMM of the block is done
+#pragma unroll
+    for (int i = 0; i < G::kRows; ++i) {
+      const int row = row0 + G::row(i, thread);
+#pragma unroll
+      for (int j = 0; j < G::kCols; j += 2) {
+        const int at = staged_index(row, col0 + G::col(j, thread));
+        *reinterpret_cast<uint32_t*>(shared.k + at) = tile::pack2<T>(dk(i, j) * scale, dk(i, j + 1) * scale);
+        *reinterpret_cast<uint32_t*>(shared.v + at) = tile::pack2<T>(dv(i, j), dv(i, j + 1));
+      }
+    }
+    tile::named_sync(int(NamedBarrier::ds_ready), kKeyGradThreads);  // both tiles are staged
+  }
+  // By every consumer thread (the block's threads past the producer warpgroup).
+  __device__ __forceinline__ static void write_key_grads(const AttentionArgs& args, const Shared& shared, int kv_head,
+                                                         int64_t start, Range keys) {
+    const int thread = int(threadIdx.x) - wg::kThreads;
+    const int k_chunks = args.head_dim / kVectorElems, v_chunks = args.head_dim_v / kVectorElems;
+#pragma unroll 4
+    for (int idx = thread; idx < kKeys * kRowChunks; idx += kKeyGradThreads) {
+      const int row = idx / kRowChunks, chunk = idx % kRowChunks;
+      const int64_t key = keys.begin + row;
+      if (key >= keys.end) continue;
+      const int at = staged_index(row, chunk * kVectorElems);
+      if (chunk < k_chunks)
+        *reinterpret_cast<uint4*>(args.dk.at<T>(start, key, kv_head) + chunk * kVectorElems) =
+            *reinterpret_cast<const uint4*>(shared.k + at);
+      if (chunk < v_chunks)
+        *reinterpret_cast<uint4*>(args.dv.at<T>(start, key, kv_head) + chunk * kVectorElems) =
+            *reinterpret_cast<const uint4*>(shared.v + at);
     }
   }
 

@@ -14,6 +14,10 @@ struct BwdParams {
   CUtensorMap v;     // [B, Sk, Hkv, Dv]: 64 × keys per block
   CUtensorMap dout;  // [B, Sq, H, Dv]: 64 × 64
   AttentionArgs args;
+  // dK and dV rows 16-byte aligned and whole 16-byte vectors: the epilogue stages each block's
+  // tiles in shared memory and writes them in 16-byte vectors (else from registers, two columns
+  // at a time).
+  bool vector_key_grads = false;
 };
 
 }  // namespace fmha::cuda::sm90

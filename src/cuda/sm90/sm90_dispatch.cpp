@@ -232,6 +232,10 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
   const Problem s = Problem::of(p);
   BwdParams params{};
   params.args = args;
+  const int64_t element_bytes = int64_t(dtype_size(s.dtype));
+  params.vector_key_grads =
+      args.dk.vector_rows(args.batch, args.seqlen_k, args.kv_heads, args.head_dim, element_bytes) &&
+      args.dv.vector_rows(args.batch, args.seqlen_k, args.kv_heads, args.head_dim_v, element_bytes);
   return with_sm90_head_dim(head_dim_bucket(s.head_dim, s.head_dim_v), [&](auto hd) -> Status {
     constexpr int HD = decltype(hd)::value;
     if constexpr (HD > kBwdMaxHeadDim) {
