@@ -339,19 +339,15 @@ struct BwdMainloop {
         ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile + warpgroup * kBwdRows * kChunkCols)), thread);
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::ds_ready), kBwdConsumers * wg::kThreads);
-    // dV and dK complete before dQ is issued, so that P and dS are dead before the dQ
-    // accumulator is live (fewer registers at once); the tensor cores run the GEMMs in issue
-    // order regardless.
+    // dQ queued behind dV and dK, so that the tensor cores go from one to the next.
+    typename Tiles::QueryGrad dq;
+    wg::fence();
+    issue_query_grad(dq, ds_tile, warpgroup * kDqCols);
     wg::wait<0>();
     wg::fence_operand(dv.d);
     wg::fence_operand(dk.d);
     wg::fence_operand(p);
     wg::fence_operand(ds);
-
-    typename Tiles::QueryGrad dq;
-    wg::fence();
-    issue_query_grad(dq, ds_tile, warpgroup * kDqCols);
-    wg::wait<0>();
     wg::fence_operand(dq.d);
     release(shared.empty[stage]);
     stage_dq(dq, dq_buffer, m, warpgroup * kDqCols);
