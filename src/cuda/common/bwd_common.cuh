@@ -3,8 +3,8 @@
 //               exp2 domain (+inf for rows that see no key, so that P = 2^(S - LSE) is 0 there),
 //               and the fp32 dQ accumulator zeroed;
 //   convert:    dQ = scale · accumulator, stored in the tensors' dtype.
-// Both are memory-bound: grid-stride loops over rows, a few lanes per row in 16-byte vectors. Neither reads a sequence
-// table: Δ, the exp2-domain LSE and dQ of a (query row, head) do not depend on which sequence the
+// Both are memory-bound: grid-stride loops over rows, a few lanes per row in 16-byte vectors.
+// Neither reads a sequence table: Δ, the exp2-domain LSE and dQ of a (query row, head) do not depend on which sequence the
 // row belongs to, so a packed call runs them over all its rows (row_kernel_args).
 #pragma once
 
@@ -22,13 +22,14 @@ inline constexpr int kRowKernelThreads = 256;
 inline constexpr int kWarpSize = 32;
 inline constexpr float kLog2eF = 1.4426950408889634f;
 
-// The row kernels' shape, chosen on the host per call (row_kernel_shape): `lanes` lanes of a warp
+// The row kernels' shape, chosen on the host per call (launch_bwd_preprocess,
+// launch_bwd_convert_dq): `lanes` lanes of a warp
 // share one row (a power of two, at most the warp), each taking one 16-byte vector of it per
 // turn; `vectors` says that every row the kernel reads or writes in the storage type starts on 16
 // bytes and is whole vectors (else it goes element by element, `lanes` apart), `accum_vectors`
 // the same of the fp32 dQ accumulator's rows. On an H200 (docs/PERF.md, 2026-12-05) a warp per
 // row with 2-byte accesses ran the preprocess at 36 % and the convert at 16 % of the memory's
-// bandwidth: 0.42 ms of a 1.1 ms backward at 512 tokens a sequence.
+// bandwidth: 0.42 ms of a 1.1 ms sm90 backward at B32 H16 S512 D128 bf16.
 struct RowKernelShape {
   int lanes = kWarpSize;
   bool vectors = false;
