@@ -4,8 +4,9 @@
 //               and the fp32 dQ accumulator zeroed;
 //   convert:    dQ = scale · accumulator, stored in the tensors' dtype.
 // Both are memory-bound: grid-stride loops over rows, a few lanes per row in 16-byte vectors.
-// Neither reads a sequence table: Δ, the exp2-domain LSE and dQ of a (query row, head) do not depend on which sequence the
-// row belongs to, so a packed call runs them over all its rows (row_kernel_args).
+// Neither reads a sequence table: Δ, the exp2-domain LSE and dQ of a (query row, head) do not
+// depend on which sequence the row belongs to, so a packed call runs them over all its rows
+// (row_kernel_args).
 #pragma once
 
 #include <cstdint>
