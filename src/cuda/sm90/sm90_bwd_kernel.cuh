@@ -332,8 +332,8 @@ struct BwdKernel {
   }
 
   // dK = scale · acc and dV in the storage type, rows past seqlen_k and columns past the head
-  // dims dropped. Once per block: plain stores from registers, two columns at a time. start: the sequence's first key
-  // row (dense: the batch index).
+  // dims dropped, from registers, two columns a store (views whose rows are not 16-byte aligned;
+  // the others take stage_key_grads). start: the sequence's first key row (dense: the batch index).
   __device__ static void store_key_grads(const AttentionArgs& args, int warpgroup, int thread, int kv_head,
                                          int64_t start,
                                          Range keys, const typename Tiles::KeyGrad& dk,
