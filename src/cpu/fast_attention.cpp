@@ -537,12 +537,6 @@ bool forward_softmax_step(float* st, int64_t active, const int32_t* lo, const in
   return any_rescale;
 }
 
-// Key tiles per matmul over V in the bf16 forward: O^T's accumulator blocks are loaded and stored
-// once per call (on AMX, four C tiles around every two 16-pair steps of one 64-key tile), so two
-// tiles a call halve that traffic. fp32 keeps one (its C block stays in registers along the keys).
-template <bool kBf16>
-inline constexpr int64_t kForwardSpanTiles = kBf16 ? 2 : 1;
-
 template <bool kBf16>
 void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, int64_t b, int64_t kv_head, Range rows,
                    Range key_part, const ForwardPart* part, ForwardScratch& t) {
@@ -550,7 +544,6 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
   if ((packed ? s.group * rows.size() : rows.size()) <= kRowBlock)  // before this item's tile session
     return forward_chunk_rows<kBf16>(p, s, config, b, kv_head, rows, key_part, part, t);
   [[maybe_unused]] const ItemTiles<kBf16> tile_session{};
-  constexpr int64_t kSpanTiles = kForwardSpanTiles<kBf16>;
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
   const int64_t dvr = round_up(s.head_dim_v, kDimRows);  // O^T's rows: the matmul's row blocks
@@ -568,8 +561,8 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
   float* q_all = kBf16 ? nullptr : t.q_all.reserve(total * dp);
   float* q_cols = kBf16 ? nullptr : t.q_cols.reserve(dp * ldq);
   uint16_t* q_cols_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.q_cols_bf16.reserve((dp * ldq + 1) / 2)) : nullptr;
-  uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kSpanTiles * kTileN / 2)) : nullptr;
-  float* scores = t.s.reserve(kTileM * kSpanTiles * kTileN);
+  uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kTileN / 2)) : nullptr;
+  float* scores = t.s.reserve(kTileM * kTileN);
   float* out_rows = t.rows.reserve(kTileM * std::max(dvp, dvr));
   const float sign = score_sign(s), scale_log2 = std::abs(s.scale_log2);
   std::fill_n(acc, total * dvr, 0.0f);
@@ -621,48 +614,36 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
       float* acc_tile = acc + first * dvr;  // [dvr][kTileM]
       float* max_tile = row_max + first;
       float* sum_tile = row_sum + first;
-      // A span of kSpanTiles key tiles where the tile's keys have them (bf16: one matmul over K and
-      // one over V for the span), else one.
-      for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end;) {
-        const int64_t span = std::min<int64_t>(kSpanTiles, tiles(tile_keys.end - col0, kTileN));
-        // Load the span's K tiles (from the panel); S^T = K·Q^T  [span · kTileN keys, active queries]
+      for (int64_t col0 = align_down(tile_keys.begin, kTileN); col0 < tile_keys.end; col0 += kTileN) {
+        const Range cols{col0, col0 + kTileN};
+        // Load K tile (from the panel); S^T = K·Q^T  [kTileN keys, active queries]
         if constexpr (kBf16)
-          gemm_bf16(span * kTileN, active, dp / 2, t.k_bf16.tile(col0), t.k_bf16.ld, q_cols_bf16 + 2 * first, 2 * ldq,
-                    scores, kTileM, false);
+          gemm_bf16(kTileN, active, dp / 2, t.k_bf16.tile(col0), t.k_bf16.ld, q_cols_bf16 + 2 * first, 2 * ldq, scores,
+                    kTileM, false);
         else
           gemm(kTileN, active, dp, t.k.tile(col0), t.k.ld, q_cols + first, ldq, scores, kTileM, false);
-        for (int64_t u = 0; u < span; ++u) {
-          const Range cols{col0 + u * kTileN, col0 + (u + 1) * kTileN};
-          float* st = scores + u * kTileN * kTileM;
-          // Mask, max, exp2, sums, rescale: every query of the tile at once.
-          const bool full = valid == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
-                            s.mask.tile_is_full(tile_rows, cols);
-          if (!full)
-            for (int64_t r = 0; r < active; ++r) {
-              const Range visible = r < valid ? intersect(intersect(s.mask.keys(query_of(r)), block), cols) : Range{};
-              lo[r] = int32_t(visible.empty() ? 0 : visible.begin - cols.begin);
-              hi[r] = int32_t(visible.empty() ? 0 : visible.end - cols.begin);
-            }
-          if (forward_softmax_step(st, active, lo, hi, full, sign, max_tile, sum_tile, rescale, scale_log2)) {
-            for (int64_t d = 0; d < dvr; ++d)
-              for (int64_t q0 = 0; q0 < active; q0 += kLanes)
-                store(acc_tile + d * kTileM + q0, load(acc_tile + d * kTileM + q0) * load(rescale + q0));
-            // The span's earlier P^T tiles, not yet in O^T, move to the new bases too.
-            for (int64_t c = 0; c < u * kTileN; ++c)
-              for (int64_t q0 = 0; q0 < active; q0 += kLanes)
-                store(scores + c * kTileM + q0, load(scores + c * kTileM + q0) * load(rescale + q0));
+        // Mask, max, exp2, sums, rescale: every query of the tile at once.
+        const bool full = valid == kTileM && cols.end <= block.end && cols.begin >= block.begin &&
+                          s.mask.tile_is_full(tile_rows, cols);
+        if (!full)
+          for (int64_t r = 0; r < active; ++r) {
+            const Range visible = r < valid ? intersect(intersect(s.mask.keys(query_of(r)), block), cols) : Range{};
+            lo[r] = int32_t(visible.empty() ? 0 : visible.begin - col0);
+            hi[r] = int32_t(visible.empty() ? 0 : visible.end - col0);
           }
-        }
-        // Load the span's V tiles (from the panel); O^T += V^T·P^T
+        if (forward_softmax_step(scores, active, lo, hi, full, sign, max_tile, sum_tile, rescale, scale_log2))
+          for (int64_t d = 0; d < dvr; ++d)
+            for (int64_t q0 = 0; q0 < active; q0 += kLanes)
+              store(acc_tile + d * kTileM + q0, load(acc_tile + d * kTileM + q0) * load(rescale + q0));
+        // Load V tile (from the panel); O^T += V^T·P^T
         if constexpr (kBf16) {
-          to_bf16_pairs(scores, p_bf16, span * kTileN, kTileM);
-          gemm_bf16(dvr, active, span * kTileN / 2, t.v_bf16.tile(col0), t.v_bf16.ld, p_bf16, 2 * kTileM, acc_tile,
-                    kTileM, true);
+          to_bf16_pairs(scores, p_bf16, kTileN, kTileM);
+          gemm_bf16(dvr, active, kTileN / 2, t.v_bf16.tile(col0), t.v_bf16.ld, p_bf16, 2 * kTileM, acc_tile, kTileM,
+                    true);
         } else {
           if (s.tf32) round_tile_to_tf32(scores, kTileN * kTileM);
           gemm(dvr, active, kTileN, t.vt.tile(col0), t.vt.ld, scores, kTileM, acc_tile, kTileM, true);
         }
-        col0 += span * kTileN;
       }
     }
   }

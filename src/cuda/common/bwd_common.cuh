@@ -207,7 +207,12 @@ Status launch_bwd_preprocess(const AttentionArgs& rows_args, cudaStream_t stream
   const int64_t rows = int64_t(a.batch) * a.heads * a.stat_rows;
   if (rows <= 0) return Status::success();
   RowKernelShape shape;
-  shape.vectors = a.o.vector_rows(a.batch, a.seqlen_q, a.heads, a.head_dim_v, sizeof(T)) &&
+  // fp32 storage sums Δ element by element over 32 lanes, the order its tiers were tested with on
+  // a GPU: where a row sees one key Δ must cancel the tensor cores' dP to fp32 rounding (tf32
+  // tiers, above), and the vectors' order (4 consecutive products a lane) left sm80 tf32's one-key
+  // dK residue at 1.1x its test's bound on an H200 (docs/PERF.md, run 32). 16-bit storage, whose
+  // products carry 16 significant bits and mostly sum exactly in fp32, takes the vectors.
+  shape.vectors = sizeof(T) == 2 && a.o.vector_rows(a.batch, a.seqlen_q, a.heads, a.head_dim_v, sizeof(T)) &&
                   a.dout.vector_rows(a.batch, a.seqlen_q, a.heads, a.head_dim_v, sizeof(T));
   shape.accum_vectors = vector_accum(a);
   shape.lanes = row_lanes(a.head_dim_v, sizeof(T), shape.vectors);

@@ -4,8 +4,7 @@
 //     (packed row r = query i · group + head-in-group), so each K/V tile feeds every query head
 //     that reads it, and the sequence's K/V bytes are read once (once per row tile beyond 16 rows);
 //   - pages are gathered with cp.async through the block table (common/paged.h PagedCache, whose
-//     clamps keep a broken device table inside the cache), kStages tiles in flight, each tile's
-//     table entries read a tile before its gather;
+//     clamps keep a broken device table inside the cache), kStages tiles in flight;
 //   - the 4 warps take 16 keys each of every 64-key tile, each with its own online softmax over
 //     its keys, and their partial results are merged through shared memory at the end with the
 //     weights of fmha::merge (common/merge.h merge_weights);
@@ -59,48 +58,30 @@ struct DecodeTiles {
   using Softmax = tile::OnlineSoftmax<2, 4>;  // rows g and g + 8, each on a quad
 };
 
-// The cache pages of this thread's rows of a [kKeys, HD] K/V tile from keys col0 of sequence b
-// (rows r0, r0 + kRowStep, ...; 0 past `valid`). Looked up a tile ahead of its gather: the entries
-// are loads from the block table, and a gather that waited on them would put their latency
-// between two tiles' compute.
-template <class Tiles>
-struct TilePages {
-  static constexpr int kRowStep = Tiles::kThreads / Tiles::kChunksPerRow;
-  static constexpr int kRowsPerThread = Tiles::kKeys / kRowStep;
-  int page[kRowsPerThread];
-
-  __device__ __forceinline__ static int first_row() { return int(threadIdx.x) / Tiles::kChunksPerRow; }
-  __device__ __forceinline__ void look_up(const DecodeArgs& args, int64_t b, int64_t col0, int valid) {
-    // Keys and page sizes fit 32 bits (check_decode bounds the capacity): 32-bit division here;
-    // the clamped entry comes from PagedCache::page as everywhere.
-    const int page_size = int(args.cache.page_size);
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const int r = first_row() + i * kRowStep;
-      page[i] = r < valid ? int(args.cache.page(b, (int(col0) + r) / page_size)) : 0;
-    }
-  }
-};
-
-// Rows [0, valid) of a [kKeys, HD] K and V tile from keys col0 ... of KV head h, on the pages
-// looked up for them. Rows past `valid` are zero.
+// Rows [0, valid) of a [kKeys, HD] K and V tile from keys col0 ... of sequence b, KV head h:
+// each thread looks up the page of its rows once for both tensors. Rows past `valid` are zero.
 template <class T, class Tiles>
 __device__ __forceinline__ void gather_kv(const DecodeArgs& args, typename Tiles::KTile k, typename Tiles::VTile v,
-                                          const TilePages<Tiles>& pages, int kv_head, int64_t col0, int valid) {
-  using Pages = TilePages<Tiles>;
+                                          int64_t b, int kv_head, int64_t col0, int valid) {
+  constexpr int kRowStep = Tiles::kThreads / Tiles::kChunksPerRow;
   constexpr size_t kBytes = 16;
   const int c = (int(threadIdx.x) % Tiles::kChunksPerRow) * Tiles::kVec;
   const T* k_base = static_cast<const T*>(args.k) + kv_head * args.k_head_stride + c;
   const T* v_base = static_cast<const T*>(args.v) + kv_head * args.v_head_stride + c;
   const bool k_col = c < args.head_dim, v_col = c < args.head_dim_v;
+  // Keys and page sizes fit 32 bits (check_decode bounds the capacity): 32-bit division here, on
+  // the path of every page lookup; the clamped entry comes from PagedCache::page as everywhere.
   const int page_size = int(args.cache.page_size);
 #pragma unroll
-  for (int i = 0; i < Pages::kRowsPerThread; ++i) {
-    const int r = Pages::first_row() + i * Pages::kRowStep;
+  for (int r = int(threadIdx.x) / Tiles::kChunksPerRow; r < Tiles::kKeys; r += kRowStep) {
     const bool row = r < valid;
-    const int64_t page = pages.page[i], in_page = row ? (int(col0) + r) % page_size : 0;
-    const T* k_from = k_base + page * args.k_page_stride + in_page * args.k_row_stride;
-    const T* v_from = v_base + page * args.v_page_stride + in_page * args.v_row_stride;
+    CacheRow at{0, 0};
+    if (row) {
+      const int key = int(col0) + r;
+      at = CacheRow{args.cache.page(b, key / page_size), key % page_size};
+    }
+    const T* k_from = k_base + at.page * args.k_page_stride + at.row * args.k_row_stride;
+    const T* v_from = v_base + at.page * args.v_page_stride + at.row * args.v_row_stride;
     // A zero-filled chunk reads nothing; its source is only a harmless address inside the cache.
     __pipeline_memcpy_async(&k(r, c), row && k_col ? k_from : k_base, kBytes, row && k_col ? 0 : kBytes);
     __pipeline_memcpy_async(&v(r, c), row && v_col ? v_from : v_base, kBytes, row && v_col ? 0 : kBytes);
@@ -150,21 +131,13 @@ __global__ void __launch_bounds__(DecodeTiles<T, HD>::kThreads) decode_kernel(co
     tile::block::commit();
   }
 
-  // Tile tile_index's first key and rows; its pages (looked up a tile ahead, into `pages`); its
-  // gather from the pages in `pages`.
-  auto tile_col0 = [&](int tile_index) { return key0 + int64_t(tile_index) * kKeys; };
-  auto tile_valid = [&](int tile_index) {
-    const int64_t col0 = tile_col0(tile_index);
-    return int(key_end - col0 < kKeys ? key_end - col0 : kKeys);
-  };
-  TilePages<Tiles> pages;
-  auto look_up = [&](int tile_index) {
-    if (tile_index < num_tiles) pages.look_up(args, b, tile_col0(tile_index), tile_valid(tile_index));
-  };
   auto issue = [&](int tile_index) {
-    if (tile_index < num_tiles)
+    if (tile_index < num_tiles) {
+      const int64_t col0 = key0 + int64_t(tile_index) * kKeys;
+      const int valid = int(key_end - col0 < kKeys ? key_end - col0 : kKeys);
       gather_kv<T, Tiles>(args, shared.pipe.k[tile_index % kStages].tile(), shared.pipe.v[tile_index % kStages].tile(),
-                          pages, kv_head, tile_col0(tile_index), tile_valid(tile_index));
+                          b, kv_head, col0, valid);
+    }
     tile::block::commit();
   };
 
@@ -173,13 +146,9 @@ __global__ void __launch_bounds__(DecodeTiles<T, HD>::kThreads) decode_kernel(co
   typename Tiles::Softmax softmax;
   softmax.init();
   const Range query_rows{query_begin, query_end};
-  for (int i = 0; i < kStages; ++i) {
-    look_up(i);
-    if (i < kStages - 1) issue(i);
-  }
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
   for (int tile_index = 0; tile_index < num_tiles; ++tile_index) {
     issue(tile_index + kStages - 1);
-    look_up(tile_index + kStages);  // read while this tile computes, used by the next issue
     tile::block::wait<kStages - 1>();
     __syncthreads();
     const int stage = tile_index % kStages;
