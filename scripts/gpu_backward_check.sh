@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call on an H100/H200 (results under $OUT), from the repository root, for the backward's
-# row kernels and epilogue, the decode kernel's table look-ups and the CPU's AMX forward:
+# row kernels and sm90 epilogue, with the decode tests and the CPU's AMX forward alongside:
 #   build (scripts/gpu_round.sh, head dims 64, 128, 256); the backward and decode GPU tests of every
 #   tier in 8 processes, beside the CPU suite's AMX cases                       -> tests.log, amx.log
 #   sm90 backward at D128 512 / 2k / 16k and D256 2k, causal and not; the decode sweep; the CPU
