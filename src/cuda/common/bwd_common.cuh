@@ -37,25 +37,22 @@ struct RowKernelShape {
   bool accum_vectors = false;
 };
 
-// Elements of T in one 16-byte vector: 8 of 16 bits, 4 of fp32.
-template <class T>
-inline constexpr int kRowVector = 16 / int(sizeof(T));
 inline constexpr int kAccumVector = 4;  // floats of the accumulator in one 16-byte vector
 
 // One 16-byte vector of T as floats, and back.
 template <class T>
-__device__ __forceinline__ void load_vector(const T* p, float (&out)[kRowVector<T>]) {
+__device__ __forceinline__ void load_vector(const T* p, float (&out)[tile::kVector16<T>]) {
   const uint4 raw = *reinterpret_cast<const uint4*>(p);
   const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-  for (int i = 0; i < kRowVector<T>; ++i) out[i] = tile::to_float(e[i]);
+  for (int i = 0; i < tile::kVector16<T>; ++i) out[i] = tile::to_float(e[i]);
 }
 template <class T>
-__device__ __forceinline__ void store_vector(T* p, const float (&in)[kRowVector<T>]) {
+__device__ __forceinline__ void store_vector(T* p, const float (&in)[tile::kVector16<T>]) {
   uint4 raw;
   T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
-  for (int i = 0; i < kRowVector<T>; ++i) e[i] = tile::from_float<T>(in[i]);
+  for (int i = 0; i < tile::kVector16<T>; ++i) e[i] = tile::from_float<T>(in[i]);
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
@@ -99,7 +96,7 @@ __global__ void __launch_bounds__(kRowKernelThreads)
         dot += ov * g;
       };
       if (shape.vectors) {
-        constexpr int V = kRowVector<T>;
+        constexpr int V = tile::kVector16<T>;
         for (int d = sub * V; d < args.head_dim_v; d += lanes * V) {
           float ov[V], gv[V];
           load_vector(o + d, ov);
@@ -148,7 +145,7 @@ __global__ void __launch_bounds__(kRowKernelThreads)
     const float* accum = args.dq_accum + w * args.dq_accum_stride;
     T* dq = args.dq.at<T>(b, s, h);
     if (shape.vectors) {
-      constexpr int V = kRowVector<T>;
+      constexpr int V = tile::kVector16<T>;
       for (int d = sub * V; d < args.head_dim; d += lanes * V) {
         float x[V];
 #pragma unroll

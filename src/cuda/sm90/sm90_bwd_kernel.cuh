@@ -273,7 +273,7 @@ struct BwdKernel {
   // XOR-swizzled by the row's index mod 8, so that a warp's 4-byte stores of an accumulator
   // fragment, 8 rows × 4 columns pairs, fall in 32 distinct banks); then all 256 consumer threads
   // write the tiles out in 16-byte vectors, whole rows at a time.
-  static constexpr int kVectorElems = 16 / int(sizeof(T));
+  static constexpr int kVectorElems = tile::kVector16<T>;
   static constexpr int kRowChunks = Shared::kHeadDimPadded / kVectorElems;  // 16-byte chunks per row
   static constexpr int kSwizzleRows = 8;
   static_assert(kRowChunks % kSwizzleRows == 0, "the XOR swizzle permutes chunks inside a row");

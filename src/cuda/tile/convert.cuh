@@ -17,6 +17,10 @@ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(tf32x3 x) { return x.value; }
 
+// Elements of storage type T in one 16-byte vector: 8 of 16 bits, 4 of fp32.
+template <class T>
+inline constexpr int kVector16 = 16 / int(sizeof(T));
+
 template <class T>
 __device__ __forceinline__ T from_float(float x);
 template <>
