@@ -104,8 +104,8 @@ TEST(Sm90Config, EveryVariantFitsSharedMemoryAndTheRegisterFile) {
 TEST(Sm90Config, RegisterPoolIsTheLaunchCapTimesTheThreads) {
   EXPECT_EQ(register_pool(384), 168 * 384);
   EXPECT_EQ(register_pool(512), 128 * 512);
-  for (bool packed : {false, true})
-    EXPECT_LE(kWarpgroupThreads * (bwd_producer_registers(packed) + kBwdConsumers * bwd_consumer_registers(packed)),
+  for (bool wide : {false, true})
+    EXPECT_LE(kWarpgroupThreads * (bwd_producer_registers(wide) + kBwdConsumers * bwd_consumer_registers(wide)),
               register_pool((kBwdConsumers + 1) * kWarpgroupThreads));
 }
 

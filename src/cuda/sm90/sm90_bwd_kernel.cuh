@@ -38,8 +38,9 @@ struct BwdKernel {
   // Split: the head-dim columns of consumer warpgroups 0 and 1.
   static constexpr int kSplitCols[kBwdConsumers] = {bwd_split_cols(HD, 0), bwd_split_cols(HD, 1)};
   static constexpr int kThreads = (kBwdConsumers + 1) * kWarpgroupThreads;
-  static constexpr int kProducerRegisters = bwd_producer_registers(PACKED);
-  static constexpr int kConsumerRegisters = bwd_consumer_registers(PACKED);
+  // Packed and deterministic kernels: the wider producer split (sm90_config.h).
+  static constexpr int kProducerRegisters = bwd_producer_registers(PACKED || ORDERED_DQ);
+  static constexpr int kConsumerRegisters = bwd_consumer_registers(PACKED || ORDERED_DQ);
   static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kBwdConsumers * kWarpgroupThreads <=
                     register_pool(kThreads),
                 "the register split exceeds the block's pool: setmaxnreg.inc would wait forever");
@@ -47,15 +48,32 @@ struct BwdKernel {
   static_assert(kSharedBytes <= kSharedLimit, "the backward's tiles exceed Hopper's shared memory");
   static_assert(padded_head_dim(HD) <= kBwdMaxHeadDim, "dK and dV of larger head dims do not fit the registers");
 
+  // The block's key tile, KV head and batch, functions of the block index and the parameters alone
+  // (so that the compiler may recompute them wherever that is cheaper than keeping them live):
+  // the default kernel's 3-D grid is (key tile, KV head, batch); the deterministic kernel's is
+  // 1-D in the order of params.order, its key tiles from the last. One field a call: the default
+  // kernel then reads just that index, where it is used.
+  __device__ __forceinline__ static int block_key_tile(const BwdParams& params) {
+    if constexpr (ORDERED_DQ) return params.order.template get<true>(int(blockIdx.x)).key_tile;
+    else return int(blockIdx.x);
+  }
+  __device__ __forceinline__ static int block_kv_head(const BwdParams& params) {
+    if constexpr (ORDERED_DQ) return params.order.template get<true>(int(blockIdx.x)).kv_head;
+    else return int(blockIdx.y);
+  }
+  __device__ __forceinline__ static int block_batch(const BwdParams& params) {
+    if constexpr (ORDERED_DQ) return params.order.template get<true>(int(blockIdx.x)).batch;
+    else return int(blockIdx.z);
+  }
   // The block's mask and where its sequence's rows start (dense: the call's mask and the batch
   // index).
   __device__ __forceinline__ static const Mask& block_mask(const AttentionArgs& args, const Shared& shared) {
     if constexpr (PACKED) return shared.sequence.mask;
     else return args.mask;
   }
-  __device__ __forceinline__ static SequenceStart block_start(const Shared& shared) {
+  __device__ __forceinline__ static SequenceStart block_start(const BwdParams& params, const Shared& shared) {
     if constexpr (PACKED) return shared.sequence.start;
-    else return {int64_t(blockIdx.z), int64_t(blockIdx.z)};
+    else return {int64_t(block_batch(params)), int64_t(block_batch(params))};
   }
 
   // Run by one thread (dense) or by the producer's first warp (packed: lane 0 issues the copies,
@@ -63,13 +81,13 @@ struct BwdKernel {
   __device__ static void produce(const BwdParams& params, Shared& shared, int lane) {
     const AttentionArgs& args = params.args;
     const Mask& mask = block_mask(args, shared);
-    const int kv_head = int(blockIdx.y);
-    const Range keys = bwd_key_tile<kKeys>(mask, int(blockIdx.x));
+    const int kv_head = block_kv_head(params);
+    const Range keys = bwd_key_tile<kKeys>(mask, block_key_tile(params));
     const Range tiles = bwd_query_tiles(mask, keys);
     // TMA coordinates: dense (row, batch) of [B, S, H, D]; packed (first row + row, 0) of the
     // packed tensors as [1, total, H, D]. The sequence's first rows are read from shared memory
     // where used (the producer has few registers).
-    const int batch = PACKED ? 0 : int(blockIdx.z);
+    const int batch = PACKED ? 0 : block_batch(params);
     // One tile of `rows` rows into `dst` (its column chunks), completing on `full`.
     auto load_tile = [&](T* dst, const CUtensorMap* map, int rows, int64_t row0, int head, tile::MBarrier& full) {
 #pragma unroll
@@ -80,7 +98,7 @@ struct BwdKernel {
       tile::tma::prefetch(&params.q);
       tile::tma::prefetch(&params.dout);
       shared.kv_full.arrive_expect_tx(2 * Shared::kKVBytes);
-      const int64_t k_row0 = PACKED ? block_start(shared).k : 0;
+      const int64_t k_row0 = PACKED ? block_start(params, shared).k : 0;
       load_tile(shared.k, &params.k, kKeys, k_row0 + keys.begin, kv_head, shared.kv_full);
       load_tile(shared.v, &params.v, kKeys, k_row0 + keys.begin, kv_head, shared.kv_full);
     }
@@ -97,20 +115,20 @@ struct BwdKernel {
           // pads a dense call's.
           for (int r = lane; r < kBwdRows; r += 32) {
             const bool inside = row0 + r < mask.seqlen_q;
-            const int64_t stat = args.stat_index(block_start(shared).q, head, row0 + r);
+            const int64_t stat = args.stat_index(block_start(params, shared).q, head, row0 + r);
             shared.lse[pipe.index][r] = inside ? args.lse_log2[stat] : INFINITY;
             shared.delta[pipe.index][r] = inside ? args.delta[stat] : 0.f;
           }
           __threadfence_block();
           __syncwarp();  // the lanes' statistics come before lane 0's arrival (release)
           if (lane == 0) {
-            const int64_t q_row = block_start(shared).q + row0;
+            const int64_t q_row = block_start(params, shared).q + row0;
             full.arrive_expect_tx(2 * Shared::kRowBytes);
             load_tile(shared.q[pipe.index], &params.q, kBwdRows, q_row, head, full);
             load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, q_row, head, full);
           }
         } else {
-          const int64_t stat = args.stat_index(block_start(shared).q, head, row0);
+          const int64_t stat = args.stat_index(block_start(params, shared).q, head, row0);
           full.arrive_expect_tx(2 * Shared::kRowBytes + 2 * Shared::kStatBytes);
           load_tile(shared.q[pipe.index], &params.q, kBwdRows, row0, head, full);
           load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, row0, head, full);
@@ -122,27 +140,34 @@ struct BwdKernel {
     }
   }
 
-  // The dQ warp: per step (the consumers' order), once both warpgroups have staged their shares,
-  // one bulk reduction of the tile's rows (those before seqlen_q), which are one contiguous run of
-  // the accumulator; the buffer is handed back once the reduction has read it. Deterministic: the
+  // The dQ warps (Mainloop::kDqWarps; dQ warp w takes the steps s with s % kDqWarps == w): per
+  // step (the consumers' order), once both warpgroups have staged their shares, one bulk
+  // reduction of the tile's rows (those before seqlen_q), which are one contiguous run of the
+  // accumulator; the buffer is handed back once the reduction has read it. Deterministic: the
   // reduction waits for the tile's turn, and the turn passes on once the reduction is complete in
-  // global memory.
-  static constexpr int kDqWarp = 1;  // warp of the producer warpgroup
+  // global memory (meanwhile the other dQ warp takes the next step).
+  static constexpr int kFirstDqWarp = 1;  // warps kFirstDqWarp.. of the producer warpgroup
+  static constexpr int kDqWarps = Mainloop::kDqWarps;
+  static_assert(kFirstDqWarp + kDqWarps <= wg::kThreads / 32, "the dQ warps are the producer warpgroup's");
+  template <int DQ_WARP>
   __device__ static void reduce_dq(const BwdParams& params, Shared& shared, int lane) {
     const AttentionArgs& args = params.args;
     const Mask& mask = block_mask(args, shared);
-    const int kv_head = int(blockIdx.y), batch = int(blockIdx.z);
-    const Range tiles = bwd_query_tiles(mask, bwd_key_tile<kKeys>(mask, int(blockIdx.x)));
+    const int kv_head = block_kv_head(params), batch = block_batch(params);
+    const Range tiles = bwd_query_tiles(mask, bwd_key_tile<kKeys>(mask, block_key_tile(params)));
     // The padding columns are never written by the consumers: zero, so that they add nothing.
-    for (int r = lane; r < kBwdRows; r += 32)
-      for (int c = Shared::kHeadDimPadded; c < Shared::kDqStride; ++c) shared.dq[r * Shared::kDqStride + c] = 0.f;
-    tile::fence_async_shared();
+    if constexpr (DQ_WARP == 0) {
+      for (int r = lane; r < kBwdRows; r += 32)
+        for (int c = Shared::kHeadDimPadded; c < Shared::kDqStride; ++c) shared.dq[r * Shared::kDqStride + c] = 0.f;
+      tile::fence_async_shared();
+    }
     __syncwarp();
     int step = 0;
     for (int g = 0; g < args.group; ++g) {
       const int head = kv_head * args.group + g;
       for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
-        shared.dq_full.wait(step & 1);
+        if (step % kDqWarps != DQ_WARP) continue;
+        shared.dq_full[DQ_WARP].wait((step / kDqWarps) & 1);
         if (lane == 0) {
           // Deterministic: the tile's turn counter (recomputed where needed: few registers here).
           auto turn_counter = [&] {
@@ -152,7 +177,7 @@ struct BwdKernel {
           // else the consumers stage it with their shares.
           int turn = 0;
           if constexpr (Mainloop::kTurnByDqWarp)
-            turn = int(blockIdx.x) - bwd_first_key_tile<kKeys>(mask, m, int(blockIdx.x));
+            turn = bwd_turn<kKeys>(mask, m, block_key_tile(params));
           else if constexpr (ORDERED_DQ)
             turn = shared.dq_turn;  // read before the buffer is handed back
           if constexpr (ORDERED_DQ) {
@@ -161,7 +186,7 @@ struct BwdKernel {
           }
           const int64_t row0 = int64_t(m) * kBwdRows;
           const int rows = int(mask.seqlen_q - row0 < kBwdRows ? mask.seqlen_q - row0 : kBwdRows);
-          const int64_t first = args.row_index(block_start(shared).q, head, row0);
+          const int64_t first = args.row_index(block_start(params, shared).q, head, row0);
           tile::tma::reduce_add_bytes(args.dq_accum + first * Shared::kDqStride, shared.dq,
                                       uint32_t(rows) * Shared::kDqStride * sizeof(float));
           tile::tma::store_commit();
@@ -182,7 +207,7 @@ struct BwdKernel {
   __device__ static void consume(const BwdParams& params, Shared& shared, int warpgroup, int thread) {
     const AttentionArgs& args = params.args;
     const Mask& mask = block_mask(args, shared);
-    const Range keys = bwd_key_tile<kKeys>(mask, int(blockIdx.x));
+    const Range keys = bwd_key_tile<kKeys>(mask, block_key_tile(params));
     const Range tiles = bwd_query_tiles(mask, keys);
     Mainloop mainloop{shared, args, warpgroup, thread};
     if constexpr (PACKED) mainloop.find_visible(keys);
@@ -203,7 +228,7 @@ struct BwdKernel {
                                                       Range keys, Range tiles) {
     const AttentionArgs& args = params.args;
     const int warpgroup = mainloop.warpgroup, thread = mainloop.thread;
-    const int kv_head = int(blockIdx.y);
+    const int kv_head = block_kv_head(params);
     typename Tiles::KeyGrad dk, dv;
     dk.fill(0.f);
     dv.fill(0.f);
@@ -217,9 +242,9 @@ struct BwdKernel {
       }
     if (params.vector_key_grads) {
       stage_key_grads(shared, dk, dv, warpgroup * kConsumerRows, 0, args.scale, thread);
-      write_key_grads(args, shared, kv_head, block_start(shared).k, keys);
+      write_key_grads(args, shared, kv_head, block_start(params, shared).k, keys);
     } else {
-      store_key_grads(args, warpgroup, thread, kv_head, block_start(shared).k, keys, dk, dv);
+      store_key_grads(args, warpgroup, thread, kv_head, block_start(params, shared).k, keys, dk, dv);
     }
   }
 
@@ -244,8 +269,8 @@ struct BwdKernel {
       }
     // dK = scale · acc and dV in the storage type, rows past seqlen_k and columns past the head
     // dims dropped.
-    const int64_t start = block_start(shared).k;
-    const int kv_head = int(blockIdx.y);
+    const int64_t start = block_start(params, shared).k;
+    const int kv_head = block_kv_head(params);
     if (params.vector_key_grads) {
       stage_key_grads(shared, dk, dv, 0, col0, args.scale, thread);
       write_key_grads(args, shared, kv_head, start, keys);
@@ -372,18 +397,20 @@ __global__ void __launch_bounds__(BwdKernel<T, HD, ORDERED_DQ, PACKED>::kThreads
       shared.full[s].init(1);
       shared.empty[s].init(kBwdConsumers * K::Mainloop::kConsumerWarps);
     }
-    shared.dq_full.init(K::Mainloop::kDqWriters);
+    for (int w = 0; w < K::kDqWarps; ++w) shared.dq_full[w].init(K::Mainloop::kDqWriters);
     shared.dq_empty.init(1);
-    if constexpr (PACKED) shared.sequence = params.args.sequence(blockIdx.z);
+    if constexpr (PACKED) shared.sequence = params.args.sequence(K::block_batch(params));
     tile::fence_barrier_init();
   }
   __syncthreads();
   // Packed: a block past its sequence's keys has nothing to do (no key, so no query tile sees it).
-  if (PACKED && bwd_key_tile<K::kKeys>(shared.sequence.mask, int(blockIdx.x)).empty()) return;
+  if (PACKED && bwd_key_tile<K::kKeys>(shared.sequence.mask, K::block_key_tile(params)).empty()) return;
   if (warpgroup == 0) {
     tile::registers_decrease<K::kProducerRegisters>();
     if (PACKED ? thread < 32 : thread == 0) K::produce(params, shared, thread);
-    else if (thread / 32 == K::kDqWarp) K::reduce_dq(params, shared, thread % 32);
+    else if (thread / 32 == K::kFirstDqWarp) K::template reduce_dq<0>(params, shared, thread % 32);
+    else if (K::kDqWarps > 1 && thread / 32 == K::kFirstDqWarp + 1)
+      K::template reduce_dq<1>(params, shared, thread % 32);
   } else {
     tile::registers_increase<K::kConsumerRegisters>();
     K::consume(params, shared, warpgroup - 1, thread);

@@ -14,9 +14,9 @@
 // kernel: each warpgroup writes its share of the query tile's dQ into shared memory and the
 // producer warpgroup's dQ warp adds the tile with one bulk reduction (cp.reduce.async.bulk), so
 // the consumers issue no atomics. dK is scaled once, in the epilogue. In the deterministic mode
-// the dQ warp adds a query tile's dQ when the tile's turn counter says that every key tile before
-// its own has added, so the fp32 sums run in key-tile order every time, while the consumers go on
-// with the next step.
+// a dQ warp (two, taking alternate steps) adds a query tile's dQ when the tile's turn counter
+// says that every key tile after its own has added, so the fp32 sums run in descending key-tile
+// order every time (sm90_bwd_blocks.h), while the consumers go on with the next step.
 //
 // Head dims 192 and 256 (BwdConfig::split_head_dim, sm90_config.h) take 64 keys per block and
 // split the work between the two warpgroups by query columns, then by head-dim columns:
@@ -30,6 +30,7 @@
 #pragma once
 
 #include "cuda/common/args.h"
+#include "cuda/sm90/sm90_bwd_blocks.h"
 #include "cuda/sm90/sm90_config.h"
 #include "cuda/tile/atomic.cuh"
 #include "cuda/tile/reduce.cuh"
@@ -81,11 +82,13 @@ struct BwdShared {
   alignas(16) float delta[kStages][kBwdRows];  // Δ = rowsum(dO ∘ O); 0 past seqlen_q
   tile::MBarrier kv_full;
   tile::MBarrier full[kStages], empty[kStages];
-  tile::MBarrier dq_full, dq_empty;  // the dQ shares written (every consumer warp) / read (the dQ warp)
+  tile::MBarrier dq_empty;  // the dQ tile read (by the dQ warp of the step)
   int dq_turn;  // deterministic: the staged tile's turn (written with the shares, read by the dQ warp)
   // Packed calls: the block's sequence (first rows, mask of its lengths), read from the tables
   // once, before the roles split; every role reads its mask from here.
   Sequence sequence;
+  // The dQ shares written (every consumer warp; step s on dq_full[s % dQ warps]).
+  tile::MBarrier dq_full[kBwdMaxDqWarps];
 };
 
 // One consumer warpgroup's accumulators across the query tiles.
@@ -108,49 +111,16 @@ struct BwdSplitTiles {
   using Fragments = uint32_t[kQueries / 16][4];  // [64 keys, 32 q] as 16-bit fragments
 };
 
-// The lengths are the mask's (mask.seqlen_q, mask.seqlen_k): the call's for dense calls, the
-// block's sequence's for packed ones.
-// Key tile n's KEYS keys (block n's), clamped to seqlen_k (empty past it: a packed call's blocks
-// past their sequence's keys).
-template <int KEYS>
-__device__ __forceinline__ Range bwd_key_tile(const Mask& mask, int n) {
-  const int64_t begin = int64_t(n) * KEYS;
-  return {begin, begin + KEYS < mask.seqlen_k ? begin + KEYS : mask.seqlen_k};
-}
-
-// Query tiles [begin, end) whose rows see any of `keys` (the same for every head).
-__device__ __forceinline__ Range bwd_query_tiles(const Mask& mask, Range keys) {
-  const Range rows = mask.queries(Range{0, mask.seqlen_q}, keys);
-  if (rows.empty()) return {0, 0};
-  return {rows.begin / kBwdRows, (rows.end + kBwdRows - 1) / kBwdRows};
-}
-
-// The first key tile whose block adds into query tile m, for a block n that does. The key tiles
-// that see a query tile form one run (every mask row sees one interval of keys, and the intervals
-// move forward with the row), so over [0, n] "tile m is among its query tiles" is false, then
-// true: a binary search with the very test the blocks use finds the run's start.
-template <int KEYS>
-__device__ inline int bwd_first_key_tile(const Mask& mask, int m, int n) {
-  int lo = 0, hi = n;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    const Range t = bwd_query_tiles(mask, bwd_key_tile<KEYS>(mask, mid));
-    if (t.begin <= m && m < t.end) hi = mid;
-    else lo = mid + 1;
-  }
-  return lo;
-}
-
-// ORDERED_DQ: the deterministic mode (dQ added in key-tile order); a kernel of its own, so that
-// the default one carries none of its registers. PACKED: a variable-length call, whose block's
-// mask is its sequence's, in shared memory.
+// ORDERED_DQ: the deterministic mode (dQ added in descending key-tile order); a kernel of its
+// own, so that the default one carries none of its registers. PACKED: a variable-length call,
+// whose block's mask is its sequence's, in shared memory.
 template <class T, int HD, bool ORDERED_DQ, bool PACKED>
 struct BwdMainloop {
   using Shared = BwdShared<T, HD>;
   using Tiles = BwdTiles<HD>;
   static constexpr int kKeys = Shared::kKeys;
   static constexpr bool kSplit = Shared::kConfig.split_head_dim;
-  // Deterministic: who finds a dQ tile's turn (the binary search of bwd_first_key_tile). The
+  // Deterministic: who finds a dQ tile's turn (the binary search of bwd_turn). The
   // consumers, with their shares, except on packed calls at 192/256, where the search over the
   // sequence's mask spilled in the consumers' loop (-Xptxas -v) and the packed producer's dQ
   // warp (40 registers) takes it without spilling; dense, the dQ warp (24) would spill instead.
@@ -161,6 +131,7 @@ struct BwdMainloop {
   static constexpr int kConsumerWarps = wg::kThreads / 32;
   static constexpr int kDqCols = Shared::kDqCols;  // dQ columns per warpgroup
   static constexpr uint32_t kDqWriters = kBwdConsumers * kConsumerWarps;  // arrivals on dq_full
+  static constexpr int kDqWarps = bwd_dq_warps(ORDERED_DQ);
 
 
   Shared& shared;
@@ -350,7 +321,7 @@ struct BwdMainloop {
     wg::fence_operand(ds);
     wg::fence_operand(dq.d);
     release(shared.empty[stage]);
-    stage_dq(dq, dq_buffer, m, warpgroup * kDqCols);
+    stage_dq(dq, dq_buffer, m, int(keys.begin / kKeys), warpgroup * kDqCols);
   }
 
   // Split (head dims 192, 256): one query tile m against the block's 64 keys, this warpgroup
@@ -425,20 +396,20 @@ struct BwdMainloop {
     issue_query_grad(dq, ds_tile, col0);
     wg::wait<0>();
     wg::fence_operand(dq.d);
-    stage_dq(dq, dq_parity, m, col0);
+    stage_dq(dq, dq_parity, m, int(keys.begin / kKeys), col0);
   }
 
-  // The dQ share of query tile m into shared memory for the dQ warp, once it has read the
-  // previous step's. Deterministic: with the tile's turn, the number of key tiles before this
-  // block's that add into it (found by a binary search with the blocks' own tile test).
-  // col0: the first column of this warpgroup's share.
+  // The dQ share of query tile m into shared memory for the step's dQ warp, once the previous
+  // step's has been read; parity alternates per step (with two dQ warps, it is also the step's
+  // warp). Deterministic: with the tile's turn (bwd_turn at the block's key tile). col0: the
+  // first column of this warpgroup's share.
   template <int N>
-  __device__ __forceinline__ void stage_dq(const wg::Accumulator<N>& dq, int parity, int m, int col0) {
+  __device__ __forceinline__ void stage_dq(const wg::Accumulator<N>& dq, int parity, int m, int key_tile, int col0) {
+    static_assert(kDqWarps <= 2, "the steps' parity names their dQ warp");
     using Q = wg::Accumulator<N>;
     shared.dq_empty.wait(parity ^ 1);
     if constexpr (ORDERED_DQ && !kTurnByDqWarp)
-      if (warpgroup == 0 && thread == 0)
-        shared.dq_turn = int(blockIdx.x) - bwd_first_key_tile<kKeys>(mask(), m, int(blockIdx.x));
+      if (warpgroup == 0 && thread == 0) shared.dq_turn = bwd_turn<kKeys>(mask(), m, key_tile);
     // One base address per thread (its first element); every other element sits at a constant
     // offset from it, so no per-element addresses stay live across the steps.
     float* first = shared.dq + col0 + Q::row(0, thread) * Shared::kDqStride + Q::col(0, thread);
@@ -450,7 +421,7 @@ struct BwdMainloop {
                                    (Q::col(j, 0) - Q::col(0, 0))) = make_float2(dq(i, j), dq(i, j + 1));
     tile::fence_async_shared();  // the bulk reductions read through the async proxy
     __syncwarp();
-    if (thread % 32 == 0) shared.dq_full.arrive();
+    if (thread % 32 == 0) shared.dq_full[kDqWarps == 2 ? parity : 0].arrive();
   }
 };
 

@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include "cuda/common/args.h"
+#include "cuda/sm90/sm90_bwd_blocks.h"
 
 namespace fmha::cuda::sm90 {
 
@@ -18,6 +19,7 @@ struct BwdParams {
   // tiles in shared memory and writes them in 16-byte vectors (else from registers, two columns
   // at a time).
   bool vector_key_grads = false;
+  BwdBlockOrder order;  // the 1-D grid's blocks
 };
 
 }  // namespace fmha::cuda::sm90

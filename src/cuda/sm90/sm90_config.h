@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/sm90/sm90_bwd_blocks.h"
+
 namespace fmha::cuda::sm90 {
 
 using fp16_t = __half;
@@ -221,7 +223,6 @@ struct BwdConfig {
   int ds_buffers;       // dS (and, split, Pᵀ) buffers, alternating per step
 };
 inline constexpr int kBwdConsumers = 2;
-inline constexpr int kBwdRows = 64;  // query rows per step
 inline constexpr int kBwdSplitMinHeadDim = 192;
 constexpr BwdConfig bwd_config(int head_dim) {
   const int d = padded_head_dim(head_dim);
@@ -238,16 +239,22 @@ constexpr int bwd_split_cols(int head_dim, int w) {
 inline constexpr int kBwdDqPad = 8;  // floats padding each row of the dQ tile and accumulator
 // Deterministic: one turn counter per query tile (the dQ warp adds the tile whole).
 inline constexpr int kBwdTurnParts = 1;
+// The producer warpgroup's warps that add the dQ tiles into the accumulator: one, taking every
+// step; two in the deterministic mode, taking alternate steps, so that while one waits for its
+// addition to land in global memory before passing the tile's turn on, the other adds the next.
+constexpr int bwd_dq_warps(bool ordered) { return ordered ? 2 : 1; }
+inline constexpr int kBwdMaxDqWarps = 2;
 inline constexpr int kBwdMaxHeadDim = 256;
 inline constexpr int kBwdProducerRegisters = 24;
 inline constexpr int kBwdConsumerRegisters = 240;
-// A packed call's producer is a whole warp that also loads the row statistics: it gets 40
-// registers and the consumers 232 (-Xptxas -v: no spills at head dim 64; at 128, 48 bytes against
-// 112 with 24 / 240).
-inline constexpr int kBwdPackedProducerRegisters = 40;
-inline constexpr int kBwdPackedConsumerRegisters = 232;
-constexpr int bwd_producer_registers(bool packed) { return packed ? kBwdPackedProducerRegisters : kBwdProducerRegisters; }
-constexpr int bwd_consumer_registers(bool packed) { return packed ? kBwdPackedConsumerRegisters : kBwdConsumerRegisters; }
+// A packed call's producer is a whole warp that also loads the row statistics, and the
+// deterministic kernel's producer warpgroup holds two dQ warps that decode the block index: they
+// get 40 registers and the consumers 232 (-Xptxas -v, head dim 128: packed 44 bytes of spill
+// stores against 112 with 24 / 240; deterministic dense 4 against 48).
+inline constexpr int kBwdWideProducerRegisters = 40;
+inline constexpr int kBwdWideConsumerRegisters = 232;
+constexpr int bwd_producer_registers(bool wide) { return wide ? kBwdWideProducerRegisters : kBwdProducerRegisters; }
+constexpr int bwd_consumer_registers(bool wide) { return wide ? kBwdWideConsumerRegisters : kBwdConsumerRegisters; }
 
 // Named barriers (0 is __syncthreads), per consumer warpgroup w: its epilogue's, and the one it
 // waits on for its turn to issue matrix work under pingpong.

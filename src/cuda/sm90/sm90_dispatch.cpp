@@ -1,10 +1,10 @@
 // The sm90 tier's entry points: the Hopper forward (wgmma + TMA, warp-specialised, persistent)
 // for fp16 and bf16 storage on sm_90 (H100/H200), head dims 64 to 256, and for fp32 storage with
 // precision tf32 at head dims 64 to 128 (one configuration, the default); the backward (wgmma +
-// TMA, warp-specialised) for fp16 and bf16 at head dims 64 to 128, deterministic on request (dQ
-// added in key-tile order). Calls it cannot take (another GPU, fp32 other than the tf32 forward,
-// head dims below 64, a larger backward, views TMA cannot address) are refused with the reason,
-// and auto-selection moves on to the sm80 tier.
+// TMA, warp-specialised) for fp16 and bf16 at head dims 64 to 256, deterministic on request (dQ
+// added in descending key-tile order). Calls it cannot take (another GPU, fp32 other than the
+// tf32 forward, head dims below 64, a larger backward, views TMA cannot address) are refused with
+// the reason, and auto-selection moves on to the sm80 tier.
 //
 // FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
 // compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once;
@@ -44,6 +44,12 @@ constexpr double kL2SectionBytes = 32.0 * 1024 * 1024;
 // The forward's workspace: the dynamic scheduler's counter, in the workspace's alignment unit.
 constexpr size_t kFwdWorkspaceBytes = 256;
 constexpr const char* kSchedulerVariable = "FMHA_SM90_SCHEDULER";
+// The deterministic backward's Q, dO and dQ-accumulator bytes of one section of its block order
+// (BwdBlockOrder).
+constexpr double kBwdL2SectionBytes = 32.0 * 1024 * 1024;
+// FMHA_SM90_BWD_ORDER=keys: the deterministic backward takes one pair's key tiles after another
+// (sections of one pair) instead of L2 sections, to measure the two.
+constexpr const char* kBwdOrderVariable = "FMHA_SM90_BWD_ORDER";
 
 bool static_schedule_forced() {
   static const bool forced = [] {
@@ -184,9 +190,16 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   if (s.packed && (s.total_q > kMaxCoordinate || s.total_k > kMaxCoordinate))
     return unsupported(std::string(s.total_q > kMaxCoordinate ? "q" : "k") +
                        ": packed tensors of more than 2^31 - 1 tokens exceed TMA's coordinates (sm90 tier)");
-  // The backward's grid is (key tiles, KV heads, batch or sequences).
-  if (backward)
+  // The backward's grid: a block per (key tile, KV head, batch or sequence); the deterministic
+  // kernel's in one dimension.
+  if (backward) {
     if (Status st = check_grid_limits(s); !st.ok()) return st;
+    const int64_t blocks = ceil_div(s.seqlen_k, int64_t(bwd_config(bucket).keys)) * s.batch * s.kv_heads;
+    if (p.deterministic && blocks > int64_t(INT32_MAX))
+      return unsupported("deterministic: " + std::to_string(blocks) +
+                         " blocks (key tiles · KV heads · batch) exceed the sm90 deterministic backward's grid "
+                         "(2^31 - 1)");
+  }
   if (Status st = current_device(p, direction, &props); !st.ok()) return st;
   if (props.arch != 90)
     return unsupported("q: cuda:" + std::to_string(props.ordinal) + " is sm_" + std::to_string(props.arch) +
@@ -225,6 +238,30 @@ int l2_section(const Problem& s) {
   return int(std::min<int64_t>(pow2 * s.group, s.batch * s.heads));
 }
 
+// The backward's block order: the deterministic kernel takes sections of as many (batch, KV head)
+// pairs as keep their Q, dO and dQ-accumulator rows within the section budget; the default one
+// takes one pair's key tiles after another (its 3-D grid).
+BwdBlockOrder backward_block_order(const Problem& s, const AttentionArgs& args, int keys, bool deterministic) {
+  BwdBlockOrder order;
+  order.key_tiles = int(ceil_div(args.seqlen_k, int64_t(keys)));  // packed: of the longest sequence
+  order.kv_heads = int(s.kv_heads);
+  // Deterministic calls: check_call bounds key tiles · pairs by INT32_MAX (the default kernel's
+  // 3-D grid reads only key_tiles).
+  order.pairs = int(std::min<int64_t>(s.batch * s.kv_heads, INT32_MAX));
+  static const std::string forced = [] {
+    const char* v = std::getenv(kBwdOrderVariable);
+    return std::string(v != nullptr ? v : "");
+  }();
+  const bool sections = deterministic && forced != "keys";
+  if (!sections) return order;
+  const double row_bytes = double(s.head_dim + s.head_dim_v) * double(dtype_size(s.dtype)) +
+                           double(args.dq_accum_stride) * double(sizeof(float));
+  const double pair_bytes = double(s.group) * double(s.seqlen_q) * row_bytes;
+  const double fit = pair_bytes > 0 ? kBwdL2SectionBytes / pair_bytes : double(order.pairs);
+  order.section = int(std::clamp<double>(fit, 1.0, double(std::max(order.pairs, 1))));
+  return order;
+}
+
 // The tier's two parts for tier_supports / tier_run (cuda/common/tier.h). launch() adds what only
 // this tier needs to the argument block: the TMA tensor maps and the tile scheduler.
 // The backward: TMA maps of Q, K, V and dO in the backward's tile shapes, then the launcher.
@@ -251,6 +288,7 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
       if (s.seqlen_k == 0 || s.total_k == 0) keys.data = values.data = p.q.data;
       if (Status st = encode_tile_map(&params.q, queries, kChunkCols, kBwdRows, "q"); !st.ok()) return st;
       constexpr int kKeys = bwd_config(HD).keys;
+      params.order = backward_block_order(s, args, kKeys, args.dq_turns != nullptr);
       if (Status st = encode_tile_map(&params.k, keys, kChunkCols, kKeys, "k"); !st.ok()) return st;
       if (Status st = encode_tile_map(&params.v, values, kChunkCols, kKeys, "v"); !st.ok()) return st;
       if (Status st = encode_tile_map(&params.dout, grads, kChunkCols, kBwdRows, "dout"); !st.ok()) return st;
@@ -263,7 +301,7 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
 }
 
 struct Sm90 {
-  // The deterministic backward adds each warpgroup's dQ share of a query tile in key-tile order.
+  // The deterministic backward adds each query tile's dQ in descending key-tile order.
   // Its dQ accumulator rows have the stride of the kernel's staging tile (whole padded tiles plus
   // a bank-conflict pad), so that a query tile's dQ leaves in one bulk reduction.
   static constexpr OrderedDq kOrderedDq{kBwdRows, kBwdTurnParts, kChunkCols, kBwdDqPad};

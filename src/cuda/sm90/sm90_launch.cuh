@@ -39,14 +39,16 @@ size_t backward_shared_bytes() {
 }
 
 // The main kernel, in its deterministic form when the workspace carries turn counters, dense or
-// packed by the call's layout: packed calls get a block per key tile of the longest sequence,
-// and the blocks past their own sequence's keys exit at once.
+// packed by the call's layout: a block per (key tile, KV head, batch) (packed calls: per key tile
+// of the longest sequence, and the blocks past their own sequence's keys exit at once); the
+// default kernel's grid is (key tiles, KV heads, batch), the deterministic one's 1-D in the order
+// of params.order (BwdKernel::block_key_tile and the like).
 template <class T, int HD, bool ORDERED_DQ>
 Status launch_backward_main(const BwdParams& params, cudaStream_t stream) {
   const AttentionArgs& args = params.args;
-  constexpr int kKeys = bwd_config(HD).keys;
-  const dim3 grid(unsigned(ceil_div(args.seqlen_k, kKeys)), unsigned(args.kv_heads), unsigned(args.batch));
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::success();
+  if (params.order.key_tiles == 0 || args.kv_heads == 0 || args.batch == 0) return Status::success();
+  const dim3 grid = ORDERED_DQ ? dim3(unsigned(params.order.blocks()))  // at most INT32_MAX (check_call)
+                               : dim3(unsigned(params.order.key_tiles), unsigned(args.kv_heads), unsigned(args.batch));
   return with_packing(args, [&](auto packed) {
     using K = BwdKernel<T, HD, ORDERED_DQ, decltype(packed)::value>;
     auto kernel = bwd_kernel<T, HD, ORDERED_DQ, decltype(packed)::value>;
