@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/sm90_sections.h"
 #include "fmha/mask.h"
 
 namespace fmha::cuda::sm90 {
@@ -36,17 +37,11 @@ struct BwdBlockOrder {
   FMHA_HOST_DEVICE int64_t blocks() const { return int64_t(key_tiles) * pairs; }
   template <bool DESCENDING>
   FMHA_HOST_DEVICE BwdBlock get(int index) const {
-    const int per_section = key_tiles * section;  // blocks() <= INT32_MAX (the host checks)
-    const int s = index / per_section;
-    const int in_section = index - s * per_section;
-    const int first = s * section;
-    const int width = pairs - first < section ? pairs - first : section;  // the last section's
-    const int tile = in_section / width;
-    const int pair = first + (in_section - tile * width);
+    const SectionedIndex at = sectioned_index(index, key_tiles, pairs, section);  // blocks() <= INT32_MAX
     BwdBlock b;
-    b.key_tile = DESCENDING ? key_tiles - 1 - tile : tile;
-    b.batch = pair / kv_heads;
-    b.kv_head = pair - b.batch * kv_heads;
+    b.key_tile = DESCENDING ? key_tiles - 1 - at.item : at.item;
+    b.batch = at.unit / kv_heads;
+    b.kv_head = at.unit - b.batch * kv_heads;
     return b;
   }
 };

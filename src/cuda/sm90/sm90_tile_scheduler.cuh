@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/sm90_packed_tiles.h"
+#include "cuda/sm90/sm90_sections.h"
 
 namespace fmha::cuda::sm90 {
 
@@ -24,17 +25,11 @@ struct TileScheduler {
   bool longest_first = false;
 
   __host__ __device__ __forceinline__ WorkTile get(int tile) const {
-    const int per_section = m_blocks * section;
-    const int s = tile / per_section;
-    const int in_section = tile - s * per_section;
-    const int first = s * section;
-    const int width = batch_heads - first < section ? batch_heads - first : section;
-    const int m = in_section / width;
-    const int bh = first + (in_section - m * width);
+    const SectionedIndex at = sectioned_index(tile, m_blocks, batch_heads, section);
     WorkTile w;
-    w.m_block = longest_first ? m_blocks - 1 - m : m;
-    w.batch = bh / heads;
-    w.head = bh - w.batch * heads;
+    w.m_block = longest_first ? m_blocks - 1 - at.item : at.item;
+    w.batch = at.unit / heads;
+    w.head = at.unit - w.batch * heads;
     return w;
   }
 };
