@@ -235,11 +235,28 @@ struct BwdKernel {
     shared.kv_full.wait(0);
     tile::PipelineState<kStages> pipe;
     int step = 0;
-    for (int g = 0; g < args.group; ++g)  // every head of the GQA group: the same query tiles
-      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
-        mainloop.step(pipe, m, keys, step % 2, dk, dv);
-        pipe.advance();
-      }
+    if constexpr (Mainloop::kDqBehind) {
+      // dq: the step's dQ share; previous: the previous step's, copied out of the wgmma's
+      // registers, staged under this step's scores.
+      typename Tiles::QueryGrad dq, previous;
+      int previous_m = 0;
+      for (int g = 0; g < args.group; ++g)
+        for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
+          mainloop.step_products(pipe, m, keys, step % 2, dk, dv, dq, [&] {
+            if (step > 0) mainloop.stage_dq(previous, (step - 1) % 2, previous_m, keys);
+          });
+          wg::copy_out(previous.d, dq.d);
+          previous_m = m;
+          pipe.advance();
+        }
+      if (step > 0) mainloop.stage_dq(previous, (step - 1) % 2, previous_m, keys);
+    } else {
+      for (int g = 0; g < args.group; ++g)  // every head of the GQA group: the same query tiles
+        for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
+          mainloop.step(pipe, m, keys, step % 2, dk, dv);
+          pipe.advance();
+        }
+    }
     if (params.vector_key_grads) {
       stage_key_grads(shared, dk, dv, warpgroup * kConsumerRows, 0, args.scale, thread);
       write_key_grads(args, shared, kv_head, block_start(params, shared).k, keys);

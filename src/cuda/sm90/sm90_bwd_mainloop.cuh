@@ -261,11 +261,29 @@ struct BwdMainloop {
     if (thread % 32 == 0) empty.arrive();
   }
 
+  // Head dims up to 64: each step's dQ share stays in registers until the next step has issued
+  // its Sᵀ and dPᵀ, and is staged under them (there, its registers fit beside dK, dV, Sᵀ and
+  // dPᵀ); every wgmma a step issues is still waited for inside the step (ptxas serialises them
+  // when one stays in flight across the loop's back edge).
+  static constexpr bool kDqBehind = kHeadDimPadded <= 64 && !kSplit;
+
   // One query tile m (rows [64 m, 64 m + 64) of one head of the group) against this warpgroup's keys.
   // `keys` is the block's key tile (clamped to seqlen_k); dq_buffer alternates per step (the dS
   // buffer, and the parity of the step's dQ hand-off).
   __device__ void step(const Pipeline& at, int m, Range keys, int dq_buffer,
                        typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv) {
+    typename Tiles::QueryGrad dq;
+    step_products(at, m, keys, dq_buffer, dk, dv, dq, [] {});
+    stage_dq(dq, dq_buffer, m, keys);
+  }
+
+  // The step without its dQ hand-off: its dQ share is left, complete, in `dq`; `under_scores()`
+  // runs once the step's Sᵀ and dPᵀ are issued (kDqBehind: the previous step's dQ is staged
+  // there).
+  template <class UnderScores>
+  __device__ __forceinline__ void step_products(const Pipeline& at, int m, Range keys, int dq_buffer,
+                                                typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv,
+                                                typename Tiles::QueryGrad& dq, UnderScores&& under_scores) {
     const int64_t row0 = int64_t(m) * kBwdRows;
     using Scores = typename Tiles::Scores;
     const int stage = at.index;
@@ -273,6 +291,7 @@ struct BwdMainloop {
     Scores s, dp;
     issue_transposed_scores(s, shared.k, warpgroup * kConsumerRows, shared.q[stage], 0);
     issue_transposed_scores(dp, shared.v, warpgroup * kConsumerRows, shared.dout[stage], 0);
+    under_scores();
 
     // Pᵀ = 2^(Sᵀ · scale · log2 e − LSE), masked where the tile is cut.
     wg::wait<1>();
@@ -311,7 +330,7 @@ struct BwdMainloop {
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::ds_ready), kBwdConsumers * wg::kThreads);
     // dQ queued behind dV and dK, so that the tensor cores go from one to the next.
-    typename Tiles::QueryGrad dq;
+    wg::fence_operand(dq.d);
     wg::fence();
     issue_query_grad(dq, ds_tile, warpgroup * kDqCols);
     wg::wait<0>();
@@ -321,6 +340,10 @@ struct BwdMainloop {
     wg::fence_operand(ds);
     wg::fence_operand(dq.d);
     release(shared.empty[stage]);
+  }
+
+  // This warpgroup's dQ share of a step (query tile m, against the block's key tile `keys`).
+  __device__ __forceinline__ void stage_dq(const typename Tiles::QueryGrad& dq, int dq_buffer, int m, Range keys) {
     stage_dq(dq, dq_buffer, m, int(keys.begin / kKeys), warpgroup * kDqCols);
   }
 

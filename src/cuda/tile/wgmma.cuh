@@ -122,6 +122,16 @@ __device__ __forceinline__ void fence_operand(uint32_t (&x)[ROWS][COLS]) {
   for (int i = 0; i < ROWS; ++i) fence_operand(x[i]);
 }
 
+// dst = src + 0 (src's values, -0 read as +0): src is a waited-for accumulator, and dst may be
+// read after more wgmmas are issued. A move would not do: ptxas folds it and, tracing dst's
+// values to the wgmma that wrote them, injects a wait for every wgmma in flight before the read;
+// an addition of +0 it must keep (it changes -0).
+template <int COUNT>
+__device__ __forceinline__ void copy_out(float (&dst)[COUNT], const float (&src)[COUNT]) {
+#pragma unroll
+  for (int i = 0; i < COUNT; ++i) asm volatile("add.rn.f32 %0, %1, 0f00000000;" : "=f"(dst[i]) : "f"(src[i]));
+}
+
 template <class T, int N>
 struct Wgmma;
 #include "cuda/tile/wgmma_ops.inc"
