@@ -283,6 +283,76 @@ TEST(Sm90Tile, WgmmaSharedOperands) {
   check_wgmma_ss<32, 128, 32>();  // N = 32 from row 32 of a 64-row tile, as the split backward's Sᵀ
 }
 
+// ---- copy_out: a waited-for accumulator read while a later wgmma is in flight -----------------
+// C1 = A·B1 waited for and copied out; C2 = A·B2 issued; the copy stored (and -0 read as +0)
+// while C2 runs; then C2 waited for and stored.
+__global__ void copy_out_kernel(const bf16* a, const bf16* b1, const bf16* b2, float* c1, float* c2, float* zeros) {
+  constexpr int K = 64, N = 64;
+  __shared__ alignas(1024) bf16 a_smem[64 * K];
+  __shared__ alignas(1024) bf16 b1_smem[N * K];
+  __shared__ alignas(1024) bf16 b2_smem[N * K];
+  const int t = threadIdx.x;
+  stage_swizzled<64, K>(a_smem, a);
+  stage_swizzled<N, K>(b1_smem, b1);
+  stage_swizzled<N, K>(b2_smem, b2);
+  tile::fence_async_shared();
+  __syncthreads();
+  const uint64_t a0 = wg::k_major_desc<bf16, 16>(a_smem, 0, 0, 64 * wg::kSwizzleBytes);
+  auto product = [&](wg::Accumulator<N>& acc, const bf16* b_smem) {
+    const uint64_t b0 = wg::k_major_desc<bf16, 16>(b_smem, 0, 0, N * wg::kSwizzleBytes);
+    wg::fence();
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16)
+      wg::Wgmma<bf16, N>::ss(acc.d, a0 + wg::k_major_step<bf16>(k0, 64 * wg::kSwizzleBytes),
+                             b0 + wg::k_major_step<bf16>(k0, N * wg::kSwizzleBytes), k0 > 0 ? 1 : 0);
+    wg::commit();
+  };
+  wg::Accumulator<N> first, second, copy;
+  product(first, b1_smem);
+  wg::wait<0>();
+  wg::fence_operand(first.d);
+  wg::copy_out(copy.d, first.d);
+  product(second, b2_smem);
+  store_accumulator(c1, copy, t);  // under the second product
+  wg::wait<0>();
+  wg::fence_operand(second.d);
+  store_accumulator(c2, second, t);
+  wg::Accumulator<N> negative_zero, out;
+  negative_zero.fill(-0.f);
+  wg::copy_out(out.d, negative_zero.d);
+  store_accumulator(zeros, out, t);
+}
+
+TEST(Sm90Tile, CopyOutOfAnAccumulatorUnderALaterWgmma) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  constexpr int K = 64, N = 64;
+  const auto a = random_bf16(64 * K, 5), b1 = random_bf16(N * K, 6), b2 = random_bf16(N * K, 7);
+  bf16 *da = to_device(a), *db1 = to_device(b1), *db2 = to_device(b2);
+  float *dc1 = poisoned_device<float>(64 * N), *dc2 = poisoned_device<float>(64 * N),
+        *dz = poisoned_device<float>(64 * N);
+  copy_out_kernel<<<1, wg::kThreads>>>(da, db1, db2, dc1, dc2, dz);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto c1 = to_host(dc1, 64 * N), c2 = to_host(dc2, 64 * N), z = to_host(dz, 64 * N);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < N; ++n) {
+      double want1 = 0, want2 = 0;
+      for (int k = 0; k < K; ++k) {
+        want1 += double(f(a[size_t(m * K + k)])) * f(b1[size_t(n * K + k)]);
+        want2 += double(f(a[size_t(m * K + k)])) * f(b2[size_t(n * K + k)]);
+      }
+      ASSERT_NEAR(c1[size_t(m * N + n)], want1, 1e-3 * (1 + std::fabs(want1))) << m << ", " << n;
+      ASSERT_NEAR(c2[size_t(m * N + n)], want2, 1e-3 * (1 + std::fabs(want2))) << m << ", " << n;
+      ASSERT_EQ(z[size_t(m * N + n)], 0.f);
+      ASSERT_FALSE(std::signbit(z[size_t(m * N + n)])) << "-0 copied as -0 at " << m << ", " << n;
+    }
+  cudaFree(da);
+  cudaFree(db1);
+  cudaFree(db2);
+  cudaFree(dc1);
+  cudaFree(dc2);
+  cudaFree(dz);
+}
+
 // ---- wgmma with A from registers: O[64, N] = P[64, K] · V[K, N], V row-major (MN-major B) -------
 // P is given as an accumulator (the layout scores leave a wgmma in) and converted by a_from_acc.
 template <int N, int K>
