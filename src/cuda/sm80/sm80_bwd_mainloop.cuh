@@ -133,6 +133,38 @@ __device__ __forceinline__ void dq_products(Scores& s, Scores& dp, QTile q, QTil
   }
 }
 
+// Split tf32: acc += A^T·B over the step's BM queries (k), the warp's columns from head_col0 (n),
+// A^T the step's P^T or dS^T (in `scores`), B its dO or Q tile. Each 16-column block is formed
+// from zero over the step and then added to acc in fp32 (round to nearest): the tensor cores'
+// own additions into an accumulator keep fewer bits than fp32's rounding, and over the hundreds
+// of k-steps of a long sequence added straight into dK and dV that loss grew past fp32's (a model,
+// docs/perf/split_tf32_accumulation_model.py: ~10× the naive fp32 sum's error straight, ~0.5×
+// formed per step).
+template <class T, class Tiles, int BM, class Scores, class Tile>
+__device__ __forceinline__ void key_grads_fresh(typename Tiles::KeyAcc& acc, const Scores& scores, Tile b_tile,
+                                                int head_col0) {
+  constexpr int kK = tile::warp::MmaOp<T>::kK;
+  constexpr int kBlocks = BM / kK;
+  FragA<T> a[kBlocks];
+#pragma unroll
+  for (int kb = 0; kb < kBlocks; ++kb) a_from_acc<T>(a[kb], scores, kb);
+#pragma unroll
+  for (int n0 = 0; n0 < Tiles::kHeadCols; n0 += 16) {
+    float step[2][4] = {};
+#pragma unroll
+    for (int kb = 0; kb < kBlocks; ++kb) {
+      FragB<T> bb[2];
+      load_b_kn<T>(bb, b_tile, kb * kK, head_col0 + n0);
+      tile::warp::mma<T>(step[0], a[kb], bb[0]);
+      tile::warp::mma<T>(step[1], a[kb], bb[1]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc.c[n0 / 8 + h][e] += step[h][e];
+  }
+}
+
 // The main loop of the main kernel. The caller has issued (not waited for) the K/V group.
 template <class T, class Tiles, int HD, int BM, int BN, int STAGES, int HEAD_SPLITS>
 __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Mask& mask,
@@ -238,20 +270,25 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Ma
     }
 
     // dV += P^T·dO and dK += dS^T·Q over the step's queries (k), the warp's columns (n).
+    if constexpr (kSplitTf32<T>) {
+      key_grads_fresh<T, Tiles, BM>(dv, s, dout, head_col0);
+      key_grads_fresh<T, Tiles, BM>(dk, dp, q, head_col0);
+    } else {
 #pragma unroll
-    for (int kb = 0; kb < BM / kK; ++kb) {
-      FragA<T> ap, ads;
-      a_from_acc<T>(ap, s, kb);
-      a_from_acc<T>(ads, dp, kb);
+      for (int kb = 0; kb < BM / kK; ++kb) {
+        FragA<T> ap, ads;
+        a_from_acc<T>(ap, s, kb);
+        a_from_acc<T>(ads, dp, kb);
 #pragma unroll
-      for (int n0 = 0; n0 < Tiles::kHeadCols; n0 += 16) {
-        FragB<T> bd[2], bq[2];
-        load_b_kn<T>(bd, dout, kb * kK, head_col0 + n0);
-        load_b_kn<T>(bq, q, kb * kK, head_col0 + n0);
-        tile::warp::mma<T>(dv.c[n0 / 8], ap, bd[0]);
-        tile::warp::mma<T>(dv.c[n0 / 8 + 1], ap, bd[1]);
-        tile::warp::mma<T>(dk.c[n0 / 8], ads, bq[0]);
-        tile::warp::mma<T>(dk.c[n0 / 8 + 1], ads, bq[1]);
+        for (int n0 = 0; n0 < Tiles::kHeadCols; n0 += 16) {
+          FragB<T> bd[2], bq[2];
+          load_b_kn<T>(bd, dout, kb * kK, head_col0 + n0);
+          load_b_kn<T>(bq, q, kb * kK, head_col0 + n0);
+          tile::warp::mma<T>(dv.c[n0 / 8], ap, bd[0]);
+          tile::warp::mma<T>(dv.c[n0 / 8 + 1], ap, bd[1]);
+          tile::warp::mma<T>(dk.c[n0 / 8], ads, bq[0]);
+          tile::warp::mma<T>(dk.c[n0 / 8 + 1], ads, bq[1]);
+        }
       }
     }
 
