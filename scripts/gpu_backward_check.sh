@@ -3,7 +3,8 @@
 # row kernels and sm90 epilogue, with the decode tests and the CPU's AMX forward alongside:
 #   build (scripts/gpu_round.sh, head dims 64, 128, 256); the backward and decode GPU tests of every
 #   tier in 8 processes, beside the CPU suite's AMX cases                       -> tests.log, amx.log
-#   sm90 backward at D128 512 / 2k / 16k and D256 2k, causal and not; the decode sweep; the CPU
+#   sm90 backward at D128 512 / 2k / 16k and D256 2k, causal and not; the split-tf32 (sm80)
+#   backward on the seed shape; the decode sweep; the CPU
 #   path's bf16 forward (AMX where the CPU has it) on the three cases   -> bench_*.txt
 #   Nsight Compute durations of the backward's kernels at 512 and 2k            -> ncu_*.txt
 #   memcheck on the small sm90 backward cases and the unaligned-view cases      -> memcheck.log
@@ -31,6 +32,8 @@ for c in "128 512" "128 2048" "128 16384" "256 2048"; do set -- $c
   $F --head-dim $1 --heads $((2048 / $1)) --batch $((16384 / $2)) --seqlen-q $2 2>&1 | tail -1
   $F --head-dim $1 --heads $((2048 / $1)) --batch $((16384 / $2)) --seqlen-q $2 --causal bottom-right 2>&1 | tail -1
 done | tee $OUT/bench_bwd.txt
+$B/fmha bench --no-progress --backend sm80 --mode bwd --dtype tf32x3 --batch 4 --heads 4 --seqlen-q 4096 --head-dim 64 \
+  2>&1 | tail -1 | tee $OUT/bench_tf32x3.txt
 timeout 45 $B/fmha bench --no-progress --sweep decode --page-size 64 > $OUT/bench_decode.txt 2>&1; tail -12 $OUT/bench_decode.txt
 echo "== cpu amx fwd $(date +%T)"
 for c in "1 32 1024 none" "2 8 2048 bottom-right" "4 4 4096 none"; do set -- $c; d=$([ $3 = 4096 ] && echo 64 || echo 128)
