@@ -414,17 +414,46 @@ __device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, const Mas
       }
     }
 
-    // dQ += dS·K: A straight from dS's registers, B from the [key][d] tile.
+    // dQ += dS·K: A straight from dS's registers, B from the [key][d] tile. Split tf32 up to head
+    // dim 64: per two k blocks (16 keys) and 16 columns, the product formed from zero and added
+    // in fp32, as key_grads_fresh does for dK and dV (A fragments for two blocks at a time; beside
+    // a larger dQ they spill, -Xptxas -v: 16-56 bytes in the sm_80 code at 128, ~1.9 KB at 256).
+    if constexpr (kSplitTf32<T> && HD <= 64) {
+      constexpr int kPair = 2;
+      static_assert((BN / kK) % kPair == 0, "the step's k blocks go in pairs");
 #pragma unroll
-    for (int kb = 0; kb < BN / kK; ++kb) {
-      FragA<T> a;
-      a_from_acc<T>(a, dp, kb);
+      for (int kb0 = 0; kb0 < BN / kK; kb0 += kPair) {
+        FragA<T> a[kPair];
 #pragma unroll
-      for (int n0 = 0; n0 < HD; n0 += 16) {
-        FragB<T> bk[2];
-        load_b_kn<T>(bk, k, kb * kK, n0);
-        tile::warp::mma<T>(dq.c[n0 / 8], a, bk[0]);
-        tile::warp::mma<T>(dq.c[n0 / 8 + 1], a, bk[1]);
+        for (int h = 0; h < kPair; ++h) a_from_acc<T>(a[h], dp, kb0 + h);
+#pragma unroll
+        for (int n0 = 0; n0 < HD; n0 += 16) {
+          float part[2][4] = {};
+#pragma unroll
+          for (int h = 0; h < kPair; ++h) {
+            FragB<T> bk[2];
+            load_b_kn<T>(bk, k, (kb0 + h) * kK, n0);
+            tile::warp::mma<T>(part[0], a[h], bk[0]);
+            tile::warp::mma<T>(part[1], a[h], bk[1]);
+          }
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dq.c[n0 / 8 + c][e] += part[c][e];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kb = 0; kb < BN / kK; ++kb) {
+        FragA<T> a;
+        a_from_acc<T>(a, dp, kb);
+#pragma unroll
+        for (int n0 = 0; n0 < HD; n0 += 16) {
+          FragB<T> bk[2];
+          load_b_kn<T>(bk, k, kb * kK, n0);
+          tile::warp::mma<T>(dq.c[n0 / 8], a, bk[0]);
+          tile::warp::mma<T>(dq.c[n0 / 8 + 1], a, bk[1]);
+        }
       }
     }
     __syncthreads();  // this stage is refilled STAGES - 1 iterations from now
