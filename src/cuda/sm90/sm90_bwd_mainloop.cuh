@@ -123,7 +123,8 @@ struct BwdMainloop {
   // Deterministic: who finds a dQ tile's turn (the binary search of bwd_turn). The
   // consumers, with their shares, except on packed calls at 192/256, where the search over the
   // sequence's mask spilled in the consumers' loop (-Xptxas -v) and the packed producer's dQ
-  // warp (40 registers) takes it without spilling; dense, the dQ warp (24) would spill instead.
+  // warp (40 registers) takes it without spilling; dense kernels keep it in the consumers (it was
+  // measured so when the dense producer had 24 registers; it now has 40, sm90_config.h).
   static constexpr bool kTurnByDqWarp = ORDERED_DQ && kSplit && PACKED;
   using Pipeline = tile::PipelineState<Shared::kStages>;
   static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
