@@ -7,8 +7,6 @@
 #   sm90 backward, bf16, D128 (16k tokens a call, 16 heads) and D64 at 4k, default and
 #   deterministic, causal and not, and the deterministic one with one pair per section
 #   (FMHA_SM90_BWD_ORDER=keys)                                                        -> bench_det.txt
-#   the D64 backward with its dQ hand-off under the next step's scores (the default) and at the
-#   end of each step (a CLI built with -DFMHA_SM90_BWD_DQ_AT_END), 512 to 16k          -> bench_d64.txt
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -41,15 +39,3 @@ for c in "128 512" "128 4096" "128 16384" "64 4096"; do set -- $c
     echo "D$1 S$2 $causal deterministic, keys order: $(FMHA_SM90_BWD_ORDER=keys $F $args --deterministic 2>&1 | tail -1)"
   done
 done | tee $OUT/bench_det.txt
-echo "== D64 dQ hand-off $(date +%T)"
-cmake -S . -B build-dqend -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS=64 \
-  -DFMHA_DECODE_HEAD_DIMS=64 -DCMAKE_CUDA_FLAGS="-lineinfo -DFMHA_SM90_BWD_DQ_AT_END" > $OUT/build_dqend.log 2>&1 &&
-  timeout 150 ninja -C build-dqend -j"$(nproc)" fmha_cli >> $OUT/build_dqend.log 2>&1 || { tail -5 $OUT/build_dqend.log; exit 1; }
-for S in 512 2048 16384; do
-  for causal in none bottom-right; do
-    args="--head-dim 64 --heads 32 --batch $((16384 / S)) --seqlen-q $S --causal $causal"
-    for b in $B build-dqend; do
-      echo "D64 S$S $causal $b: $($b/fmha bench --no-progress --backend sm90 --mode bwd --dtype bf16 --iters 10 $args 2>&1 | tail -1)"
-    done
-  done
-done | tee $OUT/bench_d64.txt

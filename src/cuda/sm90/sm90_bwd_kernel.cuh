@@ -403,9 +403,7 @@ __global__ void __launch_bounds__(BwdKernel<T, HD, ORDERED_DQ, PACKED>::kThreads
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using K = BwdKernel<T, HD, ORDERED_DQ, PACKED>;
   extern __shared__ char shared_raw[];
-  const uintptr_t base = reinterpret_cast<uintptr_t>(shared_raw);
-  auto& shared = *reinterpret_cast<typename K::Shared*>((base + wg::kSwizzleAtomBytes - 1) / wg::kSwizzleAtomBytes *
-                                                        wg::kSwizzleAtomBytes);
+  auto& shared = wg::shared_storage<typename K::Shared>(shared_raw);
   const int warpgroup = int(threadIdx.x) / wg::kThreads;
   const int thread = int(threadIdx.x) % wg::kThreads;
   if (threadIdx.x == 0) {

@@ -33,6 +33,23 @@ inline constexpr int kSwizzleAtomBytes = 1024;  // 8 rows × 128 B: the swizzle 
 template <class T>
 inline constexpr int kChunkCols = kSwizzleBytes / int(sizeof(T));
 
+// A kernel's shared storage S at the first swizzle atom of its dynamic shared memory `raw`
+// (launched with sizeof(S) + kSwizzleAtomBytes bytes). Aligned by pointer arithmetic on the
+// shared array itself: through an integer, the compiler loses track of the address space and
+// reaches S's fields with generic 64-bit loads and stores (-Xptxas -v, sm90 backward at head dim
+// 128: 26 LD.E and 82 ST.E, 44 bytes of spills in the packed kernel, against 0, 0 and 0 this
+// way). FMHA_SM90_GENERIC_SHARED compiles the integer form, to measure the two.
+template <class S>
+__device__ __forceinline__ S& shared_storage(char* raw) {
+#if defined(FMHA_SM90_GENERIC_SHARED)
+  const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
+  return *reinterpret_cast<S*>((base + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes);
+#else
+  const size_t misalignment = reinterpret_cast<uintptr_t>(raw) % kSwizzleAtomBytes;
+  return *reinterpret_cast<S*>(raw + (misalignment == 0 ? 0 : kSwizzleAtomBytes - misalignment));
+#endif
+}
+
 // The 64-bit matrix descriptor: start address, leading and stride byte offsets (16-byte units),
 // base offset 0 (chunks are 1024-byte aligned) and the 128-byte swizzle mode.
 __device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t leading_bytes, uint32_t stride_bytes) {
