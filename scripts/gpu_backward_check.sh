@@ -27,12 +27,12 @@ grep -E "^\[  FAILED  \] [A-Z]" $OUT/tests.log | sort -u | head -20
 echo "new alignment cases listed: $($T --gtest_list_tests --gtest_filter='Sweep/Kernel.Backward/*grads_at*:Sweep/Kernel.Backward/*_at4*' | grep -c '^  ')"
 echo "-- amx"; grep -E "^\[  PASSED|^\[  FAILED|tests? from .* ran" $OUT/amx.log | head -5
 echo "== bench $(date +%T)"
-F="$B/fmha bench --no-progress --backend sm90 --mode bwd --dtype bf16 --iters 10"
+F="timeout 60 $B/fmha bench --no-progress --backend sm90 --mode bwd --dtype bf16 --iters 10"  # a hang costs a minute, not the call
 for c in "128 512" "128 2048" "128 16384" "256 2048"; do set -- $c
   $F --head-dim $1 --heads $((2048 / $1)) --batch $((16384 / $2)) --seqlen-q $2 2>&1 | tail -1
   $F --head-dim $1 --heads $((2048 / $1)) --batch $((16384 / $2)) --seqlen-q $2 --causal bottom-right 2>&1 | tail -1
 done | tee $OUT/bench_bwd.txt
-$B/fmha bench --no-progress --backend sm80 --mode bwd --dtype tf32x3 --batch 4 --heads 4 --seqlen-q 4096 --head-dim 64 \
+timeout 60 $B/fmha bench --no-progress --backend sm80 --mode bwd --dtype tf32x3 --batch 4 --heads 4 --seqlen-q 4096 --head-dim 64 \
   2>&1 | tail -1 | tee $OUT/bench_tf32x3.txt
 timeout 45 $B/fmha bench --no-progress --sweep decode --page-size 64 > $OUT/bench_decode.txt 2>&1; tail -12 $OUT/bench_decode.txt
 echo "== cpu amx fwd $(date +%T)"

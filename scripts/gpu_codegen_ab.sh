@@ -28,7 +28,7 @@ for round in 1 2; do
           args="--backend sm90 --mode $mode --dtype bf16 --iters 10 --head-dim $d --heads $((2048 / d))
                 --batch $((16384 / S)) --seqlen-q $S --causal $causal"
           for b in build-ab-new build-ab-old; do
-            echo "r$round $mode D$d S$S $causal ${b#build-ab-}: $($b/fmha bench --no-progress $args 2>&1 | tail -1)"
+            echo "r$round $mode D$d S$S $causal ${b#build-ab-}: $(timeout 60 $b/fmha bench --no-progress $args 2>&1 | tail -1)"
           done
         done
       done

@@ -30,7 +30,7 @@ for tool in memcheck racecheck synccheck; do
 done
 cat $OUT/sanitize_*.log > $OUT/sanitize.log; rm -f $OUT/sanitize_*.log
 echo "== bench $(date +%T)"
-F="$B/fmha bench --no-progress --backend sm90 --mode bwd --dtype bf16 --iters 10"
+F="timeout 60 $B/fmha bench --no-progress --backend sm90 --mode bwd --dtype bf16 --iters 10"  # a hang costs a minute, not the call
 for c in "128 512" "128 4096" "128 16384" "64 4096"; do set -- $c
   for causal in none bottom-right; do
     args="--head-dim $1 --heads $((2048 / $1)) --batch $((16384 / $2)) --seqlen-q $2 --causal $causal"
