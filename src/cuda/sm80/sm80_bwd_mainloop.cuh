@@ -133,35 +133,34 @@ __device__ __forceinline__ void dq_products(Scores& s, Scores& dp, QTile q, QTil
   }
 }
 
-// Split tf32: acc += A^T·B over the step's BM queries (k), the warp's columns from head_col0 (n),
-// A^T the step's P^T or dS^T (in `scores`), B its dO or Q tile. Each 16-column block is formed
-// from zero over the step and then added to acc in fp32 (round to nearest): the tensor cores'
-// own additions into an accumulator keep fewer bits than fp32's rounding, and over the hundreds
-// of k-steps of a long sequence added straight into dK and dV that loss grew past fp32's (a model,
+// Split tf32: acc[:, 0:COLS) += A·B[k blocks kb0 .. kb0 + BLOCKS, col0 .. col0 + COLS), A the
+// register fragments of `scores`' k blocks kb0.. (P^T or dS^T in the main kernel, dS in the dQ
+// kernel), B a [k][n] tile (dO or Q; K). Each 16-column block is formed from zero over the k
+// blocks and then added to acc in fp32 (round to nearest): the tensor cores' own additions into
+// an accumulator keep fewer bits than fp32's rounding, and over the hundreds of k-steps of a long
+// sequence added straight into dK, dV or dQ that loss grew past fp32's (a model,
 // docs/perf/split_tf32_accumulation_model.py: ~10× the naive fp32 sum's error straight, ~0.5×
 // formed per step).
-template <class T, class Tiles, int BM, class Scores, class Tile>
-__device__ __forceinline__ void key_grads_fresh(typename Tiles::KeyAcc& acc, const Scores& scores, Tile b_tile,
-                                                int head_col0) {
+template <class T, int BLOCKS, int COLS, class Acc, class Scores, class Tile>
+__device__ __forceinline__ void add_fresh_product(Acc& acc, const Scores& scores, int kb0, Tile b_tile, int col0) {
   constexpr int kK = tile::warp::MmaOp<T>::kK;
-  constexpr int kBlocks = BM / kK;
-  FragA<T> a[kBlocks];
+  FragA<T> a[BLOCKS];
 #pragma unroll
-  for (int kb = 0; kb < kBlocks; ++kb) a_from_acc<T>(a[kb], scores, kb);
+  for (int h = 0; h < BLOCKS; ++h) a_from_acc<T>(a[h], scores, kb0 + h);
 #pragma unroll
-  for (int n0 = 0; n0 < Tiles::kHeadCols; n0 += 16) {
-    float step[2][4] = {};
+  for (int n0 = 0; n0 < COLS; n0 += 16) {
+    float part[2][4] = {};
 #pragma unroll
-    for (int kb = 0; kb < kBlocks; ++kb) {
+    for (int h = 0; h < BLOCKS; ++h) {
       FragB<T> bb[2];
-      load_b_kn<T>(bb, b_tile, kb * kK, head_col0 + n0);
-      tile::warp::mma<T>(step[0], a[kb], bb[0]);
-      tile::warp::mma<T>(step[1], a[kb], bb[1]);
+      load_b_kn<T>(bb, b_tile, (kb0 + h) * kK, col0 + n0);
+      tile::warp::mma<T>(part[0], a[h], bb[0]);
+      tile::warp::mma<T>(part[1], a[h], bb[1]);
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int c = 0; c < 2; ++c)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc.c[n0 / 8 + h][e] += step[h][e];
+      for (int e = 0; e < 4; ++e) acc.c[n0 / 8 + c][e] += part[c][e];
   }
 }
 
@@ -271,8 +270,8 @@ __device__ __forceinline__ void bwd_mainloop(const AttentionArgs& args, const Ma
 
     // dV += P^T·dO and dK += dS^T·Q over the step's queries (k), the warp's columns (n).
     if constexpr (kSplitTf32<T>) {
-      key_grads_fresh<T, Tiles, BM>(dv, s, dout, head_col0);
-      key_grads_fresh<T, Tiles, BM>(dk, dp, q, head_col0);
+      add_fresh_product<T, BM / kK, Tiles::kHeadCols>(dv, s, 0, dout, head_col0);
+      add_fresh_product<T, BM / kK, Tiles::kHeadCols>(dk, dp, 0, q, head_col0);
     } else {
 #pragma unroll
       for (int kb = 0; kb < BM / kK; ++kb) {
@@ -416,32 +415,13 @@ __device__ __forceinline__ void dq_mainloop(const AttentionArgs& args, const Mas
 
     // dQ += dS·K: A straight from dS's registers, B from the [key][d] tile. Split tf32 up to head
     // dim 64: per two k blocks (16 keys) and 16 columns, the product formed from zero and added
-    // in fp32, as key_grads_fresh does for dK and dV (A fragments for two blocks at a time; beside
+    // in fp32, as the main kernel does for dK and dV (A fragments for two blocks at a time; beside
     // a larger dQ they spill, -Xptxas -v: 16-56 bytes in the sm_80 code at 128, ~1.9 KB at 256).
     if constexpr (kSplitTf32<T> && HD <= 64) {
       constexpr int kPair = 2;
       static_assert((BN / kK) % kPair == 0, "the step's k blocks go in pairs");
 #pragma unroll
-      for (int kb0 = 0; kb0 < BN / kK; kb0 += kPair) {
-        FragA<T> a[kPair];
-#pragma unroll
-        for (int h = 0; h < kPair; ++h) a_from_acc<T>(a[h], dp, kb0 + h);
-#pragma unroll
-        for (int n0 = 0; n0 < HD; n0 += 16) {
-          float part[2][4] = {};
-#pragma unroll
-          for (int h = 0; h < kPair; ++h) {
-            FragB<T> bk[2];
-            load_b_kn<T>(bk, k, (kb0 + h) * kK, n0);
-            tile::warp::mma<T>(part[0], a[h], bk[0]);
-            tile::warp::mma<T>(part[1], a[h], bk[1]);
-          }
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dq.c[n0 / 8 + c][e] += part[c][e];
-        }
-      }
+      for (int kb0 = 0; kb0 < BN / kK; kb0 += kPair) add_fresh_product<T, kPair, HD>(dq, dp, kb0, k, 0);
     } else {
 #pragma unroll
       for (int kb = 0; kb < BN / kK; ++kb) {
