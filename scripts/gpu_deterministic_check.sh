@@ -19,6 +19,10 @@ for i in 0 1 2 3; do
 done
 wait
 cat $OUT/shard_*.log > $OUT/tests.log; rm -f $OUT/shard_*.log
+# The same cases with one (batch, KV head) pair per section of the block order (ctest runs them
+# so too: Sm90DeterministicKeysOrder).
+FMHA_SM90_BWD_ORDER=keys timeout 150 $T --gtest_color=no --gtest_brief=1 \
+  --gtest_filter='Tiers/Deterministic.*cuda_sm90*:Sweep/Kernel.Backward/*sm90*_det*' >> $OUT/tests.log 2>&1
 grep -hE "^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]|tests? from .* ran" $OUT/tests.log | sort | uniq -c
 grep -E "^\[  FAILED  \] [A-Z]" $OUT/tests.log | sort -u | head -20
 echo "== sanitize $(date +%T)"

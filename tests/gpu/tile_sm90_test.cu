@@ -230,6 +230,20 @@ TEST(Sm90Tile, BulkReduceAddsRows) {
 // proxy; C leaves through the accumulator layout (Accumulator::row / col).
 // B_ROW0: B's N rows start at that row of a [B_ROW0 + N, K] tile (the split backward's scores
 // read a 32-row half of a 64-row query stage).
+// acc = A·Bᵀ for A [64, K] and B's N rows from row B_ROW0 of a [B_ROWS, K] tile, both swizzled in
+// shared memory (K-major); issued and committed, not waited for.
+template <int N, int K, int B_ROW0, int B_ROWS>
+__device__ __forceinline__ void issue_ss(wg::Accumulator<N>& acc, const bf16* a_smem, const bf16* b_smem) {
+  const uint64_t a0 = wg::k_major_desc<bf16, 16>(a_smem, 0, 0, 64 * wg::kSwizzleBytes);
+  const uint64_t b0 = wg::k_major_desc<bf16, 16>(b_smem, B_ROW0, 0, B_ROWS * wg::kSwizzleBytes);
+  wg::fence();
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16)
+    wg::Wgmma<bf16, N>::ss(acc.d, a0 + wg::k_major_step<bf16>(k0, 64 * wg::kSwizzleBytes),
+                           b0 + wg::k_major_step<bf16>(k0, B_ROWS * wg::kSwizzleBytes), k0 > 0 ? 1 : 0);
+  wg::commit();
+}
+
 template <int N, int K, int B_ROW0>
 __global__ void wgmma_ss_kernel(const bf16* a, const bf16* b, float* c) {
   constexpr int kBRows = B_ROW0 + N;
@@ -241,14 +255,7 @@ __global__ void wgmma_ss_kernel(const bf16* a, const bf16* b, float* c) {
   tile::fence_async_shared();
   __syncthreads();
   wg::Accumulator<N> acc;
-  const uint64_t a0 = wg::k_major_desc<bf16, 16>(a_smem, 0, 0, 64 * wg::kSwizzleBytes);
-  const uint64_t b0 = wg::k_major_desc<bf16, 16>(b_smem, B_ROW0, 0, kBRows * wg::kSwizzleBytes);
-  wg::fence();
-#pragma unroll
-  for (int k0 = 0; k0 < K; k0 += 16)
-    wg::Wgmma<bf16, N>::ss(acc.d, a0 + wg::k_major_step<bf16>(k0, 64 * wg::kSwizzleBytes),
-                           b0 + wg::k_major_step<bf16>(k0, kBRows * wg::kSwizzleBytes), k0 > 0 ? 1 : 0);
-  wg::commit();
+  issue_ss<N, K, B_ROW0, kBRows>(acc, a_smem, b_smem);
   wg::wait<0>();
   wg::fence_operand(acc.d);
   store_accumulator(c, acc, t);
@@ -297,22 +304,12 @@ __global__ void copy_out_kernel(const bf16* a, const bf16* b1, const bf16* b2, f
   stage_swizzled<N, K>(b2_smem, b2);
   tile::fence_async_shared();
   __syncthreads();
-  const uint64_t a0 = wg::k_major_desc<bf16, 16>(a_smem, 0, 0, 64 * wg::kSwizzleBytes);
-  auto product = [&](wg::Accumulator<N>& acc, const bf16* b_smem) {
-    const uint64_t b0 = wg::k_major_desc<bf16, 16>(b_smem, 0, 0, N * wg::kSwizzleBytes);
-    wg::fence();
-#pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 16)
-      wg::Wgmma<bf16, N>::ss(acc.d, a0 + wg::k_major_step<bf16>(k0, 64 * wg::kSwizzleBytes),
-                             b0 + wg::k_major_step<bf16>(k0, N * wg::kSwizzleBytes), k0 > 0 ? 1 : 0);
-    wg::commit();
-  };
   wg::Accumulator<N> first, second, copy;
-  product(first, b1_smem);
+  issue_ss<N, K, 0, N>(first, a_smem, b1_smem);
   wg::wait<0>();
   wg::fence_operand(first.d);
   wg::copy_out(copy.d, first.d);
-  product(second, b2_smem);
+  issue_ss<N, K, 0, N>(second, a_smem, b2_smem);
   store_accumulator(c1, copy, t);  // under the second product
   wg::wait<0>();
   wg::fence_operand(second.d);

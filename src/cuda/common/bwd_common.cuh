@@ -37,7 +37,7 @@ struct RowKernelShape {
   bool accum_vectors = false;
 };
 
-inline constexpr int kAccumVector = 4;  // floats of the accumulator in one 16-byte vector
+inline constexpr int kAccumVector = tile::kVector16<float>;  // floats of the accumulator in one 16-byte vector
 
 // One 16-byte vector of T as floats, and back.
 template <class T>
@@ -193,7 +193,7 @@ inline int row_lanes(int64_t dim, size_t element_bytes, bool vectors) {
 // The accumulator's rows (workspace, 16-byte aligned) in float4s: whole vectors per row.
 inline bool vector_accum(const AttentionArgs& args) {
   return args.dq_accum == nullptr ||
-         (reinterpret_cast<uintptr_t>(args.dq_accum) % 16 == 0 && args.dq_accum_stride % kAccumVector == 0);
+         (reinterpret_cast<uintptr_t>(args.dq_accum) % (kAccumVector * sizeof(float)) == 0 && args.dq_accum_stride % kAccumVector == 0);
 }
 
 // Preprocess and convert of a call's rows (row_kernel_args: a packed call as one sequence),
