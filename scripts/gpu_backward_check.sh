@@ -8,6 +8,8 @@
 #   path's bf16 forward (AMX where the CPU has it) on the issue's three cases   -> bench_*.txt
 #   Nsight Compute durations of the backward's kernels at 512 and 2k            -> ncu_*.txt
 #   memcheck on the small sm90 backward cases and the unaligned-view cases      -> memcheck.log
+#   the sm90 tf32 backward (head dim 64): its seed-shape bench beside sm80's, racecheck and
+#   synccheck on its small cases                                                -> tf32_*.txt/log
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -49,3 +51,15 @@ echo "== memcheck $(date +%T)"
 timeout 50 compute-sanitizer --tool memcheck --error-exitcode 1 $T --gtest_color=no --gtest_brief=1 \
   --gtest_filter='Sweep/Kernel.Backward/Small_sm90*_q65_k63_*:Sweep/Kernel.Backward/*_at4*:Sweep/Kernel.Backward/Small_sm90*grads_at*' > $OUT/memcheck.log 2>&1; echo "memcheck rc=$?"
 grep -E "ERROR SUMMARY|tests? from .* ran|PASSED|FAILED" $OUT/memcheck.log | tail -4
+echo "== sm90 tf32 backward $(date +%T)"
+for be in sm90 sm80; do
+  timeout 60 $B/fmha bench --no-progress --backend $be --mode bwd --dtype tf32 --batch 4 --heads 4 --seqlen-q 4096 \
+    --head-dim 64 2>&1 | tail -1
+  timeout 60 $B/fmha bench --no-progress --backend $be --mode bwd --dtype tf32 --batch 4 --heads 4 --seqlen-q 4096 \
+    --head-dim 64 --causal bottom-right 2>&1 | tail -1
+done | tee $OUT/tf32_bench.txt
+for tool in racecheck synccheck; do
+  timeout 60 compute-sanitizer --tool $tool --error-exitcode 1 $T --gtest_color=no --gtest_brief=1 \
+    --gtest_filter='Sweep/Kernel.Backward/Small_sm90_tf32*_q65_k63_*' > $OUT/tf32_$tool.log 2>&1; echo "$tool rc=$?"
+  grep -E "ERROR SUMMARY|tests? from .* ran|PASSED|FAILED" $OUT/tf32_$tool.log | tail -3
+done

@@ -34,12 +34,14 @@ bool tier_available(Backend b) {
 }
 
 // The sm90 backward covers every head dim the tier takes (64 to 256: up to 128 one warpgroup per
-// 64 keys, above the split of the head dim over both warpgroups). Its tf32 forward (fp32 storage)
-// has no backward (sm80 runs it; refusal tested below).
+// 64 keys, above the split of the head dim over both warpgroups); its tf32 backward (fp32
+// storage) head dim 64 only (larger ones run on sm80; refusal tested below).
 constexpr int kSm90MaxBackwardHeadDim = 256;
+constexpr int kSm90MaxTf32BackwardHeadDim = 64;
 bool has_backward(const Case& c) {
-  if (c.backend == Backend::cuda_sm90 && c.dtype == DType::fp32) return false;
-  return c.backend != Backend::cuda_sm90 || std::max(c.head_dim, c.head_dim_v) <= kSm90MaxBackwardHeadDim;
+  const int64_t d = std::max(c.head_dim, c.head_dim_v);
+  if (c.backend == Backend::cuda_sm90 && c.dtype == DType::fp32) return d <= kSm90MaxTf32BackwardHeadDim;
+  return c.backend != Backend::cuda_sm90 || d <= kSm90MaxBackwardHeadDim;
 }
 // Head dims below 64 run on sm80 (sm90 refuses them, tested below); its tf32 forward takes 64 to
 // 128.
@@ -659,8 +661,8 @@ TEST(Refuse, SmallTierLimits) {
       EXPECT_TRUE(mentions(s, word)) << s.message;
     };
     {
-      // fp32: ieee and tf32x3 are refused; tf32 runs forward at head dims 64 to 128, the
-      // backward goes to sm80.
+      // fp32: ieee and tf32x3 are refused; tf32 runs forward at head dims 64 to 128 and backward
+      // at 64; larger backwards go to sm80.
       Refusal r = tiny_call(Backend::cuda_sm90, DType::fp32, big);
       refused(r, Direction::forward, "precision");
       r.params.precision = Precision::tf32x3;
@@ -673,14 +675,22 @@ TEST(Refuse, SmallTierLimits) {
         t.params.precision = Precision::tf32;
         EXPECT_TRUE(supports(t.params, Direction::forward).ok()) << supports(t.params, Direction::forward).message;
         add_backward_tensors(t, DType::fp32, d);
-        refused(t, Direction::backward, "precision");
-        // auto: the tf32 forward runs here, its backward on sm80.
+        const bool backward_here = d <= kSm90MaxTf32BackwardHeadDim;
+        if (backward_here) {
+          EXPECT_TRUE(supports(t.params, Direction::backward).ok()) << supports(t.params, Direction::backward).message;
+          t.params.deterministic = true;
+          EXPECT_TRUE(supports(t.params, Direction::backward).ok()) << supports(t.params, Direction::backward).message;
+          t.params.deterministic = false;
+        } else {
+          refused(t, Direction::backward, "head_dim");
+        }
+        // auto: the tf32 forward runs here, its backward here at head dim 64, else on sm80.
         t.params.backend = Backend::auto_select;
         Backend chosen{};
         ASSERT_TRUE(select_backend(t.params, Direction::forward, &chosen).ok());
         EXPECT_EQ(chosen, Backend::cuda_sm90);
         ASSERT_TRUE(select_backend(t.params, Direction::backward, &chosen).ok());
-        EXPECT_EQ(chosen, Backend::cuda_sm80);
+        EXPECT_EQ(chosen, backward_here ? Backend::cuda_sm90 : Backend::cuda_sm80);
       }
     }
     const auto dims = compiled_head_dims();

@@ -1,5 +1,6 @@
 // The sm90 backward's configuration per head dim (sm90_config.h): 128 keys and a warpgroup per
-// 64 keys up to 128; above, 64 keys with the head dim's chunks split over the two warpgroups.
+// 64 keys up to 128; above, 64 keys with the head dim's chunks split over the two warpgroups;
+// fp32 (tf32) at head dim 64 with one stage.
 // Host logic only: runs without a GPU.
 #include <gtest/gtest.h>
 
@@ -61,6 +62,37 @@ TEST(Sm90BwdConfig, SplitBuffersFitSharedMemory) {
   EXPECT_EQ(split_shared_bytes(256), 215552u);
   EXPECT_EQ(split_shared_bytes(192), 216064u);
   for (int d : {192, 256}) EXPECT_LE(split_shared_bytes(d) + 2048, kSharedLimit) << d;  // barriers, alignment
+}
+
+// fp32 storage (tf32): head dim 64 only, the 16-bit layout's 128 keys with one Q/dO stage and
+// one dS buffer, because the transposes Kᵀ, Qᵀ and dOᵀ sit beside the tiles (sm90_config.h's
+// table): K, V, Kᵀ; the Q/dO stages; Qᵀ, dOᵀ; dS [64 q, keys]; the dQ staging tile; LSE and Δ.
+size_t tf32_shared_bytes(int d, int stages) {
+  const BwdConfig c = bwd_config(d, 4);
+  const size_t keys_side = 3 * size_t(c.keys) * d * 4;
+  const size_t query_side = size_t(stages) * 2 * kBwdRows * d * 4 + 2 * size_t(kBwdRows) * d * 4;
+  const size_t ds = size_t(c.ds_buffers) * kBwdRows * c.keys * 4;
+  const size_t dq = size_t(kBwdRows) * (d + kBwdDqPad) * 4;
+  const size_t stats = size_t(stages) * 2 * kBwdRows * 4;
+  return keys_side + query_side + ds + dq + stats;
+}
+
+TEST(Sm90BwdConfig, Tf32AtHeadDim64WithOneStage) {
+  EXPECT_TRUE(tf32_backward_head_dim(64));
+  for (int d : {32, 48, 96, 128, 256}) EXPECT_FALSE(tf32_backward_head_dim(d)) << d;
+  const BwdConfig c = bwd_config(64, 4);
+  EXPECT_EQ(c.keys, kBwdConsumers * kConsumerRows);
+  EXPECT_FALSE(c.split_head_dim);
+  EXPECT_EQ(c.stages, 1);
+  EXPECT_EQ(c.ds_buffers, 1);
+  EXPECT_EQ(tf32_shared_bytes(64, 1), 215552u);              // 210.5 KiB
+  EXPECT_LE(tf32_shared_bytes(64, 1) + 2048, kSharedLimit);  // barriers, alignment
+  EXPECT_GT(tf32_shared_bytes(64, 2), kSharedLimit);         // a second Q/dO stage does not fit
+  // Nor head dim 128: K, V, Kᵀ and one stage of Q, dO, Qᵀ, dOᵀ alone exceed it.
+  EXPECT_GT(3 * size_t(c.keys) * 128 * 4 + 4 * size_t(kBwdRows) * 128 * 4, kSharedLimit);
+  // The 16-bit configurations are unchanged by the element size's default.
+  EXPECT_EQ(bwd_config(64).stages, 2);
+  EXPECT_EQ(bwd_config(64, 2).ds_buffers, 2);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -484,6 +485,151 @@ TEST(Sm90Tile, Tf32WgmmaRegisterAWithTransposedV) {
   // Three transposing warps, as in the forward (its producer warpgroup's idle ones).
   check_wgmma_tf32_transposed<64, 96, wg::kThreads / 32 - 1>();  // 48 KiB of static shared memory
   check_wgmma_tf32_transposed<128, 32, wg::kThreads / 32 - 1>();
+}
+
+// ---- tf32 operands transposed in order: D[64, N] = Xᵀ · Y (the tf32 backward's dQ = dS·K) ------
+// X [K, 64] (K = 128) is two warpgroups' accumulators (rows [64 w, 64 w + 64)), each stored
+// transposed from its tf32 fragments into Xᵀ [64, K] at column 64 w (store_transposed_tf32); Y
+// [K, 64] lands as TMA writes it ([K, 32] swizzled chunks) and is transposed in order into Yᵀ
+// [64, K] (transpose_k_major without the permutation), rounded to tf32 in place on the way. Then
+// warpgroup w computes D[:, 32 w, 32 w + 32) = Xᵀ · Y[:, 32 w..] on tf32 wgmma with both
+// operands in shared memory, B from Yᵀ's rows 32 w (the backward's warpgroups' shares of dQ).
+// Y's values are not tf32-exact: Y and Yᵀ must hold them rounded to nearest (ties away), D the
+// products of the rounded ones; X's are (bf16 values), so a misplaced element shows.
+constexpr int kOpK = 128, kOpM = 64, kOpN = 64;
+constexpr size_t kOpSharedBytes = (size_t(kOpM) * kOpK + 2 * size_t(kOpK) * kOpN) * sizeof(float) + 1024;
+
+__global__ void tf32_transposed_operands_kernel(const float* x, const float* y, float* d, float* y_raw,
+                                                float* yt_raw) {
+  extern __shared__ char dynamic_smem[];
+  char* base = dynamic_smem + (1024 - reinterpret_cast<uintptr_t>(dynamic_smem) % 1024) % 1024;
+  float* xt_smem = reinterpret_cast<float*>(base);  // Xᵀ [64, K]: K / 32 chunks of [64, 32]
+  float* y_smem = xt_smem + kOpM * kOpK;            // Y [K, 64]: 2 chunks of [K, 32]
+  float* yt_smem = y_smem + kOpK * kOpN;            // Yᵀ [64, K]: K / 32 chunks of [64, 32]
+  const int w = int(threadIdx.x) / wg::kThreads, t = int(threadIdx.x) % wg::kThreads;
+  for (int e = threadIdx.x; e < kOpK * kOpN; e += blockDim.x)
+    *reinterpret_cast<float*>(reinterpret_cast<char*>(y_smem) +
+                              wg::swizzled_offset<float>(e / kOpN, e % kOpN, kOpK * wg::kSwizzleBytes)) = y[e];
+  __syncthreads();
+  wg::transpose_k_major<kOpK, kOpN, 2 * wg::kThreads / 32, false, true>(y_smem, yt_smem, int(threadIdx.x) / 32,
+                                                                      int(threadIdx.x) % 32);
+  wg::Accumulator<kOpM> xw;  // rows [64 w, 64 w + 64) of X
+  load_accumulator(xw, x + size_t(w) * 64 * kOpM, t);
+  uint32_t frags[kOpM / 8][4];
+  wg::a_from_acc<float>(frags, xw);
+  wg::store_transposed_tf32<kOpM>(frags, static_cast<uint32_t>(__cvta_generic_to_shared(xt_smem)), 64 * w, t);
+  tile::fence_async_shared();
+  __syncthreads();
+  constexpr int kXtChunkBytes = kOpM * wg::kSwizzleBytes, kYtChunkBytes = kOpN * wg::kSwizzleBytes;
+  wg::Accumulator<32> acc;
+  const uint64_t a0 = wg::k_major_desc<float, 8>(xt_smem, 0, 0, kXtChunkBytes);
+  const uint64_t b0 = wg::k_major_desc<float, 8>(yt_smem, 32 * w, 0, kYtChunkBytes);
+  wg::fence();
+#pragma unroll
+  for (int k0 = 0; k0 < kOpK; k0 += 8)
+    wg::Wgmma<float, 32>::ss(acc.d, a0 + wg::k_major_step<float>(k0, kXtChunkBytes),
+                             b0 + wg::k_major_step<float>(k0, kYtChunkBytes), k0 > 0 ? 1 : 0);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operand(acc.d);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 8; ++j)
+      d[wg::Accumulator<32>::row(i, t) * kOpN + 32 * w + wg::Accumulator<32>::col(j, t)] = acc(i, j);
+  for (int e = threadIdx.x; e < kOpK * kOpN; e += blockDim.x) {
+    y_raw[e] = y_smem[e];
+    yt_raw[e] = yt_smem[e];
+  }
+}
+
+// x rounded to tf32 as cvt.rna.tf32.f32 does: to nearest, ties away from zero (finite x).
+float tf32_rna(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits = (bits + 0x1000u) & 0xFFFFE000u;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+TEST(Sm90Tile, Tf32OperandsTransposedInOrder) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  std::vector<float> x(size_t(kOpK) * kOpM), y(size_t(kOpK) * kOpN);
+  {
+    const auto r = random_bf16(x.size(), 11);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = f(r[i]);
+    std::mt19937 rng(12);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (auto& v : y) v = u(rng);  // 24 significant bits: rounding to tf32 changes them
+  }
+  float *dx = to_device(x), *dy = to_device(y);
+  float* dd = poisoned_device<float>(size_t(kOpM) * kOpN);
+  float* dy_raw = poisoned_device<float>(y.size());
+  float* dyt_raw = poisoned_device<float>(y.size());
+  ASSERT_EQ(cudaFuncSetAttribute(tf32_transposed_operands_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(kOpSharedBytes)),
+            cudaSuccess);
+  tf32_transposed_operands_kernel<<<1, 2 * wg::kThreads, kOpSharedBytes>>>(dx, dy, dd, dy_raw, dyt_raw);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto d = to_host(dd, size_t(kOpM) * kOpN);
+  const auto y_raw = to_host(dy_raw, y.size()), yt_raw = to_host(dyt_raw, y.size());
+  auto offset = [](int row, int col, int rows) {  // swizzled_offset<float> in floats, chunks of [rows, 32]
+    const int byte = (col % 32) * 4;
+    return ((col / 32) * rows * wg::kSwizzleBytes + row * wg::kSwizzleBytes + (((byte / 16) ^ (row % 8)) * 16) +
+            byte % 16) /
+           4;
+  };
+  int changed = 0;  // values that rounding changes: most of them
+  for (int k = 0; k < kOpK; ++k)
+    for (int n = 0; n < kOpN; ++n) {
+      const float want = tf32_rna(y[size_t(k * kOpN + n)]);
+      changed += want != y[size_t(k * kOpN + n)];
+      ASSERT_EQ(y_raw[size_t(offset(k, n, kOpK))], want) << "Y rounded in place at " << k << ", " << n;
+      ASSERT_EQ(yt_raw[size_t(offset(n, k, kOpN))], want) << "Yᵀ at " << n << ", " << k;
+    }
+  EXPECT_GT(changed, kOpK * kOpN / 2);
+  for (int m = 0; m < kOpM; ++m)
+    for (int n = 0; n < kOpN; ++n) {
+      double want = 0, magnitude = 0;
+      for (int k = 0; k < kOpK; ++k) {
+        const double term = double(x[size_t(k * kOpM + m)]) * tf32_rna(y[size_t(k * kOpN + n)]);
+        want += term;
+        magnitude += std::fabs(term);
+      }
+      ASSERT_NEAR(d[size_t(m * kOpN + n)], want, 1e-4 * (1 + magnitude)) << "D at " << m << ", " << n;
+    }
+  cudaFree(dx);
+  cudaFree(dy);
+  cudaFree(dd);
+  cudaFree(dy_raw);
+  cudaFree(dyt_raw);
+}
+
+// ---- round_to_tf32: a tile rounded in place -----------------------------------------------------
+__global__ void round_to_tf32_kernel(float* values) {
+  constexpr int kFloats = 1024;
+  __shared__ alignas(16) float tile_smem[kFloats];
+  for (int e = threadIdx.x; e < kFloats; e += blockDim.x) tile_smem[e] = values[e];
+  __syncthreads();
+  wg::round_to_tf32<kFloats>(tile_smem, int(threadIdx.x), int(blockDim.x));
+  __syncthreads();
+  for (int e = threadIdx.x; e < kFloats; e += blockDim.x) values[e] = tile_smem[e];
+}
+
+TEST(Sm90Tile, RoundToTf32InPlace) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  std::vector<float> v(1024);
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(-100.f, 100.f);
+  for (auto& x : v) x = u(rng);
+  v[0] = 1.f + 0x1p-11f;  // a tie: away from zero
+  v[1] = -(1.f + 0x1p-11f);
+  float* dv = to_device(v);
+  round_to_tf32_kernel<<<1, 96>>>(dv);  // not a divisor of the 256 units: the last thread takes fewer
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto out = to_host(dv, v.size());
+  EXPECT_EQ(out[0], 1.f + 0x1p-10f);
+  EXPECT_EQ(out[1], -(1.f + 0x1p-10f));
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(out[i], tf32_rna(v[i])) << i;
+  cudaFree(dv);
 }
 
 // ---- fp32 store of an accumulator into a swizzled [64, N] tile (the tf32 forward's epilogue) -----

@@ -92,7 +92,8 @@ struct BwdKernel {
     auto load_tile = [&](T* dst, const CUtensorMap* map, int rows, int64_t row0, int head, tile::MBarrier& full) {
 #pragma unroll
       for (int c = 0; c < Shared::kChunks; ++c)
-        tile::tma::load(dst + c * rows * kChunkCols, map, c * kChunkCols, int(row0), head, batch, full);
+        tile::tma::load(dst + c * rows * Shared::kChunkCols, map, c * Shared::kChunkCols, int(row0), head, batch,
+                        full);
     };
     if (lane == 0) {
       tile::tma::prefetch(&params.q);
@@ -233,6 +234,7 @@ struct BwdKernel {
     dk.fill(0.f);
     dv.fill(0.f);
     shared.kv_full.wait(0);
+    if constexpr (Mainloop::kTf32) mainloop.prepare_keys();
     tile::PipelineState<kStages> pipe;
     int step = 0;
     if constexpr (Mainloop::kDqBehind) {
@@ -336,8 +338,13 @@ struct BwdKernel {
 #pragma unroll
       for (int j = 0; j < G::kCols; j += 2) {
         const int at = staged_index(row, col0 + G::col(j, thread));
-        *reinterpret_cast<uint32_t*>(shared.k + at) = tile::pack2<T>(dk(i, j) * scale, dk(i, j + 1) * scale);
-        *reinterpret_cast<uint32_t*>(shared.v + at) = tile::pack2<T>(dv(i, j), dv(i, j + 1));
+        if constexpr (sizeof(T) == 4) {
+          *reinterpret_cast<float2*>(shared.k + at) = make_float2(dk(i, j) * scale, dk(i, j + 1) * scale);
+          *reinterpret_cast<float2*>(shared.v + at) = make_float2(dv(i, j), dv(i, j + 1));
+        } else {
+          *reinterpret_cast<uint32_t*>(shared.k + at) = tile::pack2<T>(dk(i, j) * scale, dk(i, j + 1) * scale);
+          *reinterpret_cast<uint32_t*>(shared.v + at) = tile::pack2<T>(dv(i, j), dv(i, j + 1));
+        }
       }
     }
     tile::named_sync(int(NamedBarrier::ds_ready), kKeyGradThreads);  // both tiles are staged
@@ -363,10 +370,12 @@ struct BwdKernel {
   }
 
   // Columns col and col + 1 of a row (an accumulator's adjacent pair) in the storage type, as one
-  // 32-bit store where both are inside `cols` and the row allows it, else each that is inside.
+  // store of both (32 bits, fp32 64) where both are inside `cols` and the row allows it, else each
+  // that is inside.
   __device__ __forceinline__ static void store_pair(T* row, int col, int cols, float a, float b) {
-    if (col + 1 < cols && reinterpret_cast<uintptr_t>(row + col) % sizeof(uint32_t) == 0) {
-      *reinterpret_cast<uint32_t*>(row + col) = tile::pack2<T>(a, b);
+    if (col + 1 < cols && reinterpret_cast<uintptr_t>(row + col) % (2 * sizeof(T)) == 0) {
+      if constexpr (sizeof(T) == 4) *reinterpret_cast<float2*>(row + col) = make_float2(a, b);
+      else *reinterpret_cast<uint32_t*>(row + col) = tile::pack2<T>(a, b);
       return;
     }
     if (col < cols) row[col] = tile::from_float<T>(a);

@@ -27,6 +27,20 @@
 //   dK[:, cols] += dSᵀ·Q[:, cols]   SS
 //   dQ[:, cols]  = dS·K[:, cols]    SS, as above
 // where cols are warpgroup w's whole 64-column chunks of the head dim (bwd_split_cols).
+//
+// fp32 storage (precision tf32, head dim 64; BwdConfig): tf32 wgmma reads shared-memory operands
+// K-major only and register A operands in a permuted k order (wg::a_from_acc), so the products
+// whose B operand TMA lands MN-major take transposes that the consumers make themselves:
+//   Sᵀ  = K·Qᵀ        SS as above (Q and K truncated to tf32 by the tensor cores, as the forward
+//                     multiplies them)
+//   dPᵀ = V·dOᵀ       SS, V and dO rounded to tf32 in place first (Δ is formed from dO rounded
+//                     so; where a row sees one key, dPᵀ − Δ then cancels to fp32 rounding)
+//   dV += Pᵀ·dO       RS, B = dOᵀ [D, 64 q] (K-major, query rows permuted as Pᵀ's fragments)
+//   dK += dSᵀ·Q       RS, B = Qᵀ likewise
+//   dQ  = dS·K        SS, dS [64 q, 128 keys] stored transposed from the dSᵀ fragments and
+//                     B = Kᵀ [D, 128 keys], both with the keys in order
+// Kᵀ is made once per block; Qᵀ and dOᵀ per step, by both warpgroups between their Sᵀ and dPᵀ
+// (the tensor cores run Sᵀ meanwhile).
 #pragma once
 
 #include "cuda/common/args.h"
@@ -43,13 +57,28 @@ namespace fmha::cuda::sm90 {
 namespace wg = tile::warpgroup;
 
 // Shared memory of the backward. Tiles are HDP / 64 swizzled column chunks of [rows, 64].
+// fp32 (tf32): the transposed operands, swizzled column chunks of [HDP, 32] (chunk bytes
+// HDP · 128); nothing at 16 bits, whose shared memory keeps its size.
+template <int HDP, int KEYS, bool TF32>
+struct BwdTransposed {
+  alignas(wg::kSwizzleAtomBytes) float kt[HDP * KEYS];         // Kᵀ [HDP, keys], keys in order
+  alignas(wg::kSwizzleAtomBytes) float qt[HDP * kBwdRows];     // Qᵀ [HDP, 64 q], q permuted (tf32_position_of)
+  alignas(wg::kSwizzleAtomBytes) float doutt[HDP * kBwdRows];  // dOᵀ [HDP, 64 q], likewise
+};
+template <int HDP, int KEYS>
+struct BwdTransposed<HDP, KEYS, false> {};
+
 template <class T, int HD>
 struct BwdShared {
-  static constexpr BwdConfig kConfig = bwd_config(HD);
+  static constexpr bool kTf32 = sizeof(T) == 4;
+  static constexpr BwdConfig kConfig = bwd_config(HD, int(sizeof(T)));
   static constexpr int kKeys = kConfig.keys;  // keys per block
   static constexpr int kStages = kConfig.stages;
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
+  static constexpr int kChunkCols = wg::kChunkCols<T>;  // columns per swizzled chunk: 64, fp32 32
   static constexpr int kChunks = kHeadDimPadded / kChunkCols;
+  static constexpr int kTransposedChunkBytes = kHeadDimPadded * wg::kSwizzleBytes;  // one [HDP, 32] chunk
+  static_assert(!kTf32 || padded_head_dim(HD) <= kTf32BwdMaxHeadDim, "the tf32 backward's tiles fit at head dim 64");
   static constexpr int kKVChunkBytes = kKeys * wg::kSwizzleBytes;      // one [keys, 64] chunk
   static constexpr int kRowChunkBytes = kBwdRows * wg::kSwizzleBytes;  // one [64 q, 64] chunk
   static constexpr uint32_t kKVBytes = uint32_t(kKVChunkBytes) * kChunks;
@@ -61,6 +90,7 @@ struct BwdShared {
   alignas(wg::kSwizzleAtomBytes) T v[kKeys * kHeadDimPadded];               // [chunks][keys, 64]
   alignas(wg::kSwizzleAtomBytes) T q[kStages][kBwdRows * kHeadDimPadded];   // [chunks][64, 64]
   alignas(wg::kSwizzleAtomBytes) T dout[kStages][kBwdRows * kHeadDimPadded];
+  [[no_unique_address]] BwdTransposed<kHeadDimPadded, kKeys, kTf32> transposed;
   // [buffer][0]: dS [64 q, keys]. Up to 128: chunk w from warpgroup w; two buffers, alternating
   // per query tile, so a warpgroup may store the next dS while the other still multiplies the
   // previous one. Split: one chunk, rows [32 w, 32 w + 32) from warpgroup w, and [buffer][1] P
@@ -92,13 +122,13 @@ struct BwdShared {
 };
 
 // One consumer warpgroup's accumulators across the query tiles.
-template <int HD>
+template <class T, int HD>
 struct BwdTiles {
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
   using Scores = wg::Accumulator<kBwdRows>;                  // [64 keys, 64 q] Sᵀ, then Pᵀ; dPᵀ, then dSᵀ
   using KeyGrad = wg::Accumulator<kHeadDimPadded>;           // [64 keys, HDP] dK or dV, fp32
   using QueryGrad = wg::Accumulator<kHeadDimPadded / kBwdConsumers>;  // [64 q, HDP / 2] dQ share
-  using Fragments = uint32_t[kBwdRows / 16][4];              // [64 keys, 64 q] as register-A, 16-bit
+  using Fragments = uint32_t[kBwdRows / wg::kStepK<T>][4];   // [64 keys, 64 q] as register-A (16-bit or tf32)
 };
 
 // One consumer warpgroup's accumulators under split_head_dim, owning COLS head-dim columns.
@@ -117,7 +147,8 @@ struct BwdSplitTiles {
 template <class T, int HD, bool ORDERED_DQ, bool PACKED>
 struct BwdMainloop {
   using Shared = BwdShared<T, HD>;
-  using Tiles = BwdTiles<HD>;
+  using Tiles = BwdTiles<T, HD>;
+  static constexpr bool kTf32 = Shared::kTf32;
   static constexpr int kKeys = Shared::kKeys;
   static constexpr bool kSplit = Shared::kConfig.split_head_dim;
   // Deterministic: who finds a dQ tile's turn (the binary search of bwd_turn). The
@@ -183,28 +214,45 @@ struct BwdMainloop {
   }
 
   // acc += Aᵀ·B for Aᵀ given as register fragments [64 keys, 64 q] and B a [64 q, HDP] tile
-  // (MN-major: the head dim is contiguous); issued, not committed.
+  // (MN-major: the head dim is contiguous; tf32: its transpose [HDP, 64 q], K-major with the query
+  // rows permuted as the fragments' k order); issued, not committed.
   __device__ __forceinline__ void issue_key_grad(typename Tiles::KeyGrad& acc, const typename Tiles::Fragments& a,
                                                  const T* query_side) {
-    const uint64_t b0 = wg::mn_major_desc(query_side, 0, Shared::kRowChunkBytes);
+    if constexpr (kTf32) {
+      const uint64_t b0 = wg::k_major_desc<T, kK>(query_side, 0, 0, Shared::kTransposedChunkBytes);
 #pragma unroll
-    for (int kb = 0; kb < kBwdRows / 16; ++kb)
-      wg::Wgmma<T, kHeadDimPadded>::template rs<1>(acc.d, a[kb], b0 + wg::mn_major_step(kb * 16), 1);
+      for (int kb = 0; kb < kBwdRows / kK; ++kb)
+        wg::Wgmma<T, kHeadDimPadded>::template rs<0>(
+            acc.d, a[kb], b0 + wg::k_major_step<T>(kb * kK, Shared::kTransposedChunkBytes), 1);
+    } else {
+      const uint64_t b0 = wg::mn_major_desc(query_side, 0, Shared::kRowChunkBytes);
+#pragma unroll
+      for (int kb = 0; kb < kBwdRows / 16; ++kb)
+        wg::Wgmma<T, kHeadDimPadded>::template rs<1>(acc.d, a[kb], b0 + wg::mn_major_step(kb * 16), 1);
+    }
   }
 
   // dQ share = dS·K[:, N columns from col0], dS from shared memory (K-major over the block's
-  // keys), K MN-major; issued and committed.
+  // keys), K MN-major (tf32: Kᵀ's rows from col0, K-major); issued and committed.
   template <int N>
   __device__ __forceinline__ void issue_query_grad(wg::Accumulator<N>& acc, const T* ds, int col0) {
     constexpr int kDsChunkBytes = kBwdRows * wg::kSwizzleBytes;
-    // Column c of K lies in chunk c / 64 at element c % 64 of its rows.
-    const T* k_cols = shared.k + (col0 / kChunkCols) * (kKeys * kChunkCols) + col0 % kChunkCols;
     const uint64_t a0 = wg::k_major_desc<T, kK>(ds, 0, 0, kDsChunkBytes);
-    const uint64_t b0 = wg::mn_major_desc(k_cols, 0, Shared::kKVChunkBytes);
+    if constexpr (kTf32) {
+      const uint64_t b0 = wg::k_major_desc<T, kK>(shared.transposed.kt, col0, 0, Shared::kTransposedChunkBytes);
 #pragma unroll
-    for (int k0 = 0; k0 < kKeys; k0 += kK)
-      wg::Wgmma<T, N>::template ss<0, 1>(acc.d, a0 + wg::k_major_step<T>(k0, kDsChunkBytes),
-                                         b0 + wg::mn_major_step(k0), k0 > 0 ? 1 : 0);
+      for (int k0 = 0; k0 < kKeys; k0 += kK)
+        wg::Wgmma<T, N>::ss(acc.d, a0 + wg::k_major_step<T>(k0, kDsChunkBytes),
+                            b0 + wg::k_major_step<T>(k0, Shared::kTransposedChunkBytes), k0 > 0 ? 1 : 0);
+    } else {
+      // Column c of K lies in chunk c / 64 at element c % 64 of its rows.
+      const T* k_cols = shared.k + (col0 / kChunkCols) * (kKeys * kChunkCols) + col0 % kChunkCols;
+      const uint64_t b0 = wg::mn_major_desc(k_cols, 0, Shared::kKVChunkBytes);
+#pragma unroll
+      for (int k0 = 0; k0 < kKeys; k0 += kK)
+        wg::Wgmma<T, N>::template ss<0, 1>(acc.d, a0 + wg::k_major_step<T>(k0, kDsChunkBytes),
+                                           b0 + wg::mn_major_step(k0), k0 > 0 ? 1 : 0);
+    }
     wg::commit();
   }
 
@@ -262,16 +310,16 @@ struct BwdMainloop {
     if (thread % 32 == 0) empty.arrive();
   }
 
-  // Head dims up to 64: each step's dQ share stays in registers until the next step has issued
-  // its Sᵀ and dPᵀ, and is staged under them (there, its registers fit beside dK, dV, Sᵀ and
-  // dPᵀ); every wgmma a step issues is still waited for inside the step (ptxas serialises them
+  // Head dims up to 64 (16-bit): each step's dQ share stays in registers until the next step has
+  // issued its Sᵀ and dPᵀ, and is staged under them (there, its registers fit beside dK, dV, Sᵀ
+  // and dPᵀ); every wgmma a step issues is still waited for inside the step (ptxas serialises them
   // when one stays in flight across the loop's back edge). Compiling with
   // FMHA_SM90_BWD_DQ_AT_END keeps the hand-off at the end of the step at every head dim (to
   // measure the two).
 #if defined(FMHA_SM90_BWD_DQ_AT_END)
   static constexpr bool kDqBehind = false;
 #else
-  static constexpr bool kDqBehind = kHeadDimPadded <= 64 && !kSplit;
+  static constexpr bool kDqBehind = kHeadDimPadded <= 64 && !kSplit && !kTf32;
 #endif
 
   // One query tile m (rows [64 m, 64 m + 64) of one head of the group) against this warpgroup's keys.
@@ -280,8 +328,104 @@ struct BwdMainloop {
   __device__ void step(const Pipeline& at, int m, Range keys, int dq_buffer,
                        typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv) {
     typename Tiles::QueryGrad dq;
-    step_products(at, m, keys, dq_buffer, dk, dv, dq, [] {});
+    if constexpr (kTf32) step_tf32(at, m, keys, dk, dv, dq);
+    else step_products(at, m, keys, dq_buffer, dk, dv, dq, [] {});
     stage_dq(dq, dq_buffer, m, keys);
+  }
+
+  // tf32: the block's Kᵀ (keys in order) and V rounded to tf32 in place, by both warpgroups, once
+  // the K/V tiles have landed.
+  static constexpr int kConsumerThreads = kBwdConsumers * wg::kThreads;
+  __device__ __forceinline__ void prepare_keys() {
+    static_assert(kTf32, "the 16-bit backward reads K and V as they land");
+    const int index = warpgroup * wg::kThreads + thread;
+    wg::transpose_k_major<kKeys, kHeadDimPadded, kConsumerThreads / 32, false>(shared.k, shared.transposed.kt,
+                                                                              index / 32, index % 32);
+    wg::round_to_tf32<kKeys * kHeadDimPadded>(shared.v, index, kConsumerThreads);
+    tile::fence_async_shared();  // wgmma reads them through the async proxy
+    tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
+  }
+
+  // tf32: one query tile m against this warpgroup's keys, as step_products, with the operands
+  // tf32 wgmma cannot read as they land made between the step's Sᵀ and dPᵀ: dOᵀ (dO rounded to
+  // tf32 in place on the way) and Qᵀ, by both warpgroups. One set of transposes and one dS buffer:
+  // both warpgroups first pass ds_free, which they reach once the previous step's GEMMs (their
+  // readers) are complete. Leaves the step's dQ share, complete, in `dq`.
+  __device__ void step_tf32(const Pipeline& at, int m, Range keys, typename Tiles::KeyGrad& dk,
+                            typename Tiles::KeyGrad& dv, typename Tiles::QueryGrad& dq) {
+    static_assert(Shared::kConfig.ds_buffers == 1 && Shared::kStages == 1, "one stage, one dS buffer");
+    const int64_t row0 = int64_t(m) * kBwdRows;
+    using Scores = typename Tiles::Scores;
+    const int stage = at.index;
+    shared.full[stage].wait(at.phase);
+    Scores s, dp;
+    issue_transposed_scores(s, shared.k, warpgroup * kConsumerRows, shared.q[stage], 0);
+    tile::named_sync(int(NamedBarrier::ds_free), kConsumerThreads);
+    const int index = warpgroup * wg::kThreads + thread;
+    constexpr int kWarps = kConsumerThreads / 32;
+    wg::transpose_k_major<kBwdRows, kHeadDimPadded, kWarps, true, true>(shared.dout[stage], shared.transposed.doutt,
+                                                                        index / 32, index % 32);
+    wg::transpose_k_major<kBwdRows, kHeadDimPadded, kWarps>(shared.q[stage], shared.transposed.qt, index / 32,
+                                                            index % 32);
+    tile::fence_async_shared();
+    tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
+    issue_transposed_scores(dp, shared.v, warpgroup * kConsumerRows, shared.dout[stage], 0);
+
+    typename Tiles::Fragments p, ds;
+    probabilities_and_score_grads(s, dp, p, ds, stage, keys, row0);
+    // Q, dO and the row statistics of the stage are read (the transposes before operands_ready,
+    // Sᵀ and dPᵀ waited for): the producer may load the next query tile.
+    release(shared.empty[stage]);
+
+    // dV += Pᵀ·dO and dK += dSᵀ·Q, in flight while dS goes to shared memory.
+    wg::fence_operand(dv.d);
+    wg::fence_operand(dk.d);
+    wg::fence();
+    issue_key_grad(dv, p, shared.transposed.doutt);
+    issue_key_grad(dk, ds, shared.transposed.qt);
+    wg::commit();
+    T* ds_tile = shared.ds[0][0];
+    wg::store_transposed_tf32<kBwdRows>(ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile)),
+                                        warpgroup * kConsumerRows, thread);
+    tile::fence_async_shared();
+    tile::named_sync(int(NamedBarrier::ds_ready), kConsumerThreads);
+    wg::fence_operand(dq.d);
+    wg::fence();
+    issue_query_grad(dq, ds_tile, warpgroup * kDqCols);
+    wg::wait<0>();
+    wg::fence_operand(dv.d);
+    wg::fence_operand(dk.d);
+    wg::fence_operand(p);
+    wg::fence_operand(ds);
+    wg::fence_operand(dq.d);
+  }
+
+  // Pᵀ = 2^(Sᵀ · scale · log2 e − LSE), masked where the tile is cut, and dSᵀ = Pᵀ ∘ (dPᵀ − Δ),
+  // from the issued Sᵀ and dPᵀ (in that order, the last two wgmma groups), as register-A fragments.
+  __device__ __forceinline__ void probabilities_and_score_grads(typename Tiles::Scores& s, typename Tiles::Scores& dp,
+                                                                typename Tiles::Fragments& p,
+                                                                typename Tiles::Fragments& ds, int stage, Range keys,
+                                                                int64_t row0) {
+    using Scores = typename Tiles::Scores;
+    wg::wait<1>();
+    wg::fence_operand(s.d);
+    mask_scores(s, keys.begin + int64_t(warpgroup) * kConsumerRows, row0);
+#pragma unroll
+    for (int j = 0; j < Scores::kCols; ++j) {
+      const float lse = shared.lse[stage][Scores::col(j, thread)];
+#pragma unroll
+      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
+    }
+    wg::a_from_acc<T>(p, s);
+    wg::wait<0>();
+    wg::fence_operand(dp.d);
+#pragma unroll
+    for (int j = 0; j < Scores::kCols; ++j) {
+      const float delta = shared.delta[stage][Scores::col(j, thread)];
+#pragma unroll
+      for (int i = 0; i < Scores::kRows; ++i) dp(i, j) = s(i, j) * (dp(i, j) - delta);
+    }
+    wg::a_from_acc<T>(ds, dp);
   }
 
   // The step without its dQ hand-off: its dQ share is left, complete, in `dq`; `under_scores()`
@@ -300,29 +444,8 @@ struct BwdMainloop {
     issue_transposed_scores(dp, shared.v, warpgroup * kConsumerRows, shared.dout[stage], 0);
     under_scores();
 
-    // Pᵀ = 2^(Sᵀ · scale · log2 e − LSE), masked where the tile is cut.
-    wg::wait<1>();
-    wg::fence_operand(s.d);
-    mask_scores(s, keys.begin + int64_t(warpgroup) * kConsumerRows, row0);
-#pragma unroll
-    for (int j = 0; j < Scores::kCols; ++j) {
-      const float lse = shared.lse[stage][Scores::col(j, thread)];
-#pragma unroll
-      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
-    }
     typename Tiles::Fragments p, ds;
-    wg::a_from_acc<T>(p, s);
-
-    // dSᵀ = Pᵀ ∘ (dPᵀ − Δ).
-    wg::wait<0>();
-    wg::fence_operand(dp.d);
-#pragma unroll
-    for (int j = 0; j < Scores::kCols; ++j) {
-      const float delta = shared.delta[stage][Scores::col(j, thread)];
-#pragma unroll
-      for (int i = 0; i < Scores::kRows; ++i) dp(i, j) = s(i, j) * (dp(i, j) - delta);
-    }
-    wg::a_from_acc<T>(ds, dp);
+    probabilities_and_score_grads(s, dp, p, ds, stage, keys, row0);
 
     // dV += Pᵀ·dO and dK += dSᵀ·Q, in flight while dS goes to shared memory.
     wg::fence_operand(dv.d);

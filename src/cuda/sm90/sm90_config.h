@@ -7,10 +7,11 @@
 // (32 fp32 ones): head dims are padded to a multiple of 64 there (96 → 128; the padding is
 // zero-filled by TMA).
 //
-// fp32 storage runs with precision tf32 (forward only): Q·Kᵀ on tf32 wgmma straight from the
+// fp32 storage runs with precision tf32: in the forward, Q·Kᵀ on tf32 wgmma straight from the
 // TMA tiles (the tensor cores read the top 19 bits of each fp32 operand: Q and K are truncated to
 // tf32), P rounded to tf32 in registers, and V transposed into Vᵀ (keys contiguous: tf32 wgmma
-// takes K-major operands only) and rounded to tf32 by the producer warpgroup's three idle warps.
+// takes K-major operands only) and rounded to tf32 by the producer warpgroup's three idle warps;
+// the backward (head dim 64) transposes Q, dO and K in its consumers (BwdConfig below).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -216,6 +217,15 @@ constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2)
 //   step) does not fit next to the dQ staging tile.
 // Registers (240 per consumer thread): dK + dV 128, dQ share 64, Sᵀ and dPᵀ 16 each (dead before
 // dQ is issued), their 16-bit fragments 8 each.
+//
+// fp32 storage (precision tf32), head dim 64 only: tf32 wgmma reads both operands K-major, so
+// besides the tiles TMA brings, dK += dSᵀ·Q and dV += Pᵀ·dO need Qᵀ and dOᵀ ([HDP, 64 q], query
+// rows contiguous, permuted as the register fragments of Pᵀ and dSᵀ are) and dQ = dS·K needs Kᵀ
+// ([HDP, keys]); the consumers transpose them in shared memory (sm90_bwd_mainloop.cuh). Shared
+// memory (bytes, D = 64): K, V, Kᵀ 32,768 each; Q, dO, Qᵀ, dOᵀ 16,384 each (one stage); dS [64 q,
+// 128 keys] 32,768 (one buffer); dQ 18,432: 210.5 KiB. A second Q/dO stage (+32 KiB) does not
+// fit; at head dim 128 neither does one (K, V and Kᵀ alone take 192 KiB at 128 keys): larger head
+// dims run on the sm80 tier.
 struct BwdConfig {
   int keys;             // keys per block
   int stages;           // (Q, dO, LSE, Δ) stages in flight
@@ -224,8 +234,14 @@ struct BwdConfig {
 };
 inline constexpr int kBwdConsumers = 2;
 inline constexpr int kBwdSplitMinHeadDim = 192;
-constexpr BwdConfig bwd_config(int head_dim) {
+inline constexpr int kTf32BwdMaxHeadDim = 64;
+// The head dims the tf32 backward (fp32 storage) takes: padded to 64.
+constexpr bool tf32_backward_head_dim(int head_dim) {
+  return head_dim >= 64 && padded_head_dim(head_dim) <= kTf32BwdMaxHeadDim;
+}
+constexpr BwdConfig bwd_config(int head_dim, int element_bytes = 2) {
   const int d = padded_head_dim(head_dim);
+  if (element_bytes == 4) return BwdConfig{kBwdConsumers * kConsumerRows, 1, false, 1};
   if (d < kBwdSplitMinHeadDim) return BwdConfig{kBwdConsumers * kConsumerRows, 2, false, 2};
   return BwdConfig{kConsumerRows, d <= 192 ? 2 : 1, true, 1};
 }
@@ -259,13 +275,15 @@ constexpr int bwd_consumer_registers(bool wide) { return wide ? kBwdWideConsumer
 // Named barriers (0 is __syncthreads), per consumer warpgroup w: its epilogue's, and the one it
 // waits on for its turn to issue matrix work under pingpong.
 // The backward uses ds_ready: both consumer warpgroups have stored their share of dS; and, with
-// one P/dS buffer (split_head_dim), ds_free: both have finished reading the previous step's.
+// one P/dS buffer (split_head_dim, tf32), ds_free: both have finished reading the previous step's;
+// tf32: operands_ready, both have written their share of the transposed operands.
 // The forward's epilogue and turn barriers (one per consumer), the backward's dS barriers.
-enum class NamedBarrier : int { epilogue_first = 1, ds_ready = 4, turn_first = 5, ds_free = 8 };
+enum class NamedBarrier : int { epilogue_first = 1, ds_ready = 4, turn_first = 5, ds_free = 8, operands_ready = 9 };
 inline constexpr int kMaxConsumers = 3;
 static_assert(int(NamedBarrier::epilogue_first) + kMaxConsumers <= int(NamedBarrier::ds_ready) &&
                   int(NamedBarrier::turn_first) + kMaxConsumers <= int(NamedBarrier::ds_free) &&
-                  int(NamedBarrier::ds_free) < 16,
+                  int(NamedBarrier::ds_free) < int(NamedBarrier::operands_ready) &&
+                  int(NamedBarrier::operands_ready) < 16,
               "a block has 16 named barriers");
 
 }  // namespace fmha::cuda::sm90

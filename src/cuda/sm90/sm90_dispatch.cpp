@@ -1,10 +1,10 @@
 // The sm90 tier's entry points: the Hopper forward (wgmma + TMA, warp-specialised, persistent)
 // for fp16 and bf16 storage on sm_90 (H100/H200), head dims 64 to 256, and for fp32 storage with
 // precision tf32 at head dims 64 to 128 (one configuration, the default); the backward (wgmma +
-// TMA, warp-specialised) for fp16 and bf16 at head dims 64 to 256, deterministic on request (dQ
-// added in descending key-tile order). Calls it cannot take (another GPU, fp32 other than the
-// tf32 forward, head dims below 64, a larger backward, views TMA cannot address) are refused with
-// the reason, and auto-selection moves on to the sm80 tier.
+// TMA, warp-specialised) for fp16 and bf16 at head dims 64 to 256 and for fp32 with precision
+// tf32 at head dim 64, deterministic on request (dQ added in descending key-tile order). Calls it
+// cannot take (another GPU, fp32 other than tf32, head dims below 64, a larger backward, views
+// TMA cannot address) are refused with the reason, and auto-selection moves on to the sm80 tier.
 //
 // FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
 // compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once;
@@ -98,6 +98,22 @@ Status with_dtype(DType dtype, F&& f) {
   if (dtype == DType::fp16) return f(fp16_t{});
   return f(bf16_t{});
 }
+// The backward's storage types at HD: fp32 where tf32_backward_head_dim.
+template <int HD, class F>
+Status with_backward_dtype(DType dtype, F&& f) {
+  if (dtype == DType::fp32) {
+    if constexpr (tf32_backward_head_dim(HD)) return f(fp32_t{});
+    return unsupported("precision: no sm90 tf32 backward kernel at head dim " + std::to_string(HD));
+  }
+  return with_dtype(dtype, f);
+}
+// Shared memory of the backward kernel a call of storage `dtype` runs at HD.
+template <int HD>
+size_t backward_shared_bytes_of(DType dtype) {
+  if constexpr (tf32_backward_head_dim(HD))
+    if (dtype == DType::fp32) return backward_shared_bytes<fp32_t, HD>();
+  return backward_shared_bytes<bf16_t, HD>();
+}
 // The forward's storage types at (HD, V): fp32 where has_tf32_forward.
 template <int HD, int V, class F>
 Status with_forward_dtype(DType dtype, F&& f) {
@@ -158,12 +174,13 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   const bool fp32 = p.q.dtype == DType::fp32;
   if (fp32 && p.precision != Precision::tf32)
     return unsupported(std::string("precision: fp32 storage with precision ") + to_string(p.precision) +
-                       " is not on the sm90 tier (it runs tf32, forward only); the sm80 tier runs tf32x3 (split tf32), "
+                       " is not on the sm90 tier (it runs tf32); the sm80 tier runs tf32x3 (split tf32), "
                        "the simt tier exact fp32");
-  if (fp32 && backward)
-    return unsupported("precision: the sm90 backward takes fp16 and bf16 only; the tf32 backward (fp32 storage) runs "
-                       "on the sm80 tier");
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
+  if (fp32 && backward && bucket >= kMinHeadDim && !tf32_backward_head_dim(bucket))
+    return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
+                       " is above the sm90 tf32 backward's largest head dim (" + std::to_string(kTf32BwdMaxHeadDim) +
+                       ": its fp32 tiles and their transposes fill shared memory); the sm80 tier runs it");
   if (fp32 && bucket >= kMinHeadDim && !tf32_head_dim(bucket))
     return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
                        " is above the sm90 tf32 forward's largest head dim (" + std::to_string(kTf32MaxHeadDim) +
@@ -194,7 +211,8 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   // kernel's in one dimension.
   if (backward) {
     if (Status st = check_grid_limits(s); !st.ok()) return st;
-    const int64_t blocks = ceil_div(s.seqlen_k, int64_t(bwd_config(bucket).keys)) * s.batch * s.kv_heads;
+    const int64_t blocks =
+        ceil_div(s.seqlen_k, int64_t(bwd_config(bucket, int(dtype_size(s.dtype))).keys)) * s.batch * s.kv_heads;
     if (p.deterministic && blocks > int64_t(INT32_MAX))
       return unsupported("deterministic: " + std::to_string(blocks) +
                          " blocks (key tiles · KV heads · batch) exceed the sm90 deterministic backward's grid "
@@ -208,7 +226,7 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
     constexpr int HD = decltype(hd)::value;
     if (backward) {
       if constexpr (HD <= kBwdMaxHeadDim)
-        return check_shared_memory("sm90", direction, HD, backward_shared_bytes<bf16_t, HD>(), props);
+        return check_shared_memory("sm90", direction, HD, backward_shared_bytes_of<HD>(p.q.dtype), props);
       return unsupported("head_dim: no sm90 backward kernel at head dim " + std::to_string(HD));
     }
     return with_config_variant<HD>(p, props, [&](auto v) {
@@ -286,13 +304,15 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
       Tensor queries = p.q, grads = p.dout, keys = p.k, values = p.v;
       if (s.seqlen_q == 0 || s.total_q == 0) queries.data = grads.data = p.k.data;
       if (s.seqlen_k == 0 || s.total_k == 0) keys.data = values.data = p.q.data;
-      if (Status st = encode_tile_map(&params.q, queries, kChunkCols, kBwdRows, "q"); !st.ok()) return st;
-      constexpr int kKeys = bwd_config(HD).keys;
-      params.order = backward_block_order(s, args, kKeys, args.dq_turns != nullptr);
-      if (Status st = encode_tile_map(&params.k, keys, kChunkCols, kKeys, "k"); !st.ok()) return st;
-      if (Status st = encode_tile_map(&params.v, values, kChunkCols, kKeys, "v"); !st.ok()) return st;
-      if (Status st = encode_tile_map(&params.dout, grads, kChunkCols, kBwdRows, "dout"); !st.ok()) return st;
-      return with_dtype(p.q.dtype, [&](auto type) {
+      // Boxes of one swizzled chunk's columns (64 16-bit, 32 fp32) by the kernel's rows.
+      const int box_cols = chunk_cols(size_t(element_bytes));
+      if (Status st = encode_tile_map(&params.q, queries, box_cols, kBwdRows, "q"); !st.ok()) return st;
+      const int keys_per_block = bwd_config(HD, int(element_bytes)).keys;
+      params.order = backward_block_order(s, args, keys_per_block, args.dq_turns != nullptr);
+      if (Status st = encode_tile_map(&params.k, keys, box_cols, keys_per_block, "k"); !st.ok()) return st;
+      if (Status st = encode_tile_map(&params.v, values, box_cols, keys_per_block, "v"); !st.ok()) return st;
+      if (Status st = encode_tile_map(&params.dout, grads, box_cols, kBwdRows, "dout"); !st.ok()) return st;
+      return with_backward_dtype<HD>(p.q.dtype, [&](auto type) {
         using T = decltype(type);
         return backward<T, HD>(params, stream);
       });

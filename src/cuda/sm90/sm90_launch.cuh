@@ -64,7 +64,8 @@ Status backward(const BwdParams& params, cudaStream_t stream) {
   // Preprocess and convert run over every (query row, head) pair, packed calls' included.
   const AttentionArgs row_args = row_kernel_args(args);
   const int64_t rows = int64_t(row_args.batch) * row_args.heads * row_args.seqlen_q;
-  if (Status s = launch_bwd_preprocess<T>(row_args, stream, "sm90"); !s.ok()) return s;
+  // fp32 (tf32): Δ from dO rounded to tf32, as the kernel rounds it for dPᵀ.
+  if (Status s = launch_bwd_preprocess<T, sizeof(T) == 4>(row_args, stream, "sm90"); !s.ok()) return s;
   if (args.dq_turns != nullptr && rows > 0) {
     const size_t counters = size_t(args.batch) * size_t(args.heads) * size_t(args.dq_turn_tiles) * kBwdTurnParts;
     if (Status s = cuda_status(cudaMemsetAsync(args.dq_turns, 0, counters * sizeof(int), stream),

@@ -210,18 +210,21 @@ __device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / kStepK<T>][4], cons
 
 // The transpose of a swizzled fp32 tile, shared to shared, rounded to tf32: src is [ROWS, COLS]
 // in column chunks of [ROWS, 32] (TMA's layout: V as [keys, Dv]), dst is [COLS, ROWS] in column
-// chunks of [COLS, 32] (K-major with ROWS as K: Vᵀ as the B operand of P·V), each row's 32 entries
-// permuted within groups of 8 by tf32_position_of (a_from_acc's k order). WARPS warps share the
-// work, `warp` is this one's index among them.
+// chunks of [COLS, 32] (K-major with ROWS as K: Vᵀ as the B operand of P·V). PERMUTE: each row's
+// 32 entries permuted within groups of 8 by tf32_position_of (a_from_acc's k order: the A operand
+// comes from registers); else in order (both operands from shared memory). ROUND_SOURCE: src is
+// rounded to tf32 in place as well. WARPS warps share the work, `warp` is this one's index among
+// them.
 // Work item: 32 source rows (one per lane) × 4 columns. A lane reads one 16-byte unit (float4)
 // of its row and writes 4 scalars, one into each of 4 destination rows at its row's (permuted)
 // position. Bank conflicts: reads go by quarter warps of 8 lanes, rows r..r+7 (r % 8 = 0) at
 // the same logical unit u, stored at units u ^ (r % 8): 8 distinct units, all 32 banks once.
 // Writes: 32 lanes, one destination row, 32 distinct positions p, bank 4 · ((p / 4) ^ row % 8) +
-// p % 4: a permutation of the 32 banks. Both conflict-free.
+// p % 4: a permutation of the 32 banks (p = l without PERMUTE too). Both conflict-free; the
+// in-place rounding stores the float4 where it was read.
 // Addresses are shared-window (32-bit) and indices unsigned: the producer warpgroup runs this
 // on few registers.
-template <int ROWS, int COLS, int WARPS>
+template <int ROWS, int COLS, int WARPS, bool PERMUTE = true, bool ROUND_SOURCE = false>
 __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, int warp, int lane) {
   static_assert(ROWS % 32 == 0 && COLS % 32 == 0, "whole 32-column chunks");
   constexpr uint32_t kCols = 32;                      // fp32 columns per swizzled chunk
@@ -233,7 +236,7 @@ __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, in
   constexpr uint32_t kItemsPerBlock = COLS / kUnitCols;  // work items per 32 source rows
   constexpr uint32_t kItems = (ROWS / kCols) * kItemsPerBlock;
   const uint32_t l = uint32_t(lane);
-  const uint32_t p = uint32_t(tf32_position_of(int(l)));  // this lane's row's place in a destination row
+  const uint32_t p = PERMUTE ? uint32_t(tf32_position_of(int(l))) : l;  // this lane's row's place in a destination row
   const uint32_t src_lane = src + l * kSwizzleBytes;       // source row l of each 32-row block
   const uint32_t dst_lane = dst + (p % kUnitCols) * uint32_t(sizeof(float));
 #pragma unroll 1
@@ -246,6 +249,10 @@ __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, in
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                  : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
                  : "r"(from));
+    if constexpr (ROUND_SOURCE)
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(from), "r"(tile::to_tf32(x[0])),
+                   "r"(tile::to_tf32(x[1])), "r"(tile::to_tf32(x[2])), "r"(tile::to_tf32(x[3]))
+                   : "memory");
     // Destination rows unit · 4 + i; their row % 8 is (unit % 2) · 4 + i.
     const uint32_t to = dst_lane + block * kDstChunkBytes + unit * kUnitCols * kSwizzleBytes;
 #pragma unroll
@@ -256,10 +263,47 @@ __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, in
     }
   }
 }
-template <int ROWS, int COLS, int WARPS>
-__device__ __forceinline__ void transpose_k_major(const float* src, float* dst, int warp, int lane) {
-  transpose_k_major<ROWS, COLS, WARPS>(static_cast<uint32_t>(__cvta_generic_to_shared(src)),
-                                       static_cast<uint32_t>(__cvta_generic_to_shared(dst)), warp, lane);
+template <int ROWS, int COLS, int WARPS, bool PERMUTE = true, bool ROUND_SOURCE = false>
+__device__ __forceinline__ void transpose_k_major(float* src, float* dst, int warp, int lane) {
+  transpose_k_major<ROWS, COLS, WARPS, PERMUTE, ROUND_SOURCE>(static_cast<uint32_t>(__cvta_generic_to_shared(src)),
+                                                             static_cast<uint32_t>(__cvta_generic_to_shared(dst)),
+                                                             warp, lane);
+}
+
+// Every element of an fp32 tile of FLOATS elements (any layout) rounded to tf32 in place, in
+// 16-byte units, by `threads` threads of which this is `index`.
+template <int FLOATS>
+__device__ __forceinline__ void round_to_tf32(float* tile, int index, int threads) {
+  static_assert(FLOATS % 4 == 0, "whole 16-byte units");
+  float4* units = reinterpret_cast<float4*>(tile);
+  for (int u = index; u < FLOATS / 4; u += threads) {
+    const float4 x = units[u];
+    units[u] = make_float4(__uint_as_float(tile::to_tf32(x.x)), __uint_as_float(tile::to_tf32(x.y)),
+                           __uint_as_float(tile::to_tf32(x.z)), __uint_as_float(tile::to_tf32(x.w)));
+  }
+}
+
+// The transpose of a warpgroup's [64, N] tile given as tf32 a_from_acc fragments (rounded
+// already), into a swizzled fp32 tile of column chunks of [N, 32] (chunk bytes N · 128) at the
+// shared-window address `tile`: element (r, c) goes to row c, column col0 + r (col0 a multiple of
+// 32), in order (K-major with the tile's rows as K: dS from dSᵀ in the backward). Fragment
+// register e of block kb holds (r0 + 8 (e % 2), 8 kb + 2 (l % 4) + e / 2) (a_from_acc). One
+// 4-byte store per element; a warp's 32 stores of one register land in 32 distinct banks: its
+// rows r cover 8 consecutive columns (two 16-byte units) and its columns c four rows of one
+// parity, whose swizzles send those two units to eight distinct ones.
+template <int N>
+__device__ __forceinline__ void store_transposed_tf32(const uint32_t (&frags)[N / 8][4], uint32_t tile, int col0,
+                                                      int thread) {
+  constexpr int kChunkBytes = N * kSwizzleBytes;
+  const int r0 = 16 * (thread / 32) + (thread % 32) / 4, c0 = 2 * (thread % 4);
+#pragma unroll
+  for (int kb = 0; kb < N / 8; ++kb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = r0 + 8 * (e % 2), col = 8 * kb + c0 + e / 2;
+      const uint32_t at = tile + uint32_t(swizzled_offset<float>(col, col0 + row, kChunkBytes));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(frags[kb][e]) : "memory");
+    }
 }
 
 // stmatrix (sm_90): four 8×8 16-bit matrices from a warp's registers into shared memory. Lane l
