@@ -168,19 +168,17 @@ struct BwdKernel {
       const int head = kv_head * args.group + g;
       for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
         if (step % kDqWarps != DQ_WARP) continue;
+        // Deterministic: the tile's turn (the binary search of bwd_turn), found while the
+        // consumers still compute the step; here rather than in the consumers, whose 232
+        // registers it crowded (-Xptxas -v: local memory at head dims 96 and 128).
+        int turn = 0;
+        if constexpr (ORDERED_DQ) turn = bwd_turn<kKeys>(mask, m, block_key_tile(params));
         shared.dq_full[DQ_WARP].wait((step / kDqWarps) & 1);
         if (lane == 0) {
           // Deterministic: the tile's turn counter (recomputed where needed: few registers here).
           auto turn_counter = [&] {
             return args.dq_turns + (int64_t(batch) * args.heads + head) * args.dq_turn_tiles + m;
           };
-          // Packed at 192/256 (Mainloop::kTurnByDqWarp): the dQ warp finds the turn itself,
-          // else the consumers stage it with their shares.
-          int turn = 0;
-          if constexpr (Mainloop::kTurnByDqWarp)
-            turn = bwd_turn<kKeys>(mask, m, block_key_tile(params));
-          else if constexpr (ORDERED_DQ)
-            turn = shared.dq_turn;  // read before the buffer is handed back
           if constexpr (ORDERED_DQ) {
             tile::wait_turn(turn_counter(), turn);
             tile::fence_async_global();
@@ -241,17 +239,15 @@ struct BwdKernel {
       // dq: the step's dQ share; previous: the previous step's, copied out of the wgmma's
       // registers, staged under this step's scores.
       typename Tiles::QueryGrad dq, previous;
-      int previous_m = 0;
       for (int g = 0; g < args.group; ++g)
         for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
           mainloop.step_products(pipe, m, keys, step % 2, dk, dv, dq, [&] {
-            if (step > 0) mainloop.stage_dq(previous, (step - 1) % 2, previous_m, keys);
+            if (step > 0) mainloop.stage_dq(previous, (step - 1) % 2);
           });
           wg::copy_out(previous.d, dq.d);
-          previous_m = m;
           pipe.advance();
         }
-      if (step > 0) mainloop.stage_dq(previous, (step - 1) % 2, previous_m, keys);
+      if (step > 0) mainloop.stage_dq(previous, (step - 1) % 2);
     } else {
       for (int g = 0; g < args.group; ++g)  // every head of the GQA group: the same query tiles
         for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {

@@ -113,7 +113,6 @@ struct BwdShared {
   tile::MBarrier kv_full;
   tile::MBarrier full[kStages], empty[kStages];
   tile::MBarrier dq_empty;  // the dQ tile read (by the dQ warp of the step)
-  int dq_turn;  // deterministic: the staged tile's turn (written with the shares, read by the dQ warp)
   // Packed calls: the block's sequence (first rows, mask of its lengths), read from the tables
   // once, before the roles split; every role reads its mask from here.
   Sequence sequence;
@@ -151,12 +150,6 @@ struct BwdMainloop {
   static constexpr bool kTf32 = Shared::kTf32;
   static constexpr int kKeys = Shared::kKeys;
   static constexpr bool kSplit = Shared::kConfig.split_head_dim;
-  // Deterministic: who finds a dQ tile's turn (the binary search of bwd_turn). The
-  // consumers, with their shares, except on packed calls at 192/256, where the search over the
-  // sequence's mask spilled in the consumers' loop (-Xptxas -v) and the packed producer's dQ
-  // warp (40 registers) takes it without spilling; dense kernels keep it in the consumers (it was
-  // measured so when the dense producer had 24 registers; it now has 40, sm90_config.h).
-  static constexpr bool kTurnByDqWarp = ORDERED_DQ && kSplit && PACKED;
   using Pipeline = tile::PipelineState<Shared::kStages>;
   static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
   static constexpr int kK = wg::Wgmma<T, kBwdRows>::kK;
@@ -330,7 +323,7 @@ struct BwdMainloop {
     typename Tiles::QueryGrad dq;
     if constexpr (kTf32) step_tf32(at, m, keys, dk, dv, dq);
     else step_products(at, m, keys, dq_buffer, dk, dv, dq, [] {});
-    stage_dq(dq, dq_buffer, m, keys);
+    stage_dq(dq, dq_buffer);
   }
 
   // tf32: the block's Kᵀ (keys in order) and V rounded to tf32 in place, by both warpgroups, once
@@ -472,9 +465,9 @@ struct BwdMainloop {
     release(shared.empty[stage]);
   }
 
-  // This warpgroup's dQ share of a step (query tile m, against the block's key tile `keys`).
-  __device__ __forceinline__ void stage_dq(const typename Tiles::QueryGrad& dq, int dq_buffer, int m, Range keys) {
-    stage_dq(dq, dq_buffer, m, int(keys.begin / kKeys), warpgroup * kDqCols);
+  // This warpgroup's dQ share of a step.
+  __device__ __forceinline__ void stage_dq(const typename Tiles::QueryGrad& dq, int dq_buffer) {
+    stage_dq(dq, dq_buffer, warpgroup * kDqCols);
   }
 
   // Split (head dims 192, 256): one query tile m against the block's 64 keys, this warpgroup
@@ -549,20 +542,17 @@ struct BwdMainloop {
     issue_query_grad(dq, ds_tile, col0);
     wg::wait<0>();
     wg::fence_operand(dq.d);
-    stage_dq(dq, dq_parity, m, int(keys.begin / kKeys), col0);
+    stage_dq(dq, dq_parity, col0);
   }
 
-  // The dQ share of query tile m into shared memory for the step's dQ warp, once the previous
-  // step's has been read; parity alternates per step (with two dQ warps, it is also the step's
-  // warp). Deterministic: with the tile's turn (bwd_turn at the block's key tile). col0: the
-  // first column of this warpgroup's share.
+  // A step's dQ share into shared memory for the step's dQ warp, once the previous step's has been
+  // read; parity alternates per step (with two dQ warps, it is also the step's warp). col0: the
+  // first column of this warpgroup's share. (Deterministic: the dQ warp finds the tile's turn.)
   template <int N>
-  __device__ __forceinline__ void stage_dq(const wg::Accumulator<N>& dq, int parity, int m, int key_tile, int col0) {
+  __device__ __forceinline__ void stage_dq(const wg::Accumulator<N>& dq, int parity, int col0) {
     static_assert(kDqWarps <= 2, "the steps' parity names their dQ warp");
     using Q = wg::Accumulator<N>;
     shared.dq_empty.wait(parity ^ 1);
-    if constexpr (ORDERED_DQ && !kTurnByDqWarp)
-      if (warpgroup == 0 && thread == 0) shared.dq_turn = bwd_turn<kKeys>(mask(), m, key_tile);
     // One base address per thread (its first element); every other element sits at a constant
     // offset from it, so no per-element addresses stay live across the steps.
     float* first = shared.dq + col0 + Q::row(0, thread) * Shared::kDqStride + Q::col(0, thread);
