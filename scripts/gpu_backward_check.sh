@@ -9,7 +9,7 @@
 #   Nsight Compute durations of the backward's kernels at 512 and 2k            -> ncu_*.txt
 #   memcheck on the small sm90 backward cases and the unaligned-view cases      -> memcheck.log
 #   the sm90 tf32 backward (head dim 64): its seed-shape bench beside sm80's, racecheck and
-#   synccheck on its small cases                                                -> tf32_*.txt/log
+#   synccheck on its small cases; the sm90 split-tf32 forward's bench beside sm80's -> tf32_*.txt/log
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -18,12 +18,14 @@ B=build-sm90; T=$B/tests/gpu/fmha_gpu_tests
 echo "== tests $(date +%T)"
 for i in 0 1 2 3 4 5 6 7; do
   GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 100 $T --gtest_color=no --gtest_brief=1 \
-    --gtest_filter='Sweep/Kernel.Backward/*:Tiers/VarlenKernel.Backward/*:Tiers/Deterministic.*:Tiers/FewKeys.*:LargeOffsets.*:Edge.*:DecodeGpu.*' > $OUT/shard_$i.log 2>&1 &
+    --gtest_filter='Sweep/Kernel.Backward/*:Sweep/Kernel.Forward/*tf32x3*:SplitTf32.*:Tiers/VarlenKernel.Backward/*:Tiers/Deterministic.*:Tiers/FewKeys.*:LargeOffsets.*:Edge.*:Sm90Tf32.*:DecodeGpu.*' > $OUT/shard_$i.log 2>&1 &
 done
 FMHA_CPU_ISA=amxbf16 timeout 120 $B/tests/fmha_tests --gtest_color=no --gtest_brief=1 \
   --gtest_filter='CpuPaths.*:*amxbf16*:Fuzz/CpuFuzz.*:Semantics.*' > $OUT/amx.log 2>&1 &
+timeout 100 $B/tests/gpu/fmha_tile_sm90_tests --gtest_color=no --gtest_brief=1 > $OUT/tile_sm90.log 2>&1 &
 wait
 cat $OUT/shard_*.log > $OUT/tests.log; rm -f $OUT/shard_*.log
+echo "-- sm90 tile tests"; grep -E "^\[  PASSED|^\[  FAILED|tests? from .* ran" $OUT/tile_sm90.log | head -8
 grep -hE "^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]|tests? from .* ran" $OUT/tests.log | sort | uniq -c
 grep -E "^\[  FAILED  \] [A-Z]" $OUT/tests.log | sort -u | head -20
 echo "new alignment cases listed: $($T --gtest_list_tests --gtest_filter='Sweep/Kernel.Backward/*grads_at*:Sweep/Kernel.Backward/*_at4*' | grep -c '^  ')"
@@ -58,8 +60,12 @@ for be in sm90 sm80; do
   timeout 60 $B/fmha bench --no-progress --backend $be --mode bwd --dtype tf32 --batch 4 --heads 4 --seqlen-q 4096 \
     --head-dim 64 --causal bottom-right 2>&1 | tail -1
 done | tee $OUT/tf32_bench.txt
+for be in sm90 sm80; do  # the split-tf32 forward (sm90: head dim 64)
+  timeout 60 $B/fmha bench --no-progress --backend $be --mode fwd --dtype tf32x3 --batch 4 --heads 4 --seqlen-q 4096 \
+    --head-dim 64 2>&1 | tail -1
+done | tee $OUT/tf32x3_fwd_bench.txt
 for tool in racecheck synccheck; do
   timeout 60 compute-sanitizer --tool $tool --error-exitcode 1 $T --gtest_color=no --gtest_brief=1 \
-    --gtest_filter='Sweep/Kernel.Backward/Small_sm90_tf32*_q65_k63_*' > $OUT/tf32_$tool.log 2>&1; echo "$tool rc=$?"
+    --gtest_filter='Sweep/Kernel.Backward/Small_sm90_tf32_*_q65_k63_*:Sweep/Kernel.Forward/Small_sm90_tf32x3_*_q65_k63_*' > $OUT/tf32_$tool.log 2>&1; echo "$tool rc=$?"
   grep -E "ERROR SUMMARY|tests? from .* ran|PASSED|FAILED" $OUT/tf32_$tool.log | tail -3
 done

@@ -102,7 +102,7 @@ struct OutputErrors {
   double o_max = 0, dq_max = 0, dk_max = 0, dv_max = 0;  // max |x_fp64|
   std::string error;
 };
-OutputErrors output_errors(const Case& c, uint64_t seed);
+OutputErrors output_errors(const Case& c, uint64_t seed, bool with_backward = true);  // else O alone
 
 // Two deterministic backward runs; empty when dq, dk, dv are bitwise identical.
 std::string check_deterministic(const Case& c, uint64_t seed);

@@ -35,17 +35,22 @@ bool tier_available(Backend b) {
 
 // The sm90 backward covers every head dim the tier takes (64 to 256: up to 128 one warpgroup per
 // 64 keys, above the split of the head dim over both warpgroups); its tf32 backward (fp32
-// storage) head dim 64 only (larger ones run on sm80; refusal tested below).
+// storage) head dim 64 only (larger ones run on sm80; refusal tested below); its split tf32
+// (tf32x3) is forward only (sm80 runs the backward).
 constexpr int kSm90MaxBackwardHeadDim = 256;
 constexpr int kSm90MaxTf32BackwardHeadDim = 64;
 bool has_backward(const Case& c) {
   const int64_t d = std::max(c.head_dim, c.head_dim_v);
-  if (c.backend == Backend::cuda_sm90 && c.dtype == DType::fp32) return d <= kSm90MaxTf32BackwardHeadDim;
+  if (c.backend == Backend::cuda_sm90 && c.dtype == DType::fp32)
+    return c.precision == Precision::tf32 && d <= kSm90MaxTf32BackwardHeadDim;
   return c.backend != Backend::cuda_sm90 || d <= kSm90MaxBackwardHeadDim;
 }
 // Head dims below 64 run on sm80 (sm90 refuses them, tested below); its tf32 forward takes 64 to
-// 128.
-bool takes_head_dim(Backend b, int head_dim, DType dtype = DType::bf16) {
+// 128, its split-tf32 forward 64.
+constexpr int kSm90MaxTf32x3HeadDim = 64;
+bool takes_head_dim(Backend b, int head_dim, DType dtype = DType::bf16, Precision precision = Precision::tf32) {
+  if (b == Backend::cuda_sm90 && dtype == DType::fp32 && precision == Precision::tf32x3)
+    return head_dim >= 64 && head_dim <= kSm90MaxTf32x3HeadDim;
   if (b == Backend::cuda_sm90 && dtype == DType::fp32) return head_dim >= 64 && head_dim <= 128;
   return b != Backend::cuda_sm90 || head_dim >= 64;
 }
@@ -63,7 +68,8 @@ const Flavor kFlavors[] = {{Backend::cuda_simt, DType::fp32, Precision::ieee},
                            {Backend::cuda_sm80, DType::fp32, Precision::tf32x3},
                            {Backend::cuda_sm90, DType::fp16, Precision::ieee},
                            {Backend::cuda_sm90, DType::bf16, Precision::ieee},
-                           {Backend::cuda_sm90, DType::fp32, Precision::tf32}};
+                           {Backend::cuda_sm90, DType::fp32, Precision::tf32},
+                           {Backend::cuda_sm90, DType::fp32, Precision::tf32x3}};
 
 Case base(const Flavor& f, int head_dim) {
   Case c;
@@ -86,15 +92,15 @@ std::vector<Named> all_cases() {
   const int main_dim_all = std::find(dims.begin(), dims.end(), 64) != dims.end() ? 64 : dims.back();
   for (const Flavor& f : kFlavors) {
     int main_dim = main_dim_all;
-    if (!takes_head_dim(f.backend, main_dim, f.dtype)) {  // sm90 tf32 without 64: its largest compiled one
+    if (!takes_head_dim(f.backend, main_dim, f.dtype, f.precision)) {  // sm90 tf32 without 64: its largest compiled one
       main_dim = 0;
       for (int hd : dims)
-        if (takes_head_dim(f.backend, hd, f.dtype)) main_dim = hd;
+        if (takes_head_dim(f.backend, hd, f.dtype, f.precision)) main_dim = hd;
       if (main_dim == 0) continue;
     }
     // Every compiled head dim on a ragged GQA shape, causal and not.
     for (int hd : dims) {
-      if (!takes_head_dim(f.backend, hd, f.dtype)) continue;
+      if (!takes_head_dim(f.backend, hd, f.dtype, f.precision)) continue;
       Case c = base(f, hd);
       c.batch = 2, c.seqlen_q = 65, c.seqlen_k = 63, c.heads = 4, c.kv_heads = 2;
       out.push_back({c, true});
@@ -150,7 +156,7 @@ std::vector<Named> all_cases() {
       c = base(f, main_dim);
       c.batch = 300, c.heads = 256, c.kv_heads = 32, c.seqlen_q = 1, c.seqlen_k = 5;
       out.push_back({c, false});
-      if (std::find(dims.begin(), dims.end(), 128) != dims.end() && takes_head_dim(f.backend, 128, f.dtype)) {
+      if (std::find(dims.begin(), dims.end(), 128) != dims.end() && takes_head_dim(f.backend, 128, f.dtype, f.precision)) {
         c = base(f, 128);
         c.seqlen_q = 1000, c.seqlen_k = 1000, c.heads = 16, c.kv_heads = 2, c.causal = Causal::bottom_right;
         out.push_back({c, false});
@@ -159,7 +165,7 @@ std::vector<Named> all_cases() {
     // Head dims above 128 (the sm90 backward's split scheme: 64 keys per block, the head dim's
     // chunks shared by two warpgroups, one P/dS buffer, one Q/dO stage at 256): every option.
     for (int hd : dims) {
-      if (hd <= 128 || !takes_head_dim(f.backend, hd, f.dtype)) continue;
+      if (hd <= 128 || !takes_head_dim(f.backend, hd, f.dtype, f.precision)) continue;
       Case c = base(f, hd);
       c.seqlen_q = 200, c.seqlen_k = 333, c.heads = 4, c.kv_heads = 1, c.causal = Causal::top_left;
       out.push_back({c, true});
@@ -204,7 +210,7 @@ std::vector<Named> all_cases() {
       }
     }
     for (int hd : dims) {
-      if (hd < 64 || !takes_head_dim(f.backend, hd, f.dtype)) continue;
+      if (hd < 64 || !takes_head_dim(f.backend, hd, f.dtype, f.precision)) continue;
       Case c = base(f, hd);
       c.head_dim_v = hd / 2;
       c.seqlen_q = 77, c.seqlen_k = 90, c.heads = 2, c.kv_heads = 1;
@@ -394,7 +400,7 @@ TEST_P(FewKeys, SmallRowsSeeingOneOrTwoKeys) {
       c.batch = 2, c.seqlen_q = 77, c.seqlen_k = 90, c.heads = 4, c.kv_heads = 2;
       c.causal = Causal::top_left, c.window_left = 0, c.deterministic = deterministic;
       // Cases a tier refuses (tested elsewhere) and head dims this build lacks are left out.
-      if (std::find(dims.begin(), dims.end(), hd) == dims.end() || !takes_head_dim(f.backend, hd) ||
+      if (std::find(dims.begin(), dims.end(), hd) == dims.end() || !takes_head_dim(f.backend, hd, f.dtype, f.precision) ||
           !has_backward(c))
         continue;
       const uint64_t seed = test_seed();
@@ -461,6 +467,39 @@ TEST(SplitTf32, SmallAsAccurateAsFp32FarBelowTf32) {
     }
 }
 
+// The sm90 split-tf32 forward (head dim 64), the same way: its O against simt's exact fp32 and
+// sm90's tf32, on the shape above and on 4,096 keys, where each key tile's P·V is added to O in
+// fp32 (the tensor cores' own additions along the keys would lose more).
+TEST(SplitTf32, Sm90ForwardAsAccurateAsFp32FarBelowTf32) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  if (!tier_available(Backend::cuda_sm90) || !tier_available(Backend::cuda_simt)) GTEST_SKIP() << "no sm90/simt";
+  const std::vector<int> dims = compiled_head_dims();
+  if (std::find(dims.begin(), dims.end(), kSm90MaxTf32x3HeadDim) == dims.end()) GTEST_SKIP() << "no head dim 64";
+  constexpr double kFp32Factor = 2.0, kRoundingUnits = 8.0, kTf32Margin = 16.0;
+  const double unit = std::ldexp(1.0, -24);
+  for (int shape = 0; shape < 3; ++shape) {
+    Case c = base({Backend::cuda_sm90, DType::fp32, Precision::tf32x3}, kSm90MaxTf32x3HeadDim);
+    if (shape < 2) {
+      c.batch = 2, c.seqlen_q = 200, c.seqlen_k = 333, c.heads = 4, c.kv_heads = 2;
+      c.causal = shape == 0 ? Causal::none : Causal::bottom_right;
+    } else {
+      c.batch = 1, c.seqlen_q = 256, c.seqlen_k = 4096, c.heads = 2, c.kv_heads = 1;
+    }
+    const uint64_t seed = test_seed();
+    const OutputErrors split = output_errors(c, seed, false);
+    c.backend = Backend::cuda_simt, c.precision = Precision::ieee;
+    const OutputErrors exact = output_errors(c, seed, false);
+    c.backend = Backend::cuda_sm90, c.precision = Precision::tf32;
+    const OutputErrors tf32 = output_errors(c, seed, false);
+    ASSERT_TRUE(split.error.empty() && exact.error.empty() && tf32.error.empty())
+        << split.error << exact.error << tf32.error;
+    EXPECT_LE(split.o, kFp32Factor * exact.o + kRoundingUnits * unit * split.o_max)
+        << c.name() << ": tf32x3 " << split.o << ", simt " << exact.o << " (seed " << seed << ")";
+    EXPECT_LT(kTf32Margin * split.o, tf32.o) << c.name() << ": tf32x3 " << split.o << ", tf32 " << tf32.o << " (seed "
+                                             << seed << ")";
+  }
+}
+
 // ---- Empty problems: nothing to compute, but backward with Sq = 0 still zeroes dK/dV -------------
 
 TEST(Edge, SmallEmptySequences) {
@@ -471,7 +510,7 @@ TEST(Edge, SmallEmptySequences) {
       // The largest compiled head dim the flavor's backward takes too.
       int head_dim = compiled_head_dims().back();
       for (int hd : compiled_head_dims())
-        if (f.backend == Backend::cuda_sm90 && takes_head_dim(f.backend, hd, f.dtype)) head_dim = hd;
+        if (f.backend == Backend::cuda_sm90 && takes_head_dim(f.backend, hd, f.dtype, f.precision)) head_dim = hd;
       Case c = base(f, head_dim);
       c.batch = which == 2 ? 0 : 2;
       c.seqlen_q = which == 0 ? 0 : 17;
@@ -661,12 +700,26 @@ TEST(Refuse, SmallTierLimits) {
       EXPECT_TRUE(mentions(s, word)) << s.message;
     };
     {
-      // fp32: ieee and tf32x3 are refused; tf32 runs forward at head dims 64 to 128 and backward
-      // at 64; larger backwards go to sm80.
+      // fp32: ieee is refused; tf32 runs forward at head dims 64 to 128 and backward at 64; tf32x3
+      // (split) forward at 64; larger calls and split backwards go to sm80.
       Refusal r = tiny_call(Backend::cuda_sm90, DType::fp32, big);
       refused(r, Direction::forward, "precision");
       r.params.precision = Precision::tf32x3;
-      refused(r, Direction::forward, "precision");
+      if (big > kSm90MaxTf32x3HeadDim) refused(r, Direction::forward, "head_dim");
+      for (int d : compiled_head_dims()) {
+        if (!takes_head_dim(Backend::cuda_sm90, d, DType::fp32, Precision::tf32x3)) continue;
+        Refusal t = tiny_call(Backend::cuda_sm90, DType::fp32, d, 32);
+        t.params.precision = Precision::tf32x3;
+        EXPECT_TRUE(supports(t.params, Direction::forward).ok()) << supports(t.params, Direction::forward).message;
+        add_backward_tensors(t, DType::fp32, d);
+        refused(t, Direction::backward, "precision");
+        t.params.backend = Backend::auto_select;  // auto: split forward here, its backward on sm80
+        Backend chosen{};
+        ASSERT_TRUE(select_backend(t.params, Direction::forward, &chosen).ok());
+        EXPECT_EQ(chosen, Backend::cuda_sm90);
+        ASSERT_TRUE(select_backend(t.params, Direction::backward, &chosen).ok());
+        EXPECT_EQ(chosen, Backend::cuda_sm80);
+      }
       r.params.precision = Precision::tf32;
       if (big > 128) refused(r, Direction::forward, "head_dim");
       for (int d : compiled_head_dims()) {

@@ -603,6 +603,107 @@ TEST(Sm90Tile, Tf32OperandsTransposedInOrder) {
   cudaFree(dyt_raw);
 }
 
+// ---- Split tf32: O[64, N] = P·V from hi/lo parts, fp32-accurate ----------------------------------
+// P (fp32, not tf32-exact) as split fragments (a_from_acc<tf32x3>: highs, then residuals), V
+// (fp32, not tf32-exact) transposed into Vᵀ's highs and residuals (transpose_k_major_split), O as
+// P_lo·V + P·V_lo + P·V on tf32 wgmma. A second tile, Y, is split in place by split_to_tf32 and
+// copied out. Against fp64: O within fp32-level error (tf32 alone is ~2^-11 off), Y's high parts
+// and residuals tf32-exact with hi + lo = y to 2^-22.
+constexpr int kSplitN = 64, kSplitK = 64;
+__global__ void tf32_split_kernel(const float* p, const float* v, float* o, float* y, float* y_lo_out) {
+  __shared__ alignas(1024) float v_smem[kSplitK * kSplitN];
+  __shared__ alignas(1024) float vt_smem[kSplitN * kSplitK];
+  __shared__ alignas(1024) float vt_lo_smem[kSplitN * kSplitK];
+  const int t = threadIdx.x;
+  for (int e = t; e < kSplitK * kSplitN; e += blockDim.x)
+    *reinterpret_cast<float*>(reinterpret_cast<char*>(v_smem) +
+                              wg::swizzled_offset<float>(e / kSplitN, e % kSplitN, kSplitK * wg::kSwizzleBytes)) = v[e];
+  __syncthreads();
+  wg::transpose_k_major_split<kSplitK, kSplitN, wg::kThreads / 32>(v_smem, vt_smem, vt_lo_smem, t / 32, t % 32);
+  tile::fence_async_shared();
+  __syncthreads();
+  wg::Accumulator<kSplitK> scores;
+  load_accumulator(scores, p, t);
+  uint32_t a[2][kSplitK / 8][4];
+  wg::a_from_acc<tile::tf32x3>(a, scores);
+  wg::Accumulator<kSplitN> acc;
+  constexpr int kVtChunkBytes = kSplitN * wg::kSwizzleBytes;
+  const uint64_t hi = wg::k_major_desc<float, 8>(vt_smem, 0, 0, kVtChunkBytes);
+  const uint64_t lo = wg::k_major_desc<float, 8>(vt_lo_smem, 0, 0, kVtChunkBytes);
+  wg::fence();
+#pragma unroll
+  for (int kb = 0; kb < kSplitK / 8; ++kb)
+    wg::Wgmma<float, kSplitN>::template rs<0>(acc.d, a[1][kb], hi + wg::k_major_step<float>(kb * 8, kVtChunkBytes),
+                                              kb > 0 ? 1 : 0);
+#pragma unroll
+  for (int kb = 0; kb < kSplitK / 8; ++kb)
+    wg::Wgmma<float, kSplitN>::template rs<0>(acc.d, a[0][kb], lo + wg::k_major_step<float>(kb * 8, kVtChunkBytes), 1);
+#pragma unroll
+  for (int kb = 0; kb < kSplitK / 8; ++kb)
+    wg::Wgmma<float, kSplitN>::template rs<0>(acc.d, a[0][kb], hi + wg::k_major_step<float>(kb * 8, kVtChunkBytes), 1);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operand(acc.d);
+  wg::fence_operand(a);
+  store_accumulator(o, acc, t);
+  // Y split in place (v_smem reused: Y's highs) and into vt_smem (its residuals).
+  __syncthreads();
+  for (int e = t; e < kSplitK * kSplitN; e += blockDim.x) v_smem[e] = y[e];
+  __syncthreads();
+  wg::split_to_tf32<kSplitK * kSplitN>(v_smem, vt_smem, t, wg::kThreads);
+  __syncthreads();
+  for (int e = t; e < kSplitK * kSplitN; e += blockDim.x) {
+    y[e] = v_smem[e];
+    y_lo_out[e] = vt_smem[e];
+  }
+}
+
+TEST(Sm90Tile, SplitTf32OperandsFp32Accurate) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  std::vector<float> p(64 * kSplitK), v(size_t(kSplitK) * kSplitN), y(size_t(kSplitK) * kSplitN);
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (auto& x : p) x = u(rng);
+  for (auto& x : v) x = u(rng);
+  for (auto& x : y) x = 100.f * u(rng);
+  float *dp = to_device(p), *dv = to_device(v), *dy = to_device(y);
+  float* dout = poisoned_device<float>(64 * kSplitN);
+  float* dy_lo = poisoned_device<float>(y.size());
+  tf32_split_kernel<<<1, wg::kThreads>>>(dp, dv, dout, dy, dy_lo);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto o = to_host(dout, 64 * kSplitN);
+  double worst = 0, worst_tf32 = 0;  // against fp64, relative to the sum of |terms|
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < kSplitN; ++n) {
+      double want = 0, magnitude = 0, tf32_only = 0;
+      for (int k = 0; k < kSplitK; ++k) {
+        const double a = p[size_t(m * kSplitK + k)], b = v[size_t(k * kSplitN + n)];
+        want += a * b;
+        magnitude += std::fabs(a * b);
+        tf32_only += double(tf32_rna(float(a))) * tf32_rna(float(b));
+      }
+      worst = std::max(worst, std::fabs(o[size_t(m * kSplitN + n)] - want) / magnitude);
+      worst_tf32 = std::max(worst_tf32, std::fabs(tf32_only - want) / magnitude);
+    }
+  EXPECT_LT(worst, 4e-6) << "split tf32 error relative to the terms' magnitude";  // tf32 alone: ~2^-11
+  EXPECT_GT(worst_tf32, 16 * worst) << "tf32 alone: " << worst_tf32;
+  const auto hi = to_host(dy, y.size()), lo = to_host(dy_lo, y.size());
+  for (size_t e = 0; e < y.size(); ++e) {
+    uint32_t hb, lb;
+    std::memcpy(&hb, &hi[e], 4);
+    std::memcpy(&lb, &lo[e], 4);
+    ASSERT_EQ(hb & 0x1FFFu, 0u) << e;
+    ASSERT_EQ(lb & 0x1FFFu, 0u) << e;
+    ASSERT_EQ(hi[e], tf32_rna(y[e])) << e;
+    ASSERT_LE(std::fabs(double(hi[e]) + lo[e] - y[e]), std::ldexp(std::fabs(double(y[e])), -22)) << e;
+  }
+  cudaFree(dp);
+  cudaFree(dv);
+  cudaFree(dy);
+  cudaFree(dout);
+  cudaFree(dy_lo);
+}
+
 // ---- round_to_tf32: a tile rounded in place -----------------------------------------------------
 __global__ void round_to_tf32_kernel(float* values) {
   constexpr int kFloats = 1024;

@@ -21,12 +21,14 @@
 #include <cstdint>
 
 #include "cuda/sm90/sm90_bwd_blocks.h"
+#include "cuda/tile/split_tf32.h"
 
 namespace fmha::cuda::sm90 {
 
 using fp16_t = __half;
 using bf16_t = __nv_bfloat16;
 using fp32_t = float;
+using tf32x3_t = tile::tf32x3;  // fp32 storage, split-tf32 products (Precision::tf32x3)
 
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kConsumerRows = 64;  // query rows per consumer warpgroup (wgmma M)
@@ -48,19 +50,23 @@ constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1)
 // (64,512) or 152 (63,488), where neither side then spills (-Xptxas -v, pingpong at 64 and 128);
 // above, the consumers' larger output tiles need the 240, and the producer spills a little
 // instead (a few local accesses per work tile, off the consumers' path).
-constexpr bool packed_producer_raised(bool packed, int head_dim) { return packed && padded_head_dim(head_dim) <= 128; }
+// The split-tf32 forward's producer warpgroup splits every K tile and writes two Vᵀ tiles a V tile:
+// with 24 registers its splitting warps spilled 12 bytes (-Xptxas -v, dense), with 40 none.
+constexpr bool packed_producer_raised(bool packed, int head_dim, bool split = false) {
+  return split || (packed && padded_head_dim(head_dim) <= 128);
+}
 // fp32 (tf32) kernels: the producer's other three warps also transpose V (sm90_fwd_kernel.cuh),
 // within the same 24 registers (-Xptxas -v: no spills at head dims 64, 96, 128).
-constexpr int producer_registers(int consumers, bool packed = false, int head_dim = 0) {
-  if (packed_producer_raised(packed, head_dim)) return 40;
+constexpr int producer_registers(int consumers, bool packed = false, int head_dim = 0, bool split = false) {
+  if (packed_producer_raised(packed, head_dim, split)) return 40;
   return consumers == 2 ? 24 : 32;
 }
 // The registers a block of `threads` threads holds under __launch_bounds__(threads, 1): its
 // per-thread cap (the 64K-register file over the threads, rounded down to a multiple of 8) for
 // every thread. The producer's and consumers' setmaxnreg budgets must fit it.
 constexpr int register_pool(int threads) { return 65536 / threads / 8 * 8 * threads; }
-constexpr int consumer_registers(int consumers, bool packed = false, int head_dim = 0) {
-  if (!packed_producer_raised(packed, head_dim)) return consumers == 2 ? 240 : 160;
+constexpr int consumer_registers(int consumers, bool packed = false, int head_dim = 0, bool split = false) {
+  if (!packed_producer_raised(packed, head_dim, split)) return consumers == 2 ? 240 : 160;
   return consumers == 2 ? 232 : 152;
 }
 inline constexpr size_t kSharedLimit = 227 * 1024;
@@ -162,6 +168,23 @@ inline constexpr int kTf32KeysLarge = 64;  // at 96 and 128
 constexpr FwdConfig tf32_fwd_config(int head_dim) {
   return FwdConfig{2, padded_head_dim(head_dim) <= 64 ? kTf32KeysSmall : kTf32KeysLarge, 2, true, true, true, true,
                    true};
+}
+
+// The split-tf32 forward (fp32 storage, Precision::tf32x3): every product of Q·Kᵀ and P·V as
+// three tf32 ones, hi·hi + hi·lo + lo·hi, each operand x split into hi = tf32(x) and the residual
+// lo = tf32(x − hi). Beside the tf32 forward's tiles it keeps the residuals of Q, of each K stage
+// and of each Vᵀ stage: at head dim 64 with 64 keys, Q 32 KiB twice, K 2 × 16 twice, the V landing
+// buffer 16 and Vᵀ 2 × 16 twice = 208 KiB (O staged over Q); head dim 64 only. P's residual
+// fragments double its registers; each key tile's P·V is formed in an accumulator of its own and
+// added to O in fp32 (the tensor cores' additions along a whole sequence would lose more than
+// fp32 does: docs/perf/split_tf32_accumulation_model.py).
+inline constexpr int kTf32x3MaxHeadDim = 64;
+inline constexpr int kTf32x3Keys = 64;
+constexpr bool tf32x3_head_dim(int head_dim) {
+  return head_dim >= 64 && padded_head_dim(head_dim) <= kTf32x3MaxHeadDim;
+}
+constexpr FwdConfig tf32x3_fwd_config() {
+  return FwdConfig{2, kTf32x3Keys, 2, true, true, true, true, true};
 }
 
 // Keys per tile and stages for a head dim: the largest score tile whose K/V ring still fits

@@ -1,6 +1,7 @@
 // The sm90 tier's entry points: the Hopper forward (wgmma + TMA, warp-specialised, persistent)
 // for fp16 and bf16 storage on sm_90 (H100/H200), head dims 64 to 256, and for fp32 storage with
-// precision tf32 at head dims 64 to 128 (one configuration, the default); the backward (wgmma +
+// precision tf32 at head dims 64 to 128 (one configuration, the default) and with tf32x3 (split
+// tf32) at head dim 64; the backward (wgmma +
 // TMA, warp-specialised) for fp16 and bf16 at head dims 64 to 256 and for fp32 with precision
 // tf32 at head dim 64, deterministic on request (dQ added in descending key-tile order). Calls it
 // cannot take (another GPU, fp32 other than tf32, head dims below 64, a larger backward, views
@@ -87,11 +88,17 @@ Status with_sm90_head_dim(int bucket, F&& f) {
   return unsupported("head_dim: bucket " + std::to_string(bucket) + " has no sm90 kernel in this build");
 }
 
-// The tf32 forward (fp32 storage) is compiled at the tf32 head dims in the default variant only.
+// The tf32 forward (fp32 storage) is compiled at the tf32 head dims in the default variant only,
+// the split-tf32 one (tf32x3) at its head dim (64) likewise.
 template <int HD, int V>
 constexpr bool has_tf32_forward() {
   return V == kFwdDefault && tf32_head_dim(HD);
 }
+template <int HD, int V>
+constexpr bool has_tf32x3_forward() {
+  return V == kFwdDefault && tf32x3_head_dim(HD);
+}
+bool split_tf32(const Params& p) { return p.q.dtype == DType::fp32 && p.precision == Precision::tf32x3; }
 
 template <class F>
 Status with_dtype(DType dtype, F&& f) {
@@ -114,21 +121,29 @@ size_t backward_shared_bytes_of(DType dtype) {
     if (dtype == DType::fp32) return backward_shared_bytes<fp32_t, HD>();
   return backward_shared_bytes<bf16_t, HD>();
 }
-// The forward's storage types at (HD, V): fp32 where has_tf32_forward.
+// The forward's storage types at (HD, V): fp32 where has_tf32_forward, split tf32 (tf32x3_t)
+// where has_tf32x3_forward.
 template <int HD, int V, class F>
-Status with_forward_dtype(DType dtype, F&& f) {
-  if (dtype == DType::fp32) {
+Status with_forward_dtype(const Params& p, F&& f) {
+  if (split_tf32(p)) {
+    if constexpr (has_tf32x3_forward<HD, V>()) return f(tf32x3_t{});
+    return unsupported("precision: no sm90 split-tf32 (tf32x3) forward kernel at head dim " + std::to_string(HD) +
+                       " in variant " + kFwdVariantNames[V]);
+  }
+  if (p.q.dtype == DType::fp32) {
     if constexpr (has_tf32_forward<HD, V>()) return f(fp32_t{});
     return unsupported("precision: no sm90 tf32 forward kernel at head dim " + std::to_string(HD) + " in variant " +
                        kFwdVariantNames[V]);
   }
-  return with_dtype(dtype, f);
+  return with_dtype(p.q.dtype, f);
 }
-// Shared memory of the forward kernel a call of storage `dtype` runs at (HD, V).
+// Shared memory of the forward kernel the call runs at (HD, V).
 template <int HD, int V>
-size_t forward_shared_bytes_of(DType dtype) {
+size_t forward_shared_bytes_of(const Params& p) {
+  if constexpr (has_tf32x3_forward<HD, V>())
+    if (split_tf32(p)) return forward_shared_bytes<tf32x3_t, HD, V>();
   if constexpr (has_tf32_forward<HD, V>())
-    if (dtype == DType::fp32) return forward_shared_bytes<fp32_t, HD, V>();
+    if (p.q.dtype == DType::fp32) return forward_shared_bytes<fp32_t, HD, V>();
   return forward_shared_bytes<bf16_t, HD, V>();
 }
 
@@ -149,10 +164,11 @@ Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
   int requested = requested_variant_index<Backend::cuda_sm90, Direction::forward>(p, kFwdVariable, kFwdVariantNames,
                                                                                  kFwdVariants);
   if (requested == kDefaultVariant) requested = shape_default_variant(HD, p);
-  auto fits = [&](auto v) { return forward_shared_bytes_of<HD, decltype(v)::value>(p.q.dtype) <= props.max_shared_per_block; };
+  auto fits = [&](auto v) { return forward_shared_bytes_of<HD, decltype(v)::value>(p) <= props.max_shared_per_block; };
   if (p.q.dtype == DType::fp32) {
     if (requested != kDefaultVariant && requested != kFwdDefault && requested >= 0)
-      return unsupported(std::string(kFwdVariable) + ": the sm90 tf32 forward (fp32 storage) compiles only the " +
+      return unsupported(std::string(kFwdVariable) + ": the sm90 " + (split_tf32(p) ? "split-tf32" : "tf32") +
+                         " forward (fp32 storage) compiles only the " +
                          kFwdVariantNames[kFwdDefault] + " configuration, not " + kFwdVariantNames[requested]);
     return with_requested_variant<kFwdVariants, kFwdDefault, false>(requested, kFwdVariable, kFwdVariantNames, fits, f);
   }
@@ -172,11 +188,18 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   int bucket = 0;
   const bool backward = direction == Direction::backward;
   const bool fp32 = p.q.dtype == DType::fp32;
-  if (fp32 && p.precision != Precision::tf32)
+  const bool split = split_tf32(p);
+  if (fp32 && p.precision != Precision::tf32 && !split)
     return unsupported(std::string("precision: fp32 storage with precision ") + to_string(p.precision) +
-                       " is not on the sm90 tier (it runs tf32); the sm80 tier runs tf32x3 (split tf32), "
-                       "the simt tier exact fp32");
+                       " is not on the sm90 tier (it runs tf32, and tf32x3 forward); the simt tier runs exact fp32");
+  if (split && backward)
+    return unsupported("precision: the sm90 tier's split tf32 (tf32x3) is forward only; the sm80 tier runs its "
+                       "backward");
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
+  if (split && bucket >= kMinHeadDim && !tf32x3_head_dim(bucket))
+    return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
+                       " is above the sm90 split-tf32 forward's largest head dim (" + std::to_string(kTf32x3MaxHeadDim) +
+                       ": its residual tiles double shared memory); the sm80 tier runs it");
   if (fp32 && backward && bucket >= kMinHeadDim && !tf32_backward_head_dim(bucket))
     return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
                        " is above the sm90 tf32 backward's largest head dim (" + std::to_string(kTf32BwdMaxHeadDim) +
@@ -230,8 +253,7 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
       return unsupported("head_dim: no sm90 backward kernel at head dim " + std::to_string(HD));
     }
     return with_config_variant<HD>(p, props, [&](auto v) {
-      return check_shared_memory("sm90", direction, HD, forward_shared_bytes_of<HD, decltype(v)::value>(p.q.dtype),
-                                 props);
+      return check_shared_memory("sm90", direction, HD, forward_shared_bytes_of<HD, decltype(v)::value>(p), props);
     });
   });
 }
@@ -340,7 +362,7 @@ struct Sm90 {
         constexpr int V = decltype(v)::value;
         constexpr FwdConfig c16 = fwd_config(HD, V);
         constexpr FwdConfig c32 = fwd_config(HD, V, int(sizeof(fp32_t)));
-        const FwdConfig c = p.q.dtype == DType::fp32 ? c32 : c16;
+        const FwdConfig c = split_tf32(p) ? tf32x3_fwd_config() : p.q.dtype == DType::fp32 ? c32 : c16;
         const int box_cols = chunk_cols(dtype_size(p.q.dtype));
         const int64_t m_blocks = ceil_div(s.seqlen_q, c.tile_m());
         // Packed: the most work tiles any table gives (the device walk finds the real ones).
@@ -366,7 +388,7 @@ struct Sm90 {
         sched.total = int(total);
         sched.longest_first = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
         if (Status st = forward_tile_counter(p, stream, &params.tile_counter); !st.ok()) return st;
-        return with_forward_dtype<HD, V>(p.q.dtype, [&](auto type) {
+        return with_forward_dtype<HD, V>(p, [&](auto type) {
           using T = decltype(type);
           return forward<T, HD, V>(params, grid, stream);
         });

@@ -12,6 +12,10 @@
 // idle at 16 bits, transpose each V tile into the Vᵀ ring the consumers read (tf32 wgmma takes
 // K-major B only; see transpose_k_major in wgmma.cuh for the bank-conflict argument). They follow
 // the landing buffer's ring alone: the producer ends them with a flag and a last arrival.
+// Split tf32 (T = tf32x3): those warps also split each K tile once it has landed (its high parts
+// in place, its residuals beside, published on the stage's k_split barrier) and write each V tile
+// as the high parts and the residuals of Vᵀ; each consumer warpgroup splits its rows of the query
+// tile itself.
 //
 // PACKED: a variable-length call, a kernel of its own so that the dense one carries nothing of
 // it. The producer walks the sequence table (PackedTileCursor), so work tiles are enumerated per
@@ -32,14 +36,15 @@ namespace fmha::cuda::sm90 {
 
 template <class T, int HD, int VARIANT, bool PACKED>
 struct FwdKernel {
-  static constexpr FwdConfig kConfig = fwd_config(HD, VARIANT, int(sizeof(T)));
+  static constexpr bool kSplit = std::is_same_v<T, tile::tf32x3>;
+  static constexpr FwdConfig kConfig = kSplit ? tf32x3_fwd_config() : fwd_config(HD, VARIANT, int(sizeof(T)));
   static constexpr bool kTransposeV = sizeof(T) == 4;
   static constexpr int kTransposeWarps = wg::kThreads / 32 - 1;  // the producer warpgroup's warps 1..3
   static constexpr int BM = kConfig.tile_m(), BN = kConfig.tile_n, STAGES = kConfig.stages;
   static constexpr int kConsumers = kConfig.consumers;
   static constexpr int kThreads = kConfig.threads();
-  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD);
-  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED, HD);
+  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD, kSplit);
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED, HD, kSplit);
   static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kConsumers * kWarpgroupThreads <=
                     register_pool(kThreads),
                 "the register split exceeds the block's pool: setmaxnreg.inc would wait forever");
@@ -195,15 +200,31 @@ struct FwdKernel {
   // is transposed into the next Vᵀ stage once the consumers have released it; the landing slot
   // is released, and the Vᵀ stage published, by one arrival per warp after its stores are made
   // visible to the async proxy (wgmma reads them).
+  // Split tf32: before that, the same key tile's K (loaded before its V) is split in its stage and
+  // published on k_split, and V becomes Vᵀ's high parts and residuals.
   __device__ static void transpose_values(Shared& shared, int warp, int lane) {
     tile::PipelineState<STAGES> pipe;
     tile::PipelineState<kLandingStages> landing;
     for (;;) {
       shared.landing.full[landing.index].wait(landing.phase);
       if (shared.landing.done[landing.index][landing.phase]) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
+      if constexpr (kSplit) {
+        shared.k_full[pipe.index].wait(pipe.phase);
+        wg::split_to_tf32<BN * Shared::kHeadDimPadded>(reinterpret_cast<float*>(shared.k[pipe.index]),
+                                                       reinterpret_cast<float*>(shared.residual.k[pipe.index]),
+                                                       warp * 32 + lane, kTransposeWarps * 32);
+        tile::fence_async_shared();
+        __syncwarp();
+        if (lane == 0) shared.residual.k_split[pipe.index].arrive();
+      }
       shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
-      wg::transpose_k_major<BN, Shared::kHeadDimPadded, kTransposeWarps>(shared.v_load[landing.index],
-                                                                          shared.v[pipe.index], warp, lane);
+      if constexpr (kSplit)
+        wg::transpose_k_major_split<BN, Shared::kHeadDimPadded, kTransposeWarps>(
+            reinterpret_cast<float*>(shared.v_load[landing.index]), reinterpret_cast<float*>(shared.v[pipe.index]),
+            reinterpret_cast<float*>(shared.residual.v[pipe.index]), warp, lane);
+      else
+        wg::transpose_k_major<BN, Shared::kHeadDimPadded, kTransposeWarps>(shared.v_load[landing.index],
+                                                                            shared.v[pipe.index], warp, lane);
       tile::fence_async_shared();
       __syncwarp();
       if (lane == 0) {
@@ -223,6 +244,7 @@ struct FwdKernel {
     for (;; q_phase ^= 1) {
       shared.q_full.wait(q_phase);
       if (PACKED ? shared.work_tile[q_phase] == kNoWork : shared.work_tile[q_phase] >= params.scheduler.total) break;
+      mainloop.split_queries();  // split tf32: this warpgroup's query rows (nothing otherwise)
       typename Tiles::Output o;  // [64, HDP] fp32
       o.fill(0.f);
       typename Tiles::Softmax softmax;
@@ -265,6 +287,8 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1
       shared.k_empty[s].init(K::kConsumers * K::Mainloop::kConsumerWarps);
       shared.v_empty[s].init(K::kConsumers * K::Mainloop::kConsumerWarps);
     }
+    if constexpr (K::kSplit)
+      for (int s = 0; s < K::STAGES; ++s) shared.residual.k_split[s].init(K::kTransposeWarps);
     if constexpr (K::kTransposeV) {
       for (int s = 0; s < K::Shared::kLoadStages; ++s) {
         shared.landing.full[s].init(1);

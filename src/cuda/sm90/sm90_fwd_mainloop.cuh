@@ -58,6 +58,20 @@ struct LandingBuffer {
 template <class T, int ELEMENTS>
 struct LandingBuffer<T, 0, ELEMENTS> {};
 
+// Split tf32 (T = tf32x3): the residuals tf32(x − tf32(x)) of the query tile, of each K stage and
+// of each Vᵀ stage, in the layouts of the tiles themselves (whose elements hold tf32(x)), and the
+// barriers on which the producer warpgroup's splitting warps publish each K stage's split. Nothing
+// otherwise.
+template <class T, int Q_ELEMENTS, int KV_ELEMENTS, int STAGES, bool SPLIT>
+struct SplitResiduals {
+  alignas(wg::kSwizzleAtomBytes) T q[Q_ELEMENTS];
+  alignas(wg::kSwizzleAtomBytes) T k[STAGES][KV_ELEMENTS];
+  alignas(wg::kSwizzleAtomBytes) T v[STAGES][KV_ELEMENTS];
+  tile::MBarrier k_split[STAGES];
+};
+template <class T, int Q_ELEMENTS, int KV_ELEMENTS, int STAGES>
+struct SplitResiduals<T, Q_ELEMENTS, KV_ELEMENTS, STAGES, false> {};
+
 template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O>
 struct FwdShared {
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
@@ -72,6 +86,7 @@ struct FwdShared {
   static constexpr int kLoadStages = kTransposeV ? 1 : 0;  // V landing buffers
   static constexpr int kVtChunkBytes = kHeadDimPadded * wg::kSwizzleBytes;  // one [HDP, 32] Vᵀ chunk
   static_assert(!kTransposeV || BN % kChunkCols == 0, "Vᵀ is whole chunks of 32 keys");
+  static constexpr bool kSplit = std::is_same_v<T, tile::tf32x3>;  // split tf32: the residual tiles
 
   alignas(wg::kSwizzleAtomBytes) T q[BM * kHeadDimPadded];        // [chunks][BM, 64] queries, then O
   alignas(wg::kSwizzleAtomBytes) T k[STAGES][BN * kHeadDimPadded];  // [chunks][BN, 64] keys
@@ -106,16 +121,21 @@ struct FwdShared {
   // fp32: the landing buffer's barriers and flag (LandingBarriers); nothing at 16 bits, whose
   // shared memory keeps its size.
   [[no_unique_address]] LandingBarriers<kLoadStages> landing;
+  // Split tf32: the residual tiles and the K stages' split barriers (SplitResiduals).
+  [[no_unique_address]] SplitResiduals<T, BM * kHeadDimPadded, BN * kHeadDimPadded, STAGES, kSplit> residual;
 };
 
 // One consumer warpgroup's state across the key tiles of a work tile.
 template <class T, int HD, int BN>
 struct ConsumerTiles {
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
+  static constexpr bool kSplit = std::is_same_v<T, tile::tf32x3>;
   using Scores = wg::Accumulator<BN>;              // [64, BN] S, then P, fp32
   using Output = wg::Accumulator<kHeadDimPadded>;  // [64, HDP] unnormalised O, fp32
   using Softmax = tile::OnlineSoftmax<Scores::kRows, 4>;
-  using PFragments = uint32_t[BN / wg::kStepK<T>][4];  // [64, BN] P as register-A fragments (16-bit or tf32)
+  // [64, BN] P as register-A fragments (16-bit or tf32; split tf32: high parts, then residuals)
+  using PFragments =
+      std::conditional_t<kSplit, uint32_t[2][BN / 8][4], uint32_t[BN / wg::kStepK<T>][4]>;
 };
 
 template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool PINGPONG, bool FOLD_SCALE, bool LAZY,
@@ -127,44 +147,67 @@ struct FwdMainloop {
   using Tiles = ConsumerTiles<T, HD, BN>;
   using Pipeline = tile::PipelineState<STAGES>;
   static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
-  static constexpr int kK = wg::Wgmma<T, BN>::kK;
+  // Split tf32 (T = tf32x3, Shared::kSplit): each product as three tf32 ones (issue_scores,
+  // issue_pv); the tensor cores take its operands as tf32 (Mma).
+  static constexpr bool kSplit = Shared::kSplit;
+  using Mma = std::conditional_t<kSplit, float, T>;
+  static constexpr int kK = wg::Wgmma<Mma, BN>::kK;
   static constexpr int kConsumerWarps = wg::kThreads / 32;
   static constexpr int kConsumers = BM / kConsumerRows;
   static_assert(!PINGPONG || (OVERLAP && kConsumers > 1), "pingpong alternates overlapped GEMM pairs of warpgroups");
   static_assert(kConsumers <= kMaxConsumers, "one epilogue and one turn barrier per consumer warpgroup");
   static_assert(!LAZY || FOLD_SCALE, "lazy rescaling is an option of the folded-scale update");
   static_assert(!SPECULATE || (LAZY && OVERLAP && POLY == 0), "speculative exponentials are a form of the lazy overlapped update");
+  static_assert(!kSplit || !SPECULATE, "split tf32 runs the default schedule");
 
   Shared& shared;
   const AttentionArgs& args;
   int warpgroup;  // consumer index: rows [64 · warpgroup, 64 · warpgroup + 64) of the query tile
   int thread;     // index inside the warpgroup
+  // Split tf32: a key tile's P·V, formed from zero (issue_pv) and added to O (add_part).
+  struct NoPart {};
+  [[no_unique_address]] std::conditional_t<kSplit, typename Tiles::Output, NoPart> o_part;
 
   // S = Q·Kᵀ for this warpgroup's rows and the key tile in stage `stage`; issued, not waited.
+  // Split tf32: Q_lo·K + Q·K_lo + Q·K (the tiles hold the high parts), the small products first.
   __device__ __forceinline__ void issue_scores(typename Tiles::Scores& s, int stage) {
-    // Descriptors of the first k step; later steps add their byte offset (in 16-byte units) to
-    // the start-address field, which cannot carry out of it inside shared memory.
-    const uint64_t a0 = wg::k_major_desc<T, kK>(shared.q, warpgroup * kConsumerRows, 0, Shared::kQChunkBytes);
-    const uint64_t b0 = wg::k_major_desc<T, kK>(shared.k[stage], 0, 0, Shared::kKVChunkBytes);
     wg::fence();
-#pragma unroll
-    for (int k0 = 0; k0 < HD; k0 += kK) {
-      wg::Wgmma<T, BN>::ss(s.d, a0 + wg::k_major_step<T>(k0, Shared::kQChunkBytes),
-                           b0 + wg::k_major_step<T>(k0, Shared::kKVChunkBytes), k0 > 0 ? 1 : 0);
+    if constexpr (kSplit) {
+      issue_scores_from(s, shared.residual.q, shared.k[stage], false);
+      issue_scores_from(s, shared.q, shared.residual.k[stage], true);
+      issue_scores_from(s, shared.q, shared.k[stage], true);
+    } else {
+      issue_scores_from(s, shared.q, shared.k[stage], false);
     }
     wg::commit();
   }
-
-  // O += P·V for the value tile in stage `stage`; issued, not waited.
-  __device__ __forceinline__ void issue_pv(typename Tiles::Output& o, typename Tiles::PFragments& p, int stage) {
-    if constexpr (Shared::kTransposeV) {
-      // tf32: Vᵀ [HDP, BN] is K-major (keys contiguous, permuted as P's fragments are).
-      const uint64_t b0 = wg::k_major_desc<T, kK>(shared.v[stage], 0, 0, Shared::kVtChunkBytes);
-      wg::fence();
+  // s (+)= q·kᵀ over the head dim, this warpgroup's rows of the query-side tile q.
+  __device__ __forceinline__ void issue_scores_from(typename Tiles::Scores& s, const T* q, const T* k,
+                                                    bool accumulate) {
+    // Descriptors of the first k step; later steps add their byte offset (in 16-byte units) to
+    // the start-address field, which cannot carry out of it inside shared memory.
+    const uint64_t a0 = wg::k_major_desc<T, kK>(q, warpgroup * kConsumerRows, 0, Shared::kQChunkBytes);
+    const uint64_t b0 = wg::k_major_desc<T, kK>(k, 0, 0, Shared::kKVChunkBytes);
 #pragma unroll
-      for (int kb = 0; kb < BN / kK; ++kb)
-        wg::Wgmma<T, kHeadDimPadded>::template rs<0>(o.d, p[kb],
-                                                     b0 + wg::k_major_step<T>(kb * kK, Shared::kVtChunkBytes), 1);
+    for (int k0 = 0; k0 < HD; k0 += kK) {
+      wg::Wgmma<Mma, BN>::ss(s.d, a0 + wg::k_major_step<T>(k0, Shared::kQChunkBytes),
+                             b0 + wg::k_major_step<T>(k0, Shared::kKVChunkBytes), accumulate || k0 > 0 ? 1 : 0);
+    }
+  }
+
+  // O += P·V for the value tile in stage `stage`; issued, not waited. Split tf32: the tile's
+  // P·V = P_lo·V + P·V_lo + P·V into o_part, from zero (add_part then adds it to O in fp32).
+  __device__ __forceinline__ void issue_pv(typename Tiles::Output& o, typename Tiles::PFragments& p, int stage) {
+    if constexpr (kSplit) {
+      wg::fence_operand(o_part.d);
+      wg::fence();
+      issue_pv_transposed(o_part, p[1], shared.v[stage], false);
+      issue_pv_transposed(o_part, p[0], shared.residual.v[stage], true);
+      issue_pv_transposed(o_part, p[0], shared.v[stage], true);
+      wg::commit();
+    } else if constexpr (Shared::kTransposeV) {
+      wg::fence();
+      issue_pv_transposed(o, p, shared.v[stage], true);
       wg::commit();
     } else {
       const uint64_t b0 = wg::mn_major_desc(shared.v[stage], 0, Shared::kKVChunkBytes);
@@ -174,6 +217,46 @@ struct FwdMainloop {
         wg::Wgmma<T, kHeadDimPadded>::template rs<1>(o.d, p[kb], b0 + wg::mn_major_step(kb * 16), 1);
       wg::commit();
     }
+  }
+  // tf32: o (+)= P·V with Vᵀ [HDP, BN] K-major (keys contiguous, permuted as P's fragments are).
+  __device__ __forceinline__ void issue_pv_transposed(typename Tiles::Output& o,
+                                                      const uint32_t (&p)[BN / 8][4], const T* vt,
+                                                      bool accumulate) {
+    const uint64_t b0 = wg::k_major_desc<T, kK>(vt, 0, 0, Shared::kVtChunkBytes);
+#pragma unroll
+    for (int kb = 0; kb < BN / kK; ++kb)
+      wg::Wgmma<Mma, kHeadDimPadded>::template rs<0>(
+          o.d, p[kb], b0 + wg::k_major_step<T>(kb * kK, Shared::kVtChunkBytes), accumulate || kb > 0 ? 1 : 0);
+  }
+  // Split tf32: the waited-for P·V of a key tile into O (nothing otherwise).
+  __device__ __forceinline__ void add_part(typename Tiles::Output& o) {
+    if constexpr (kSplit) {
+      wg::fence_operand(o_part.d);
+#pragma unroll
+      for (int i = 0; i < Tiles::Output::kRegs; ++i) o.d[i] += o_part.d[i];
+    }
+  }
+  // Split tf32: this warpgroup's rows of the query tile split in place (high parts) and into the
+  // residual tile, once the tile has landed; the warpgroup's own rows only (its wgmmas read no
+  // others), published to the async proxy and the warpgroup's other warps.
+  __device__ __forceinline__ void split_queries() {
+    if constexpr (kSplit) {
+      constexpr int kRowFloats = kConsumerRows * wg::kChunkCols<T>;  // a warpgroup's rows of one chunk
+#pragma unroll
+      for (int c = 0; c < Shared::kChunks; ++c) {
+        const int at = c * (Shared::kQChunkBytes / int(sizeof(T))) + warpgroup * kRowFloats;
+        wg::split_to_tf32<kRowFloats>(reinterpret_cast<float*>(shared.q + at),
+                                      reinterpret_cast<float*>(shared.residual.q + at), thread, wg::kThreads);
+      }
+      tile::fence_async_shared();
+      tile::named_sync(int(NamedBarrier::epilogue_first) + warpgroup, wg::kThreads);
+    }
+  }
+  // Split tf32: the key tile at `at` is split (high parts in place, residuals beside), which the
+  // splitting warps publish once it has landed; else its landing alone.
+  __device__ __forceinline__ void wait_keys(const Pipeline& at) {
+    if constexpr (kSplit) shared.residual.k_split[at.index].wait(at.phase);
+    else shared.k_full[at.index].wait(at.phase);
   }
 
   // O += P·V on the value tile at `at`, waited for; the stage is released afterwards.
@@ -187,6 +270,7 @@ struct FwdMainloop {
     wg::wait<0>();
     wg::fence_operand(o.d);
     wg::fence_operand(p);
+    add_part(o);
     release(shared.v_empty[at.index]);
   }
 
@@ -330,7 +414,7 @@ struct FwdMainloop {
     const FullTiles full(mask, rows, keys, num_tiles);
     if constexpr (!OVERLAP) {
       for (int j = 0; j < num_tiles; ++j) {
-        shared.k_full[pipe.index].wait(pipe.phase);
+        wait_keys(pipe);
         issue_scores(s, pipe.index);
         wg::wait<0>();
         wg::fence_operand(s.d);
@@ -345,7 +429,7 @@ struct FwdMainloop {
     } else {
       // Tile 0: scores and softmax alone.
       start_turns();
-      shared.k_full[pipe.index].wait(pipe.phase);
+      wait_keys(pipe);
       take_turn();
       issue_scores(s, pipe.index);
       pass_turn(false);
@@ -365,7 +449,7 @@ struct FwdMainloop {
         // hoisted above the whole softmax).
         if constexpr (!SPECULATE) wg::a_from_acc<T>(cur, s);
         // S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) in flight together.
-        shared.k_full[pipe.index].wait(pipe.phase);
+        wait_keys(pipe);
         take_turn();
         issue_scores(s, pipe.index);
         apply_rescale(o, rescale);  // to tile j-1's row max, while S(j) runs
@@ -380,6 +464,7 @@ struct FwdMainloop {
         wg::wait<0>();
         wg::fence_operand(o.d);
         wg::fence_operand(cur);
+        add_part(o);
         release(shared.v_empty[previous.index]);
         previous = pipe;
         pipe.advance();

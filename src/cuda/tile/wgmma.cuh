@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/tile/convert.cuh"
 
@@ -138,6 +139,11 @@ __device__ __forceinline__ void fence_operand(uint32_t (&x)[ROWS][COLS]) {
 #pragma unroll
   for (int i = 0; i < ROWS; ++i) fence_operand(x[i]);
 }
+template <int PARTS, int ROWS, int COLS>
+__device__ __forceinline__ void fence_operand(uint32_t (&x)[PARTS][ROWS][COLS]) {
+#pragma unroll
+  for (int i = 0; i < PARTS; ++i) fence_operand(x[i]);
+}
 
 // dst = src + 0 (src's values, -0 read as +0): src is a waited-for accumulator, and dst may be
 // read after more wgmmas are issued. A move would not do: ptxas folds it and, tracing dst's
@@ -187,6 +193,21 @@ inline constexpr int kStepK = sizeof(T) == 4 ? 8 : 16;
 __host__ __device__ __forceinline__ constexpr int tf32_position_of(int col) {  // column → k position in its 8
   return (col / 8) * 8 + (col % 2) * 4 + (col % 8) / 2;
 }
+// Split tf32 (T = tile::tf32x3): the tf32 fragments above twice, a[0] the high parts tf32(x) and
+// a[1] the residuals tf32(x − high), in the same k order.
+template <class T, int N>
+__device__ __forceinline__ void a_from_acc(uint32_t (&a)[2][N / 8][4], const Accumulator<N>& acc) {
+  static_assert(std::is_same_v<T, tile::tf32x3>, "split fragments are tf32x3's");
+  constexpr int kOrder[4] = {0, 2, 1, 3};  // fragment register → accumulator register in a block of 4
+#pragma unroll
+  for (int kb = 0; kb < N / 8; ++kb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = acc.d[4 * kb + kOrder[e]];
+      a[0][kb][e] = tile::to_tf32(x);
+      a[1][kb][e] = tile::to_tf32(x - __uint_as_float(a[0][kb][e]));
+    }
+}
 template <class T, int N>
 __device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / kStepK<T>][4], const Accumulator<N>& acc) {
   if constexpr (sizeof(T) == 4) {
@@ -213,8 +234,9 @@ __device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / kStepK<T>][4], cons
 // chunks of [COLS, 32] (K-major with ROWS as K: Vᵀ as the B operand of P·V). PERMUTE: each row's
 // 32 entries permuted within groups of 8 by tf32_position_of (a_from_acc's k order: the A operand
 // comes from registers); else in order (both operands from shared memory). ROUND_SOURCE: src is
-// rounded to tf32 in place as well. WARPS warps share the work, `warp` is this one's index among
-// them.
+// rounded to tf32 in place as well. RESIDUAL (split tf32): dst takes tf32(x) and dst_lo, a tile
+// of dst's shape, the residual tf32(x − tf32(x)) at the same place. WARPS warps share the work,
+// `warp` is this one's index among them.
 // Work item: 32 source rows (one per lane) × 4 columns. A lane reads one 16-byte unit (float4)
 // of its row and writes 4 scalars, one into each of 4 destination rows at its row's (permuted)
 // position. Bank conflicts: reads go by quarter warps of 8 lanes, rows r..r+7 (r % 8 = 0) at
@@ -224,8 +246,8 @@ __device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / kStepK<T>][4], cons
 // in-place rounding stores the float4 where it was read.
 // Addresses are shared-window (32-bit) and indices unsigned: the producer warpgroup runs this
 // on few registers.
-template <int ROWS, int COLS, int WARPS, bool PERMUTE = true, bool ROUND_SOURCE = false>
-__device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, int warp, int lane) {
+template <int ROWS, int COLS, int WARPS, bool PERMUTE = true, bool ROUND_SOURCE = false, bool RESIDUAL = false>
+__device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, int warp, int lane, uint32_t dst_lo = 0) {
   static_assert(ROWS % 32 == 0 && COLS % 32 == 0, "whole 32-column chunks");
   constexpr uint32_t kCols = 32;                      // fp32 columns per swizzled chunk
   constexpr uint32_t kUnitCols = 4;                   // fp32 columns per 16-byte unit
@@ -258,8 +280,12 @@ __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, in
 #pragma unroll
     for (uint32_t i = 0; i < kUnitCols; ++i) {
       const uint32_t swizzle = ((p / kUnitCols) ^ ((unit % 2) * kUnitCols + i)) * kUnitBytes;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(to + i * kSwizzleBytes + swizzle), "r"(tile::to_tf32(x[i]))
-                   : "memory");
+      const uint32_t hi = tile::to_tf32(x[i]);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(to + i * kSwizzleBytes + swizzle), "r"(hi) : "memory");
+      if constexpr (RESIDUAL)
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(to - dst + dst_lo + i * kSwizzleBytes + swizzle),
+                     "r"(tile::to_tf32(x[i] - __uint_as_float(hi)))
+                     : "memory");
     }
   }
 }
@@ -268,6 +294,13 @@ __device__ __forceinline__ void transpose_k_major(float* src, float* dst, int wa
   transpose_k_major<ROWS, COLS, WARPS, PERMUTE, ROUND_SOURCE>(static_cast<uint32_t>(__cvta_generic_to_shared(src)),
                                                              static_cast<uint32_t>(__cvta_generic_to_shared(dst)),
                                                              warp, lane);
+}
+// Split tf32: dst = tf32(x), dst_lo = tf32(x − tf32(x)), both permuted (P's split fragments' order).
+template <int ROWS, int COLS, int WARPS>
+__device__ __forceinline__ void transpose_k_major_split(float* src, float* dst, float* dst_lo, int warp, int lane) {
+  transpose_k_major<ROWS, COLS, WARPS, true, false, true>(
+      static_cast<uint32_t>(__cvta_generic_to_shared(src)), static_cast<uint32_t>(__cvta_generic_to_shared(dst)), warp,
+      lane, static_cast<uint32_t>(__cvta_generic_to_shared(dst_lo)));
 }
 
 // Every element of an fp32 tile of FLOATS elements (any layout) rounded to tf32 in place, in
@@ -280,6 +313,27 @@ __device__ __forceinline__ void round_to_tf32(float* tile, int index, int thread
     const float4 x = units[u];
     units[u] = make_float4(__uint_as_float(tile::to_tf32(x.x)), __uint_as_float(tile::to_tf32(x.y)),
                            __uint_as_float(tile::to_tf32(x.z)), __uint_as_float(tile::to_tf32(x.w)));
+  }
+}
+
+// Every element x of an fp32 tile of FLOATS elements (any layout) split for tf32 products: hi
+// takes tf32(x) in place and lo, a tile of the same layout, tf32(x − tf32(x)); in 16-byte units,
+// by `threads` threads of which this is `index`.
+template <int FLOATS>
+__device__ __forceinline__ void split_to_tf32(float* hi, float* lo, int index, int threads) {
+  static_assert(FLOATS % 4 == 0, "whole 16-byte units");
+  float4* units = reinterpret_cast<float4*>(hi);
+  float4* residuals = reinterpret_cast<float4*>(lo);
+  for (int u = index; u < FLOATS / 4; u += threads) {
+    const float x[4] = {units[u].x, units[u].y, units[u].z, units[u].w};
+    float h[4], l[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      h[i] = __uint_as_float(tile::to_tf32(x[i]));
+      l[i] = __uint_as_float(tile::to_tf32(x[i] - h[i]));
+    }
+    units[u] = make_float4(h[0], h[1], h[2], h[3]);
+    residuals[u] = make_float4(l[0], l[1], l[2], l[3]);
   }
 }
 
