@@ -369,17 +369,28 @@ struct BwdMainloop {
     // Q, dO and the row statistics of the stage are read (the transposes before operands_ready,
     // Sᵀ and dPᵀ waited for): the producer may load the next query tile.
     release(shared.empty[stage]);
+    key_and_query_grads(p, ds, shared.transposed.doutt, shared.transposed.qt, shared.ds[0][0], dk, dv, dq);
+  }
 
-    // dV += Pᵀ·dO and dK += dSᵀ·Q, in flight while dS goes to shared memory.
+  // dV += Pᵀ·dO and dK += dSᵀ·Q (B operands dout_side and q_side), in flight while dS goes to
+  // ds_tile ([64 q, keys], this warpgroup's keys from its dSᵀ fragments); then dQ = dS·K queued
+  // behind them, so that the tensor cores go from one to the next; all waited for.
+  __device__ __forceinline__ void key_and_query_grads(typename Tiles::Fragments& p, typename Tiles::Fragments& ds,
+                                                      const T* dout_side, const T* q_side, T* ds_tile,
+                                                      typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv,
+                                                      typename Tiles::QueryGrad& dq) {
     wg::fence_operand(dv.d);
     wg::fence_operand(dk.d);
     wg::fence();
-    issue_key_grad(dv, p, shared.transposed.doutt);
-    issue_key_grad(dk, ds, shared.transposed.qt);
+    issue_key_grad(dv, p, dout_side);
+    issue_key_grad(dk, ds, q_side);
     wg::commit();
-    T* ds_tile = shared.ds[0][0];
-    wg::store_transposed_tf32<kBwdRows>(ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile)),
-                                        warpgroup * kConsumerRows, thread);
+    if constexpr (kTf32)
+      wg::store_transposed_tf32<kBwdRows>(ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile)),
+                                          warpgroup * kConsumerRows, thread);
+    else
+      wg::store_transposed_swizzled<T, kBwdRows>(
+          ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile + warpgroup * kBwdRows * kChunkCols)), thread);
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::ds_ready), kConsumerThreads);
     wg::fence_operand(dq.d);
@@ -439,29 +450,7 @@ struct BwdMainloop {
 
     typename Tiles::Fragments p, ds;
     probabilities_and_score_grads(s, dp, p, ds, stage, keys, row0);
-
-    // dV += Pᵀ·dO and dK += dSᵀ·Q, in flight while dS goes to shared memory.
-    wg::fence_operand(dv.d);
-    wg::fence_operand(dk.d);
-    wg::fence();
-    issue_key_grad(dv, p, shared.dout[stage]);
-    issue_key_grad(dk, ds, shared.q[stage]);
-    wg::commit();
-    T* ds_tile = shared.ds[dq_buffer][0];
-    wg::store_transposed_swizzled<T, kBwdRows>(
-        ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile + warpgroup * kBwdRows * kChunkCols)), thread);
-    tile::fence_async_shared();
-    tile::named_sync(int(NamedBarrier::ds_ready), kBwdConsumers * wg::kThreads);
-    // dQ queued behind dV and dK, so that the tensor cores go from one to the next.
-    wg::fence_operand(dq.d);
-    wg::fence();
-    issue_query_grad(dq, ds_tile, warpgroup * kDqCols);
-    wg::wait<0>();
-    wg::fence_operand(dv.d);
-    wg::fence_operand(dk.d);
-    wg::fence_operand(p);
-    wg::fence_operand(ds);
-    wg::fence_operand(dq.d);
+    key_and_query_grads(p, ds, shared.dout[stage], shared.q[stage], shared.ds[dq_buffer][0], dk, dv, dq);
     release(shared.empty[stage]);
   }
 
