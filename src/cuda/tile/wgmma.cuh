@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "cuda/tile/convert.cuh"
+#include "cuda/tile/layout.h"
 
 namespace fmha::cuda::tile::warpgroup {
 
@@ -98,8 +99,7 @@ __host__ __device__ __forceinline__ constexpr uint64_t mn_major_step(int k0) {
 // Byte offset of element (row, col) inside a swizzled tile of column chunks of chunk_bytes.
 template <class T>
 __device__ __forceinline__ int swizzled_offset(int row, int col, int chunk_bytes) {
-  const int byte = (col % kChunkCols<T>) * int(sizeof(T));
-  return (col / kChunkCols<T>) * chunk_bytes + row * kSwizzleBytes + (((byte / 16) ^ (row % 8)) * 16) + byte % 16;
+  return layout::swizzled_offset(row, col, chunk_bytes, int(sizeof(T)));
 }
 
 // The async protocol. fence() before the first wgmma that reads registers written by ordinary
@@ -190,20 +190,17 @@ inline constexpr int kStepK = sizeof(T) == 4 ? 8 : 16;
 // Rather than move values between lanes, the k index is permuted: a0/a1 take column 2(l%4),
 // a2/a3 column 2(l%4) + 1, so k step position p holds column tf32_key_of(p) — and B's rows must
 // be permuted the same way (transpose_k_major below writes Vᵀ so). Rounded to nearest (rna).
-__host__ __device__ __forceinline__ constexpr int tf32_position_of(int col) {  // column → k position in its 8
-  return (col / 8) * 8 + (col % 2) * 4 + (col % 8) / 2;
-}
+using layout::tf32_position_of;  // column → k position in its 8 (layout.h)
 // Split tf32 (T = tile::tf32x3): the tf32 fragments above twice, a[0] the high parts tf32(x) and
 // a[1] the residuals tf32(x − high), in the same k order.
 template <class T, int N>
 __device__ __forceinline__ void a_from_acc(uint32_t (&a)[2][N / 8][4], const Accumulator<N>& acc) {
   static_assert(std::is_same_v<T, tile::tf32x3>, "split fragments are tf32x3's");
-  constexpr int kOrder[4] = {0, 2, 1, 3};  // fragment register → accumulator register in a block of 4
 #pragma unroll
   for (int kb = 0; kb < N / 8; ++kb)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float x = acc.d[4 * kb + kOrder[e]];
+      const float x = acc.d[4 * kb + layout::acc_register_of(e)];
       a[0][kb][e] = tile::to_tf32(x);
       a[1][kb][e] = tile::to_tf32(x - __uint_as_float(a[0][kb][e]));
     }
@@ -248,26 +245,13 @@ __device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / kStepK<T>][4], cons
 // on few registers.
 template <int ROWS, int COLS, int WARPS, bool PERMUTE = true, bool ROUND_SOURCE = false, bool RESIDUAL = false>
 __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, int warp, int lane, uint32_t dst_lo = 0) {
-  static_assert(ROWS % 32 == 0 && COLS % 32 == 0, "whole 32-column chunks");
-  constexpr uint32_t kCols = 32;                      // fp32 columns per swizzled chunk
-  constexpr uint32_t kUnitCols = 4;                   // fp32 columns per 16-byte unit
-  constexpr uint32_t kUnitsPerRow = kCols / kUnitCols;  // 8: also the swizzle's period in rows
-  constexpr uint32_t kUnitBytes = kSwizzleBytes / kUnitsPerRow;  // 16
-  constexpr uint32_t kSrcChunkBytes = ROWS * kSwizzleBytes;
-  constexpr uint32_t kDstChunkBytes = COLS * kSwizzleBytes;
-  constexpr uint32_t kItemsPerBlock = COLS / kUnitCols;  // work items per 32 source rows
-  constexpr uint32_t kItems = (ROWS / kCols) * kItemsPerBlock;
+  using L = layout::Transpose<ROWS, COLS>;  // the addressing (layout.h; emulated by the CPU tests)
   const uint32_t l = uint32_t(lane);
-  const uint32_t p = PERMUTE ? uint32_t(tf32_position_of(int(l))) : l;  // this lane's row's place in a destination row
-  const uint32_t src_lane = src + l * kSwizzleBytes;       // source row l of each 32-row block
-  const uint32_t dst_lane = dst + (p % kUnitCols) * uint32_t(sizeof(float));
+  const uint32_t place = PERMUTE ? uint32_t(tf32_position_of(int(l))) : l;  // this lane's row's place in a destination row
 #pragma unroll 1
-  for (uint32_t item = uint32_t(warp); item < kItems; item += WARPS) {
-    const uint32_t block = item / kItemsPerBlock;  // 32 source rows: one destination chunk
-    const uint32_t unit = item % kItemsPerBlock;   // 16-byte unit of the source row (over its chunks)
+  for (uint32_t item = uint32_t(warp); item < L::kItems; item += WARPS) {
     float x[4];
-    const uint32_t from = src_lane + block * kCols * kSwizzleBytes + (unit / kUnitsPerRow) * kSrcChunkBytes +
-                          (((unit % kUnitsPerRow) ^ (l % kUnitsPerRow)) * kUnitBytes);
+    const uint32_t from = src + L::source(item, l);
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                  : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
                  : "r"(from));
@@ -275,16 +259,13 @@ __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, in
       asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(from), "r"(tile::to_tf32(x[0])),
                    "r"(tile::to_tf32(x[1])), "r"(tile::to_tf32(x[2])), "r"(tile::to_tf32(x[3]))
                    : "memory");
-    // Destination rows unit · 4 + i; their row % 8 is (unit % 2) · 4 + i.
-    const uint32_t to = dst_lane + block * kDstChunkBytes + unit * kUnitCols * kSwizzleBytes;
 #pragma unroll
-    for (uint32_t i = 0; i < kUnitCols; ++i) {
-      const uint32_t swizzle = ((p / kUnitCols) ^ ((unit % 2) * kUnitCols + i)) * kUnitBytes;
+    for (uint32_t i = 0; i < uint32_t(layout::kFp32UnitCols); ++i) {
+      const uint32_t to = L::destination(item, place, i);
       const uint32_t hi = tile::to_tf32(x[i]);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(to + i * kSwizzleBytes + swizzle), "r"(hi) : "memory");
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + to), "r"(hi) : "memory");
       if constexpr (RESIDUAL)
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(to - dst + dst_lo + i * kSwizzleBytes + swizzle),
-                     "r"(tile::to_tf32(x[i] - __uint_as_float(hi)))
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst_lo + to), "r"(tile::to_tf32(x[i] - __uint_as_float(hi)))
                      : "memory");
     }
   }
@@ -348,14 +329,11 @@ __device__ __forceinline__ void split_to_tf32(float* hi, float* lo, int index, i
 template <int N>
 __device__ __forceinline__ void store_transposed_tf32(const uint32_t (&frags)[N / 8][4], uint32_t tile, int col0,
                                                       int thread) {
-  constexpr int kChunkBytes = N * kSwizzleBytes;
-  const int r0 = 16 * (thread / 32) + (thread % 32) / 4, c0 = 2 * (thread % 4);
 #pragma unroll
   for (int kb = 0; kb < N / 8; ++kb)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int row = r0 + 8 * (e % 2), col = 8 * kb + c0 + e / 2;
-      const uint32_t at = tile + uint32_t(swizzled_offset<float>(col, col0 + row, kChunkBytes));
+      const uint32_t at = tile + uint32_t(layout::transposed_fragment_offset(N, thread, kb, e, col0));
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(frags[kb][e]) : "memory");
     }
 }
