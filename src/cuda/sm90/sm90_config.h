@@ -295,8 +295,9 @@ inline constexpr int kBwdWideConsumerRegisters = 232;
 constexpr int bwd_producer_registers(bool wide) { return wide ? kBwdWideProducerRegisters : kBwdProducerRegisters; }
 constexpr int bwd_consumer_registers(bool wide) { return wide ? kBwdWideConsumerRegisters : kBwdConsumerRegisters; }
 
-// Named barriers (0 is __syncthreads), per consumer warpgroup w: its epilogue's, and the one it
-// waits on for its turn to issue matrix work under pingpong.
+// Named barriers (0 is __syncthreads), per consumer warpgroup w: its epilogue's (split tf32: also
+// its query rows' split, FwdMainloop::split_queries), and the one it waits on for its turn to
+// issue matrix work under pingpong.
 // The backward uses ds_ready: both consumer warpgroups have stored their share of dS; and, with
 // one P/dS buffer (split_head_dim, tf32), ds_free: both have finished reading the previous step's;
 // tf32: operands_ready, both have written their share of the transposed operands.

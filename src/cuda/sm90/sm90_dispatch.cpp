@@ -1,11 +1,11 @@
 // The sm90 tier's entry points: the Hopper forward (wgmma + TMA, warp-specialised, persistent)
 // for fp16 and bf16 storage on sm_90 (H100/H200), head dims 64 to 256, and for fp32 storage with
 // precision tf32 at head dims 64 to 128 (one configuration, the default) and with tf32x3 (split
-// tf32) at head dim 64; the backward (wgmma +
-// TMA, warp-specialised) for fp16 and bf16 at head dims 64 to 256 and for fp32 with precision
-// tf32 at head dim 64, deterministic on request (dQ added in descending key-tile order). Calls it
-// cannot take (another GPU, fp32 other than tf32, head dims below 64, a larger backward, views
-// TMA cannot address) are refused with the reason, and auto-selection moves on to the sm80 tier.
+// tf32) at head dim 64; the backward (wgmma + TMA, warp-specialised) for fp16 and bf16 at head
+// dims 64 to 256 and for fp32 with precision tf32 at head dim 64, deterministic on request (dQ
+// added in descending key-tile order). Calls it cannot take (another GPU, exact fp32, a split
+// backward, head dims below 64 or above a precision's largest, views TMA cannot address) are
+// refused with the reason, and auto-selection moves on to the sm80 tier.
 //
 // FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
 // compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once;
@@ -191,7 +191,8 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   const bool split = split_tf32(p);
   if (fp32 && p.precision != Precision::tf32 && !split)
     return unsupported(std::string("precision: fp32 storage with precision ") + to_string(p.precision) +
-                       " is not on the sm90 tier (it runs tf32, and tf32x3 forward); the simt tier runs exact fp32");
+                       " is not on the sm90 tier (it runs tf32, and tf32x3 forward at head dim 64); the simt tier runs "
+                       "exact fp32");
   if (split && backward)
     return unsupported("precision: the sm90 tier's split tf32 (tf32x3) is forward only; the sm80 tier runs its "
                        "backward");
