@@ -74,12 +74,14 @@ enum class Causal : int { none, top_left, bottom_right };
 // For fp32 storage: `ieee` computes in exact fp32 (FMA) arithmetic; `tf32` lets GPU tiers use
 // tf32 tensor cores (the CPU path emulates it by rounding the matmul operands to tf32; the sm90
 // tier's forward rounds P and V but truncates Q and K, whose tiles its tensor cores read as they
-// are stored: the top 19 bits of each fp32 value).
+// are stored: the top 19 bits of each fp32 value; its backward, head dim 64, truncates Q and K in
+// the scores and rounds the rest).
 // `tf32x3` ("split tf32") keeps fp32 accuracy on tf32 tensor cores: every matmul operand x is
 // split into hi = tf32(x) and lo = tf32(x - hi), and each product is hi·hi + hi·lo + lo·hi (three
 // tensor-core products, fp32 accumulation; the lo·lo term, below 2^-22 of the product, is
-// dropped). The softmax stays fp32. The sm80 tier runs it; the CPU backends and the simt tier
-// compute it in exact fp32, which is what it approximates; sm90 refuses it (supports() says so).
+// dropped). The softmax stays fp32. The sm80 tier runs it, the sm90 tier its forward at head
+// dim 64 (elsewhere supports() says why not); the CPU backends and the simt tier compute it in
+// exact fp32, which is what it approximates.
 // fp16 and bf16 storage always multiply in their own format with fp32 accumulation; `tf32` and
 // `tf32x3` are errors for them.
 enum class Precision : int { ieee, tf32, tf32x3 };
