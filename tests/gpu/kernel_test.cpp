@@ -713,10 +713,11 @@ TEST(Refuse, SmallTierLimits) {
         EXPECT_TRUE(supports(t.params, Direction::forward).ok()) << supports(t.params, Direction::forward).message;
         add_backward_tensors(t, DType::fp32, d);
         refused(t, Direction::backward, "precision");
-        t.params.backend = Backend::auto_select;  // auto: split forward here, its backward on sm80
+        // auto: both on sm80 until the sm90 split forward has run on a GPU (the gate in check_call).
+        t.params.backend = Backend::auto_select;
         Backend chosen{};
         ASSERT_TRUE(select_backend(t.params, Direction::forward, &chosen).ok());
-        EXPECT_EQ(chosen, Backend::cuda_sm90);
+        EXPECT_EQ(chosen, Backend::cuda_sm80);
         ASSERT_TRUE(select_backend(t.params, Direction::backward, &chosen).ok());
         EXPECT_EQ(chosen, Backend::cuda_sm80);
       }
@@ -737,13 +738,14 @@ TEST(Refuse, SmallTierLimits) {
         } else {
           refused(t, Direction::backward, "head_dim");
         }
-        // auto: the tf32 forward runs here, its backward here at head dim 64, else on sm80.
+        // auto: the tf32 forward runs here, its backward on sm80 (at head dim 64 until the sm90
+        // tf32 backward has run on a GPU: the gate in check_call).
         t.params.backend = Backend::auto_select;
         Backend chosen{};
         ASSERT_TRUE(select_backend(t.params, Direction::forward, &chosen).ok());
         EXPECT_EQ(chosen, Backend::cuda_sm90);
         ASSERT_TRUE(select_backend(t.params, Direction::backward, &chosen).ok());
-        EXPECT_EQ(chosen, backward_here ? Backend::cuda_sm90 : Backend::cuda_sm80);
+        EXPECT_EQ(chosen, Backend::cuda_sm80);
       }
     }
     const auto dims = compiled_head_dims();
