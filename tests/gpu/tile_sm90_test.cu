@@ -1,7 +1,8 @@
 // Tile-op tests of the Hopper pieces (src/cuda/tile/tma.cuh, wgmma.cuh): TMA loads and stores
 // through a swizzled tile completing on an mbarrier, wgmma with both operands in shared memory and
-// with A from registers and a transposed B, the accumulator layout, named barriers and register
-// reallocation. Each tiny kernel is compared with a host computation. Compiled for sm_90a; skips
+// with A from registers and a transposed B, the accumulator layout, the fp32 transposes, stores
+// and roundings that feed tf32 wgmma (split tf32 too), named barriers and register reallocation.
+// (Their address arithmetic is also emulated on the CPU: tests/test_tile_layouts.cpp.) Each tiny kernel is compared with a host computation. Compiled for sm_90a; skips
 // without an sm_90 GPU.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
