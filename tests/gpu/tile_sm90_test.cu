@@ -2,8 +2,9 @@
 // through a swizzled tile completing on an mbarrier, wgmma with both operands in shared memory and
 // with A from registers and a transposed B, the accumulator layout, the fp32 transposes, stores
 // and roundings that feed tf32 wgmma (split tf32 too), named barriers and register reallocation.
-// (Their address arithmetic is also emulated on the CPU: tests/test_tile_layouts.cpp.) Each tiny kernel is compared with a host computation. Compiled for sm_90a; skips
-// without an sm_90 GPU.
+// Each tiny kernel is compared with a host computation (the fp32 ops' address arithmetic is also
+// emulated on the CPU: tests/test_tile_layouts.cpp). Compiled for sm_90a; skips without an sm_90
+// GPU.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
