@@ -249,11 +249,16 @@ struct BwdKernel {
         }
       if (step > 0) mainloop.stage_dq(previous, (step - 1) % 2);
     } else {
-      for (int g = 0; g < args.group; ++g)  // every head of the GQA group: the same query tiles
+      // Every head of the GQA group (at least one) walks the same query tiles. A do-while: as a
+      // for loop, its condition was kept in local memory in the deterministic kernels at head dims
+      // 96 and 128 (-Xptxas -v: 4 bytes at 232 registers).
+      int heads_left = args.group;
+      do {
         for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
           mainloop.step(pipe, m, keys, step % 2, dk, dv);
           pipe.advance();
         }
+      } while (--heads_left > 0);
     }
     if (params.vector_key_grads) {
       stage_key_grads(shared, dk, dv, warpgroup * kConsumerRows, 0, args.scale, thread);
