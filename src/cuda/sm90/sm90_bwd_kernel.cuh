@@ -6,9 +6,11 @@
 // the consumers, into the global accumulator by a bulk reduction. Warpgroups 1-2 are consumers of
 // 64 keys each (sm90_bwd_mainloop.cuh); dK and dV stay in their registers until the epilogue
 // writes them. At head dims 192 and 256 a block has 64 keys and the two warpgroups split the query
-// columns of the scores and the head-dim columns of dK, dV and dQ instead (BwdConfig). Between the
-// shared preprocess (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and convert kernels
-// (cuda/common).
+// columns of the scores and the head-dim columns of dK, dV and dQ instead (BwdConfig); with fp32
+// storage (tf32, head dim 64) the consumers also make the transposed operands tf32 wgmma needs
+// (sm90_bwd_mainloop.cuh). In the deterministic kernels the dQ warps also find each query tile's
+// turn. Between the shared preprocess (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and
+// convert kernels (cuda/common).
 //
 // PACKED: a variable-length call, a kernel of its own. Block (n, kv head, b) takes key tile n of
 // sequence b (read once from the tables into shared memory, clamped, args.h sequence()); the
