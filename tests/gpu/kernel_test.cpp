@@ -694,6 +694,15 @@ TEST(Refuse, SmallTierLimits) {
   }
   if (tier_available(Backend::cuda_sm90)) {
     const int big = compiled_head_dims().back();
+    // What `auto` chooses for the call, forward and backward.
+    auto expect_auto = [](Refusal& r, Backend forward, Backend backward) {
+      r.params.backend = Backend::auto_select;
+      Backend chosen{};
+      ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
+      EXPECT_EQ(chosen, forward);
+      ASSERT_TRUE(select_backend(r.params, Direction::backward, &chosen).ok());
+      EXPECT_EQ(chosen, backward);
+    };
     auto refused = [&](Refusal& r, Direction direction, const char* word) {
       const Status s = supports(r.params, direction);
       EXPECT_EQ(s.code, Code::unsupported) << s.message;
@@ -714,12 +723,7 @@ TEST(Refuse, SmallTierLimits) {
         add_backward_tensors(t, DType::fp32, d);
         refused(t, Direction::backward, "precision");
         // auto: both on sm80 until the sm90 split forward has run on a GPU (the gate in check_call).
-        t.params.backend = Backend::auto_select;
-        Backend chosen{};
-        ASSERT_TRUE(select_backend(t.params, Direction::forward, &chosen).ok());
-        EXPECT_EQ(chosen, Backend::cuda_sm80);
-        ASSERT_TRUE(select_backend(t.params, Direction::backward, &chosen).ok());
-        EXPECT_EQ(chosen, Backend::cuda_sm80);
+        expect_auto(t, Backend::cuda_sm80, Backend::cuda_sm80);
       }
       r.params.precision = Precision::tf32;
       if (big > 128) refused(r, Direction::forward, "head_dim");
@@ -740,12 +744,7 @@ TEST(Refuse, SmallTierLimits) {
         }
         // auto: the tf32 forward runs here, its backward on sm80 (at head dim 64 until the sm90
         // tf32 backward has run on a GPU: the gate in check_call).
-        t.params.backend = Backend::auto_select;
-        Backend chosen{};
-        ASSERT_TRUE(select_backend(t.params, Direction::forward, &chosen).ok());
-        EXPECT_EQ(chosen, Backend::cuda_sm90);
-        ASSERT_TRUE(select_backend(t.params, Direction::backward, &chosen).ok());
-        EXPECT_EQ(chosen, Backend::cuda_sm80);
+        expect_auto(t, Backend::cuda_sm90, Backend::cuda_sm80);
       }
     }
     const auto dims = compiled_head_dims();

@@ -321,8 +321,7 @@ struct BwdMainloop {
   __device__ void step(const Pipeline& at, int m, Range keys, int dq_buffer,
                        typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv) {
     typename Tiles::QueryGrad dq;
-    if constexpr (kTf32) step_tf32(at, m, keys, dk, dv, dq);
-    else step_products(at, m, keys, dq_buffer, dk, dv, dq, [] {});
+    step_products(at, m, keys, dq_buffer, dk, dv, dq, [] {});
     stage_dq(dq, dq_buffer);
   }
 
@@ -339,20 +338,12 @@ struct BwdMainloop {
     tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
   }
 
-  // tf32: one query tile m against this warpgroup's keys, as step_products, with the operands
-  // tf32 wgmma cannot read as they land made between the step's Sᵀ and dPᵀ: dOᵀ (dO rounded to
-  // tf32 in place on the way) and Qᵀ, by both warpgroups. One set of transposes and one dS buffer:
-  // both warpgroups first pass ds_free, which they reach once the previous step's GEMMs (their
-  // readers) are complete. Leaves the step's dQ share, complete, in `dq`.
-  __device__ void step_tf32(const Pipeline& at, int m, Range keys, typename Tiles::KeyGrad& dk,
-                            typename Tiles::KeyGrad& dv, typename Tiles::QueryGrad& dq) {
-    static_assert(Shared::kConfig.ds_buffers == 1 && Shared::kStages == 1, "one stage, one dS buffer");
-    const int64_t row0 = int64_t(m) * kBwdRows;
-    using Scores = typename Tiles::Scores;
-    const int stage = at.index;
-    shared.full[stage].wait(at.phase);
-    Scores s, dp;
-    issue_transposed_scores(s, shared.k, warpgroup * kConsumerRows, shared.q[stage], 0);
+  // tf32: between the step's Sᵀ and dPᵀ (the tensor cores run Sᵀ meanwhile), both warpgroups make
+  // the operands tf32 wgmma cannot read as they land: dOᵀ (dO rounded to tf32 in place on the way)
+  // and Qᵀ. One set of transposes and one dS buffer: both warpgroups first pass ds_free, which they
+  // reach once the previous step's GEMMs (their readers) are complete.
+  __device__ __forceinline__ void transpose_query_side(int stage) {
+    static_assert(kTf32 && Shared::kConfig.ds_buffers == 1 && Shared::kStages == 1, "tf32: one stage, one dS buffer");
     tile::named_sync(int(NamedBarrier::ds_free), kConsumerThreads);
     const int index = warpgroup * wg::kThreads + thread;
     constexpr int kWarps = kConsumerThreads / 32;
@@ -362,14 +353,6 @@ struct BwdMainloop {
                                                             index % 32);
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
-    issue_transposed_scores(dp, shared.v, warpgroup * kConsumerRows, shared.dout[stage], 0);
-
-    typename Tiles::Fragments p, ds;
-    probabilities_and_score_grads(s, dp, p, ds, stage, keys, row0);
-    // Q, dO and the row statistics of the stage are read (the transposes before operands_ready,
-    // Sᵀ and dPᵀ waited for): the producer may load the next query tile.
-    release(shared.empty[stage]);
-    key_and_query_grads(p, ds, shared.transposed.doutt, shared.transposed.qt, shared.ds[0][0], dk, dv, dq);
   }
 
   // dV += Pᵀ·dO and dK += dSᵀ·Q (B operands dout_side and q_side), in flight while dS goes to
@@ -445,13 +428,22 @@ struct BwdMainloop {
     shared.full[stage].wait(at.phase);
     Scores s, dp;
     issue_transposed_scores(s, shared.k, warpgroup * kConsumerRows, shared.q[stage], 0);
+    if constexpr (kTf32) transpose_query_side(stage);
     issue_transposed_scores(dp, shared.v, warpgroup * kConsumerRows, shared.dout[stage], 0);
     under_scores();
 
     typename Tiles::Fragments p, ds;
     probabilities_and_score_grads(s, dp, p, ds, stage, keys, row0);
-    key_and_query_grads(p, ds, shared.dout[stage], shared.q[stage], shared.ds[dq_buffer][0], dk, dv, dq);
-    release(shared.empty[stage]);
+    if constexpr (kTf32) {
+      // Q, dO and the row statistics of the stage are read (the transposes before operands_ready,
+      // Sᵀ and dPᵀ waited for): the producer may load the next query tile under dV, dK and dQ,
+      // which read the transposes.
+      release(shared.empty[stage]);
+      key_and_query_grads(p, ds, shared.transposed.doutt, shared.transposed.qt, shared.ds[0][0], dk, dv, dq);
+    } else {
+      key_and_query_grads(p, ds, shared.dout[stage], shared.q[stage], shared.ds[dq_buffer][0], dk, dv, dq);
+      release(shared.empty[stage]);
+    }
   }
 
   // This warpgroup's dQ share of a step.

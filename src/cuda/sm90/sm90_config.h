@@ -52,13 +52,13 @@ constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1)
 // instead (a few local accesses per work tile, off the consumers' path).
 // The split-tf32 forward's producer warpgroup splits every K tile and writes two Vᵀ tiles a V tile:
 // with 24 registers its splitting warps spilled 12 bytes (-Xptxas -v, dense), with 40 none.
-constexpr bool packed_producer_raised(bool packed, int head_dim, bool split = false) {
+constexpr bool producer_raised(bool packed, int head_dim, bool split = false) {
   return split || (packed && padded_head_dim(head_dim) <= 128);
 }
 // fp32 (tf32) kernels: the producer's other three warps also transpose V (sm90_fwd_kernel.cuh),
 // within the same 24 registers (-Xptxas -v: no spills at head dims 64, 96, 128).
 constexpr int producer_registers(int consumers, bool packed = false, int head_dim = 0, bool split = false) {
-  if (packed_producer_raised(packed, head_dim, split)) return 40;
+  if (producer_raised(packed, head_dim, split)) return 40;
   return consumers == 2 ? 24 : 32;
 }
 // The registers a block of `threads` threads holds under __launch_bounds__(threads, 1): its
@@ -66,7 +66,7 @@ constexpr int producer_registers(int consumers, bool packed = false, int head_di
 // every thread. The producer's and consumers' setmaxnreg budgets must fit it.
 constexpr int register_pool(int threads) { return 65536 / threads / 8 * 8 * threads; }
 constexpr int consumer_registers(int consumers, bool packed = false, int head_dim = 0, bool split = false) {
-  if (!packed_producer_raised(packed, head_dim, split)) return consumers == 2 ? 240 : 160;
+  if (!producer_raised(packed, head_dim, split)) return consumers == 2 ? 240 : 160;
   return consumers == 2 ? 232 : 152;
 }
 inline constexpr size_t kSharedLimit = 227 * 1024;

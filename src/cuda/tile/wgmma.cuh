@@ -209,12 +209,10 @@ template <class T, int N>
 __device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / kStepK<T>][4], const Accumulator<N>& acc) {
   if constexpr (sizeof(T) == 4) {
 #pragma unroll
-    for (int kb = 0; kb < N / 8; ++kb) {
-      a[kb][0] = tile::to_tf32(acc.d[4 * kb + 0]);  // row r0, column 2(l%4)
-      a[kb][1] = tile::to_tf32(acc.d[4 * kb + 2]);  // row r0 + 8, column 2(l%4)
-      a[kb][2] = tile::to_tf32(acc.d[4 * kb + 1]);  // row r0, column 2(l%4) + 1
-      a[kb][3] = tile::to_tf32(acc.d[4 * kb + 3]);  // row r0 + 8, column 2(l%4) + 1
-    }
+    for (int kb = 0; kb < N / 8; ++kb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)  // rows r0, r0 + 8 of column 2(l%4), then of column 2(l%4) + 1
+        a[kb][e] = tile::to_tf32(acc.d[4 * kb + layout::acc_register_of(e)]);
   } else {
 #pragma unroll
     for (int kb = 0; kb < N / 16; ++kb) {
