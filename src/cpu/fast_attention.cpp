@@ -160,6 +160,72 @@ struct Panel {
 //                    vector, dim rounded up to kDimRows rows (the A operand of dQ^T = K^T·dS^T: K)
 enum class Bf16Layout { rows, pairs_over_dim, pairs_over_rows, columns };
 
+#if FMHA_CPU_LEVEL >= 2
+// The transposing layouts' copy, a square block of kWords x kWords words (16-bit values for
+// `columns`, bf16 pairs for `pairs_over_dim`) at a time: dst row j, word i = src row i, word j.
+// log2(kWords) rounds swap the off-diagonal halves of ever smaller square blocks (half the block,
+// then a quarter, ..., then single words): in the round of size b, rows i and i + b (i with bit b
+// clear) exchange row i's words with bit b set for row i + b's with it clear, one two-source
+// permute (vpermt2w / vpermt2d) for each new row. Element by element the copy costs a load and a
+// store per word; this, log2(kWords) permutes per register of kWords words.
+template <class Word>
+struct RegisterTranspose {
+  static_assert(sizeof(Word) == 2 || sizeof(Word) == 4);
+  static constexpr int kWords = 64 / sizeof(Word);  // words per 64-byte register
+  static constexpr int kRounds = sizeof(Word) == 2 ? 5 : 4;
+  __m512i low[kRounds], high[kRounds];  // each round's permutes: the new rows i and i + b
+  RegisterTranspose() {
+    for (int round = 0, b = kWords / 2; b >= 1; ++round, b /= 2) {
+      alignas(64) Word lo[kWords], hi[kWords];
+      for (int c = 0; c < kWords; ++c) {
+        lo[c] = Word((c & b) ? kWords + c - b : c);  // row i + b's word c - b, or row i's own
+        hi[c] = Word((c & b) ? kWords + c : c + b);  // row i + b's own, or row i's word c + b
+      }
+      low[round] = _mm512_load_si512(lo);
+      high[round] = _mm512_load_si512(hi);
+    }
+  }
+  static __m512i permute(__m512i a, __m512i index, __m512i b) {
+    if constexpr (sizeof(Word) == 2) return _mm512_permutex2var_epi16(a, index, b);
+    else return _mm512_permutex2var_epi32(a, index, b);
+  }
+  // Strides in bytes: the rows of src and of dst need no alignment.
+  void operator()(const void* src, int64_t src_stride, void* dst, int64_t dst_stride) const {
+    __m512i r[kWords];
+    for (int i = 0; i < kWords; ++i) r[i] = _mm512_loadu_si512(static_cast<const char*>(src) + i * src_stride);
+    for (int round = 0, b = kWords / 2; b >= 1; ++round, b /= 2)
+      for (int i = 0; i < kWords; ++i)
+        if ((i & b) == 0) {
+          const __m512i x = r[i], y = r[i + b];
+          r[i] = permute(x, low[round], y);
+          r[i + b] = permute(x, high[round], y);
+        }
+    for (int i = 0; i < kWords; ++i) _mm512_storeu_si512(static_cast<char*>(dst) + i * dst_stride, r[i]);
+  }
+};
+
+// The pairs_over_rows layout's copy: 32 16-bit words of two consecutive rows, interleaved word by
+// word into 64 (row i's word, then row i + 1's), two two-source permutes.
+struct RowInterleave {
+  static constexpr int kWords = 32;  // words of each row per call
+  __m512i low, high;                 // the first and the second 32 words of the result
+  RowInterleave() {
+    alignas(64) uint16_t lo[kWords], hi[kWords];
+    for (int c = 0; c < kWords; ++c) {
+      lo[c] = uint16_t((c % 2) * kWords + c / 2);
+      hi[c] = uint16_t((c % 2) * kWords + kWords / 2 + c / 2);
+    }
+    low = _mm512_load_si512(lo);
+    high = _mm512_load_si512(hi);
+  }
+  void operator()(const uint16_t* row0, const uint16_t* row1, uint16_t* dst) const {
+    const __m512i x = _mm512_loadu_si512(row0), y = _mm512_loadu_si512(row1);
+    _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(x, low, y));
+    _mm512_storeu_si512(dst + kWords, _mm512_permutex2var_epi16(x, high, y));
+  }
+};
+#endif
+
 struct Bf16Panel {
   Scratch buffer;  // fp32 words, two bf16 values each
   int64_t first = 0, ld = 0;
@@ -180,23 +246,66 @@ struct Bf16Panel {
     }
     uint16_t* data = reinterpret_cast<uint16_t*>(buffer.reserve((size + 1) / 2));
     std::fill_n(data, size, uint16_t{0});
-    for (int64_t r = rows.begin; r < rows.end; ++r) {
+    int64_t r = rows.begin;
+#if FMHA_CPU_LEVEL >= 2
+    // The transposing layouts: whole blocks of rows and of dims by registers, the rest below.
+    const auto blocks = [&](const auto& transpose, int64_t dims_per_block, int64_t dst_stride) {
+      constexpr int64_t kBlockRows = std::remove_reference_t<decltype(transpose)>::kWords;
+      const int64_t row_stride = t.stride[1], block_dims = dim / dims_per_block * dims_per_block;
+      const uint16_t* base = static_cast<const uint16_t*>(t.data) + offset4(t, b, 0, h, 0);
+      for (; r + kBlockRows <= rows.end; r += kBlockRows) {
+        for (int64_t i = r + kBlockRows; i < std::min(r + 2 * kBlockRows, rows.end); ++i) prefetch_row(t, b, i, h, dim);
+        for (int64_t d = 0; d < block_dims; d += dims_per_block)
+          transpose(base + r * row_stride + d, row_stride * int64_t(sizeof(uint16_t)), data + index(r - first, d), dst_stride);
+        for (int64_t i = r; i < r + kBlockRows; ++i)
+          for (int64_t d = block_dims; d < dim; ++d) data[index(i - first, d)] = base[i * row_stride + d];
+      }
+    };
+    if (layout == Bf16Layout::columns) {  // dst row d: words of rows r..
+      static const RegisterTranspose<uint16_t> transpose;
+      blocks(transpose, transpose.kWords, ld * int64_t(sizeof(uint16_t)));
+    } else if (layout == Bf16Layout::pairs_over_dim) {  // dst row d / 2: pairs of rows r..
+      static const RegisterTranspose<uint32_t> transpose;
+      blocks(transpose, 2 * transpose.kWords, ld * int64_t(sizeof(uint16_t)));
+    } else if (layout == Bf16Layout::pairs_over_rows) {  // dst row i / 2: rows i, i + 1
+      static const RowInterleave interleave;
+      constexpr int64_t kWords = RowInterleave::kWords;
+      const int64_t row_stride = t.stride[1], block_dims = dim / kWords * kWords;
+      const uint16_t* base = static_cast<const uint16_t*>(t.data) + offset4(t, b, 0, h, 0);
+      if ((r - first) % 2 != 0 && r < rows.end) {  // a block that starts on the second row of a pair
+        for (int64_t d = 0; d < dim; ++d) data[index(r - first, d)] = base[r * row_stride + d];
+        ++r;
+      }
+      for (; r + 2 <= rows.end; r += 2) {
+        if (r + kPrefetchRows + 1 < rows.end) {
+          prefetch_row(t, b, r + kPrefetchRows, h, dim);
+          prefetch_row(t, b, r + kPrefetchRows + 1, h, dim);
+        }
+        const uint16_t* row0 = base + r * row_stride;
+        for (int64_t d = 0; d < block_dims; d += kWords)
+          interleave(row0 + d, row0 + row_stride + d, data + index(r - first, d));
+        for (int64_t i = r; i < r + 2; ++i)
+          for (int64_t d = block_dims; d < dim; ++d) data[index(i - first, d)] = base[i * row_stride + d];
+      }
+    }
+#endif
+    for (; r < rows.end; ++r) {
       if (r + kPrefetchRows < rows.end) prefetch_row(t, b, r + kPrefetchRows, h, dim);
       const uint16_t* src = static_cast<const uint16_t*>(t.data) + offset4(t, b, r, h, 0);
       const int64_t i = r - first;
-      switch (layout) {
-        case Bf16Layout::rows: std::copy_n(src, dim, data + i * ld); break;
-        case Bf16Layout::pairs_over_dim:
-          for (int64_t d = 0; d < dim; ++d) data[(d / 2) * ld + 2 * i + d % 2] = src[d];
-          break;
-        case Bf16Layout::pairs_over_rows:
-          for (int64_t d = 0; d < dim; ++d) data[(i / 2) * ld + 2 * d + i % 2] = src[d];
-          break;
-        case Bf16Layout::columns:
-          for (int64_t d = 0; d < dim; ++d) data[d * ld + i] = src[d];
-          break;
-      }
+      if (layout == Bf16Layout::rows) std::copy_n(src, dim, data + i * ld);
+      else for (int64_t d = 0; d < dim; ++d) data[index(i, d)] = src[d];
     }
+  }
+  // Where element (row first + i, d) lies in the buffer, in 16-bit words.
+  int64_t index(int64_t i, int64_t d) const {
+    switch (layout) {
+      case Bf16Layout::rows: return i * ld + d;
+      case Bf16Layout::pairs_over_dim: return (d / 2) * ld + 2 * i + d % 2;
+      case Bf16Layout::pairs_over_rows: return (i / 2) * ld + 2 * d + i % 2;
+      case Bf16Layout::columns: break;
+    }
+    return d * ld + i;
   }
   void trim(int64_t max_floats) { buffer.trim(max_floats); }
   // The tile whose first row is `row` (a multiple of 64 at or after `first`).
