@@ -6,11 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <iterator>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/tolerance.h"
+#include "cpu/reference.h"
 #include "cpu_path.h"
 #include "harness.h"
 #include "test_util.h"
@@ -202,6 +207,46 @@ TEST_P(CpuPath, Bf16StridedViewsGiveTheContiguousResultBitwise) {
   EXPECT_EQ(dq.bytes(), pr.dq.bytes());
   EXPECT_EQ(dk.bytes(), pr.dk.bytes());
   EXPECT_EQ(dv.bytes(), pr.dv.bytes());
+}
+
+// Scores whose row max climbs tile after tile, by just under the forward's stale-max allowance
+// (8 in exp2's units: src/cpu/fast_attention.cpp, kStaleMaxLog2) and by more, and falls back:
+// the running max trails the true one, the sums and O^T are taken against it and rescaled only
+// on the larger climbs. O and LSE against the oracle under the usual rule, fp32 and bf16.
+TEST_P(CpuPath, ForwardWithAClimbingRowMaxMatchesOracle) {
+  FORCE_CPU_PATH_OR_SKIP(GetParam());
+  constexpr int64_t kTile = 64;
+  // A tile's scores in exp2's units, centred on 0 so that their own fp32 rounding stays small.
+  const double climb[] = {-12.0, -4.1, 3.8, 4.0, -6.0, 12.4, 8.0, -9.0, 12.5, 0.0};
+  const int64_t B = 1, H = 2, Sq = 100, Sk = kTile * int64_t(std::size(climb)), D = 64;
+  for (DType dtype : {DType::fp32, DType::bf16}) {
+    const uint64_t seed = fresh_seed();
+    ::fmha::testing::Problem pr(B, H, H, Sq, Sk, D, D, dtype, seed);
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal;
+    const float scale = 1.0f / std::sqrt(float(D)), log2e = 1.4426950408889634f;
+    // q·k·scale·log2(e) ≈ climb[key / 64] + noise, through the first dim; the others add a little.
+    for (int64_t i = 0; i < pr.q.numel(); ++i) pr.q.set(i, i % D == 0 ? 1.0f + 0.001f * float(i / D) : 0.1f * normal(rng));
+    for (int64_t i = 0; i < pr.k.numel(); ++i) {
+      const int64_t key = i / (H * D) % Sk;
+      pr.k.set(i, i % D == 0 ? float(climb[key / kTile]) / (scale * log2e) + 0.3f * normal(rng) : 0.1f * normal(rng));
+    }
+    Params p = pr.params();
+    pr.o.fill(1e4f);
+    pr.lse.fill(1e4f);
+    ASSERT_TRUE(forward(p).ok());
+    const reference::ForwardResult ref = reference::forward(p, 1);
+    double err = 0.0, norm = 0.0, lse_err = 0.0;
+    for (int64_t i = 0; i < pr.o.numel(); ++i) {
+      err += (pr.o.at(i) - ref.o[size_t(i)]) * (pr.o.at(i) - ref.o[size_t(i)]);
+      norm += ref.o[size_t(i)] * ref.o[size_t(i)];
+    }
+    for (int64_t i = 0; i < pr.lse.numel(); ++i)
+      lse_err = std::max(lse_err, std::abs(pr.lse.at(i) - ref.lse[size_t(i)]) / std::max(1.0, std::abs(ref.lse[size_t(i)])));
+    const double tol = tolerance(dtype, Precision::ieee, Direction::forward);
+    EXPECT_LE(std::sqrt(err / norm), tol) << to_string(dtype) << ", seed " << seed;
+    EXPECT_LE(lse_err, tol) << to_string(dtype) << ", seed " << seed;
+  }
 }
 
 // ---- Short backward calls: exponent tiles kept from the statistics pass (ScoreCache) ---------------

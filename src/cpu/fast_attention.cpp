@@ -603,13 +603,26 @@ void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& conf
 // the tile's key rows, with no reduction across lanes and no scalar work per query. The products
 // are those of S = Q·K^T and O += P·V, each output's terms summed in the same order.
 //
-// One query tile's online-softmax update over one S^T tile, in place (S^T becomes P^T): lanes
-// [0, active) are the tile's queries, lane r sees the keys col0 + [lo[r], hi[r]) (relative,
-// clamped to [0, kTileN]; every key where `full`). max_tile and sum_tile are the queries' running
-// max (of x = sign(scale)·s, unscaled) and sum of exp2((x - max)·|scale_log2|); rescale gets
-// what each query's O^T column must be multiplied by. Returns whether any factor is not 1.
+// One query tile's online-softmax update over one S^T tile: lanes [0, active) are the tile's
+// queries, lane r sees the keys col0 + [lo[r], hi[r]) (relative, clamped to [0, kTileN]; every key
+// where `full`). max_tile and sum_tile are the queries' running max (of x = sign(scale)·s,
+// unscaled) and sum of exp2((x - max)·|scale_log2|); rescale gets what each query's O^T column
+// must be multiplied by. Returns whether any factor is not 1. P^T goes to `pairs` as the bf16
+// B operand of the V matmul (kPairs: element (c, q) at pairs[(c / 2) * 2 * kTileM + 2 * q + c % 2],
+// as to_bf16_pairs lays it out), else over S^T in place.
+//
+// The running max is allowed to trail the true one by up to kStaleMaxLog2 (in exp2's units): a
+// query keeps its max, and O^T its column, unless a tile's scores pass it by more, so that P is
+// at most 2^kStaleMaxLog2 and fp32 holds P, the sums and O^T with room to spare, while the
+// rescale of O^T (a pass over the accumulator, which the V matmul then waits to read back) runs
+// only where a max moves that far; with a max that grows a little now and then, as a row's
+// running max does over random scores, that is about a query's first tile only. O and the LSE
+// are the same function of the max and the sum whichever max the sum is taken against.
+constexpr float kStaleMaxLog2 = 8.0f;
+
+template <bool kPairs>
 bool forward_softmax_step(float* st, int64_t active, const int32_t* lo, const int32_t* hi, bool full, float sign,
-                          float* max_tile, float* sum_tile, float* rescale, float scale_log2) {
+                          float* max_tile, float* sum_tile, float* rescale, float scale_log2, uint16_t* pairs) {
   bool any_rescale = false;
   for (int64_t q0 = 0; q0 < active; q0 += kLanes) {
     if (!full) {
@@ -624,24 +637,36 @@ bool forward_softmax_step(float* st, int64_t active, const int32_t* lo, const in
       for (int64_t c = 0; c < kTileN; ++c) store(st + c * kTileM + q0, -load(st + c * kTileM + q0));
     }
     const vf old_max = load(max_tile + q0);
-    const vf m = key_rows_max(st, q0, old_max);
+    const vf tile_max = key_rows_max(st, q0, old_max);  // at least old_max
+    // A query that has seen keys keeps its max unless this tile passes it by more than
+    // kStaleMaxLog2; one that has not takes the tile's (-inf while it still sees none).
+    const vf m = old_max != kNegInf && (tile_max - old_max) * scale_log2 <= kStaleMaxLog2 ? old_max : tile_max;
     const vf base = m == kNegInf ? splat(0.0f) : m;  // nothing visible yet
     vf sum{};
-    for (int64_t c = 0; c < kTileN; ++c) {
+    for (int64_t c = 0; c < kTileN; c += 2) {
       float* x = st + c * kTileM + q0;
-      const vf prob = exp2_nonpositive((load(x) - base) * scale_log2);
-      store(x, prob);
-      sum += prob;
+      const vf even = exp2_clamped<false>((load(x) - base) * scale_log2);  // arguments <= kStaleMaxLog2
+      const vf odd = exp2_clamped<false>((load(x + kTileM) - base) * scale_log2);
+      sum += even;
+      sum += odd;
+      if constexpr (kPairs) {
+        store_bf16_pairs(pairs + c * kTileM + 2 * q0, even, odd);
+      } else {
+        store(x, even);
+        store(x + kTileM, odd);
+      }
     }
-    // A query whose max did not grow keeps its scale (exp2(0) is 1 exactly): most tiles after a
-    // query's first skip the exp2.
-    bool grew = false;
-    for (int l = 0; l < kLanes; ++l) grew |= old_max[l] != m[l];
-    const vf factor = !grew ? splat(1.0f) : old_max == m ? splat(1.0f) : exp2_nonpositive((old_max - base) * scale_log2);
+    // O^T's column and the sum move to the new max where it moved from a finite one: most tiles
+    // skip the exp2. (A query that saw nothing before has a sum and a column of zeros.)
+    bool moved = false;
+    for (int l = 0; l < kLanes; ++l) moved |= old_max[l] != m[l] && old_max[l] != kNegInf;
+    const vf factor = !moved ? splat(1.0f)
+                             : old_max == m || old_max == kNegInf ? splat(1.0f)
+                                                                  : exp2_nonpositive((old_max - base) * scale_log2);
     store(sum_tile + q0, load(sum_tile + q0) * factor + sum);
     store(max_tile + q0, m);
     store(rescale + q0, factor);
-    for (int l = 0; l < kLanes; ++l) any_rescale |= factor[l] != 1.0f;
+    any_rescale |= moved;
   }
   return any_rescale;
 }
@@ -740,13 +765,13 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
             lo[r] = int32_t(visible.empty() ? 0 : visible.begin - col0);
             hi[r] = int32_t(visible.empty() ? 0 : visible.end - col0);
           }
-        if (forward_softmax_step(scores, active, lo, hi, full, sign, max_tile, sum_tile, rescale, scale_log2))
+        if (forward_softmax_step<kBf16>(scores, active, lo, hi, full, sign, max_tile, sum_tile, rescale, scale_log2,
+                                        p_bf16))
           for (int64_t d = 0; d < dvr; ++d)
             for (int64_t q0 = 0; q0 < active; q0 += kLanes)
               store(acc_tile + d * kTileM + q0, load(acc_tile + d * kTileM + q0) * load(rescale + q0));
         // Load V tile (from the panel); O^T += V^T·P^T
         if constexpr (kBf16) {
-          to_bf16_pairs(scores, p_bf16, kTileN, kTileM);
           gemm_bf16(dvr, active, kTileN / 2, t.v_bf16.tile(col0), t.v_bf16.ld, p_bf16, 2 * kTileM, acc_tile, kTileM,
                     true);
         } else {

@@ -431,17 +431,20 @@ inline void to_bf16(const float* src, uint16_t* dst, int64_t n) {
 
 // A [rows][cols] fp32 tile (rows even, cols a multiple of kLanes, ld = cols) to bf16 in the
 // pair-interleaved B form over its rows: element (k, n) at dst[(k / 2) * 2 * cols + 2 * n + k % 2].
-inline void to_bf16_pairs(const float* src, uint16_t* dst, int64_t rows, int64_t cols) {
+// Two rows' kLanes values as bf16 pairs: dst[2 * n] = even[n], dst[2 * n + 1] = odd[n].
+inline void store_bf16_pairs(uint16_t* dst, vf even, vf odd) {
   // The masked forms: GCC's unmasked ones read an "undefined" register and warn about it.
   constexpr __mmask16 kAll = 0xffff;
+  const __m256i lo = (__m256i)_mm512_cvtneps_pbh((__m512)even), hi = (__m256i)_mm512_cvtneps_pbh((__m512)odd);
+  const __m512i pairs = _mm512_or_si512(_mm512_maskz_cvtepu16_epi32(kAll, lo),
+                                        _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, hi), 16));
+  _mm512_storeu_si512(dst, pairs);
+}
+
+inline void to_bf16_pairs(const float* src, uint16_t* dst, int64_t rows, int64_t cols) {
   for (int64_t k = 0; k < rows; k += 2)
-    for (int64_t n = 0; n < cols; n += kLanes) {
-      const __m256i even = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + k * cols + n));
-      const __m256i odd = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + (k + 1) * cols + n));
-      const __m512i pairs = _mm512_or_si512(_mm512_maskz_cvtepu16_epi32(kAll, even),
-                                            _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, odd), 16));
-      _mm512_storeu_si512(dst + k * cols + 2 * n, pairs);
-    }
+    for (int64_t n = 0; n < cols; n += kLanes)
+      store_bf16_pairs(dst + k * cols + 2 * n, load(src + k * cols + n), load(src + (k + 1) * cols + n));
 }
 #else
 inline constexpr bool kBf16Dot = false;
@@ -452,6 +455,7 @@ void gemm_bf16(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t*
 struct TileSession {};
 void to_bf16(const float* src, uint16_t* dst, int64_t n);
 void to_bf16_pairs(const float* src, uint16_t* dst, int64_t rows, int64_t cols);
+void store_bf16_pairs(uint16_t* dst, vf even, vf odd);
 #endif
 
 // 64-byte aligned fp32 scratch that grows on demand (contents are not kept when it grows).
