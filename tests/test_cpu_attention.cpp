@@ -226,7 +226,8 @@ TEST_P(CpuPath, ForwardWithAClimbingRowMaxMatchesOracle) {
     std::normal_distribution<float> normal;
     const float scale = 1.0f / std::sqrt(float(D)), log2e = 1.4426950408889634f;
     // q·k·scale·log2(e) ≈ climb[key / 64] + noise, through the first dim; the others add a little.
-    for (int64_t i = 0; i < pr.q.numel(); ++i) pr.q.set(i, i % D == 0 ? 1.0f + 0.001f * float(i / D) : 0.1f * normal(rng));
+    for (int64_t i = 0; i < pr.q.numel(); ++i)
+      pr.q.set(i, i % D == 0 ? 1.0f + 0.001f * float(i / D) : 0.1f * normal(rng));
     for (int64_t i = 0; i < pr.k.numel(); ++i) {
       const int64_t key = i / (H * D) % Sk;
       pr.k.set(i, i % D == 0 ? float(climb[key / kTile]) / (scale * log2e) + 0.3f * normal(rng) : 0.1f * normal(rng));
@@ -242,7 +243,8 @@ TEST_P(CpuPath, ForwardWithAClimbingRowMaxMatchesOracle) {
       norm += ref.o[size_t(i)] * ref.o[size_t(i)];
     }
     for (int64_t i = 0; i < pr.lse.numel(); ++i)
-      lse_err = std::max(lse_err, std::abs(pr.lse.at(i) - ref.lse[size_t(i)]) / std::max(1.0, std::abs(ref.lse[size_t(i)])));
+      lse_err = std::max(lse_err, std::abs(pr.lse.at(i) - ref.lse[size_t(i)]) /
+                                      std::max(1.0, std::abs(ref.lse[size_t(i)])));
     const double tol = tolerance(dtype, Precision::ieee, Direction::forward);
     EXPECT_LE(std::sqrt(err / norm), tol) << to_string(dtype) << ", seed " << seed;
     EXPECT_LE(lse_err, tol) << to_string(dtype) << ", seed " << seed;

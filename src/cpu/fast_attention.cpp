@@ -256,7 +256,8 @@ struct Bf16Panel {
       for (; r + kBlockRows <= rows.end; r += kBlockRows) {
         for (int64_t i = r + kBlockRows; i < std::min(r + 2 * kBlockRows, rows.end); ++i) prefetch_row(t, b, i, h, dim);
         for (int64_t d = 0; d < block_dims; d += dims_per_block)
-          transpose(base + r * row_stride + d, row_stride * int64_t(sizeof(uint16_t)), data + index(r - first, d), dst_stride);
+          transpose(base + r * row_stride + d, row_stride * int64_t(sizeof(uint16_t)), data + index(r - first, d),
+                    dst_stride);
         for (int64_t i = r; i < r + kBlockRows; ++i)
           for (int64_t d = block_dims; d < dim; ++d) data[index(i - first, d)] = base[i * row_stride + d];
       }
