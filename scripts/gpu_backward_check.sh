@@ -26,7 +26,7 @@ STEPS=build HEAD_DIMS="$DIMS" BUILD_TIMEOUT=200 bash scripts/gpu_round.sh || exi
 B=build-sm90; T=$B/tests/gpu/fmha_gpu_tests
 echo "== tests $(date +%T)"
 for i in 0 1 2 3 4 5 6 7; do
-  GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 100 $T --gtest_color=no --gtest_brief=1 \
+  GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout $([ "$QUICK" = 1 ] && echo 60 || echo 100) $T --gtest_color=no --gtest_brief=1 \
     --gtest_filter="$FILTER" > $OUT/shard_$i.log 2>&1 &
 done
 [ "$QUICK" != 1 ] && FMHA_CPU_ISA=amxbf16 timeout 120 $B/tests/fmha_tests --gtest_color=no --gtest_brief=1 \
