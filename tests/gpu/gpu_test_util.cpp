@@ -34,8 +34,9 @@ double unit_roundoff(DType d) {
   }
 }
 
-// The sm90 tier's tf32 Q·Kᵀ reads Q and K straight from TMA's tiles: the tensor cores use the
-// top 19 bits of each fp32 operand (truncation to tf32, not rounding).
+// The sm90 tier's tf32 Q·Kᵀ (the forward's S, the backward's Sᵀ = K·Qᵀ) reads Q and K straight
+// from TMA's tiles: the tensor cores use the top 19 bits of each fp32 operand (truncation to
+// tf32, not rounding). Its other products take operands it rounded (to nearest).
 float truncate_to_tf32(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, sizeof bits);
@@ -155,6 +156,8 @@ NaiveBackward naive_backward(const HostProblem& hp) {
   const Problem s = Problem::of(hp.params());
   const bool tf32 = c.precision == Precision::tf32;
   auto in = [&](float x) { return tf32 ? round_to_tf32(x) : x; };
+  // Q and K as the tier's scores see them (dK and dQ take them rounded).
+  auto in_qk = [&](float x) { return truncates_scores(c) ? truncate_to_tf32(x) : in(x); };
   std::vector<float> dq(size_t(c.batch * c.seqlen_q * c.heads * c.head_dim), 0.f);
   std::vector<float> dk(size_t(c.batch * c.seqlen_k * c.kv_heads * c.head_dim), 0.f);
   std::vector<float> dv(size_t(c.batch * c.seqlen_k * c.kv_heads * c.head_dim_v), 0.f);
@@ -170,7 +173,8 @@ NaiveBackward naive_backward(const HostProblem& hp) {
         for (int64_t j = keys.begin; j < keys.end; ++j) {
           float dot = 0.f, dp = 0.f;
           for (int64_t d = 0; d < c.head_dim; ++d)
-            dot = std::fma(in(at(hp.q, c.dtype, L.q, b, i, h, d)), in(at(hp.k, c.dtype, L.k, b, j, kvh, d)), dot);
+            dot = std::fma(in_qk(at(hp.q, c.dtype, L.q, b, i, h, d)), in_qk(at(hp.k, c.dtype, L.k, b, j, kvh, d)),
+                           dot);
           for (int64_t d = 0; d < c.head_dim_v; ++d)
             dp = std::fma(in(at(hp.dout, c.dtype, L.o, b, i, h, d)), in(at(hp.v, c.dtype, L.v, b, j, kvh, d)), dp);
           const float p = std::exp(dot * s.scale - lse);
@@ -568,7 +572,7 @@ std::string check_single_key_rows_cancel(const Case& c, uint64_t seed) {
 OutputErrors output_errors(const Case& c, uint64_t seed, bool with_backward) {
   const HostProblem hp = make_problem(c, seed);
   const Layouts L = layouts(c);
-  DeviceProblem d = upload(hp, true);
+  DeviceProblem d = upload(hp, with_backward);  // a forward-only flavour has no backward workspace to ask for
   OutputErrors out;
   auto worst = [&](const DeviceBuffer& buffer, const Layout& l, const std::vector<double>& ref, double* err,
                    double* ref_max) {

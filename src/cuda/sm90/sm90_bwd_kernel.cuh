@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(BwdKernel<T, HD, ORDERED_DQ, PACKED>::kThreads
     shared.kv_full.init(1);
     for (int s = 0; s < K::kStages; ++s) {
       shared.full[s].init(1);
-      shared.empty[s].init(kBwdConsumers * K::Mainloop::kConsumerWarps);
+      shared.empty[s].init(K::Mainloop::kEmptyArrivals);
     }
     for (int w = 0; w < K::kDqWarps; ++w) shared.dq_full[w].init(K::Mainloop::kDqWriters);
     shared.dq_empty.init(1);

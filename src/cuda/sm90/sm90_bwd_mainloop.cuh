@@ -296,11 +296,20 @@ struct BwdMainloop {
     }
   }
 
-  // One arrival per consumer warp: the stage may be refilled once every warp is done with it.
-  // The warp synchronises first, so that every lane's reads of the stage are done before it.
+  // The stage may be refilled once every consumer is done with it. 16-bit: one arrival per warp,
+  // after a warp synchronisation (the release follows a named barrier of all consumer threads,
+  // which orders every lane's reads of the stage before it). tf32, which releases the stage right
+  // after the row statistics are read, before that barrier: one arrival per thread, each after
+  // its own reads (compute-sanitizer's racecheck reported the per-warp arrival there racing with
+  // the next tile's bulk copy of the statistics).
+  static constexpr uint32_t kEmptyArrivals = kBwdConsumers * (kTf32 ? wg::kThreads : kConsumerWarps);
   __device__ __forceinline__ void release(tile::MBarrier& empty) {
-    __syncwarp();
-    if (thread % 32 == 0) empty.arrive();
+    if constexpr (kTf32) {
+      empty.arrive();
+    } else {
+      __syncwarp();
+      if (thread % 32 == 0) empty.arrive();
+    }
   }
 
   // Head dims up to 64 (16-bit): each step's dQ share stays in registers until the next step has
