@@ -431,14 +431,15 @@ inline void to_bf16(const float* src, uint16_t* dst, int64_t n) {
 
 // A [rows][cols] fp32 tile (rows even, cols a multiple of kLanes, ld = cols) to bf16 in the
 // pair-interleaved B form over its rows: element (k, n) at dst[(k / 2) * 2 * cols + 2 * n + k % 2].
-// Two rows' kLanes values as bf16 pairs: dst[2 * n] = even[n], dst[2 * n + 1] = odd[n].
+// Two rows' kLanes values as bf16 pairs: dst[2 * n] = even[n], dst[2 * n + 1] = odd[n]. One
+// conversion of both (even's in the lower 16 words, odd's in the upper) and one word permute
+// that interleaves them.
+alignas(64) inline constexpr uint16_t kPairInterleave[2 * kLanes] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                                     21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                                     11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 inline void store_bf16_pairs(uint16_t* dst, vf even, vf odd) {
-  // The masked forms: GCC's unmasked ones read an "undefined" register and warn about it.
-  constexpr __mmask16 kAll = 0xffff;
-  const __m256i lo = (__m256i)_mm512_cvtneps_pbh((__m512)even), hi = (__m256i)_mm512_cvtneps_pbh((__m512)odd);
-  const __m512i pairs = _mm512_or_si512(_mm512_maskz_cvtepu16_epi32(kAll, lo),
-                                        _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, hi), 16));
-  _mm512_storeu_si512(dst, pairs);
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)odd, (__m512)even);
+  _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_load_si512(kPairInterleave), both));
 }
 
 inline void to_bf16_pairs(const float* src, uint16_t* dst, int64_t rows, int64_t cols) {
