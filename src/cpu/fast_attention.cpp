@@ -173,6 +173,8 @@ struct RegisterTranspose {
   static_assert(sizeof(Word) == 2 || sizeof(Word) == 4);
   static constexpr int kWords = 64 / sizeof(Word);  // words per 64-byte register
   static constexpr int kRounds = sizeof(Word) == 2 ? 5 : 4;
+  static constexpr int kRows = kWords;                           // source rows a call copies
+  static constexpr int kDims = kWords * int(sizeof(Word) / 2);  // 16-bit values of each
   __m512i low[kRounds], high[kRounds];  // each round's permutes: the new rows i and i + b
   RegisterTranspose() {
     for (int round = 0, b = kWords / 2; b >= 1; ++round, b /= 2) {
@@ -205,9 +207,11 @@ struct RegisterTranspose {
 };
 
 // The pairs_over_rows layout's copy: 32 16-bit words of two consecutive rows, interleaved word by
-// word into 64 (row i's word, then row i + 1's), two two-source permutes.
+// word into 64 (row i's word, then row i + 1's), two two-source permutes. The call takes
+// RegisterTranspose's arguments (dst's stride unused: the 64 words are one run).
 struct RowInterleave {
   static constexpr int kWords = 32;  // words of each row per call
+  static constexpr int kRows = 2, kDims = kWords;
   __m512i low, high;                 // the first and the second 32 words of the result
   RowInterleave() {
     alignas(64) uint16_t lo[kWords], hi[kWords];
@@ -218,10 +222,11 @@ struct RowInterleave {
     low = _mm512_load_si512(lo);
     high = _mm512_load_si512(hi);
   }
-  void operator()(const uint16_t* row0, const uint16_t* row1, uint16_t* dst) const {
-    const __m512i x = _mm512_loadu_si512(row0), y = _mm512_loadu_si512(row1);
+  void operator()(const void* src, int64_t src_stride, void* dst, int64_t /*dst_stride*/) const {
+    const __m512i x = _mm512_loadu_si512(src);
+    const __m512i y = _mm512_loadu_si512(static_cast<const char*>(src) + src_stride);
     _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(x, low, y));
-    _mm512_storeu_si512(dst + kWords, _mm512_permutex2var_epi16(x, high, y));
+    _mm512_storeu_si512(static_cast<uint16_t*>(dst) + kWords, _mm512_permutex2var_epi16(x, high, y));
   }
 };
 #endif
@@ -246,56 +251,47 @@ struct Bf16Panel {
     }
     uint16_t* data = reinterpret_cast<uint16_t*>(buffer.reserve((size + 1) / 2));
     std::fill_n(data, size, uint16_t{0});
+    const auto copy_row = [&](int64_t row) {  // one row element by element (rows: as one run)
+      const uint16_t* src = static_cast<const uint16_t*>(t.data) + offset4(t, b, row, h, 0);
+      const int64_t i = row - first;
+      if (layout == Bf16Layout::rows) std::copy_n(src, dim, data + i * ld);
+      else for (int64_t d = 0; d < dim; ++d) data[index(i, d)] = src[d];
+    };
     int64_t r = rows.begin;
 #if FMHA_CPU_LEVEL >= 2
-    // The transposing layouts: whole blocks of rows and of dims by registers, the rest below.
-    const auto blocks = [&](const auto& transpose, int64_t dims_per_block, int64_t dst_stride) {
-      constexpr int64_t kBlockRows = std::remove_reference_t<decltype(transpose)>::kWords;
-      const int64_t row_stride = t.stride[1], block_dims = dim / dims_per_block * dims_per_block;
+    // The layouts other than rows: blocks of copy::kRows rows by copy::kDims dims through
+    // registers, the dims past the last whole block element by element, the rows past the last
+    // whole block below. pairs_over_rows starts on a pair's first row.
+    const auto blocks = [&](const auto& copy) {
+      constexpr int64_t kRows = std::remove_reference_t<decltype(copy)>::kRows;
+      constexpr int64_t kDims = std::remove_reference_t<decltype(copy)>::kDims;
+      constexpr int64_t kAhead = std::max(kRows, kPrefetchRows);  // rows prefetched ahead
+      const int64_t row_stride = t.stride[1], block_dims = dim / kDims * kDims;
       const uint16_t* base = static_cast<const uint16_t*>(t.data) + offset4(t, b, 0, h, 0);
-      for (; r + kBlockRows <= rows.end; r += kBlockRows) {
-        for (int64_t i = r + kBlockRows; i < std::min(r + 2 * kBlockRows, rows.end); ++i) prefetch_row(t, b, i, h, dim);
-        for (int64_t d = 0; d < block_dims; d += dims_per_block)
-          transpose(base + r * row_stride + d, row_stride * int64_t(sizeof(uint16_t)), data + index(r - first, d),
-                    dst_stride);
-        for (int64_t i = r; i < r + kBlockRows; ++i)
+      for (; r + kRows <= rows.end; r += kRows) {
+        for (int64_t i = r + kAhead; i < std::min(r + kAhead + kRows, rows.end); ++i)
+          prefetch_row(t, b, i, h, dim);
+        for (int64_t d = 0; d < block_dims; d += kDims)
+          copy(base + r * row_stride + d, row_stride * int64_t(sizeof(uint16_t)), data + index(r - first, d),
+               ld * int64_t(sizeof(uint16_t)));
+        for (int64_t i = r; i < r + kRows; ++i)
           for (int64_t d = block_dims; d < dim; ++d) data[index(i - first, d)] = base[i * row_stride + d];
       }
     };
-    if (layout == Bf16Layout::columns) {  // dst row d: words of rows r..
-      static const RegisterTranspose<uint16_t> transpose;
-      blocks(transpose, transpose.kWords, ld * int64_t(sizeof(uint16_t)));
-    } else if (layout == Bf16Layout::pairs_over_dim) {  // dst row d / 2: pairs of rows r..
-      static const RegisterTranspose<uint32_t> transpose;
-      blocks(transpose, 2 * transpose.kWords, ld * int64_t(sizeof(uint16_t)));
-    } else if (layout == Bf16Layout::pairs_over_rows) {  // dst row i / 2: rows i, i + 1
-      static const RowInterleave interleave;
-      constexpr int64_t kWords = RowInterleave::kWords;
-      const int64_t row_stride = t.stride[1], block_dims = dim / kWords * kWords;
-      const uint16_t* base = static_cast<const uint16_t*>(t.data) + offset4(t, b, 0, h, 0);
-      if ((r - first) % 2 != 0 && r < rows.end) {  // a block that starts on the second row of a pair
-        for (int64_t d = 0; d < dim; ++d) data[index(r - first, d)] = base[r * row_stride + d];
-        ++r;
-      }
-      for (; r + 2 <= rows.end; r += 2) {
-        if (r + kPrefetchRows + 1 < rows.end) {
-          prefetch_row(t, b, r + kPrefetchRows, h, dim);
-          prefetch_row(t, b, r + kPrefetchRows + 1, h, dim);
-        }
-        const uint16_t* row0 = base + r * row_stride;
-        for (int64_t d = 0; d < block_dims; d += kWords)
-          interleave(row0 + d, row0 + row_stride + d, data + index(r - first, d));
-        for (int64_t i = r; i < r + 2; ++i)
-          for (int64_t d = block_dims; d < dim; ++d) data[index(i - first, d)] = base[i * row_stride + d];
-      }
+    if (layout == Bf16Layout::pairs_over_rows && (r - first) % 2 != 0 && r < rows.end) {
+      copy_row(r);
+      ++r;
+    }
+    switch (layout) {
+      case Bf16Layout::rows: break;
+      case Bf16Layout::columns: blocks(RegisterTranspose<uint16_t>()); break;         // dst row d: rows r..
+      case Bf16Layout::pairs_over_dim: blocks(RegisterTranspose<uint32_t>()); break;  // dst row d / 2: pairs
+      case Bf16Layout::pairs_over_rows: blocks(RowInterleave()); break;               // dst row i / 2: i, i + 1
     }
 #endif
     for (; r < rows.end; ++r) {
       if (r + kPrefetchRows < rows.end) prefetch_row(t, b, r + kPrefetchRows, h, dim);
-      const uint16_t* src = static_cast<const uint16_t*>(t.data) + offset4(t, b, r, h, 0);
-      const int64_t i = r - first;
-      if (layout == Bf16Layout::rows) std::copy_n(src, dim, data + i * ld);
-      else for (int64_t d = 0; d < dim; ++d) data[index(i, d)] = src[d];
+      copy_row(r);
     }
   }
   // Where element (row first + i, d) lies in the buffer, in 16-bit words.
