@@ -7,7 +7,8 @@
 #   sm90 backward at D128 512 / 2k / 16k and D256 2k, causal and not; the split-tf32 (sm80)
 #   backward on the seed shape                                                  -> bench_*.txt
 #   memcheck on the small sm90 backward cases and the unaligned-view cases      -> memcheck.log
-#   the CPU (AMX) bf16 forward on the three long cases, fmha then PyTorch, 16 threads -> cpu_bf16_fwd*.txt
+#   the CPU (AMX) bf16 forward on the three long cases beside PyTorch, one process, every core
+#   (scripts/gpu_round.sh step cputorch)                   -> cpu/compare_torch_cpu.csv, cputorch.log
 #   the sm90 tf32 backward (head dim 64): its seed-shape bench beside sm80's, racecheck and
 #   synccheck on its small cases and the split-tf32 forward's; the sm90 split-tf32 forward's
 #   bench beside sm80's                                                          -> tf32_*.txt/log
@@ -17,7 +18,7 @@ set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
 # QUICK=1 (a call with little device time left): head dim 64 alone, the tf32 and split-tf32 tests
-# and benches, no AMX tests, no bf16 bench, no memcheck.
+# and benches, no AMX tests, no bf16 bench, no memcheck, no CPU comparison.
 QUICK=${QUICK:-0}
 [ "$QUICK" = 1 ] && DIMS="64" || DIMS="64;128;256"
 FILTER='Sweep/Kernel.Backward/*:Sweep/Kernel.Forward/*tf32x3*:SplitTf32.*:Tiers/VarlenKernel.Backward/*:Tiers/Deterministic.*:Tiers/FewKeys.*:LargeOffsets.*:Edge.*:Sm90Tf32.*:DecodeGpu.*'
@@ -69,20 +70,6 @@ timeout 50 compute-sanitizer --tool memcheck --error-exitcode 1 $T --gtest_color
   --gtest_filter='Sweep/Kernel.Backward/Small_sm90*_q65_k63_*:Sweep/Kernel.Backward/*_at4*:Sweep/Kernel.Backward/Small_sm90*grads_at*' > $OUT/memcheck.log 2>&1; echo "memcheck rc=$?"
 grep -E "ERROR SUMMARY|tests? from .* ran|PASSED|FAILED" $OUT/memcheck.log | tail -4
 fi
-echo "== cpu bf16 forward, 16 threads $(date +%T)"  # the AMX path's forward beside PyTorch's CPU SDPA
-for c in "4 4 4096 64 none" "2 8 2048 128 top-left" "1 32 1024 128 none"; do set -- $c
-  timeout 60 $B/fmha bench --no-progress --backend cpu --mode fwd --dtype bf16 --batch $1 --heads $2 --seqlen-q $3 \
-    --head-dim $4 --causal $5 --iters 5 2>&1 | tail -1
-done | tee $OUT/cpu_bf16_fwd.txt
-timeout 120 python3 - <<'PY' 2>&1 | tee $OUT/cpu_bf16_fwd_torch.txt
-import time, torch, torch.nn.functional as F
-torch.set_num_threads(16)
-for b, h, s, d, causal in [(4, 4, 4096, 64, False), (2, 8, 2048, 128, True), (1, 32, 1024, 128, False)]:
-    q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16) for _ in range(3))
-    for _ in range(2): F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    ts = []
-    for _ in range(5):
-        t0 = time.perf_counter(); F.scaled_dot_product_attention(q, k, v, is_causal=causal); ts.append(time.perf_counter() - t0)
-    ms = sorted(ts)[2] * 1e3
-    print("torch B%d H%d S%d D%d causal=%s %.3f ms %.1f GFLOP/s" % (b, h, s, d, causal, ms, 4 * b * h * s * s * d / (2 if causal else 1) / ms / 1e6))
-PY
+if [ "$QUICK" != 1 ]; then  # the AMX path's bf16 forward beside PyTorch's CPU SDPA, one process, every core
+  STEPS=cputorch CPU_ARGS="--dtypes bf16 --directions fwd" bash scripts/gpu_round.sh
+fi

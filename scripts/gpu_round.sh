@@ -7,7 +7,8 @@
 #   sanitize  memcheck and racecheck over SANITIZE_FILTER                              -> sanitize.log
 #   amx       the CPU suite's AMX cases with FMHA_CPU_ISA=amxbf16 (on a CPU with AMX)   -> amx.log
 #   cputorch  the CPU-only Python module (build-py), then bench/compare_torch_cpu.py on the
-#             machine's cores, CPU_SETS (default long) -> cpu/compare_torch_cpu.csv, cputorch.log
+#             machine's cores, CPU_SETS (default long), CPU_ARGS (more of its options, e.g.
+#             "--dtypes bf16 --directions fwd")         -> cpu/compare_torch_cpu.csv, cputorch.log
 #   pytorch   pip install . (HEAD_DIMS, ARCHS), then bench/compare_varlen.py and the package's
 #             CUDA tests (pytest -k cuda)                                     -> varlen.log, pytest.log
 #   profile   scripts/gpu_profile.sh with PROFILE_CASES                                -> ncu_*
@@ -83,7 +84,7 @@ if want cputorch; then
     { tail -20 "$OUT/cputorch_build.log"; status=1; }
   PKG=$(mktemp -d); mkdir -p "$PKG/fmha"; cp python/fmha/*.py "$PKG/fmha/"; find build-py -name "_C*.so" -exec cp {} "$PKG/fmha/" \;
   PYTHONPATH=$PKG timeout 300 python3 bench/compare_torch_cpu.py --set "${CPU_SETS:-long}" --rounds 3 \
-    --threads "$(nproc)" --out "$OUT/cpu" > "$OUT/cputorch.log" 2>&1 || status=1
+    --threads "$(nproc)" ${CPU_ARGS:-} --out "$OUT/cpu" > "$OUT/cputorch.log" 2>&1 || status=1
   tail -15 "$OUT/cputorch.log"
 fi
 
