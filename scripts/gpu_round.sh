@@ -11,6 +11,8 @@
 #             "--dtypes bf16 --directions fwd")         -> cpu/compare_torch_cpu.csv, cputorch.log
 #   pytorch   pip install . (HEAD_DIMS, ARCHS), then bench/compare_varlen.py and the package's
 #             CUDA tests (pytest -k cuda)                                     -> varlen.log, pytest.log
+#   decodecmp pip install . (head dim 128 only), then bench/compare_decode.py: the decode cases
+#             beside PyTorch's SDPA backends and the device copy       -> decode/compare_decode.csv, decode.log
 #   profile   scripts/gpu_profile.sh with PROFILE_CASES                                -> ncu_*
 #   bench     the groups in BENCHES: fa-fwd, fa-bwd (sm90, bf16), seed (every tier), varlen (sm90),
 #             merge, decode; BENCH_EXTRA: more `fmha bench` argument lines, one per line -> bench.txt
@@ -97,6 +99,16 @@ if want pytorch; then
   tail -12 "$OUT/varlen.log"
   timeout 200 python3 -m pytest tests/python -q -rs -p no:cacheprovider -k cuda > "$OUT/pytest.log" 2>&1 || status=1
   tail -3 "$OUT/pytest.log"
+fi
+
+if want decodecmp; then
+  step "pip install ., compare_decode -> decode.log"
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install -q --no-build-isolation --no-deps . \
+    -C cmake.define.FMHA_CUDA_ARCHS="${ARCHS:-90}" -C cmake.define.FMHA_HEAD_DIMS=128 \
+    -C cmake.define.FMHA_DECODE_HEAD_DIMS=128 > "$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; exit 1; }
+  timeout "${DECODE_TIMEOUT:-240}" python3 bench/compare_decode.py --out "$OUT/decode" ${DECODE_ARGS:-} \
+    > "$OUT/decode.log" 2>&1 || status=1
+  cat "$OUT/decode.log"
 fi
 
 if want profile; then
