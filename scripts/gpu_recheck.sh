@@ -6,6 +6,7 @@
 #   tier, in 8 processes                                                          -> tests.log
 #   the case FAIL (a failing test's full name, if given) three times over           -> fail_rerun.log
 #   racecheck on the small sm90 deterministic cases                                  -> racecheck.log
+#   the decode sweep at forced split counts 1-16 (contiguous and pages of 64)       -> decode_splits.txt
 #   the CPU path beside PyTorch's CPU SDPA, every dtype and direction, one process, every core
 #   (scripts/gpu_round.sh step cputorch)                      -> cpu/compare_torch_cpu.csv, cputorch.log
 set -u
@@ -36,5 +37,9 @@ timeout 90 compute-sanitizer --tool racecheck --error-exitcode 1 $T --gtest_colo
   --gtest_filter='Tiers/Deterministic.SmallBitwiseIdentical/cuda_sm90*:Sweep/Kernel.Backward/Small_sm90*_det*' \
   > $OUT/racecheck.log 2>&1; echo "racecheck rc=$?"
 grep -E "RACECHECK SUMMARY|ERROR SUMMARY|tests? from .* ran|FAILED" $OUT/racecheck.log | tail -3
+echo "== decode splits $(date +%T)"
+for s in 1 2 4 8 16; do
+  echo "---- splits $s"; timeout 12 $B/fmha bench --no-progress --sweep decode --page-size 64 --num-splits $s 2>&1 | tail -12
+done > $OUT/decode_splits.txt
 STEPS=cputorch CPU_ARGS="${CPU_ARGS:-}" bash scripts/gpu_round.sh
-tar czf $OUT/logs.tar.gz -C $OUT $(cd $OUT && ls *.log cpu/*.csv 2>/dev/null)
+(cd $OUT && tar czf logs.tar.gz *.log *.txt cpu/*.csv && rm -rf *.log *.txt cpu)
