@@ -569,8 +569,9 @@ void add_backward_tensors(Refusal& r, DType dtype, int64_t head_dim) {
 
 // The tier `auto` gives a tf32 forward (fp32 storage) at `head_dim`: sm90 where it runs and takes
 // the head dim, sm80 otherwise.
-Backend tf32_forward_tier(int64_t head_dim) {
-  return tier_available(Backend::cuda_sm90) && takes_head_dim(Backend::cuda_sm90, int(head_dim), DType::fp32)
+Backend tf32_forward_tier(int64_t head_dim, Precision precision = Precision::tf32) {
+  return tier_available(Backend::cuda_sm90) &&
+                 takes_head_dim(Backend::cuda_sm90, int(head_dim), DType::fp32, precision)
              ? Backend::cuda_sm90
              : Backend::cuda_sm80;
 }
@@ -681,10 +682,11 @@ TEST(Refuse, SmallTierLimits) {
       r.params.precision = Precision::tf32;
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
       EXPECT_EQ(chosen, tf32_forward_tier(hd));
-      // Split tf32: auto runs it on sm80; simt takes it too (exact fp32), plain tf32 it refuses.
+      // Split tf32: auto runs it on sm90 where that tier has the head dim, else on sm80; simt takes
+      // it too (exact fp32), plain tf32 it refuses.
       r.params.precision = Precision::tf32x3;
       ASSERT_TRUE(select_backend(r.params, Direction::forward, &chosen).ok());
-      EXPECT_EQ(chosen, Backend::cuda_sm80);
+      EXPECT_EQ(chosen, tf32_forward_tier(hd, Precision::tf32x3));
       Params simt = r.params;
       simt.backend = Backend::cuda_simt;
       EXPECT_TRUE(supports(simt, Direction::forward).ok()) << supports(simt, Direction::forward).message;
@@ -722,8 +724,8 @@ TEST(Refuse, SmallTierLimits) {
         EXPECT_TRUE(supports(t.params, Direction::forward).ok()) << supports(t.params, Direction::forward).message;
         add_backward_tensors(t, DType::fp32, d);
         refused(t, Direction::backward, "precision");
-        // auto: both on sm80 until the sm90 split forward has run on a GPU (the gate in check_call).
-        expect_auto(t, Backend::cuda_sm80, Backend::cuda_sm80);
+        // auto: the split forward here, its backward on sm80.
+        expect_auto(t, Backend::cuda_sm90, Backend::cuda_sm80);
       }
       r.params.precision = Precision::tf32;
       if (big > 128) refused(r, Direction::forward, "head_dim");
@@ -742,9 +744,8 @@ TEST(Refuse, SmallTierLimits) {
         } else {
           refused(t, Direction::backward, "head_dim");
         }
-        // auto: the tf32 forward runs here, its backward on sm80 (at head dim 64 until the sm90
-        // tf32 backward has run on a GPU: the gate in check_call).
-        expect_auto(t, Backend::cuda_sm90, Backend::cuda_sm80);
+        // auto: the tf32 forward runs here, its backward too where this tier has it (head dim 64).
+        expect_auto(t, Backend::cuda_sm90, backward_here ? Backend::cuda_sm90 : Backend::cuda_sm80);
       }
     }
     const auto dims = compiled_head_dims();

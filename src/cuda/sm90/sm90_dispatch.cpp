@@ -196,11 +196,6 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   if (split && backward)
     return unsupported("precision: the sm90 tier's split tf32 (tf32x3) is forward only; the sm80 tier runs its "
                        "backward");
-  // Until they have run on a GPU, `auto` keeps the tf32 backward and the split-tf32 forward on the
-  // sm80 tier; naming this tier runs them (as the GPU tests do).
-  if (fp32 && p.backend == Backend::auto_select && (backward || split))
-    return unsupported(std::string("precision: the sm90 ") + (split ? "split-tf32 forward" : "tf32 backward") +
-                       " has not yet been verified on a GPU, so auto runs it on the sm80 tier; backend sm90 runs it");
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
   if (split && bucket >= kMinHeadDim && !tf32x3_head_dim(bucket))
     return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
