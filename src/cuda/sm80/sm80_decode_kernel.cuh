@@ -59,32 +59,49 @@ struct DecodeTiles {
 };
 
 // Rows [0, valid) of a [kKeys, HD] K and V tile from keys col0 ... of sequence b, KV head h:
-// each thread looks up the page of its rows once for both tensors. Rows past `valid` are zero.
+// each thread copies one 16-byte column chunk of every kRowStep-th row. Rows past `valid` are zero.
+// The row's place in the cache comes from one division per thread and tile: the thread's first
+// row's page and row in it, then each later row kRowStep keys on, which crosses at most one page
+// boundary (kRowStep <= kMinPageSize), so the block table is read only where the page changes
+// (once or twice a tile from pages of 64; never again for a contiguous cache, one page a
+// sequence). A division and a table read for every row put a reciprocal, its corrections and a
+// dependent load before each row's copies (~70 instructions a row in the SASS, 8 rows a tile at
+// head dim 128), and with 8 warps an SM nothing hid them.
 template <class T, class Tiles>
 __device__ __forceinline__ void gather_kv(const DecodeArgs& args, typename Tiles::KTile k, typename Tiles::VTile v,
                                           int64_t b, int kv_head, int64_t col0, int valid) {
   constexpr int kRowStep = Tiles::kThreads / Tiles::kChunksPerRow;
+  static_assert(kRowStep <= kMinPageSize, "a thread's next row is at most one page on");
   constexpr size_t kBytes = 16;
   const int c = (int(threadIdx.x) % Tiles::kChunksPerRow) * Tiles::kVec;
   const T* k_base = static_cast<const T*>(args.k) + kv_head * args.k_head_stride + c;
   const T* v_base = static_cast<const T*>(args.v) + kv_head * args.v_head_stride + c;
   const bool k_col = c < args.head_dim, v_col = c < args.head_dim_v;
-  // Keys and page sizes fit 32 bits (check_decode bounds the capacity): 32-bit division here, on
-  // the path of every page lookup; the clamped entry comes from PagedCache::page as everywhere.
+  // Keys and page sizes fit 32 bits (check_decode bounds the capacity); the clamped entry comes
+  // from PagedCache::page as everywhere.
   const int page_size = int(args.cache.page_size);
+  const int first = int(threadIdx.x) / Tiles::kChunksPerRow;
+  int page = (int(col0) + first) / page_size;    // the row's page among the sequence's
+  int within = int(col0) + first - page * page_size;  // and its row in that page
+  int read = -1;                                 // the page whose entry `entry` holds
+  int64_t entry = 0;
 #pragma unroll
-  for (int r = int(threadIdx.x) / Tiles::kChunksPerRow; r < Tiles::kKeys; r += kRowStep) {
+  for (int r = first; r < Tiles::kKeys; r += kRowStep) {
     const bool row = r < valid;
-    CacheRow at{0, 0};
-    if (row) {
-      const int key = int(col0) + r;
-      at = CacheRow{args.cache.page(b, key / page_size), key % page_size};
+    if (row && page != read) {
+      entry = args.cache.page(b, page);
+      read = page;
     }
-    const T* k_from = k_base + at.page * args.k_page_stride + at.row * args.k_row_stride;
-    const T* v_from = v_base + at.page * args.v_page_stride + at.row * args.v_row_stride;
+    const T* k_from = k_base + entry * args.k_page_stride + within * args.k_row_stride;
+    const T* v_from = v_base + entry * args.v_page_stride + within * args.v_row_stride;
     // A zero-filled chunk reads nothing; its source is only a harmless address inside the cache.
     __pipeline_memcpy_async(&k(r, c), row && k_col ? k_from : k_base, kBytes, row && k_col ? 0 : kBytes);
     __pipeline_memcpy_async(&v(r, c), row && v_col ? v_from : v_base, kBytes, row && v_col ? 0 : kBytes);
+    within += kRowStep;
+    if (within >= page_size) {
+      within -= page_size;
+      ++page;
+    }
   }
 }
 
