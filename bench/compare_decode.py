@@ -42,17 +42,14 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
-import fmha
-import fmha.torch as ft
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_torch import TORCH_PROVIDERS, rel_err  # noqa: E402
 
-TORCH_PROVIDERS = {
-    "flash": SDPBackend.FLASH_ATTENTION,
-    "cudnn": SDPBackend.CUDNN_ATTENTION,
-    "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    "math": SDPBackend.MATH,
-}
+import fmha  # noqa: E402
+import fmha.torch as ft  # noqa: E402
+
 FMHA_PROVIDERS = ("fmha", "fmha-bhsd", "fmha-paged")
 CASES = ((1, 8192), (1, 131072), (16, 8192), (16, 32768), (64, 8192))
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -177,11 +174,6 @@ def copy_bandwidth(device, gib, repeats):
     del src, dst
     torch.cuda.empty_cache()
     return 2 * gib * 2**30 / seconds
-
-
-def rel_err(a, b):
-    a, b = a.float(), b.float()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
 def bench_case(case, args, device, copy_bytes_per_s):
