@@ -567,8 +567,8 @@ void add_backward_tensors(Refusal& r, DType dtype, int64_t head_dim) {
   p.lse = make_tensor(base + 4 * bytes, DType::fp32, {2, 2, seqlen}, p.q.device);
 }
 
-// The tier `auto` gives a tf32 forward (fp32 storage) at `head_dim`: sm90 where it runs and takes
-// the head dim, sm80 otherwise.
+// The tier `auto` gives a tf32 (or, with `precision`, split-tf32) forward of fp32 storage at
+// `head_dim`: sm90 where it runs and takes the head dim, sm80 otherwise.
 Backend tf32_forward_tier(int64_t head_dim, Precision precision = Precision::tf32) {
   return tier_available(Backend::cuda_sm90) &&
                  takes_head_dim(Backend::cuda_sm90, int(head_dim), DType::fp32, precision)

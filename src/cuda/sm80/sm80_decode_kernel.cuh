@@ -63,8 +63,8 @@ struct DecodeTiles {
 // The row's place in the cache comes from one division per thread and tile: the thread's first
 // row's page and row in it, then each later row kRowStep keys on, which crosses at most one page
 // boundary (kRowStep <= kMinPageSize), so the block table is read only where the page changes
-// (once or twice a tile from pages of 64; never again for a contiguous cache, one page a
-// sequence). A division and a table read for every row put a reciprocal, its corrections and a
+// (once or twice a tile from pages of 64; a contiguous cache, one page a sequence, has no table
+// to read). A division and a table read for every row put a reciprocal, its corrections and a
 // dependent load before each row's copies (~70 instructions a row in the SASS, 8 rows a tile at
 // head dim 128), and with 8 warps an SM nothing hid them.
 template <class T, class Tiles>
