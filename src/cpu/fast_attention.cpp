@@ -483,6 +483,9 @@ void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& conf
   const bool packed = rows.size() < kTileM && s.group > 1;
   const int64_t n = packed ? rows.size() : round_up(rows.size(), kTileM);
   const int64_t total = round_up(s.group * n, kTileM);  // every tile's rows, padding included
+  // The rows the matmuls read and write: each tile's valid rows rounded up to kRowBlock (decode's
+  // 4 packed rows: 8, not the tile's 64, zeroed for every item).
+  const int64_t used = round_up(s.group * n, kRowBlock);
   float* acc = t.acc.reserve(total * dvp);  // [total][dvp] O, row-major
   float* row_max = t.row_max.reserve(total);
   float* row_sum = t.row_sum.reserve(total);
@@ -491,14 +494,14 @@ void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& conf
   uint16_t* p_bf16 = kBf16 ? reinterpret_cast<uint16_t*>(t.p_bf16.reserve(kTileM * kTileN / 2)) : nullptr;
   float* scores = t.s.reserve(kTileM * kTileN);
   const float sign = score_sign(s), scale_log2 = std::abs(s.scale_log2);
-  std::fill_n(acc, total * dvp, 0.0f);
+  std::fill_n(acc, used * dvp, 0.0f);
   std::fill_n(row_max, total, kNegInf);
   std::fill_n(row_sum, total, 0.0f);
   const Range keys = intersect(s.mask.keys(rows), key_part);
 
   if (!keys.empty()) {
-    if constexpr (kBf16) std::fill_n(q_all_bf16, total * dp, uint16_t{0});
-    else std::fill_n(q_all, total * dp, 0.0f);
+    if constexpr (kBf16) std::fill_n(q_all_bf16, used * dp, uint16_t{0});
+    else std::fill_n(q_all, used * dp, 0.0f);
   }
   if (!keys.empty())
     for (int64_t g = 0; g < s.group; ++g) {
