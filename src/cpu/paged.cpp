@@ -148,9 +148,18 @@ Status run_paged(const Params& p, const DenseRunner& run_dense) {
         const float part = part_lse[size_t(local * rows_per_sequence + h * s.seqlen_q + row)];
         const MergeWeights w = merge_weights(lse, part);
         const float* part_row = part_o.data() + local * rows_per_sequence * s.head_dim_v + (row * s.heads + h) * s.head_dim_v;
-        // A side of weight 0 is not read (an empty accumulator, a part that saw no key).
-        for (int64_t d = 0; d < s.head_dim_v; ++d)
-          out[d] = (w.a != 0.f ? w.a * out[d] : 0.f) + (w.b != 0.f ? w.b * part_row[d] : 0.f);
+        // A side of weight 0 is not read (an empty accumulator, a part that saw no key): one
+        // branch a part, so that each loop below is a plain vector loop.
+        const int64_t dv = s.head_dim_v;
+        if (w.a != 0.f && w.b != 0.f) {
+          for (int64_t d = 0; d < dv; ++d) out[d] = w.a * out[d] + w.b * part_row[d];
+        } else if (w.b != 0.f) {
+          for (int64_t d = 0; d < dv; ++d) out[d] = w.b * part_row[d];
+        } else if (w.a != 0.f) {
+          for (int64_t d = 0; d < dv; ++d) out[d] = w.a * out[d];
+        } else {
+          std::fill_n(out, dv, 0.f);
+        }
         lse = w.lse;
       }
     });
