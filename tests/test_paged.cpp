@@ -82,6 +82,28 @@ TEST(PagedForward, RandomTablesAgainstOracle) {
     }
 }
 
+// The CPU path keeps its scratch buffers per thread from call to call, and its few-row forward
+// zeroes only the rows its matmuls use. A call whose queries are NaN leaves NaN in them; the next
+// call on the same thread (one thread: the caller's) must not see it. Would fail if the rows it
+// uses were not zeroed (a rescale by 0 of a NaN left by the previous call stays NaN).
+TEST(PagedForward, ACallAfterOneWithNaNQueriesOnTheSameThread) {
+  for (DType dtype : {DType::fp32, DType::bf16}) {
+    CacheSpec c;
+    c.dtype = dtype;
+    c.heads = 8;  // four query heads a KV head, one query row: the few-row forward
+    c.head_dim = c.head_dim_v = 64;
+    c.page_size = 64;
+    c.lengths = {300, 130};
+    PagedCall poisoned(c);
+    poisoned.q.fill(std::nanf(""));
+    Params p = poisoned.params(Backend::cpu);
+    p.num_threads = 1;
+    ASSERT_TRUE(forward(p).ok());
+    c.seed = 2;
+    run_and_check(c, Backend::cpu, 1);
+  }
+}
+
 TEST(PagedForward, SharedPrefixPages) {
   CacheSpec c;
   c.page_size = 16;

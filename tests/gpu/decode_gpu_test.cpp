@@ -224,6 +224,29 @@ TEST(DecodeGpu, SplitCountsFromOneToMany) {
   for (int splits : {1, 7, 0}) run_and_check(c, splits);
 }
 
+// Every compiled decode head dim: each thread of the kernel copies every (128 / chunks a row)-th
+// row of a tile (16 at head dim 64, 8 at 128, 4 at 256) and follows its rows from page to page, so
+// pages of 16 keys (a new page for every row of a thread at 64), tiles that start inside a page (a
+// window's odd first key) and the contiguous cache, against the oracle.
+TEST(DecodeGpu, EveryHeadDimFollowsItsRowsAcrossPages) {
+  FMHA_DECODE_PRECONDITIONS();
+  for (int64_t head_dim : decode_head_dims())
+    for (int64_t page : {int64_t(16), int64_t(64)})
+      for (Layout layout : {Layout::paged, Layout::contiguous}) {
+        CacheSpec c;
+        c.page_size = page;
+        c.lengths = {1000, 3 * page + 5, 1};
+        c.heads = 8;
+        c.kv_heads = 2;
+        c.seqlen_q = 2;
+        c.dtype = page == 16 ? DType::bf16 : DType::fp16;
+        c.head_dim = c.head_dim_v = head_dim;
+        c.causal = Causal::bottom_right;
+        c.window_left = 301;  // the visible keys start at an odd key, inside a page
+        for (int splits : {1, 3, 0}) run_and_check(c, splits, layout);
+      }
+}
+
 TEST(DecodeGpu, ContiguousCacheWithLengths) {
   FMHA_DECODE_PRECONDITIONS();
   CacheSpec c;
