@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call on an H100/H200 (results under $OUT), from the repository root, for decoding:
-#   build (scripts/gpu_round.sh, head dims HEAD_DIMS, default 128; decode head dim 128), then the
-#   decode and merge GPU tests and memcheck on the decode tests                -> decode_tests.log
+#   build (scripts/gpu_round.sh, head dims HEAD_DIMS, default 128; decode head dims 64, 128, 256),
+#   then the decode and merge GPU tests and memcheck on the decode tests      -> decode_tests.log
 #   pip install . (head dim 128), then bench/compare_decode.py (DECODE_ARGS): the decode cases
 #   beside PyTorch's SDPA backends and the same run's device copy, fmha on its own cache layout,
 #   on PyTorch's ([B, Hkv, S, D] memory) and paged               -> decode/compare_decode.csv, decode.log
@@ -10,7 +10,7 @@
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
-STEPS=build HEAD_DIMS="${HEAD_DIMS:-128}" BUILD_TIMEOUT=200 bash scripts/gpu_round.sh || exit 1
+STEPS=build HEAD_DIMS="${HEAD_DIMS:-128}" DECODE_HEAD_DIMS="64;128;256" BUILD_TIMEOUT=200 bash scripts/gpu_round.sh || exit 1
 T=build-sm90/tests/gpu/fmha_gpu_tests
 echo "== decode tests $(date +%T)"
 timeout 120 $T --gtest_color=no --gtest_brief=1 --gtest_filter='DecodeGpu.*:MergeCuda.*:*Paged*' > $OUT/decode_tests.log 2>&1

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU round on an H100/H200, from the repository root, every part chosen by the environment
 # (results under $OUT):
-#   build     arch 90 (ARCHS), head dims HEAD_DIMS (default every sm90 one), -lineinfo   -> build.log
+#   build     arch 90 (ARCHS), head dims HEAD_DIMS (default every sm90 one), decode head dims
+#             DECODE_HEAD_DIMS (default 128), -lineinfo                              -> build.log
 #   tests     the sm90 tile tests, then fmha_gpu_tests --gtest_filter=$FILTER in SHARDS processes
 #             of at most TEST_TIMEOUT s each                                          -> tests.log
 #   sanitize  memcheck and racecheck over SANITIZE_FILTER                              -> sanitize.log
@@ -31,7 +32,7 @@ if want build; then
   step build
   t0=$(date +%s)
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS="${ARCHS:-90}" \
-    -DFMHA_HEAD_DIMS="${HEAD_DIMS:-64;96;128;192;256}" -DFMHA_DECODE_HEAD_DIMS=128 -DCMAKE_CUDA_FLAGS=-lineinfo \
+    -DFMHA_HEAD_DIMS="${HEAD_DIMS:-64;96;128;192;256}" -DFMHA_DECODE_HEAD_DIMS="${DECODE_HEAD_DIMS:-128}" -DCMAKE_CUDA_FLAGS=-lineinfo \
     > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
   timeout "${BUILD_TIMEOUT:-300}" ninja -C "$B" -j"$(nproc)" fmha_cli fmha_gpu_tests fmha_tile_sm90_tests \
     fmha_tile_tests fmha_dispatch_tests fmha_tests >> "$OUT/build.log" 2>&1 ||
