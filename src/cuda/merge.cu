@@ -9,7 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -278,8 +280,12 @@ struct SplitMergeArgs {
 // in split order (one normalisation instead of one per step); the function is the same.
 constexpr int kSplitsPerLane = int((decode::kMaxSplits + kWarpSize - 1) / kWarpSize);
 constexpr int kSplitBatch = 8;  // splits whose values are in flight together
+constexpr int kDependentLaunchArch = 90;  // programmatic dependent launches: compute capability 9.0
 
 __global__ void __launch_bounds__(kThreadsPerBlock) merge_splits_kernel(const SplitMergeArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();  // the decode kernel's parts written (a no-op without a programmatic launch)
+#endif
   const int lane = int(threadIdx.x) % kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * kWarpsPerBlock;
   const int chunks = int((a.splits + kWarpSize - 1) / kWarpSize);
@@ -350,6 +356,32 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_splits_kernel(const Sp
   }
 }
 
+// Whether merge_splits_kernel runs on this device as code that waits for the kernel before it
+// (griddepcontrol.wait, compute capability 9.0 and above): then it is launched as a programmatic
+// dependent of the decode kernel, its blocks starting while the decode kernel's last ones run (the
+// decode kernel lets them, sm80_decode_kernel.cuh). Asked once per device; FMHA_DEPENDENT_LAUNCH=0
+// launches it after the decode kernel ends instead (the comparison docs/PERF.md reports).
+bool waits_for_its_primary() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("FMHA_DEPENDENT_LAUNCH");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  if (!allowed) return false;
+  constexpr int kDevices = 64, kUnknown = 0, kYes = 1, kNo = 2;
+  static std::atomic<int> known[kDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return false;
+  int state = known[device].load(std::memory_order_relaxed);
+  if (state == kUnknown) {
+    cudaFuncAttributes attributes{};
+    const bool yes = cudaFuncGetAttributes(&attributes, merge_splits_kernel) == cudaSuccess &&
+                     attributes.binaryVersion >= kDependentLaunchArch;
+    state = yes ? kYes : kNo;
+    known[device].store(state, std::memory_order_relaxed);
+  }
+  return state == kYes;
+}
+
 }  // namespace
 
 Status cuda_merge_splits(const SplitParts& parts, const Tensor& out, const Tensor& lse, void* stream) {
@@ -369,8 +401,18 @@ Status cuda_merge_splits(const SplitParts& parts, const Tensor& out, const Tenso
   a.rows = parts.batch * parts.seqlen * parts.heads;
   if (a.rows == 0) return Status::success();
   const int64_t blocks = std::min<int64_t>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks);
-  merge_splits_kernel<<<unsigned(blocks), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(a);
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess)
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(blocks));
+  config.blockDim = dim3(kThreadsPerBlock);
+  config.stream = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  if (waits_for_its_primary()) {
+    config.attrs = &dependent;
+    config.numAttrs = 1;
+  }
+  if (const cudaError_t err = cudaLaunchKernelEx(&config, merge_splits_kernel, a); err != cudaSuccess)
     return {Code::cuda_error, std::string("merge_splits: kernel launch failed: ") + cudaGetErrorString(err)};
   return Status::success();
 }

@@ -50,9 +50,6 @@ std::vector<uint8_t> bytes_of(const HostTensor& t) {
   return {p, p + size_t(t.view.numel()) * dtype_size(t.view.dtype)};
 }
 
-// Enough spare pages for the contiguous-cache tests' views (pages per sequence of their lengths).
-constexpr int64_t kMaxPagesPerSeqHint = 4;
-
 void copy_into(HostTensor& t, const std::vector<uint8_t>& bytes) { std::memcpy(t.view.data, bytes.data(), bytes.size()); }
 
 Tensor on_device(const HostTensor& host, DeviceBuffer& buffer, Device dev) {
@@ -146,7 +143,12 @@ Params contiguous_view(Params p, const PagedCall& call, Layout layout) {
 // oracle on the same layout.
 void run_and_check(CacheSpec c, int num_splits, Layout layout = Layout::paged) {
   const bool contiguous = layout != Layout::paged;
-  if (contiguous) c.spare_pages = int64_t(c.lengths.size()) * (kMaxPagesPerSeqHint + 1);
+  if (contiguous) {  // enough spare pages that the pool holds batch · pages_per_seq of them
+    int64_t pages_per_seq = 0;
+    for (int64_t length : c.lengths)
+      pages_per_seq = std::max(pages_per_seq, (length + c.page_size - 1) / c.page_size + 1);
+    c.spare_pages = int64_t(c.lengths.size()) * pages_per_seq;
+  }
   PagedCall call(c);
   // The contiguous view spans batch · pages_per_seq pages of the pool (a paged table may share
   // pages between sequences, so it needs fewer).

@@ -113,6 +113,11 @@ __global__ void __launch_bounds__(DecodeTiles<T, HD>::kThreads) decode_kernel(co
   extern __shared__ float4 shared_raw[];
   auto& shared = *reinterpret_cast<typename Tiles::SharedStorage*>(shared_raw);
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The split merge that follows (a programmatic dependent launch) may start its blocks now: they
+  // wait for this grid's writes (cudaGridDependencySynchronize), so only their launch overlaps.
+  if (args.splits > 1) cudaTriggerProgrammaticLaunchCompletion();
+#endif
   const int split = int(blockIdx.x);
   const int kv_head = int(blockIdx.y) / args.row_tiles;
   const int row0 = (int(blockIdx.y) % args.row_tiles) * kRows;  // first packed row of the tile
