@@ -4,7 +4,7 @@
 #   -DFMHA_SM90_GENERIC_SHARED  the kernels' shared storage reached through generic addresses
 #   -DFMHA_SM90_BWD_DQ_AT_END   the D64 backward's dQ hand-off at the end of each step
 # at head dims 64 and 128 (CLIs only), then the bf16 forward and backward, 16k tokens a call, at
-# 512, 2k and 16k keys, causal and not, the two builds alternating, two rounds  -> ab.txt
+# 512, 2k and 16k keys, causal and not, the two builds alternating, ROUNDS rounds (default 2)  -> ab.txt
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -20,7 +20,7 @@ build build-ab-old "-DFMHA_SM90_GENERIC_SHARED -DFMHA_SM90_BWD_DQ_AT_END" &
 wait
 [ -x build-ab-new/fmha ] && [ -x build-ab-old/fmha ] || { echo "a build failed"; exit 1; }
 echo "== bench $(date +%T)"
-for round in 1 2; do
+for round in $(seq 1 "${ROUNDS:-2}"); do
   for mode in fwd bwd; do
     for d in 64 128; do
       for S in 512 2048 16384; do
