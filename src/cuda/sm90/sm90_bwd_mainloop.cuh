@@ -315,14 +315,9 @@ struct BwdMainloop {
   // Head dims up to 64 (16-bit): each step's dQ share stays in registers until the next step has
   // issued its Sᵀ and dPᵀ, and is staged under them (there, its registers fit beside dK, dV, Sᵀ
   // and dPᵀ); every wgmma a step issues is still waited for inside the step (ptxas serialises them
-  // when one stays in flight across the loop's back edge). Compiling with
-  // FMHA_SM90_BWD_DQ_AT_END keeps the hand-off at the end of the step at every head dim (to
-  // measure the two).
-#if defined(FMHA_SM90_BWD_DQ_AT_END)
-  static constexpr bool kDqBehind = false;
-#else
+  // when one stays in flight across the loop's back edge). Against the hand-off at the end of
+  // the step, on an H100 (docs/PERF.md run 44): +1-3 % at head dim 64.
   static constexpr bool kDqBehind = kHeadDimPadded <= 64 && !kSplit && !kTf32;
-#endif
 
   // One query tile m (rows [64 m, 64 m + 64) of one head of the group) against this warpgroup's keys.
   // `keys` is the block's key tile (clamped to seqlen_k); dq_buffer alternates per step (the dS

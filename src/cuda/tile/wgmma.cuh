@@ -40,16 +40,11 @@ inline constexpr int kChunkCols = kSwizzleBytes / int(sizeof(T));
 // shared array itself: through an integer, the compiler loses track of the address space and
 // reaches S's fields with generic 64-bit loads and stores (-Xptxas -v, sm90 backward at head dim
 // 128: 26 LD.E and 82 ST.E, 44 bytes of spills in the packed kernel, against 0, 0 and 0 this
-// way). FMHA_SM90_GENERIC_SHARED compiles the integer form, to measure the two.
+// way; measured against it on an H100, docs/PERF.md run 44: the backward 1-9 % faster).
 template <class S>
 __device__ __forceinline__ S& shared_storage(char* raw) {
-#if defined(FMHA_SM90_GENERIC_SHARED)
-  const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
-  return *reinterpret_cast<S*>((base + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes);
-#else
   const size_t misalignment = reinterpret_cast<uintptr_t>(raw) % kSwizzleAtomBytes;
   return *reinterpret_cast<S*>(raw + (misalignment == 0 ? 0 : kSwizzleAtomBytes - misalignment));
-#endif
 }
 
 // The 64-bit matrix descriptor: start address, leading and stride byte offsets (16-byte units),
