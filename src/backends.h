@@ -17,9 +17,10 @@ struct BackendEntry {
   Status (*supports)(const Params&, Direction);
   Status (*run)(const Params&, Direction);
   Status (*workspace_size)(const Params&, Direction, size_t*);
-  // Tuning (include/fmha/tune.h): the tier's variant names for a direction in the tier's order
-  // (none for the oracle), and the one a call it supports runs (src/tune/selection.h's order).
-  std::vector<std::string> (*variants)(Direction) = nullptr;
+  // Tuning (include/fmha/tune.h): the tier's variant names for a call it supports, in the tier's
+  // order (none for the oracle; the same for every call of a direction but on sm80, whose decode
+  // kernel has its own), and the one the call runs (src/tune/selection.h's order).
+  std::vector<std::string> (*variants)(const Params&, Direction) = nullptr;
   Status (*variant_of)(const Params&, Direction, std::string*) = nullptr;
 };
 

@@ -100,6 +100,40 @@ TEST(DecodePlan, PlanOfACall) {
   EXPECT_EQ(decode::plan(p, kH200Sms).splits, 5);
 }
 
+// The tuner's split variants (include/fmha/tune.h): half, twice and none of the heuristic's
+// count, within [1, kMaxSplits]; Params::num_splits overrides every one; names map both ways.
+TEST(DecodePlan, SplitVariantsScaleTheHeuristicsCount) {
+  using decode::SplitVariant;
+  for (int64_t splits : {int64_t(1), int64_t(2), int64_t(31), decode::kMaxSplits}) {
+    EXPECT_EQ(decode::apply_split_variant(splits, SplitVariant::heuristic), splits);
+    EXPECT_EQ(decode::apply_split_variant(splits, SplitVariant::half), std::max<int64_t>(1, splits / 2));
+    EXPECT_EQ(decode::apply_split_variant(splits, SplitVariant::twice), std::min(2 * splits, decode::kMaxSplits));
+    EXPECT_EQ(decode::apply_split_variant(splits, SplitVariant::unsplit), 1);
+  }
+  for (int i = 0; i < decode::kSplitVariants; ++i) {
+    SplitVariant v = SplitVariant::unsplit;
+    ASSERT_TRUE(decode::split_variant_of(decode::kSplitVariantNames[i], &v));
+    EXPECT_EQ(int(v), i);
+  }
+  SplitVariant v = SplitVariant::twice;
+  EXPECT_FALSE(decode::split_variant_of("b64", &v));
+  EXPECT_EQ(v, SplitVariant::twice) << "an unknown name leaves the variant as it was";
+
+  Params p = paged_call(1, 1, 32, 8, 128);
+  const int64_t heuristic = decode::plan(p, kH200Sms).splits;
+  ASSERT_GT(heuristic, 2);
+  EXPECT_EQ(decode::plan(p, kH200Sms, SplitVariant::half).splits, heuristic / 2);
+  EXPECT_EQ(decode::plan(p, kH200Sms, SplitVariant::twice).splits, 2 * heuristic);
+  const decode::Plan one = decode::plan(p, kH200Sms, SplitVariant::unsplit);
+  EXPECT_EQ(one.splits, 1);
+  EXPECT_EQ(one.workspace.total, 0u) << "one split writes o and lse itself";
+  EXPECT_GT(decode::plan(p, kH200Sms, SplitVariant::twice).workspace.total,
+            decode::plan(p, kH200Sms).workspace.total);
+  p.num_splits = 7;
+  for (int i = 0; i < decode::kSplitVariants; ++i)
+    EXPECT_EQ(decode::plan(p, kH200Sms, SplitVariant(i)).splits, 7) << decode::kSplitVariantNames[i];
+}
+
 TEST(DecodePlan, NumSplitsOutOfRangeIsRefused) {
   std::vector<float> q(64), k(16 * 64), v(16 * 64), o(64);
   Params p;

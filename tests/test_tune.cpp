@@ -20,6 +20,7 @@
 #include "fmha/fmha.h"
 #include "fmha/tune.h"
 #include "tune/cache.h"
+#include "tune/class.h"
 #include "tune/tuner.h"
 
 namespace fmha {
@@ -151,6 +152,29 @@ TEST(ProblemClassKey, NamesTierDirectionTypeDimsMaskGroupAndBuckets) {
   const Status s = problem_class(p, Direction::forward, &c);
   EXPECT_EQ(s.code, Code::invalid_argument);
   EXPECT_NE(s.message.find("kv_heads"), std::string::npos) << s.message;
+}
+
+// The sm80 tier's decode-kernel calls (a KV cache, or at most 16 queries in fp16/bf16) are a
+// class of their own: their variants are split counts, not the dense kernels' configurations.
+TEST(ProblemClassKey, DecodeKernelCallsOfTheSm80TierAreTheirOwnClass) {
+  Params p;  // shapes only
+  p.q = p.o = make_tensor(nullptr, DType::bf16, {2, 1, 32, 128});
+  p.k = p.v = make_tensor(nullptr, DType::bf16, {2, 8192, 8, 128});
+  EXPECT_EQ(detail::class_of(Backend::cuda_sm80, p, Direction::forward).key(),
+            "sm80 fwd bf16 d128 none g4 q64 k8192 decode");
+  EXPECT_FALSE(detail::class_of(Backend::cuda_sm90, p, Direction::forward).decode);
+  EXPECT_FALSE(detail::class_of(Backend::cpu, p, Direction::forward).decode);
+  EXPECT_FALSE(detail::class_of(Backend::cuda_sm80, p, Direction::backward).decode);
+  Params longer = p;  // 64 queries: the dense kernels, in the same buckets
+  longer.q = longer.o = make_tensor(nullptr, DType::bf16, {2, 64, 32, 128});
+  EXPECT_EQ(detail::class_of(Backend::cuda_sm80, longer, Direction::forward).key(),
+            "sm80 fwd bf16 d128 none g4 q64 k8192");
+  Params paged = longer;  // on a KV cache, every query count takes the decode kernel
+  paged.k = paged.v = make_tensor(nullptr, DType::bf16, {256, 64, 8, 128});
+  paged.block_table = make_tensor(nullptr, DType::int32, {2, 128});
+  paged.cache_seqlens = make_tensor(nullptr, DType::int32, {2});
+  EXPECT_EQ(detail::class_of(Backend::cuda_sm80, paged, Direction::forward).key(),
+            "sm80 fwd bf16 d128 none g4 q64 k8192 decode");
 }
 
 TEST_F(TuneTest, CacheRoundTrip) {
@@ -375,6 +399,40 @@ TEST_F(TuneTest, APackedCallTunesItsClass) {
   ProblemClass packed;
   ASSERT_TRUE(problem_class(p, Direction::forward, &packed).ok());
   EXPECT_EQ(r.problem.key(), packed.key());
+  EXPECT_FALSE(r.winner.empty());
+}
+
+// A call on a paged KV cache tunes as the call on a contiguous cache of its capacity (the
+// caller's pages and table are not read): same class, every variant run and compared.
+TEST_F(TuneTest, APagedCallTunesAsItsContiguousCache) {
+  constexpr int64_t kBatch = 2, kHeads = 4, kKvHeads = 2, kDim = 32, kPage = 16, kPagesPerSeq = 5;
+  std::vector<float> q(size_t(kBatch * kHeads * kDim)), o(q.size()), lse(size_t(kBatch * kHeads));
+  std::vector<float> cache(size_t(3 * kPage * kKvHeads * kDim));  // a pool smaller than batch · pages
+  const std::vector<int32_t> table = {2, 0, 1, 2, 0, 1, 1, 0, 2, 2}, lengths = {70, 33};
+  Params p;
+  p.q = make_tensor(q.data(), DType::fp32, {kBatch, 1, kHeads, kDim});
+  p.k = p.v = make_tensor(cache.data(), DType::fp32, {3, kPage, kKvHeads, kDim});
+  p.o = make_tensor(o.data(), DType::fp32, {kBatch, 1, kHeads, kDim});
+  p.lse = make_tensor(lse.data(), DType::fp32, {kBatch, kHeads, 1});
+  p.block_table = make_tensor(const_cast<int32_t*>(table.data()), DType::int32, {kBatch, kPagesPerSeq});
+  p.cache_seqlens = make_tensor(const_cast<int32_t*>(lengths.data()), DType::int32, {kBatch});
+  p.causal = Causal::bottom_right;
+  p.backend = Backend::cpu;
+  ASSERT_TRUE(forward(p).ok()) << "a valid call";
+  TuneOptions options;
+  options.iters = 1;
+  options.warmup = 0;
+  options.write_cache = false;
+  TuneResult r;
+  const Status s = tune(p, Direction::forward, options, &r);
+  ASSERT_TRUE(s.ok()) << s.message;
+  ProblemClass paged;
+  ASSERT_TRUE(problem_class(p, Direction::forward, &paged).ok());
+  EXPECT_EQ(r.problem.key(), paged.key());
+  EXPECT_EQ(r.problem.seqlen_k_bucket, 128) << "the capacity, 5 pages of 16";
+  int agreed = 0;
+  for (const VariantTiming& v : r.variants) agreed += v.agrees;
+  EXPECT_EQ(agreed, int(r.variants.size())) << "every CPU variant runs the cache";
   EXPECT_FALSE(r.winner.empty());
 }
 

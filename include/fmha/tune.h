@@ -31,8 +31,12 @@ struct ProblemClass {
   int64_t group = 1;               // query heads per KV head
   int64_t seqlen_q_bucket = 0, seqlen_k_bucket = 0;
   bool deterministic = false;      // backward only (it changes the GPU backward's kernels)
+  // sm80 calls of the decode kernel (a KV cache, or at most 16 queries a sequence in fp16/bf16):
+  // their variants are split counts ("decode", "decode-half", "decode-twice", "decode-unsplit":
+  // the heuristic's count, half, twice, one), chosen per class; Params::num_splits overrides.
+  bool decode = false;
 
-  // The cache's key, e.g. "sm90 fwd bf16 d128 causal g1 q4096 k4096".
+  // The cache's key, e.g. "sm90 fwd bf16 d128 causal g1 q4096 k4096" ("... decode" for decode).
   std::string key() const;
 };
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "common/paged.h"
 #include "common/problem.h"
@@ -91,6 +92,32 @@ inline Workspace workspace(int64_t splits, int64_t batch, int64_t seqlen_q, int6
   return w;
 }
 
+// The decode kernel's tuned variants (include/fmha/tune.h): the split count of choose_splits
+// (the default), half of it, twice it (at most kMaxSplits), or no split. Params::num_splits, when
+// set, overrides every variant.
+enum class SplitVariant : int { heuristic, half, twice, unsplit };
+inline constexpr int kSplitVariants = 4;
+inline constexpr const char* kSplitVariantNames[kSplitVariants] = {"decode", "decode-half", "decode-twice",
+                                                                   "decode-unsplit"};
+// The variant a name denotes; false for a name that is none of them.
+inline bool split_variant_of(const std::string& name, SplitVariant* out) {
+  for (int i = 0; i < kSplitVariants; ++i)
+    if (name == kSplitVariantNames[i]) {
+      *out = SplitVariant(i);
+      return true;
+    }
+  return false;
+}
+inline int64_t apply_split_variant(int64_t splits, SplitVariant variant) {
+  switch (variant) {
+    case SplitVariant::heuristic: return splits;
+    case SplitVariant::half: return std::max<int64_t>(1, splits / 2);
+    case SplitVariant::twice: return std::min(2 * splits, kMaxSplits);
+    case SplitVariant::unsplit: return 1;
+  }
+  return splits;
+}
+
 // The whole plan of a validated decode-shaped call on a GPU of `sm_count` SMs.
 struct Plan {
   int64_t row_tiles = 0;  // per (sequence, KV head)
@@ -98,13 +125,14 @@ struct Plan {
   int64_t max_keys = 0;   // a sequence's capacity: every key any sequence may have
   Workspace workspace;
 };
-inline Plan plan(const Params& p, int64_t sm_count) {
+inline Plan plan(const Params& p, int64_t sm_count, SplitVariant variant = SplitVariant::heuristic) {
   const Problem s = Problem::of(p);
   Plan plan;
   plan.row_tiles = row_tiles(s.seqlen_q, s.group);
   // A cache's lengths may sit in device memory: the capacity bounds them without reading them.
   plan.max_keys = is_paged(p) ? PagedCache::of(p).capacity() : s.seqlen_k;
   plan.splits = choose_splits(s.batch * s.kv_heads * plan.row_tiles, plan.max_keys, sm_count, p.num_splits);
+  if (p.num_splits <= 0) plan.splits = apply_split_variant(plan.splits, variant);
   plan.workspace = workspace(plan.splits, s.batch, s.seqlen_q, s.heads, s.head_dim_v);
   return plan;
 }

@@ -244,7 +244,7 @@ Status selected_config(const Params& p, Direction direction, const CpuConfig** c
 
 }  // namespace
 
-std::vector<std::string> variants(Direction direction) {
+std::vector<std::string> variants(const Params&, Direction direction) {
   // A variant that differs from the default in the backward's settings alone (score_cache_bytes,
   // row_score_bytes) runs the default's forward: the tuner does not time it twice.
   const CpuConfig& base = kCpuConfigs[kCpuDefaultVariant];

@@ -14,7 +14,7 @@ inline constexpr int64_t kMaxHeadDim = 1024;
 Status supports(const Params& params, Direction direction);
 Status run(const Params& params, Direction direction);
 // Tuning: the block-size variants (src/cpu/cpu_config.h), and the one a call runs.
-std::vector<std::string> variants(Direction direction);
+std::vector<std::string> variants(const Params& params, Direction direction);
 Status variant_of(const Params& params, Direction direction, std::string* name);
 
 }  // namespace fmha::cpu

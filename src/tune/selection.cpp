@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "common/decode.h"
+#include "common/paged.h"
 #include "common/problem.h"
 #include "fmha/tune.h"
 #include "tune/cache.h"
@@ -64,6 +66,7 @@ std::string ProblemClass::key() const {
   k += " k";
   k += std::to_string(seqlen_k_bucket);
   if (direction == Direction::backward && deterministic) k += " deterministic";
+  if (decode) k += " decode";
   return k;
 }
 
@@ -85,6 +88,7 @@ ProblemClass class_of(Backend tier, const Params& p, Direction direction) {
   c.seqlen_q_bucket = seqlen_bucket(s.seqlen_q);
   c.seqlen_k_bucket = seqlen_bucket(s.seqlen_k);
   c.deterministic = direction == Direction::backward && p.deterministic;
+  c.decode = tier == Backend::cuda_sm80 && (is_paged(p) || decode::is_decode_shape(p, direction));
   return c;
 }
 

@@ -19,6 +19,7 @@
 
 #include "backends.h"
 #include "common/numeric.h"
+#include "common/paged.h"
 #include "common/problem.h"
 #include "common/tolerance.h"
 #include "fmha/tune.h"
@@ -159,12 +160,21 @@ class Session {
       device.upload(t.data, random_values(t, host, rng).data(), bytes_of(t));
     };
     const Device where = shape.q.device;
+    const bool paged = is_paged(shape);
     for (int i = 0; i < sets; ++i) {
       Params p = shape;
       // A packed (variable-length) call is tuned as the dense batch of its longest sequences,
       // the problem class it falls in (class_of reads the sequence count and longest lengths).
       p.cu_seqlens_q = p.cu_seqlens_k = Tensor{};
       p.max_seqlen_q = p.max_seqlen_k = 0;
+      // A call on a KV cache as one on a contiguous cache of its capacity, every sequence full:
+      // the same kernels and class, the pages in order.
+      if (paged) {
+        p.block_table = Tensor{};
+        p.cache_seqlens = arena_.tensor(DType::int32, where, {s.batch});
+        const std::vector<int32_t> full(size_t(s.batch), int32_t(s.seqlen_k));
+        device.upload(p.cache_seqlens.data, full.data(), full.size() * sizeof(int32_t));
+      }
       p.backend = entry.id;
       p.stream = device.stream();
       p.workspace = nullptr;
@@ -191,10 +201,21 @@ class Session {
 
   const Params& params(int set = 0) const { return params_[size_t(set)]; }
 
-  // The backward's O and LSE (from the forward of any backend), and the workspace.
-  Status prepare() {
+  // The backward's O and LSE (from the forward of any backend), and the workspace: the most any
+  // of `names` asks for (the decode kernel's split variants ask for different amounts).
+  Status prepare(const std::vector<std::string>& names) {
     size_t workspace = 0;
-    if (Status st = entry_.workspace_size(params_[0], direction_, &workspace); !st.ok()) return st;
+    for (const std::string& name : names) {
+      CandidateScope scope(entry_.id, direction_, name);
+      size_t bytes = 0;
+      if (entry_.workspace_size(params_[0], direction_, &bytes).ok()) workspace = std::max(workspace, bytes);
+    }
+    {
+      CandidateScope builtin(entry_.id, direction_, "");
+      size_t bytes = 0;
+      if (Status st = entry_.workspace_size(params_[0], direction_, &bytes); !st.ok()) return st;
+      workspace = std::max(workspace, bytes);
+    }
     void* buffer = workspace > 0 ? arena_.bytes(workspace) : nullptr;
     for (Params& p : params_) {
       p.workspace = buffer;
@@ -301,7 +322,7 @@ Status tune_call(const Params& call, Direction direction, const TuneOptions& opt
   const Params shape = shape_of(call);
   BackendEntry entry{};
   if (Status st = choose_backend(shape, direction, &entry); !st.ok()) return st;
-  if (!entry.variants || entry.variants(direction).empty())
+  if (!entry.variants || entry.variants(shape, direction).empty())
     return {Code::unsupported, std::string("backend: ") + to_string(entry.id) + " has no variants to tune for the " +
                                    to_string(direction)};
   const bool gpu = shape.q.device.type == DeviceType::cuda;
@@ -317,8 +338,9 @@ Status tune_call(const Params& call, Direction direction, const TuneOptions& opt
 
   TuningGuard tuning;
   Session session(*device, entry, shape, direction, sets);
-  if (Status st = session.prepare(); !st.ok()) return st;
   const Params& p = session.params();
+  std::vector<std::string> names = entry.variants(p, direction);
+  if (Status st = session.prepare(names); !st.ok()) return st;
 
   TuneResult r;
   r.problem = class_of(entry.id, p, direction);
@@ -327,7 +349,6 @@ Status tune_call(const Params& call, Direction direction, const TuneOptions& opt
     CandidateScope builtin(entry.id, direction, "");
     if (Status st = entry.variant_of(p, direction, &r.default_variant); !st.ok()) return st;
   }
-  std::vector<std::string> names = entry.variants(direction);
   {
     std::lock_guard<std::mutex> lock(g_test_mutex);
     if (g_test_candidate) names.push_back(g_test_candidate->name);
@@ -470,9 +491,11 @@ Status selected_variant(const Params& params, Direction direction, VariantChoice
   if (Status st = detail::choose_backend(params, direction, &entry); !st.ok()) return st;
   VariantChoice c;
   c.backend = entry.id;
-  if (entry.variant_of && entry.variants && !entry.variants(direction).empty()) {
+  if (entry.variant_of && entry.variants && !entry.variants(params, direction).empty()) {
     if (Status st = entry.variant_of(params, direction, &c.variant); !st.ok()) return st;
-    const char* variable = detail::variable_of(entry.id, direction);
+    // The decode kernel's split variants have no variable (Params::num_splits is the override).
+    const char* variable =
+        detail::class_of(entry.id, params, direction).decode ? nullptr : detail::variable_of(entry.id, direction);
     const detail::VariantRequest request =
         detail::requested_variant(entry.id, params, direction, variable ? std::getenv(variable) : nullptr);
     // A request the class cannot honour (a variant not compiled at its head dim) runs the default.

@@ -91,6 +91,69 @@ TEST_P(GpuTune, EveryCompiledVariantAgreesAndTheFastestIsUsed) {
   fmha::detail::reload_tune_cache();
 }
 
+// The sm80 decode kernel's calls tune their split count: every split variant runs, agrees with
+// the heuristic's, and a call of the class then runs the winner with the workspace that
+// workspace_size asks for.
+TEST(GpuTuneDecode, SplitCountsAreTunedAndTheWinnerRuns) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const std::string path =
+      std::filesystem::temp_directory_path().string() + "/fmha_gpu_tune_decode_" + std::to_string(getpid()) + ".json";
+  setenv(fmha::detail::kCacheVariable, path.c_str(), 1);
+  fmha::detail::reload_tune_cache();
+  constexpr int64_t kHeads = 32, kKvHeads = 8, kDim = 128, kKeys = 8192;
+  const fmha::Device gpu{fmha::DeviceType::cuda, 0};
+  fmha::Params p;  // shapes only: one query token of one sequence against 8k keys
+  p.q = fmha::make_tensor(nullptr, fmha::DType::bf16, {1, 1, kHeads, kDim}, gpu);
+  p.k = p.v = fmha::make_tensor(nullptr, fmha::DType::bf16, {1, kKeys, kKvHeads, kDim}, gpu);
+  p.backend = fmha::Backend::cuda_sm80;
+  fmha::TuneOptions options;
+  options.iters = 3;
+  options.warmup = 1;
+  fmha::TuneResult r;
+  const fmha::Status s = fmha::tune(p, fmha::Direction::forward, options, &r);
+  if (s.code == fmha::Code::unsupported || s.code == fmha::Code::no_device) GTEST_SKIP() << s.message;
+  ASSERT_TRUE(s.ok()) << s.message;
+  EXPECT_TRUE(r.problem.decode) << r.problem.key();
+  EXPECT_EQ(r.default_variant, "decode");
+  ASSERT_EQ(r.variants.size(), 4u);
+  const char* names[] = {"decode", "decode-half", "decode-twice", "decode-unsplit"};
+  for (size_t i = 0; i < r.variants.size(); ++i) {
+    EXPECT_EQ(r.variants[i].variant, names[i]);
+    EXPECT_TRUE(r.variants[i].agrees) << r.variants[i].variant << ": " << r.variants[i].status;
+  }
+  fmha::detail::reload_tune_cache();
+  void* memory = nullptr;
+  const size_t q_bytes = size_t(kHeads * kDim) * 2, kv_bytes = size_t(kKeys * kKvHeads * kDim) * 2;
+  ASSERT_EQ(cudaMalloc(&memory, 2 * q_bytes + 2 * kv_bytes + kHeads * sizeof(float)), cudaSuccess);
+  char* base = static_cast<char*>(memory);
+  fmha::Params call = p;
+  call.q.data = base;
+  call.k.data = base + q_bytes;
+  call.v.data = base + q_bytes + kv_bytes;
+  call.o = fmha::make_tensor(base + q_bytes + 2 * kv_bytes, fmha::DType::bf16, {1, 1, kHeads, kDim}, gpu);
+  call.lse = fmha::make_tensor(base + 2 * q_bytes + 2 * kv_bytes, fmha::DType::fp32, {1, kHeads, 1}, gpu);
+  ASSERT_EQ(cudaMemset(memory, 0, 2 * q_bytes + 2 * kv_bytes), cudaSuccess);
+  fmha::VariantChoice choice;
+  ASSERT_TRUE(fmha::selected_variant(call, fmha::Direction::forward, &choice).ok());
+  EXPECT_EQ(choice.variant, r.winner);
+  if (r.winner != r.default_variant) EXPECT_EQ(choice.source, "cache");
+  size_t workspace = 0;
+  ASSERT_TRUE(fmha::workspace_size(call, fmha::Direction::forward, &workspace).ok());
+  void* scratch = nullptr;
+  if (workspace > 0) ASSERT_EQ(cudaMalloc(&scratch, workspace), cudaSuccess);
+  call.workspace = scratch;
+  call.workspace_bytes = workspace;
+  const fmha::Status run = fmha::forward(call);
+  EXPECT_TRUE(run.ok()) << run.message;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(scratch);
+  cudaFree(memory);
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + ".lock");
+  unsetenv(fmha::detail::kCacheVariable);
+  fmha::detail::reload_tune_cache();
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Tiers, GpuTune,
     ::testing::Values(

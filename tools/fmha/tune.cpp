@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -28,12 +29,20 @@ constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2;
 constexpr const char* kConfigVariables[] = {"FMHA_CPU_CONFIG",     "FMHA_SIMT_CONFIG",     "FMHA_SIMT_BWD_CONFIG",
                                             "FMHA_SM80_FWD_CONFIG", "FMHA_SM80_BWD_CONFIG", "FMHA_SM90_FWD_CONFIG"};
 
-// A call with the case's shapes and options; the tuner allocates its own data.
+constexpr int kDecodeMaxQueries = 16;  // the decode kernel's dense calls (src/common/decode.h kMaxSeqlenQ)
+
+// A call with the case's shapes and options; the tuner allocates its own data. A paged case
+// (--paged) tunes as the dense call of its cache's capacity (whole pages): with at most 16 queries
+// a sequence that is the paged call's class (the decode kernel's on the GPU, the same buckets);
+// the tuner tunes a paged call so itself (src/tune/tuner.cpp), and a shapes-only call cannot
+// carry a block table (its entries are checked).
 Params shape_params(const CaseSpec& c, Device device) {
   Params p;
+  const int64_t keys = c.paged() ? std::max<int64_t>(1, (c.seqlen_k + c.page_size - 1) / c.page_size) * c.page_size
+                                 : c.seqlen_k;
   p.q = make_tensor(nullptr, c.dtype, {c.batch, c.seqlen_q, c.heads, c.head_dim}, device);
-  p.k = make_tensor(nullptr, c.dtype, {c.batch, c.seqlen_k, c.kv_heads, c.head_dim}, device);
-  p.v = make_tensor(nullptr, c.dtype, {c.batch, c.seqlen_k, c.kv_heads, c.head_dim_v}, device);
+  p.k = make_tensor(nullptr, c.dtype, {c.batch, keys, c.kv_heads, c.head_dim}, device);
+  p.v = make_tensor(nullptr, c.dtype, {c.batch, keys, c.kv_heads, c.head_dim_v}, device);
   p.softmax_scale = c.softmax_scale;
   p.causal = c.causal;
   p.window_left = c.window_left;
@@ -163,6 +172,13 @@ int run_tune(const TuneCliOptions& opt) {
   std::set<std::string> seen;  // a sweep's cases may share a class
   for (size_t i = 0; i < cases.size(); ++i) {
     const CaseSpec c = cases[i].resolved();
+    if (c.paged() && c.seqlen_q > kDecodeMaxQueries) {
+      std::printf("\n%s %s: n/a: --paged: tuned as the dense call of the cache's capacity, which shares the paged "
+                  "call's class only up to %d queries a sequence (--seqlen-q is %lld)\n",
+                  to_string(c.mode), c.dtype_name().c_str(), kDecodeMaxQueries, (long long)c.seqlen_q);
+      ++failures;
+      continue;
+    }
     const Params p = shape_params(c, device);
     ProblemClass cls;
     if (Status s = problem_class(p, c.mode, &cls); !s.ok()) {

@@ -112,7 +112,7 @@ struct Simt {
 Status supports(const Params& p, Direction direction) { return tier_supports<Simt>(p, direction); }
 Status run(const Params& p, Direction direction) { return tier_run<Simt>(p, direction); }
 
-std::vector<std::string> variants(Direction direction) {
+std::vector<std::string> variants(const Params&, Direction direction) {
   return direction == Direction::backward ? variant_list(kBwdVariantNames, kBwdVariants)
                                           : variant_list(kFwdVariantNames, kFwdVariants);
 }

@@ -194,15 +194,37 @@ DecodeArgs decode_args(const Params& p, const decode::Plan& plan) {
   return a;
 }
 
-// The plan, with its splits dropped to one when the caller's workspace cannot hold the partials
-// and no split count was asked for (then the missing workspace is an error).
+// The split-count variant a decode call runs (tune/selection.h's order: the tuner's candidate,
+// the cache's winner; no environment variable: Params::num_splits is the caller's override). A
+// name that is no split variant (a cache written by another build) runs the heuristic.
+decode::SplitVariant split_variant_of(const Params& p) {
+  const detail::VariantRequest request =
+      detail::requested_variant(Backend::cuda_sm80, p, Direction::forward, nullptr);
+  decode::SplitVariant variant = decode::SplitVariant::heuristic;
+  decode::split_variant_of(request.name, &variant);
+  return variant;
+}
+
+// The plan of the call's split variant. Where the caller's workspace cannot hold its partials and
+// no split count was asked for, the heuristic's count if the workspace holds that (a winner
+// cached after the caller sized the workspace), else one split; with a split count asked for,
+// the missing workspace is an error.
 Status decode_plan(const Params& p, const DeviceProps& props, decode::Plan* plan) {
-  *plan = decode::plan(p, props.multiprocessors);
+  *plan = decode::plan(p, props.multiprocessors, split_variant_of(p));
+  auto fits = [&](const decode::Plan& candidate) {
+    const size_t need = candidate.workspace.total;
+    return need == 0 || (p.workspace != nullptr && p.workspace_bytes >= need &&
+                         reinterpret_cast<uintptr_t>(p.workspace) % decode::kWorkspaceAlign == 0);
+  };
+  if (fits(*plan)) return Status::success();
   const size_t need = plan->workspace.total;
-  if (need == 0) return Status::success();
-  const bool fits = p.workspace != nullptr && p.workspace_bytes >= need &&
-                    reinterpret_cast<uintptr_t>(p.workspace) % decode::kWorkspaceAlign == 0;
-  if (fits) return Status::success();
+  if (p.num_splits <= 0) {
+    const decode::Plan heuristic = decode::plan(p, props.multiprocessors);
+    if (fits(heuristic)) {
+      *plan = heuristic;
+      return Status::success();
+    }
+  }
   if (p.num_splits > 0)
     return {Code::invalid_argument, "workspace: num_splits " + std::to_string(p.num_splits) + " needs " +
                                         std::to_string(need) + " bytes of device workspace aligned to " +
@@ -297,11 +319,12 @@ Status workspace_size(const Params& p, Direction direction, size_t* bytes) {
   if (!takes_decode(p, direction)) return cuda::workspace_size(p, direction, bytes);
   DeviceProps props;
   if (Status st = check_decode(p, props); !st.ok()) return st;
-  *bytes = decode::plan(p, props.multiprocessors).workspace.total;
+  *bytes = decode::plan(p, props.multiprocessors, split_variant_of(p)).workspace.total;
   return Status::success();
 }
 
-std::vector<std::string> variants(Direction direction) {
+std::vector<std::string> variants(const Params& p, Direction direction) {
+  if (takes_decode(p, direction)) return variant_list(decode::kSplitVariantNames, decode::kSplitVariants);
   return direction == Direction::backward ? variant_list(kBwdVariantNames, kBwdVariants)
                                           : variant_list(kFwdVariantNames, kFwdVariants);
 }
@@ -310,7 +333,7 @@ Status variant_of(const Params& p, Direction direction, std::string* name) {
   DeviceProps props;
   if (Status st = check_call(p, direction, props); !st.ok()) return st;
   if (takes_decode(p, direction)) {
-    *name = kDecodeVariantName;
+    *name = decode::kSplitVariantNames[int(split_variant_of(p))];
     return Status::success();
   }
   const Problem s = Problem::of(p);

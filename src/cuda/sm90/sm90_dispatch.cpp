@@ -411,7 +411,7 @@ Status workspace_size(const Params& p, Direction direction, size_t* bytes) {
   return cuda::workspace_size(p, direction, bytes, ordered_dq<Sm90>());
 }
 
-std::vector<std::string> variants(Direction direction) {
+std::vector<std::string> variants(const Params&, Direction direction) {
   if (direction == Direction::backward) return {};
   return variant_list(kFwdVariantNames, kFwdVariants);
 }
