@@ -286,6 +286,18 @@ TEST(Cli, TuneSweepAndBadFlags) {
                           "cpu fwd fp32 d128 causal g8 q64 k32768", "cpu fwd fp32 d128 causal g4 q64 k8192"})
     EXPECT_NE(r.out.find(key), std::string::npos) << key << "\n" << r.out;
   EXPECT_EQ(r.out.find("bf16"), std::string::npos) << r.out;
+  // The decode sweep (`fmha bench --sweep decode`'s cases, bf16 unless --dtype says otherwise):
+  // its paged cases share their contiguous twins' classes, so three classes; a paged class with
+  // more than 16 queries a sequence has no dense twin and is refused by name.
+  r = fmha("tune --sweep decode --backend cpu --list", false, env);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out,
+            "cpu fwd bf16 d128 causal g4 q64 k8192\ncpu fwd bf16 d128 causal g4 q64 k131072\n"
+            "cpu fwd bf16 d128 causal g4 q64 k32768\n");
+  r = fmha("tune --backend cpu --paged --page-size 16 --seqlen-q 1 --seqlen-k 1000 --list", false, env);
+  EXPECT_EQ(r.out, "cpu fwd fp32 d64 none g1 q64 k1024\n") << "1000 keys in whole pages of 16: 1008";
+  r = fmha("tune --backend cpu --paged --seqlen-q 17 --seqlen-k 1000 --list", false, env);
+  EXPECT_NE(r.out.find("--paged"), std::string::npos) << r.out;
   // A dry run measures and writes nothing.
   r = fmha("tune --backend cpu --batch 1 --heads 1 --seqlen-q 64 --iters 1 --warmup 0 --no-progress --dry-run", false,
            env);

@@ -160,8 +160,14 @@ TEST(ProblemClassKey, DecodeKernelCallsOfTheSm80TierAreTheirOwnClass) {
   Params p;  // shapes only
   p.q = p.o = make_tensor(nullptr, DType::bf16, {2, 1, 32, 128});
   p.k = p.v = make_tensor(nullptr, DType::bf16, {2, 8192, 8, 128});
+  // 2 sequences · 8 KV heads · one tile of 4 packed rows: 16 CTAs before splitting.
   EXPECT_EQ(detail::class_of(Backend::cuda_sm80, p, Direction::forward).key(),
-            "sm80 fwd bf16 d128 none g4 q64 k8192 decode");
+            "sm80 fwd bf16 d128 none g4 q64 k8192 decode b16");
+  Params more = p;  // 20 sequences: 160 CTAs, up to 256
+  more.q = more.o = make_tensor(nullptr, DType::bf16, {20, 1, 32, 128});
+  more.k = more.v = make_tensor(nullptr, DType::bf16, {20, 8192, 8, 128});
+  EXPECT_EQ(detail::class_of(Backend::cuda_sm80, more, Direction::forward).key(),
+            "sm80 fwd bf16 d128 none g4 q64 k8192 decode b256");
   EXPECT_FALSE(detail::class_of(Backend::cuda_sm90, p, Direction::forward).decode);
   EXPECT_FALSE(detail::class_of(Backend::cpu, p, Direction::forward).decode);
   EXPECT_FALSE(detail::class_of(Backend::cuda_sm80, p, Direction::backward).decode);
@@ -173,8 +179,9 @@ TEST(ProblemClassKey, DecodeKernelCallsOfTheSm80TierAreTheirOwnClass) {
   paged.k = paged.v = make_tensor(nullptr, DType::bf16, {256, 64, 8, 128});
   paged.block_table = make_tensor(nullptr, DType::int32, {2, 128});
   paged.cache_seqlens = make_tensor(nullptr, DType::int32, {2});
+  // 64 queries · 4 heads a KV head = 256 packed rows: 16 tiles, · 2 · 8 = 256 CTAs.
   EXPECT_EQ(detail::class_of(Backend::cuda_sm80, paged, Direction::forward).key(),
-            "sm80 fwd bf16 d128 none g4 q64 k8192 decode");
+            "sm80 fwd bf16 d128 none g4 q64 k8192 decode b256");
 }
 
 TEST_F(TuneTest, CacheRoundTrip) {

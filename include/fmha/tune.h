@@ -34,9 +34,13 @@ struct ProblemClass {
   // sm80 calls of the decode kernel (a KV cache, or at most 16 queries a sequence in fp16/bf16):
   // their variants are split counts ("decode", "decode-half", "decode-twice", "decode-unsplit":
   // the heuristic's count, half, twice, one), chosen per class; Params::num_splits overrides.
+  // How well a split count fills the GPU depends on the kernel's CTAs before splitting (batch ·
+  // KV heads · tiles of 16 packed query rows), so for these calls that count, rounded up to a
+  // power of two, is part of the class.
   bool decode = false;
+  int64_t decode_blocks_bucket = 0;
 
-  // The cache's key, e.g. "sm90 fwd bf16 d128 causal g1 q4096 k4096" ("... decode" for decode).
+  // The cache's key, e.g. "sm90 fwd bf16 d128 causal g1 q4096 k4096" ("... decode b8" for decode).
   std::string key() const;
 };
 

@@ -66,7 +66,10 @@ std::string ProblemClass::key() const {
   k += " k";
   k += std::to_string(seqlen_k_bucket);
   if (direction == Direction::backward && deterministic) k += " deterministic";
-  if (decode) k += " decode";
+  if (decode) {
+    k += " decode b";
+    k += std::to_string(decode_blocks_bucket);
+  }
   return k;
 }
 
@@ -89,6 +92,11 @@ ProblemClass class_of(Backend tier, const Params& p, Direction direction) {
   c.seqlen_k_bucket = seqlen_bucket(s.seqlen_k);
   c.deterministic = direction == Direction::backward && p.deterministic;
   c.decode = tier == Backend::cuda_sm80 && (is_paged(p) || decode::is_decode_shape(p, direction));
+  if (c.decode) {
+    const int64_t blocks = s.batch * s.kv_heads * decode::row_tiles(s.seqlen_q, s.group);
+    c.decode_blocks_bucket = 1;
+    while (c.decode_blocks_bucket < blocks) c.decode_blocks_bucket *= 2;
+  }
   return c;
 }
 

@@ -143,10 +143,45 @@ std::vector<CaseSpec> cpu_sweep(const CaseSpec& base) {
   return cases;
 }
 
+namespace {
+
+// The decoding target (issue: a paged KV cache): one query token per sequence against a long KV
+// cache, 32 query heads over 8 KV heads, D128, bf16 unless --dtype says otherwise; batch x KV
+// length as below, each with the contiguous cache and a paged one (pages of --page-size rows, 64
+// by default, shuffled). Bound by reading K and V: reported as TB/s of Q, K, V and O bytes once.
+constexpr int64_t kDecodeHeads = 32, kDecodeKvHeads = 8, kDecodeDim = 128;
+constexpr int64_t kDecodeShapes[][2] = {{1, 8192}, {1, 131072}, {16, 8192}, {16, 32768}, {64, 8192}};
+constexpr int64_t kDecodePageSize = 64;  // `fmha tune --sweep decode` without --paged: its paged cases
+
+std::vector<CaseSpec> decode_sweep(const CaseSpec& base, int64_t page_size) {
+  std::vector<CaseSpec> cases;
+  for (const auto& [batch, seqlen_k] : kDecodeShapes)
+    for (bool paged : {false, true}) {
+      CaseSpec c = base;
+      c.mode = Direction::forward;
+      c.batch = batch;
+      c.heads = kDecodeHeads;
+      c.kv_heads = kDecodeKvHeads;
+      c.seqlen_q = 1;
+      c.seqlen_k = seqlen_k;
+      c.head_dim = c.head_dim_v = kDecodeDim;
+      c.causal = Causal::bottom_right;
+      c.window_left = c.window_right = -1;
+      c.q_offset = 0;
+      c.seqlens_q = c.seqlens_k = {};
+      c.page_size = paged ? page_size : 0;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
+}  // namespace
+
 bool named_sweep(const std::string& name, const CaseSpec& base, std::vector<CaseSpec>* cases) {
   if (name == "fa") *cases = fa_sweep(base);
   else if (name == "seed") *cases = seed_sweep(base);
   else if (name == "cpu") *cases = cpu_sweep(base);
+  else if (name == "decode") *cases = decode_sweep(base, base.paged() ? base.page_size : kDecodePageSize);
   else return false;
   return true;
 }
@@ -196,34 +231,6 @@ std::vector<CaseSpec> varlen_sweep(const CaseSpec& base) {
   return cases;
 }
 
-// The decoding target (issue: a paged KV cache): one query token per sequence against a long KV
-// cache, 32 query heads over 8 KV heads, D128, bf16 unless --dtype says otherwise; batch x KV
-// length as below, each with the contiguous cache and a paged one (pages of --page-size rows, 64
-// by default, shuffled). Bound by reading K and V: reported as TB/s of Q, K, V and O bytes once.
-constexpr int64_t kDecodeHeads = 32, kDecodeKvHeads = 8, kDecodeDim = 128;
-constexpr int64_t kDecodeShapes[][2] = {{1, 8192}, {1, 131072}, {16, 8192}, {16, 32768}, {64, 8192}};
-
-std::vector<CaseSpec> decode_sweep(const CaseSpec& base, int64_t page_size) {
-  std::vector<CaseSpec> cases;
-  for (const auto& [batch, seqlen_k] : kDecodeShapes)
-    for (bool paged : {false, true}) {
-      CaseSpec c = base;
-      c.mode = Direction::forward;
-      c.batch = batch;
-      c.heads = kDecodeHeads;
-      c.kv_heads = kDecodeKvHeads;
-      c.seqlen_q = 1;
-      c.seqlen_k = seqlen_k;
-      c.head_dim = c.head_dim_v = kDecodeDim;
-      c.causal = Causal::bottom_right;
-      c.window_left = c.window_right = -1;
-      c.q_offset = 0;
-      c.seqlens_q = c.seqlens_k = {};
-      c.page_size = paged ? page_size : 0;
-      cases.push_back(c);
-    }
-  return cases;
-}
 
 }  // namespace
 

@@ -108,7 +108,7 @@ void print_result(const TuneResult& r) {
 }  // namespace
 
 void add_tune_options(CLI::App* app, TuneCliOptions& o) {
-  app->add_option("--sweep", o.sweep, "Named sweep to tune: seed, fa or cpu (default: the class the run flags describe)");
+  app->add_option("--sweep", o.sweep, "Named sweep to tune: seed, fa, cpu or decode (default: the class the run flags describe)");
   app->add_option("--rotate", o.rotate, "Input sets to rotate through (default: enough to exceed the L2 cache)");
   app->add_flag("--show", o.show, "Print the tuning cache");
   app->add_flag("--clear", o.clear, "Remove the tuning cache");
@@ -140,9 +140,10 @@ int run_tune(const TuneCliOptions& opt) {
     return kExitUsage;
   }
   std::vector<CaseSpec> cases;
+  if (opt.sweep == "decode" && !opt.dtype_given) base.dtype = DType::bf16;  // as `fmha bench --sweep decode`
   if (opt.sweep.empty()) cases = {base};
   else if (!named_sweep(opt.sweep, base, &cases)) {
-    std::cerr << "fmha tune: --sweep: expected fa, seed or cpu, got '" << opt.sweep << "'\n";
+    std::cerr << "fmha tune: --sweep: expected fa, seed, cpu or decode, got '" << opt.sweep << "'\n";
     return kExitUsage;
   } else {
     std::erase_if(cases, [&](const CaseSpec& c) {
