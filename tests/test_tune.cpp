@@ -384,6 +384,20 @@ TEST_F(TuneTest, TunerTimesEveryVariantAndCachesTheFastest) {
 }
 
 // A packed call is tuned as the dense batch of its longest sequences: its own class.
+// One quick tuning of p's forward (one timed run, nothing cached), which must succeed and land
+// in the class problem_class gives p.
+void tune_once_in_its_class(const Params& p, TuneResult* r) {
+  TuneOptions options;
+  options.iters = 1;
+  options.warmup = 0;
+  options.write_cache = false;
+  const Status s = tune(p, Direction::forward, options, r);
+  ASSERT_TRUE(s.ok()) << s.message;
+  ProblemClass expected;
+  ASSERT_TRUE(problem_class(p, Direction::forward, &expected).ok());
+  EXPECT_EQ(r->problem.key(), expected.key());
+}
+
 TEST_F(TuneTest, APackedCallTunesItsClass) {
   constexpr int64_t kHeads = 2, kDim = 32;
   const std::vector<int32_t> cu = {0, 40, 41, 141};
@@ -396,16 +410,8 @@ TEST_F(TuneTest, APackedCallTunesItsClass) {
   p.cu_seqlens_q = p.cu_seqlens_k = make_tensor(const_cast<int32_t*>(cu.data()), DType::int32, {4});
   p.max_seqlen_q = p.max_seqlen_k = 100;
   p.backend = Backend::cpu;
-  TuneOptions options;
-  options.iters = 1;
-  options.warmup = 0;
-  options.write_cache = false;
   TuneResult r;
-  const Status s = tune(p, Direction::forward, options, &r);
-  ASSERT_TRUE(s.ok()) << s.message;
-  ProblemClass packed;
-  ASSERT_TRUE(problem_class(p, Direction::forward, &packed).ok());
-  EXPECT_EQ(r.problem.key(), packed.key());
+  ASSERT_NO_FATAL_FAILURE(tune_once_in_its_class(p, &r));
   EXPECT_FALSE(r.winner.empty());
 }
 
@@ -426,16 +432,8 @@ TEST_F(TuneTest, APagedCallTunesAsItsContiguousCache) {
   p.causal = Causal::bottom_right;
   p.backend = Backend::cpu;
   ASSERT_TRUE(forward(p).ok()) << "a valid call";
-  TuneOptions options;
-  options.iters = 1;
-  options.warmup = 0;
-  options.write_cache = false;
   TuneResult r;
-  const Status s = tune(p, Direction::forward, options, &r);
-  ASSERT_TRUE(s.ok()) << s.message;
-  ProblemClass paged;
-  ASSERT_TRUE(problem_class(p, Direction::forward, &paged).ok());
-  EXPECT_EQ(r.problem.key(), paged.key());
+  ASSERT_NO_FATAL_FAILURE(tune_once_in_its_class(p, &r));
   EXPECT_EQ(r.problem.seqlen_k_bucket, 128) << "the capacity, 5 pages of 16";
   int agreed = 0;
   for (const VariantTiming& v : r.variants) agreed += v.agrees;
