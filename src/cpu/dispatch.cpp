@@ -282,21 +282,22 @@ Status supports(const Params& p, Direction direction) {
 
 namespace {
 
-Status run_on_path(Isa isa, const Params* calls, int64_t count, Direction direction, const CpuConfig& config) {
+Status run_on_path(Isa isa, const Params* calls, int64_t count, Direction direction, const CpuConfig& config,
+                   const KeyPages* pages = nullptr) {
   switch (isa) {
 #ifdef FMHA_CPU_HAS_AVX2
-    case Isa::avx2: return avx2::run_kernels(calls, count, direction, config);
+    case Isa::avx2: return avx2::run_kernels(calls, count, direction, config, pages);
 #endif
 #ifdef FMHA_CPU_HAS_AVX512
-    case Isa::avx512: return avx512::run_kernels(calls, count, direction, config);
+    case Isa::avx512: return avx512::run_kernels(calls, count, direction, config, pages);
 #endif
 #ifdef FMHA_CPU_HAS_AVX512BF16
-    case Isa::avx512bf16: return avx512bf16::run_kernels(calls, count, direction, config);
+    case Isa::avx512bf16: return avx512bf16::run_kernels(calls, count, direction, config, pages);
 #endif
 #ifdef FMHA_CPU_HAS_AMXBF16
-    case Isa::amxbf16: return amxbf16::run_kernels(calls, count, direction, config);
+    case Isa::amxbf16: return amxbf16::run_kernels(calls, count, direction, config, pages);
 #endif
-    default: return portable::run_kernels(calls, count, direction, config);
+    default: return portable::run_kernels(calls, count, direction, config, pages);
   }
 }
 
@@ -308,8 +309,8 @@ Status run(const Params& p, Direction direction) {
   const CpuConfig* config = nullptr;
   if (Status s = selected_config(p, direction, &config); !s.ok()) return s;
   if (is_paged(p))  // forward only (validate() refuses the backward)
-    return run_paged(p, [&](const Params* calls, int64_t count) {
-      return run_on_path(isa, calls, count, Direction::forward, *config);
+    return run_paged(p, [&](const Params* calls, int64_t count, const KeyPages* pages) {
+      return run_on_path(isa, calls, count, Direction::forward, *config, pages);
     });
   const std::vector<Params> calls = dense_calls(p);
   return run_on_path(isa, calls.data(), int64_t(calls.size()), direction, *config);

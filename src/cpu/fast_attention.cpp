@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "common/numeric.h"
+#include "common/paged.h"
 #include "common/parallel.h"
 #include "common/problem.h"
 #include "common/tensor_access.h"
@@ -91,10 +92,52 @@ Range intersect(Range a, Range b) {
 constexpr int64_t kPrefetchRows = 8;
 constexpr int64_t kCacheLine = 64;
 
-void prefetch_row(const Tensor& t, int64_t b, int64_t r, int64_t h, int64_t dim) {
-  const char* row = static_cast<const char*>(t.data) + offset4(t, b, r, h, 0) * (t.dtype == DType::fp32 ? 4 : 2);
-  const int64_t bytes = dim * (t.dtype == DType::fp32 ? 4 : 2);
-  for (int64_t i = 0; i < bytes; i += kCacheLine) __builtin_prefetch(row + i);
+// The rows a panel reads: one head's rows of sequence b of a [B, S, H, dim] tensor (TensorRows),
+// or key rows that lie in a sequence's pages (PagedRows: a piece of a paged call, kernels.h
+// KeyPages). The loads are templates over the two, so that a tensor's rows compile as plain
+// strided rows.
+struct TensorRows {
+  const Tensor* t = nullptr;
+  int64_t b = 0;
+  int64_t offset(int64_t r, int64_t h) const { return offset4(*t, b, r, h, 0); }  // element offset
+  // Whether rows [r, r + n) lie one row stride (t->stride[1]) after another from row r.
+  static constexpr bool rows_follow(int64_t, int64_t) { return true; }
+};
+struct PagedRows {
+  const Tensor* t = nullptr;  // a [1, n, H, dim] view at the page pool's base
+  const int32_t* table = nullptr;
+  int64_t table_stride = 1, page_size = 1, first_key = 0, num_pages = 1, page_stride = 0;
+  PagedRows(const Tensor& tensor, const KeyPages& pages, bool values)
+      : t(&tensor),
+        table(pages.table),
+        table_stride(pages.table_stride),
+        page_size(pages.page_size),
+        first_key(pages.first_key),
+        num_pages(pages.num_pages),
+        page_stride(values ? pages.v_page_stride : pages.k_page_stride) {}
+  int64_t offset(int64_t r, int64_t h) const {
+    const int64_t key = first_key + r;
+    return clamp_page(table[key / page_size * table_stride], num_pages) * page_stride +
+           key % page_size * t->stride[1] + h * t->stride[2];
+  }
+  bool rows_follow(int64_t r, int64_t n) const {
+    return (first_key + r) / page_size == (first_key + r + n - 1) / page_size;
+  }
+};
+// f(K rows, V rows) of a call: its own, or through `pages` where it has a table.
+template <class F>
+void with_key_rows(const Params& p, int64_t b, const KeyPages* pages, F&& f) {
+  if (pages != nullptr && pages->table != nullptr) f(PagedRows(p.k, *pages, false), PagedRows(p.v, *pages, true));
+  else f(TensorRows{&p.k, b}, TensorRows{&p.v, b});
+}
+
+// The row of t at element `offset`, `dim` elements. Not a template: GCC 12 deems a template
+// whose body is only prefetches free of effects and drops its calls (measured: a panel loader
+// through such a template lost every prefetch and ran 1.4x slower).
+void prefetch_row(const Tensor& t, int64_t offset, int64_t dim) {
+  const int64_t element = t.dtype == DType::fp32 ? 4 : 2;
+  const char* row = static_cast<const char*>(t.data) + offset * element;
+  for (int64_t i = 0; i < dim * element; i += kCacheLine) __builtin_prefetch(row + i);
 }
 
 // Rows [rows.begin, rows.end) of one head of a [B, S, H, dim] tensor converted to fp32, once, for
@@ -110,6 +153,10 @@ struct Panel {
 
   // Row-major (transposed panels come from row-major ones: transpose_of).
   void load(const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, bool tf32) {
+    load(TensorRows{&t, b}, h, rows, dim, tf32);
+  }
+  template <class Rows>
+  void load(const Rows& src, int64_t h, Range rows, int64_t dim, bool tf32) {
     transposed = false;
     first = align_down(rows.begin, kTileN);
     span = round_up(std::max<int64_t>(rows.end - first, 1), kTileN);
@@ -119,9 +166,9 @@ struct Panel {
     std::fill_n(data, (rows.begin - first) * ld, 0.0f);
     std::fill_n(data + (rows.end - first) * ld, (first + span - rows.end) * ld, 0.0f);
     for (int64_t r = rows.begin; r < rows.end; ++r) {
-      if (r + kPrefetchRows < rows.end) prefetch_row(t, b, r + kPrefetchRows, h, dim);
+      if (r + kPrefetchRows < rows.end) prefetch_row(*src.t, src.offset(r + kPrefetchRows, h), dim);
       float* row = data + (r - first) * ld;
-      read_row(t, offset4(t, b, r, h, 0), dim, row, tf32);
+      read_row(*src.t, src.offset(r, h), dim, row, tf32);
       std::fill_n(row + dim, ld - dim, 0.0f);
     }
   }
@@ -237,6 +284,10 @@ struct Bf16Panel {
   Bf16Layout layout = Bf16Layout::rows;
 
   void load(const Tensor& t, int64_t b, int64_t h, Range rows, int64_t dim, Bf16Layout how) {
+    load(TensorRows{&t, b}, h, rows, dim, how);
+  }
+  template <class Rows>
+  void load(const Rows& src, int64_t h, Range rows, int64_t dim, Bf16Layout how) {
     layout = how;
     first = align_down(rows.begin, kTileN);
     const int64_t span = round_up(std::max<int64_t>(rows.end - first, 1), kTileN);
@@ -251,11 +302,12 @@ struct Bf16Panel {
     }
     uint16_t* data = reinterpret_cast<uint16_t*>(buffer.reserve((size + 1) / 2));
     std::fill_n(data, size, uint16_t{0});
+    const uint16_t* const elements = static_cast<const uint16_t*>(src.t->data);
     const auto copy_row = [&](int64_t row) {  // one row element by element (rows: as one run)
-      const uint16_t* src = static_cast<const uint16_t*>(t.data) + offset4(t, b, row, h, 0);
+      const uint16_t* from = elements + src.offset(row, h);
       const int64_t i = row - first;
-      if (layout == Bf16Layout::rows) std::copy_n(src, dim, data + i * ld);
-      else for (int64_t d = 0; d < dim; ++d) data[index(i, d)] = src[d];
+      if (layout == Bf16Layout::rows) std::copy_n(from, dim, data + i * ld);
+      else for (int64_t d = 0; d < dim; ++d) data[index(i, d)] = from[d];
     };
     int64_t r = rows.begin;
 #if FMHA_CPU_LEVEL >= 2
@@ -266,16 +318,20 @@ struct Bf16Panel {
       constexpr int64_t kRows = std::remove_reference_t<decltype(copy)>::kRows;
       constexpr int64_t kDims = std::remove_reference_t<decltype(copy)>::kDims;
       constexpr int64_t kAhead = std::max(kRows, kPrefetchRows);  // rows prefetched ahead
-      const int64_t row_stride = t.stride[1], block_dims = dim / kDims * kDims;
-      const uint16_t* base = static_cast<const uint16_t*>(t.data) + offset4(t, b, 0, h, 0);
+      const int64_t row_stride = src.t->stride[1], block_dims = dim / kDims * kDims;
       for (; r + kRows <= rows.end; r += kRows) {
         for (int64_t i = r + kAhead; i < std::min(r + kAhead + kRows, rows.end); ++i)
-          prefetch_row(t, b, i, h, dim);
+          prefetch_row(*src.t, src.offset(i, h), dim);
+        if (!src.rows_follow(r, kRows)) {  // the block crosses into another page: row by row
+          for (int64_t i = r; i < r + kRows; ++i) copy_row(i);
+          continue;
+        }
+        const uint16_t* block = elements + src.offset(r, h);  // row r + i at block + i * row_stride
         for (int64_t d = 0; d < block_dims; d += kDims)
-          copy(base + r * row_stride + d, row_stride * int64_t(sizeof(uint16_t)), data + index(r - first, d),
+          copy(block + d, row_stride * int64_t(sizeof(uint16_t)), data + index(r - first, d),
                ld * int64_t(sizeof(uint16_t)));
-        for (int64_t i = r; i < r + kRows; ++i)
-          for (int64_t d = block_dims; d < dim; ++d) data[index(i - first, d)] = base[i * row_stride + d];
+        for (int64_t i = 0; i < kRows; ++i)
+          for (int64_t d = block_dims; d < dim; ++d) data[index(r + i - first, d)] = block[i * row_stride + d];
       }
     };
     if (layout == Bf16Layout::pairs_over_rows && (r - first) % 2 != 0 && r < rows.end) {
@@ -290,7 +346,7 @@ struct Bf16Panel {
     }
 #endif
     for (; r < rows.end; ++r) {
-      if (r + kPrefetchRows < rows.end) prefetch_row(t, b, r + kPrefetchRows, h, dim);
+      if (r + kPrefetchRows < rows.end) prefetch_row(*src.t, src.offset(r + kPrefetchRows, h), dim);
       copy_row(r);
     }
   }
@@ -471,7 +527,7 @@ void finish_forward_row(const Params& p, const Problem& s, const ForwardPart* pa
 // queries wide and mostly padding. forward_chunk takes every other item.
 template <bool kBf16>
 void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& config, int64_t b, int64_t kv_head, Range rows,
-                   Range key_part, const ForwardPart* part, ForwardScratch& t) {
+                   Range key_part, const ForwardPart* part, const KeyPages* pages, ForwardScratch& t) {
   [[maybe_unused]] const ItemTiles<kBf16> tile_session{};
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
@@ -518,14 +574,16 @@ void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& conf
 
   for (int64_t block0 = align_down(keys.begin, key_block); block0 < keys.end; block0 += key_block) {
     const Range block = intersect(keys, Range{block0, block0 + key_block});
-    if constexpr (kBf16) {
-      t.k_bf16.load(p.k, b, kv_head, block, s.head_dim, Bf16Layout::pairs_over_dim);
-      t.v_bf16.load(p.v, b, kv_head, block, s.head_dim_v, Bf16Layout::pairs_over_rows);
-    } else {
-      t.k.load(p.k, b, kv_head, block, s.head_dim, s.tf32);
-      t.kt.transpose_of(t.k, s.head_dim);
-      t.v.load(p.v, b, kv_head, block, s.head_dim_v, s.tf32);
-    }
+    with_key_rows(p, b, pages, [&](const auto& k_rows, const auto& v_rows) {
+      if constexpr (kBf16) {
+        t.k_bf16.load(k_rows, kv_head, block, s.head_dim, Bf16Layout::pairs_over_dim);
+        t.v_bf16.load(v_rows, kv_head, block, s.head_dim_v, Bf16Layout::pairs_over_rows);
+      } else {
+        t.k.load(k_rows, kv_head, block, s.head_dim, s.tf32);
+        t.kt.transpose_of(t.k, s.head_dim);
+        t.v.load(v_rows, kv_head, block, s.head_dim_v, s.tf32);
+      }
+    });
     // Tiles of kTileM consecutive rows of the group's (padded or packed) rows.
     for (int64_t first = 0; first < s.group * n; first += kTileM) {
       const GroupTile tile(rows, s.group, n, packed, first);
@@ -673,10 +731,10 @@ bool forward_softmax_step(float* st, int64_t active, const int32_t* lo, const in
 
 template <bool kBf16>
 void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, int64_t b, int64_t kv_head, Range rows,
-                   Range key_part, const ForwardPart* part, ForwardScratch& t) {
+                   Range key_part, const ForwardPart* part, const KeyPages* pages, ForwardScratch& t) {
   const bool packed = rows.size() < kTileM && s.group > 1;
   if ((packed ? s.group * rows.size() : rows.size()) <= kRowBlock)  // before this item's tile session
-    return forward_chunk_rows<kBf16>(p, s, config, b, kv_head, rows, key_part, part, t);
+    return forward_chunk_rows<kBf16>(p, s, config, b, kv_head, rows, key_part, part, pages, t);
   [[maybe_unused]] const ItemTiles<kBf16> tile_session{};
   const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
@@ -729,14 +787,16 @@ void forward_chunk(const Params& p, const Problem& s, const CpuConfig& config, i
   alignas(kAlign) float rescale[kTileM];
   for (int64_t block0 = align_down(keys.begin, key_block); block0 < keys.end; block0 += key_block) {
     const Range block = intersect(keys, Range{block0, block0 + key_block});
-    if constexpr (kBf16) {
-      t.k_bf16.load(p.k, b, kv_head, block, s.head_dim, Bf16Layout::rows);
-      t.v_bf16.load(p.v, b, kv_head, block, s.head_dim_v, Bf16Layout::columns);
-    } else {
-      t.k.load(p.k, b, kv_head, block, s.head_dim, s.tf32);
-      t.v.load(p.v, b, kv_head, block, s.head_dim_v, s.tf32);
-      t.vt.transpose_of(t.v, s.head_dim_v);
-    }
+    with_key_rows(p, b, pages, [&](const auto& k_rows, const auto& v_rows) {
+      if constexpr (kBf16) {
+        t.k_bf16.load(k_rows, kv_head, block, s.head_dim, Bf16Layout::rows);
+        t.v_bf16.load(v_rows, kv_head, block, s.head_dim_v, Bf16Layout::columns);
+      } else {
+        t.k.load(k_rows, kv_head, block, s.head_dim, s.tf32);
+        t.v.load(v_rows, kv_head, block, s.head_dim_v, s.tf32);
+        t.vt.transpose_of(t.v, s.head_dim_v);
+      }
+    });
     // Tiles of kTileM consecutive rows of the group's (padded or packed) rows.
     for (int64_t first = 0; first < s.group * n; first += kTileM) {
       const GroupTile tile(rows, s.group, n, packed, first);
@@ -1724,7 +1784,8 @@ DotAndFmaRates measure_dot_and_fma() {
 }
 #endif
 
-Status run_kernels(const Params* calls, int64_t count, Direction direction, const CpuConfig& config) {
+Status run_kernels(const Params* calls, int64_t count, Direction direction, const CpuConfig& config,
+                   const KeyPages* pages) {
   if (count <= 0) return Status::success();
   std::vector<Problem> problems(static_cast<size_t>(count));
   for (int64_t c = 0; c < count; ++c) problems[size_t(c)] = Problem::of(calls[c]);
@@ -1812,19 +1873,21 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
     });
   };
   if (direction == Direction::forward) {
-    auto run = [&](const Params& p, const Problem& s, int64_t b, int64_t kv_head, Range rows, Range keys,
-                   const ForwardPart* part) {
+    auto run = [&](size_t c, int64_t b, int64_t kv_head, Range rows, Range keys, const ForwardPart* part) {
       ForwardScratch& scratch = thread_scratch<ForwardScratch>();
-      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, keys, part, scratch);
-      else forward_chunk<false>(p, s, config, b, kv_head, rows, keys, part, scratch);
+      const Params& p = calls[c];
+      const Problem& s = problems[c];
+      const KeyPages* call_pages = pages != nullptr ? &pages[c] : nullptr;
+      if (bf16_dot) forward_chunk<kBf16Dot>(p, s, config, b, kv_head, rows, keys, part, call_pages, scratch);
+      else forward_chunk<false>(p, s, config, b, kv_head, rows, keys, part, call_pages, scratch);
     };
     if (parts == 1) {
       // Heads are cut in chunks (not kept whole, as the backward keeps them): each chunk loads its
       // head's K and V panels again, but on 16 threads whole heads left B4 H4 S4096 (16 heads) one
       // item a thread and ran 1.3-1.5x slower (docs/PERF.md); on 2 threads they gained 2-7 %.
       for_chunks(seqlen_q, kTileM, threads, false, {},
-                 [&](const Params& p, const Problem& s, size_t, int64_t b, int64_t kv_head, Range rows,
-                     int64_t) { run(p, s, b, kv_head, rows, Range{0, s.seqlen_k}, nullptr); });
+                 [&](const Params&, const Problem& s, size_t c, int64_t b, int64_t kv_head, Range rows,
+                     int64_t) { run(c, b, kv_head, rows, Range{0, s.seqlen_k}, nullptr); });
       return Status::success();
     }
     for_parts([&](size_t c, int64_t b, int64_t kv_head, Range keys, int64_t local) {
@@ -1832,7 +1895,7 @@ Status run_kernels(const Params* calls, int64_t count, Direction direction, cons
       const int64_t rows = s.group * s.seqlen_q;
       const ForwardPart part{part_acc[c].get() + local * rows * round_up(s.head_dim_v, kLanes),
                              part_max[c].get() + local * rows, part_sum[c].get() + local * rows};
-      run(calls[c], s, b, kv_head, Range{0, s.seqlen_q}, keys, &part);
+      run(c, b, kv_head, Range{0, s.seqlen_q}, keys, &part);
     });
     for_heads([&](size_t c, int64_t b, int64_t kv_head, int64_t first) {
       const Problem& s = problems[c];

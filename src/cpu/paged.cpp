@@ -1,9 +1,11 @@
-// See paged.h. A sequence's visible keys are cut into pieces that are each stored contiguously
-// (a run of pages that follow one another in memory, or part of one page) and at most a target
-// length; each piece is a dense batch-1 call straight on the cache's memory (no copy), with the
-// mask moved to the piece's first key. The pieces of all sequences run as one pool of the fast
-// path's kernels, so one sequence with a long cache still gives every thread work (split-KV), and
-// their fp32 partial outputs and LSEs are merged (common/merge.h) into o and lse.
+// See paged.h. A sequence's visible keys are cut into pieces of at most a target length; each
+// piece is a dense batch-1 call straight on the cache's memory (no copy), with the mask moved to
+// the piece's first key: on a contiguous cache a view of its rows, on pages a view at the pool's
+// base whose rows the fast path finds through the sequence's block-table row (kernels.h
+// KeyPages), so that a piece spans as many pages as it needs. The pieces of all sequences run as
+// one pool of the fast path's kernels, so one sequence with a long cache still gives every thread
+// work (split-KV), and their fp32 partial outputs and LSEs are merged (common/merge.h) into o and
+// lse.
 #include "cpu/paged.h"
 
 #include <algorithm>
@@ -24,18 +26,23 @@ namespace {
 // as the dense path's chunking has.
 constexpr int64_t kItemsPerThread = 4;
 // The shortest piece cut for balance alone: below it a piece's fixed costs (its query panel, its
-// share of the merge) outweigh its keys. Pieces are shorter only where the storage jumps.
+// share of the merge) outweigh its keys.
 constexpr int64_t kMinPieceKeys = 256;
+// The longest piece: its K and V panels (fp32 on the CPU but for bf16, which the dot-product and
+// AMX paths read as stored) stay in the core's L2 while its matmuls read them. Longer pieces of
+// one long sequence ran 1.2-1.4x slower on a 2-core Xeon with AMX (docs/PERF.md).
+constexpr int64_t kMaxPieceKeys = 256;
+constexpr int64_t kMaxPieceKeysBf16 = 512;
 // Partial results held at once; the pieces run in waves whose partials fit.
 constexpr int64_t kWaveBytes = int64_t(64) << 20;
 
-// Keys [key_begin, key_end) of one sequence, stored contiguously from `start` on.
+// Keys [key_begin, key_end) of one sequence.
 struct Piece {
   int64_t sequence = 0, key_begin = 0, key_end = 0;
-  CacheRow start;
 };
 
-// Rows [start, start + n) of a cache tensor as a dense [1, n, Hkv, dim] view.
+// Rows [start, start + n) of a cache tensor as a dense [1, n, Hkv, dim] view (row 0 of page 0 for
+// a paged piece: its rows are found through KeyPages).
 Tensor cache_rows(const Tensor& t, CacheRow start, int64_t n) {
   Tensor out = t;
   out.shape[0] = 1;
@@ -56,10 +63,6 @@ Tensor batch_row(const Tensor& t, int64_t b) {
   return out;
 }
 
-// Whether the pages of a cache tensor follow one another in memory (page i + 1's first row right
-// after page i's last): then consecutive page numbers in the table are one contiguous run.
-bool pages_are_contiguous(const Tensor& t) { return t.stride[0] == t.shape[1] * t.stride[1]; }
-
 }  // namespace
 
 Status run_paged(const Params& p, const DenseRunner& run_dense) {
@@ -67,7 +70,7 @@ Status run_paged(const Params& p, const DenseRunner& run_dense) {
   if (s.empty()) return Status::success();
   const PagedCache cache = PagedCache::of(p);
   const int threads = resolve_threads(p.num_threads);
-  const bool coalesce = p.block_table.defined() && pages_are_contiguous(p.k) && pages_are_contiguous(p.v);
+  const bool table = p.block_table.defined();
 
   // Each sequence's keys that any of its rows sees; the rest are never read.
   std::vector<Range> visible(size_t(s.batch));
@@ -77,20 +80,15 @@ Status run_paged(const Params& p, const DenseRunner& run_dense) {
     total_keys += visible[size_t(b)].size();
   }
   const int64_t wanted = std::max<int64_t>(1, (kItemsPerThread * threads + s.kv_heads - 1) / std::max<int64_t>(s.kv_heads, 1));
-  const int64_t target = std::max(kMinPieceKeys, (total_keys + wanted - 1) / wanted);
+  const int64_t longest = p.q.dtype == DType::bf16 ? kMaxPieceKeysBf16 : kMaxPieceKeys;
+  const int64_t target = std::min(longest, std::max(kMinPieceKeys, (total_keys + wanted - 1) / wanted));
 
   std::vector<Piece> pieces;
   for (int64_t b = 0; b < s.batch; ++b) {
     const Range keys = visible[size_t(b)];
     for (int64_t j = keys.begin; j < keys.end;) {
-      int64_t end = std::min(keys.end, j + target);
-      // Stop at the first page boundary where the storage jumps.
-      int64_t boundary = (j / cache.page_size + 1) * cache.page_size;
-      while (coalesce && boundary < end &&
-             cache.page(b, boundary / cache.page_size) == cache.page(b, boundary / cache.page_size - 1) + 1)
-        boundary += cache.page_size;
-      end = std::min(end, boundary);
-      pieces.push_back({b, j, end, cache.row_of(b, j)});
+      const int64_t end = std::min(keys.end, j + target);
+      pieces.push_back({b, j, end});
       j = end;
     }
   }
@@ -107,19 +105,33 @@ Status run_paged(const Params& p, const DenseRunner& run_dense) {
   const int64_t per_wave = std::max<int64_t>(1, kWaveBytes / int64_t(sizeof(float)) / std::max<int64_t>(piece_floats, 1));
   std::vector<float> part_o, part_lse;
   std::vector<Params> calls;
+  std::vector<KeyPages> pages;
   for (size_t wave = 0; wave < pieces.size(); wave += size_t(per_wave)) {
     const size_t wave_end = std::min(pieces.size(), wave + size_t(per_wave));
     const int64_t count = int64_t(wave_end - wave);
     part_o.resize(size_t(count * rows_per_sequence * s.head_dim_v));
     part_lse.resize(size_t(count * rows_per_sequence));
     calls.assign(size_t(count), p);
+    pages.assign(size_t(count), KeyPages{});
     for (int64_t i = 0; i < count; ++i) {
       const Piece& piece = pieces[wave + size_t(i)];
       Params& call = calls[size_t(i)];
       call.block_table = call.cache_seqlens = Tensor{};
       call.q = batch_row(p.q, piece.sequence);
-      call.k = cache_rows(p.k, piece.start, piece.key_end - piece.key_begin);
-      call.v = cache_rows(p.v, piece.start, piece.key_end - piece.key_begin);
+      const int64_t n = piece.key_end - piece.key_begin;
+      const CacheRow start = table ? CacheRow{0, 0} : cache.row_of(piece.sequence, piece.key_begin);
+      call.k = cache_rows(p.k, start, n);
+      call.v = cache_rows(p.v, start, n);
+      if (table) {
+        KeyPages& at = pages[size_t(i)];
+        at.table = static_cast<const int32_t*>(p.block_table.data) + piece.sequence * p.block_table.stride[0];
+        at.table_stride = p.block_table.stride[1];
+        at.page_size = cache.page_size;
+        at.first_key = piece.key_begin;
+        at.num_pages = cache.num_pages;
+        at.k_page_stride = p.k.stride[0];
+        at.v_page_stride = p.v.stride[0];
+      }
       call.o = make_tensor(part_o.data() + i * rows_per_sequence * s.head_dim_v, DType::fp32,
                            {1, s.seqlen_q, s.heads, s.head_dim_v});
       call.lse = make_tensor(part_lse.data() + i * rows_per_sequence, DType::fp32, {1, s.heads, s.seqlen_q});
@@ -129,7 +141,7 @@ Status run_paged(const Params& p, const DenseRunner& run_dense) {
       call.causal = p.causal == Causal::none ? Causal::none : Causal::top_left;
       call.q_offset = mask.shift - piece.key_begin;
     }
-    if (Status st = run_dense(calls.data(), count); !st.ok()) return st;
+    if (Status st = run_dense(calls.data(), count, table ? pages.data() : nullptr); !st.ok()) return st;
 
     // Merge the wave's parts into the accumulators, row by row: a row's parts are its sequence's
     // pieces of this wave, in key order.

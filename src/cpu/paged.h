@@ -6,13 +6,14 @@
 #include <cstdint>
 #include <functional>
 
+#include "cpu/kernels.h"
 #include "fmha/fmha.h"
 
 namespace fmha::cpu {
 
 // Runs `count` dense forward calls as one pool of work (the chosen instruction-set path's
-// run_kernels).
-using DenseRunner = std::function<Status(const Params* calls, int64_t count)>;
+// run_kernels), their key rows where `pages` says (null: their own).
+using DenseRunner = std::function<Status(const Params* calls, int64_t count, const KeyPages* pages)>;
 
 // The forward of a validated paged call.
 Status run_paged(const Params& params, const DenseRunner& run_dense);
