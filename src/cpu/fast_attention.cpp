@@ -525,12 +525,18 @@ void finish_forward_row(const Params& p, const Problem& s, const ForwardPart* pa
 // The forward of an item whose tiles hold at most kRowBlock queries (decode: a query or a few per
 // head): row-major S = Q·K^T tiles and a softmax per row, as a query-major tile would be kLanes
 // queries wide and mostly padding. forward_chunk takes every other item.
+// Its K and V panels serve only the item's few rows, so a key block larger than a core's L2 buys
+// no reuse and misses it: the key block is cut to kRowsPanelBytes of panels (fp32 D128 decoding at
+// 2,048 keys a block ran 1.3x slower than at 512; docs/PERF.md).
+inline constexpr int64_t kRowsPanelBytes = int64_t(512) << 10;
 template <bool kBf16>
 void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& config, int64_t b, int64_t kv_head, Range rows,
                    Range key_part, const ForwardPart* part, const KeyPages* pages, ForwardScratch& t) {
   [[maybe_unused]] const ItemTiles<kBf16> tile_session{};
-  const int64_t key_block = config.key_block;
   const int64_t dp = round_up(s.head_dim, kLanes), dvp = round_up(s.head_dim_v, kLanes);
+  const int64_t panel_key_bytes = (dp + dvp) * int64_t(kBf16 ? sizeof(uint16_t) : sizeof(float));
+  const int64_t key_block =
+      std::min(config.key_block, std::max(kTileN, align_down(kRowsPanelBytes / panel_key_bytes, kTileN)));
   // The group's query rows one after another, head by head: row g * n + r is query rows.begin + r
   // of head kv_head * group + g. With a tile or more of rows per head each head's rows are padded
   // to whole tiles (n = rows rounded up); with fewer (decode: a query or a few per head) they are
