@@ -280,6 +280,7 @@ struct RowInterleave {
 
 struct Bf16Panel {
   Scratch buffer;  // fp32 words, two bf16 values each
+  Scratch staged;  // a block of paged rows that crosses pages, gathered to be transposed as one
   int64_t first = 0, ld = 0;
   Bf16Layout layout = Bf16Layout::rows;
 
@@ -322,16 +323,21 @@ struct Bf16Panel {
       for (; r + kRows <= rows.end; r += kRows) {
         for (int64_t i = r + kAhead; i < std::min(r + kAhead + kRows, rows.end); ++i)
           prefetch_row(*src.t, src.offset(i, h), dim);
-        if (!src.rows_follow(r, kRows)) {  // the block crosses into another page: row by row
-          for (int64_t i = r; i < r + kRows; ++i) copy_row(i);
-          continue;
+        // Row r + i at block + i * stride: in place, or (a block that crosses into another page)
+        // gathered into `staged` first, a copy of the block's rows that stays in L1.
+        const uint16_t* block = elements + src.offset(r, h);
+        int64_t stride = row_stride;
+        if (!src.rows_follow(r, kRows)) {
+          uint16_t* rows_here = reinterpret_cast<uint16_t*>(staged.reserve((kRows * dim + 1) / 2));
+          for (int64_t i = 0; i < kRows; ++i) std::copy_n(elements + src.offset(r + i, h), dim, rows_here + i * dim);
+          block = rows_here;
+          stride = dim;
         }
-        const uint16_t* block = elements + src.offset(r, h);  // row r + i at block + i * row_stride
         for (int64_t d = 0; d < block_dims; d += kDims)
-          copy(block + d, row_stride * int64_t(sizeof(uint16_t)), data + index(r - first, d),
+          copy(block + d, stride * int64_t(sizeof(uint16_t)), data + index(r - first, d),
                ld * int64_t(sizeof(uint16_t)));
         for (int64_t i = 0; i < kRows; ++i)
-          for (int64_t d = block_dims; d < dim; ++d) data[index(r + i - first, d)] = block[i * row_stride + d];
+          for (int64_t d = block_dims; d < dim; ++d) data[index(r + i - first, d)] = block[i * stride + d];
       }
     };
     if (layout == Bf16Layout::pairs_over_rows && (r - first) % 2 != 0 && r < rows.end) {
