@@ -28,11 +28,16 @@ constexpr int64_t kItemsPerThread = 4;
 // The shortest piece cut for balance alone: below it a piece's fixed costs (its query panel, its
 // share of the merge) outweigh its keys.
 constexpr int64_t kMinPieceKeys = 256;
-// The longest piece: its K and V panels (fp32 on the CPU but for bf16, which the dot-product and
-// AMX paths read as stored) stay in the core's L2 while its matmuls read them. Longer pieces of
-// one long sequence ran 1.2-1.4x slower on a 2-core Xeon with AMX (docs/PERF.md).
+// The longest piece, for a few query rows: its K and V panels (fp32 on the CPU but for bf16,
+// which the dot-product and AMX paths read as stored) stay in the core's L2 while its matmuls
+// read them (longer pieces of one long sequence ran 1.2-1.4x slower on a 2-core Xeon with AMX).
+// Each piece also writes a partial output per query row that the merge reads again, so beyond
+// kPieceRows rows a KV head (seqlen_q · group) the longest piece grows with the rows
+// (docs/PERF.md: with 16 queries at GQA 4, 512-key bf16 pieces ran 1.2x slower than 4,096).
 constexpr int64_t kMaxPieceKeys = 256;
 constexpr int64_t kMaxPieceKeysBf16 = 512;
+constexpr int64_t kPieceRows = 16;
+constexpr int64_t kPieceRowsBf16 = 8;
 // Partial results held at once; the pieces run in waves whose partials fit.
 constexpr int64_t kWaveBytes = int64_t(64) << 20;
 
@@ -80,7 +85,10 @@ Status run_paged(const Params& p, const DenseRunner& run_dense) {
     total_keys += visible[size_t(b)].size();
   }
   const int64_t wanted = std::max<int64_t>(1, (kItemsPerThread * threads + s.kv_heads - 1) / std::max<int64_t>(s.kv_heads, 1));
-  const int64_t longest = p.q.dtype == DType::bf16 ? kMaxPieceKeysBf16 : kMaxPieceKeys;
+  const bool bf16 = p.q.dtype == DType::bf16;
+  const int64_t rows = s.seqlen_q * s.group;  // a KV head's query rows
+  const int64_t longest = bf16 ? kMaxPieceKeysBf16 * std::max<int64_t>(1, rows / kPieceRowsBf16)
+                               : kMaxPieceKeys * std::max<int64_t>(1, rows / kPieceRows);
   const int64_t target = std::min(longest, std::max(kMinPieceKeys, (total_keys + wanted - 1) / wanted));
 
   std::vector<Piece> pieces;
