@@ -33,7 +33,7 @@ constexpr int64_t kMinPieceKeys = 256;
 // read them (longer pieces of one long sequence ran 1.2-1.4x slower on a 2-core Xeon with AMX).
 // Each piece also writes a partial output per query row that the merge reads again, so beyond
 // kPieceRows rows a KV head (seqlen_q · group) the longest piece grows with the rows
-// (docs/PERF.md: with 16 queries at GQA 4, 512-key bf16 pieces ran 1.2x slower than 4,096).
+// (docs/PERF.md: with 16 queries at GQA 4, 512-key bf16 pieces ran 1.26x slower than 8,192).
 constexpr int64_t kMaxPieceKeys = 256;
 constexpr int64_t kMaxPieceKeysBf16 = 512;
 constexpr int64_t kPieceRows = 16;
