@@ -32,7 +32,7 @@ constexpr int64_t kMinPieceKeys = 256;
 // which the dot-product and AMX paths read as stored) stay in the core's L2 while its matmuls
 // read them (longer pieces of one long sequence ran 1.2-1.4x slower on a 2-core Xeon with AMX).
 // Each piece also writes a partial output per query row that the merge reads again, so beyond
-// kPieceRows rows a KV head (seqlen_q · group) the longest piece grows with the rows
+// kPieceRows (bf16: kPieceRowsBf16) rows a KV head (seqlen_q · group) the longest piece grows with them
 // (docs/PERF.md: with 16 queries at GQA 4, 512-key bf16 pieces ran 1.26x slower than 8,192).
 constexpr int64_t kMaxPieceKeys = 256;
 constexpr int64_t kMaxPieceKeysBf16 = 512;
