@@ -281,9 +281,11 @@ size_t input_bytes(const Params& p, Direction direction) {
   return (direction == Direction::backward ? 2 : 1) * n * e;
 }
 
-// The environment variable of each tier's variants, for reporting where a choice came from.
-const char* variable_of(Backend tier, Direction direction) {
+// The environment variable of a call's variants on `tier`, for reporting where a choice came
+// from; none for the decode kernel's split counts (Params::num_splits is their override).
+const char* variable_of(Backend tier, const Params& params, Direction direction) {
   const bool bwd = direction == Direction::backward;
+  if (class_of(tier, params, direction).decode) return nullptr;
   switch (tier) {
     case Backend::cpu: return "FMHA_CPU_CONFIG";
     case Backend::cuda_simt: return bwd ? "FMHA_SIMT_BWD_CONFIG" : "FMHA_SIMT_CONFIG";
@@ -493,9 +495,7 @@ Status selected_variant(const Params& params, Direction direction, VariantChoice
   c.backend = entry.id;
   if (entry.variant_of && entry.variants && !entry.variants(params, direction).empty()) {
     if (Status st = entry.variant_of(params, direction, &c.variant); !st.ok()) return st;
-    // The decode kernel's split variants have no variable (Params::num_splits is the override).
-    const char* variable =
-        detail::class_of(entry.id, params, direction).decode ? nullptr : detail::variable_of(entry.id, direction);
+    const char* variable = detail::variable_of(entry.id, params, direction);
     const detail::VariantRequest request =
         detail::requested_variant(entry.id, params, direction, variable ? std::getenv(variable) : nullptr);
     // A request the class cannot honour (a variant not compiled at its head dim) runs the default.

@@ -5,10 +5,15 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "fmha/fmha.h"
+#include "common/decode.h"
 #include "fmha/tune.h"
 #include "tune/cache.h"
 
@@ -146,6 +151,86 @@ TEST(GpuTuneDecode, SplitCountsAreTunedAndTheWinnerRuns) {
   const fmha::Status run = fmha::forward(call);
   EXPECT_TRUE(run.ok()) << run.message;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(scratch);
+  cudaFree(memory);
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + ".lock");
+  unsetenv(fmha::detail::kCacheVariable);
+  fmha::detail::reload_tune_cache();
+}
+
+// A split-count winner cached after the caller sized the workspace for the heuristic's count (the
+// cache written in between, by autotune or another process): the call runs the heuristic's count
+// in that workspace, bit for bit what the heuristic's count asked for explicitly gives.
+TEST(GpuTuneDecode, AWinnerCachedAfterTheWorkspaceWasSizedRunsTheHeuristicsCount) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const std::string path = std::filesystem::temp_directory_path().string() + "/fmha_gpu_tune_decode_late_" +
+                           std::to_string(getpid()) + ".json";
+  setenv(fmha::detail::kCacheVariable, path.c_str(), 1);
+  fmha::detail::reload_tune_cache();
+  constexpr int64_t kHeads = 32, kKvHeads = 8, kDim = 128, kKeys = 8192;
+  const fmha::Device gpu{fmha::DeviceType::cuda, 0};
+  const size_t q_elems = size_t(kHeads * kDim), kv_elems = size_t(kKeys * kKvHeads * kDim);
+  std::vector<uint16_t> host(q_elems + 2 * kv_elems);  // bf16 values in [-1, 1)
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  for (uint16_t& x : host) {
+    const float f = uniform(rng);
+    uint32_t bits = 0;
+    std::memcpy(&bits, &f, sizeof bits);
+    x = uint16_t(bits >> 16);
+  }
+  void* memory = nullptr;
+  const size_t bytes = host.size() * 2 + 2 * q_elems * 2;
+  ASSERT_EQ(cudaMalloc(&memory, bytes), cudaSuccess);
+  char* base = static_cast<char*>(memory);
+  ASSERT_EQ(cudaMemcpy(base, host.data(), host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  fmha::Params call;
+  call.q = fmha::make_tensor(base, fmha::DType::bf16, {1, 1, kHeads, kDim}, gpu);
+  call.k = fmha::make_tensor(base + q_elems * 2, fmha::DType::bf16, {1, kKeys, kKvHeads, kDim}, gpu);
+  call.v = fmha::make_tensor(base + (q_elems + kv_elems) * 2, fmha::DType::bf16, {1, kKeys, kKvHeads, kDim}, gpu);
+  call.o = fmha::make_tensor(base + host.size() * 2, fmha::DType::bf16, {1, 1, kHeads, kDim}, gpu);
+  call.backend = fmha::Backend::cuda_sm80;
+  size_t heuristic_bytes = 0;
+  const fmha::Status sized = fmha::workspace_size(call, fmha::Direction::forward, &heuristic_bytes);
+  if (sized.code == fmha::Code::unsupported) GTEST_SKIP() << sized.message;
+  ASSERT_TRUE(sized.ok()) << sized.message;
+  ASSERT_GT(heuristic_bytes, 0u) << "one sequence of 8k keys splits";
+  fmha::ProblemClass cls;
+  ASSERT_TRUE(fmha::problem_class(call, fmha::Direction::forward, &cls).ok());
+  ASSERT_TRUE(cls.decode) << cls.key();
+  fmha::detail::CacheEntry winner;
+  winner.variant = "decode-twice";
+  winner.default_variant = "decode";
+  ASSERT_TRUE(fmha::detail::store_in_cache(fmha::detail::device_key(gpu), cls.key(), winner).ok());
+  fmha::detail::reload_tune_cache();
+  fmha::VariantChoice choice;
+  ASSERT_TRUE(fmha::selected_variant(call, fmha::Direction::forward, &choice).ok());
+  EXPECT_EQ(choice.variant, "decode-twice");
+  EXPECT_EQ(choice.source, "cache");
+  size_t twice_bytes = 0;
+  ASSERT_TRUE(fmha::workspace_size(call, fmha::Direction::forward, &twice_bytes).ok());
+  EXPECT_GT(twice_bytes, heuristic_bytes) << "the winner's partials take more room";
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(&scratch, twice_bytes), cudaSuccess);
+  call.workspace = scratch;
+  call.workspace_bytes = heuristic_bytes;  // what the caller asked for before the winner was cached
+  fmha::Status run = fmha::forward(call);
+  ASSERT_TRUE(run.ok()) << run.message;
+  fmha::Params explicit_count = call;
+  explicit_count.o =
+      fmha::make_tensor(base + host.size() * 2 + q_elems * 2, fmha::DType::bf16, {1, 1, kHeads, kDim}, gpu);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  fmha::Params plain = call;
+  plain.workspace = nullptr;
+  explicit_count.num_splits = int(fmha::decode::plan(plain, sms).splits);
+  run = fmha::forward(explicit_count);
+  ASSERT_TRUE(run.ok()) << run.message;
+  std::vector<uint16_t> tuned(q_elems), reference(q_elems);
+  ASSERT_EQ(cudaMemcpy(tuned.data(), call.o.data, q_elems * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(reference.data(), explicit_count.o.data, q_elems * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(tuned, reference) << "the heuristic's " << explicit_count.num_splits << " splits, bit for bit";
   cudaFree(scratch);
   cudaFree(memory);
   std::filesystem::remove(path);
