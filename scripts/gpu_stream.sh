@@ -9,6 +9,8 @@
 #   `fmha tune --sweep decode --dry-run`                                           -> tune_decode.txt
 #   `fmha bench` spec against stream (ROUNDS interleaved rounds, 16k tokens a call, hidden 2048)
 #                                                                                  -> stream_ab.txt
+# PARTS (default "tune"): "tune" runs the decode tuner's tests and sweep, "profile" Nsight Compute
+# profiles of both variants at head dim 64, 512 keys                 -> prof_<variant>/stalls.txt
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -19,22 +21,41 @@ echo "== tests $(date +%T)"
 {
   FMHA_TEST_FWD_VARIANTS=stream,spec timeout 150 $T --gtest_color=no --gtest_brief=1 --gtest_filter='Sm90Variants.*'
   FMHA_SM90_FWD_CONFIG=stream timeout 200 $T --gtest_color=no --gtest_brief=1 \
-    --gtest_filter='*Kernel.Forward/*sm90*:Sm90Schedule.*:*FewKeys*sm90*:Fuzz/GpuFuzz.*sm90*:Fuzz/GpuPeakedSoftmax.*:Edge.*:LargeOffsets.Sm90*:*VarlenKernel.Forward/sm90*'
-  timeout 150 $T --gtest_color=no --gtest_brief=1 --gtest_filter='GpuTuneDecode.*:DecodeGpu.*:MergeCuda.*'
+    --gtest_filter='*Kernel.Forward/*sm90*:Sm90Schedule.*:*FewKeys*sm90*:Fuzz/GpuFuzz.*sm90*:Fuzz/GpuPeakedSoftmax.*:Edge.*:LargeOffsets.Sm90*:*VarlenKernel.Forward/sm90*-*tf32*:Edge.*'
+  echo "---- tf32 few keys, default configuration, seed 157711677127"
+  FMHA_TEST_SEED=157711677127 timeout 60 $T --gtest_color=no --gtest_brief=1 --gtest_filter='*FewKeys*sm90_tf32'
+  [[ " ${PARTS:-tune} " == *" tune "* ]] &&
+    timeout 150 $T --gtest_color=no --gtest_brief=1 --gtest_filter='GpuTuneDecode.*:DecodeGpu.*:MergeCuda.*'
   for tool in memcheck racecheck; do
     for causal in none bottom-right; do
       echo "---- $tool $causal"
       FMHA_SM90_FWD_CONFIG=stream timeout 100 compute-sanitizer --tool $tool --error-exitcode 1 $B/fmha run \
         --backend sm90 --dtype bf16 --head-dim 64 --heads 4 --kv-heads 2 --batch 2 --seqlen-q 700 --seqlen-k 900 \
-        --causal $causal --check --no-progress 2>&1 | tail -3
+        --causal $causal --check 2>&1 | tail -3
       echo "$tool $causal rc=${PIPESTATUS[0]}"
     done
   done
 } > "$OUT/tests.log" 2>&1
 grep -E "tests? from .* ran|PASSED|FAILED|Failure|ERROR SUMMARY|RACECHECK SUMMARY|rc=" "$OUT/tests.log" | head -40
+if [[ " ${PARTS:-tune} " == *" tune "* ]]; then
 echo "== tune decode $(date +%T)"
 timeout 150 $B/fmha tune --sweep decode --dry-run --no-progress > "$OUT/tune_decode.txt" 2>&1; echo "tune rc=$?"
 tail -12 "$OUT/tune_decode.txt"
+fi
+if [[ " ${PARTS:-} " == *" profile "* ]]; then
+  echo "== profile $(date +%T)"
+  for v in spec stream; do
+    mkdir -p "$OUT/prof_$v"
+    FMHA_SM90_FWD_CONFIG=$v OUT="$OUT/prof_$v" BUILD=$B CASES="fwd64s" bash scripts/gpu_profile.sh
+    ncu -i /tmp/ncu_fwd64s.ncu-rep --page raw --csv 2>/dev/null | python3 -c "
+import csv, sys
+rows = list(csv.reader(sys.stdin))
+for name, value in zip(rows[0], rows[-1]):
+    if 'pcsamp_warps_issue_stalled' in name and not name.endswith('not_issued') or name == 'gpu__time_duration.sum':
+        print(name, value)" > "$OUT/prof_$v/stalls.txt"
+    echo "-- $v"; sort -t' ' -k2 -g -r "$OUT/prof_$v/stalls.txt" | head -14
+  done
+fi
 echo "== bench $(date +%T)"
 bench() {  # variant, head dim, round
   local h=$((2048 / $2))

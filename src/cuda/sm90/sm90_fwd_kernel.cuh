@@ -325,35 +325,34 @@ struct FwdKernel {
     for (int t = next_work_tile(); t < total;) {
       mainloop.q_buffer = queries.index;
       const Walk walk = walk_of(t);
-      if (walk.num_tiles == 0) {  // no row sees a key: O = 0, LSE = -inf
-        mainloop.release_queries();
-        epilogue(t, o, softmax);
-        queries.advance();
-        t = next_work_tile();
-        continue;
+      bool in_next = false;  // the tile's last P is in `next` (else in p)
+      if (walk.num_tiles == 0) {
+        mainloop.release_queries();  // no row sees a key: O = 0, LSE = -inf
+      } else {
+        if (!started) mainloop.first_tile(walk, pipe, carry, softmax, p);
+        in_next = mainloop.key_steps(walk, pipe, carry, softmax, o, p, next);
+        if (walk.num_tiles > 1) mainloop.release_queries();  // the last Q·Kᵀ completed in key_steps
       }
-      if (!started) mainloop.first_tile(walk, pipe, carry, softmax, p);
-      const bool in_next = mainloop.key_steps(walk, pipe, carry, softmax, o, p, next);
-      if (walk.num_tiles > 1) mainloop.release_queries();  // the last Q·Kᵀ completed in key_steps
       queries.advance();
       const int t_next = next_work_tile();
-      started = t_next < total && plan(params, t_next).key_tiles > 0;
-      if (started) {
-        const Walk next_walk = walk_of(t_next);
+      const bool stream_on = walk.num_tiles > 0 && t_next < total && plan(params, t_next).key_tiles > 0;
+      typename Tiles::Softmax fresh;  // the next work tile's, when its first key tile streams in
+      if (stream_on) {
         mainloop.q_buffer = queries.index;
         if (in_next) mainloop.issue_scores_beside_pv(pipe, carry, o, next);
         else mainloop.issue_scores_beside_pv(pipe, carry, o, p);
-        typename Tiles::Softmax fresh;
-        mainloop.next_first_tile(next_walk, pipe, carry, fresh, o, p, next);
-        epilogue(t, o, softmax);
-        softmax = fresh;
-      } else {
+        mainloop.next_first_tile(walk_of(t_next), pipe, carry, fresh, o, p, next);
+      } else if (walk.num_tiles > 0) {
         if (in_next) mainloop.last_pv(carry, o, next);
         else mainloop.last_pv(carry, o, p);
-        epilogue(t, o, softmax);
-        softmax.init();
+        fresh.init();
+      } else {
+        fresh.init();
       }
+      epilogue(t, o, softmax);
+      softmax = fresh;
       o.fill(0.f);
+      started = stream_on;
       t = t_next;
     }
     mainloop.end_block();
