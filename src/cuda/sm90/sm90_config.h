@@ -127,17 +127,13 @@ struct FwdConfig {
   // Exponentials on the current base before the row max (OnlineSoftmax::update_speculative); needs
   // lazy_rescale, overlap and poly_every 0.
   bool speculate = false;
-  // Key tiles streamed across work tiles (FwdKernel::consume_stream); needs speculate and O staged
-  // in a buffer of its own, and takes a second query buffer.
-  bool stream = false;
-  constexpr int query_buffers() const { return stream ? 2 : 1; }
   constexpr int tile_m() const { return consumers * kConsumerRows; }
   constexpr int threads() const { return (consumers + 1) * kWarpgroupThreads; }
 };
 
-inline constexpr int kFwdVariants = 10;
-inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3",   "eager",
-                                                               "restart",  "poly8",   "n144",   "spec", "stream"};
+inline constexpr int kFwdVariants = 9;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3",  "eager",
+                                                               "restart",  "poly8",   "n144",   "spec"};
 inline constexpr int kFwdDefault = 0;
 
 // The variant a call runs when FMHA_SM90_FWD_CONFIG names none: spec for dense calls at head dims
@@ -150,7 +146,6 @@ inline constexpr int kFwdC3 = 3;
 inline constexpr int kFwdPoly8 = 6;
 inline constexpr int kFwdN144 = 7;
 inline constexpr int kFwdSpeculate = 8;
-inline constexpr int kFwdStream = 9;
 inline constexpr int kWideKeys = 144;  // keys per tile of n144
 constexpr int default_fwd_variant(int head_dim, bool packed) {
   return !packed && (head_dim == 64 || head_dim == 128) ? kFwdSpeculate : kFwdDefault;
@@ -201,11 +196,9 @@ constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2)
   const int d = padded_head_dim(head_dim);
   const bool lazy = variant == kFwdDefault || variant >= 5;
   FwdConfig c{2, 128, 2, true, true, true, lazy,
-              variant == kFwdDefault || variant == kFwdPoly8 || variant == kFwdN144 || variant == kFwdSpeculate ||
-                  variant == kFwdStream};
+              variant == kFwdDefault || variant == kFwdPoly8 || variant == kFwdN144 || variant == kFwdSpeculate};
   if (variant == kFwdPoly8) c.poly_every = 8;
-  if (variant == kFwdSpeculate || variant == kFwdStream) c.speculate = true;
-  if (variant == kFwdStream) c.stream = true;
+  if (variant == kFwdSpeculate) c.speculate = true;
   if (variant == kFwdN144 && d <= 128) c.tile_n = kWideKeys;
   if (d <= 64) c.stages = 3;
   if (d == 192) c.tile_n = 96;

@@ -49,17 +49,11 @@ struct FwdKernel {
                     register_pool(kThreads),
                 "the register split exceeds the block's pool: setmaxnreg.inc would wait forever");
   // The output gets a staging buffer of its own wherever it fits next to Q and the K/V ring.
-  // Streamed key tiles (consume_stream): dense calls only (the consumers keep the work tile's
-  // index in a register; a packed call's sequence would not fit there).
-  static constexpr bool kStream = kConfig.stream && !PACKED;
   static constexpr bool kSeparateO =
-      sizeof(FwdShared<T, HD, BM, BN, STAGES, true, kStream ? 2 : 1>) + wg::kSwizzleAtomBytes <= kSharedLimit;
-  static_assert(!kStream || kSeparateO, "streamed key tiles stage O in a buffer of its own");
+      sizeof(FwdShared<T, HD, BM, BN, STAGES, true>) + wg::kSwizzleAtomBytes <= kSharedLimit;
   using Mainloop =
       FwdMainloop<T, HD, BM, BN, STAGES, kConfig.overlap, kConfig.pingpong, kConfig.fold_scale, kConfig.lazy_rescale,
-                  kSeparateO, kConfig.chain_turns, kConfig.poly_every, kConfig.speculate, kStream>;
-  using Walk = typename Mainloop::Walk;
-  using QueryRing = tile::PipelineState<Mainloop::Shared::kQBuffers>;
+                  kSeparateO, kConfig.chain_turns, kConfig.poly_every, kConfig.speculate>;
   using Epilogue = FwdEpilogue<Mainloop>;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;
@@ -118,18 +112,17 @@ struct FwdKernel {
     tile::tma::prefetch(&params.o);
     tile::PipelineState<STAGES> pipe;
     tile::PipelineState<kLandingStages> landing;  // fp32: V's landing ring
-    QueryRing queries;
+    uint32_t q_phase = 0;
     const int total = params.scheduler.total;
     // Packed calls only: the walk over the sequence table, in shared memory (few registers here).
     PackedTileCursor& cursor = shared.cursor;
     if constexpr (PACKED) cursor = PackedTileCursor(args, BM, params.scheduler.longest_first);
-    for (int t = blockIdx.x;; queries.advance()) {
-      const int slot = Shared::slot(queries);
+    for (int t = blockIdx.x;; q_phase ^= 1) {
       const bool done = PACKED ? !cursor.seek(args, t) : t >= total;
       if (done) {  // no work left: the consumers see an index past the last tile and stop
-        shared.q_empty[queries.index].wait(queries.phase ^ 1);
-        shared.work_tile[slot] = PACKED ? kNoWork : t;
-        shared.q_full[queries.index].arrive();
+        shared.q_empty.wait(q_phase ^ 1);
+        shared.work_tile[q_phase] = PACKED ? kNoWork : t;
+        shared.q_full.arrive();
         if constexpr (kTransposeV) {  // the transposing warps stop at the next landing slot
           shared.landing.empty[landing.index].wait(landing.phase ^ 1);
           shared.landing.done[landing.index][landing.phase] = 1;
@@ -178,13 +171,13 @@ struct FwdKernel {
       // The first key tile goes first: its ring slot is free while the consumers may still hold
       // the query tile (the previous work tile's epilogue, when O is staged over Q).
       if (key_tiles > 0) load_keys(0);
-      shared.q_empty[queries.index].wait(queries.phase ^ 1);
-      shared.work_tile[slot] = t;  // published by the query tile's barrier (release)
+      shared.q_empty.wait(q_phase ^ 1);
+      shared.work_tile[q_phase] = t;  // published by the query tile's barrier (release)
       if constexpr (PACKED) {
-        shared.work[slot] = w;
-        shared.sequence[slot] = shared.next_sequence;
+        shared.work[q_phase] = w;
+        shared.sequence[q_phase] = shared.next_sequence;
       }
-      load_tile(shared.q[queries.index], &params.q, BM, q_row, w.head, shared.q_full[queries.index], Shared::kQBytes);
+      load_tile(shared.q, &params.q, BM, q_row, w.head, shared.q_full, Shared::kQBytes);
       for (int j = 0; j < key_tiles; ++j) {
         const int col0 = k_row + j * BN;
         if (j > 0) load_keys(j);
@@ -244,116 +237,32 @@ struct FwdKernel {
   }
 
   __device__ static void consume(const FwdParams& params, Shared& shared, int warpgroup, int thread) {
-    if constexpr (kStream) {
-      consume_stream(params, shared, warpgroup, thread);
-      return;
-    }
     Mainloop mainloop{shared, params.args, warpgroup, thread};
     tile::PipelineState<STAGES> pipe;
-    QueryRing queries;
+    uint32_t q_phase = 0;
     mainloop.begin_block();
-    for (;; queries.advance()) {
-      const int slot = Shared::slot(queries);
-      shared.q_full[queries.index].wait(queries.phase);
-      if (PACKED ? shared.work_tile[slot] == kNoWork : shared.work_tile[slot] >= params.scheduler.total) break;
-      mainloop.q_buffer = queries.index;
+    for (;; q_phase ^= 1) {
+      shared.q_full.wait(q_phase);
+      if (PACKED ? shared.work_tile[q_phase] == kNoWork : shared.work_tile[q_phase] >= params.scheduler.total) break;
       mainloop.split_queries();  // split tf32: this warpgroup's query rows (nothing otherwise)
       typename Tiles::Output o;  // [64, HDP] fp32
       o.fill(0.f);
       typename Tiles::Softmax softmax;
       softmax.init();
       {
-        const Plan plan_t = slot_plan(params, shared, slot);
+        const Plan plan_t = slot_plan(params, shared, q_phase);
         const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
-        mainloop.run(pipe,
-                     Walk(slot_mask(params, shared, slot), Range{my_row0, my_row0 + kConsumerRows}, plan_t.keys,
-                          plan_t.key_tiles),
-                     o, softmax);
+        mainloop.run(pipe, Range{my_row0, my_row0 + kConsumerRows}, plan_t.keys, plan_t.key_tiles,
+                     slot_mask(params, shared, q_phase), o, softmax);
       }
       // The plan again, from the slot (not kept in registers through the mainloop).
-      const Plan plan_t = slot_plan(params, shared, slot);
+      const Plan plan_t = slot_plan(params, shared, q_phase);
       const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
       const int64_t my_end = my_row0 + kConsumerRows < plan_t.rows.end ? my_row0 + kConsumerRows : plan_t.rows.end;
       const Range my_rows{my_row0, my_end};
       Epilogue::template run<PACKED>(params, shared, warpgroup, thread, plan_t.work,
-                                     slot_start(shared, plan_t, slot),
+                                     slot_start(shared, plan_t, q_phase),
                                      my_rows.empty() ? Range{my_row0, my_row0} : my_rows, o, softmax);
-    }
-    mainloop.end_block();
-    if (thread == 0) tile::tma::store_wait();
-  }
-
-  // kStream (dense): one consumer warpgroup's key tiles as one stream over its block's work
-  // tiles. Where a work tile is followed by one with keys, the next tile's first Q·Kᵀ goes out
-  // beside this tile's last P·V (one turn), the next tile's first softmax runs while that P·V is
-  // in flight, and only then this tile's epilogue: no key tile's softmax runs without matrix work
-  // of its own warpgroup in flight, where a work tile's first did. The next tile's queries are
-  // in the other query buffer, loaded while this tile's were read. The work tile's index stays
-  // in a register: its query slot is rewritten once its query buffer is released, before its
-  // epilogue.
-  __device__ static void consume_stream(const FwdParams& params, Shared& shared, int warpgroup, int thread) {
-    Mainloop mainloop{shared, params.args, warpgroup, thread};
-    tile::PipelineState<STAGES> pipe;
-    QueryRing queries;
-    const int total = params.scheduler.total;
-    // The work tile whose query tile is next in the ring, once that tile has landed (past the
-    // last: none left).
-    auto next_work_tile = [&] {
-      shared.q_full[queries.index].wait(queries.phase);
-      return shared.work_tile[Shared::slot(queries)];
-    };
-    auto walk_of = [&](int t) {
-      const Plan plan_t = plan(params, t);
-      const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
-      return Walk(params.args.mask, Range{my_row0, my_row0 + kConsumerRows}, plan_t.keys, plan_t.key_tiles);
-    };
-    auto epilogue = [&](int t, typename Tiles::Output& o, typename Tiles::Softmax& softmax) {
-      const Plan plan_t = plan(params, t);
-      const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
-      const int64_t my_end = my_row0 + kConsumerRows < plan_t.rows.end ? my_row0 + kConsumerRows : plan_t.rows.end;
-      Epilogue::template run<false>(params, shared, warpgroup, thread, plan_t.work, slot_start(shared, plan_t, 0),
-                                    my_end <= my_row0 ? Range{my_row0, my_row0} : Range{my_row0, my_end}, o, softmax);
-    };
-    typename Tiles::Output o;  // [64, HDP] fp32, of the work tile whose key tiles are walked
-    typename Tiles::Softmax softmax;
-    typename Mainloop::Carry carry;
-    typename Tiles::PFragments p, next;  // P, alternating by key tile (FwdMainloop::key_steps)
-    o.fill(0.f);
-    softmax.init();
-    mainloop.begin_block();
-    bool started = false;  // the work tile's first key tile is done (streamed in)
-    for (int t = next_work_tile(); t < total;) {
-      mainloop.q_buffer = queries.index;
-      const Walk walk = walk_of(t);
-      bool in_next = false;  // the tile's last P is in `next` (else in p)
-      if (walk.num_tiles == 0) {
-        mainloop.release_queries();  // no row sees a key: O = 0, LSE = -inf
-      } else {
-        if (!started) mainloop.first_tile(walk, pipe, carry, softmax, p);
-        in_next = mainloop.key_steps(walk, pipe, carry, softmax, o, p, next);
-        if (walk.num_tiles > 1) mainloop.release_queries();  // the last Q·Kᵀ completed in key_steps
-      }
-      queries.advance();
-      const int t_next = next_work_tile();
-      const bool stream_on = walk.num_tiles > 0 && t_next < total && plan(params, t_next).key_tiles > 0;
-      typename Tiles::Softmax fresh;  // the next work tile's, when its first key tile streams in
-      if (stream_on) {
-        mainloop.q_buffer = queries.index;
-        if (in_next) mainloop.issue_scores_beside_pv(pipe, carry, o, next);
-        else mainloop.issue_scores_beside_pv(pipe, carry, o, p);
-        mainloop.next_first_tile(walk_of(t_next), pipe, carry, fresh, o, p, next);
-      } else if (walk.num_tiles > 0) {
-        if (in_next) mainloop.last_pv(carry, o, next);
-        else mainloop.last_pv(carry, o, p);
-        fresh.init();
-      } else {
-        fresh.init();
-      }
-      epilogue(t, o, softmax);
-      softmax = fresh;
-      o.fill(0.f);
-      started = stream_on;
-      t = t_next;
     }
     mainloop.end_block();
     if (thread == 0) tile::tma::store_wait();
@@ -370,10 +279,8 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1
   const int warpgroup = int(threadIdx.x) / wg::kThreads;
   const int thread = int(threadIdx.x) % wg::kThreads;
   if (threadIdx.x == 0) {
-    for (int b = 0; b < K::Shared::kQBuffers; ++b) {
-      shared.q_full[b].init(1);
-      shared.q_empty[b].init(K::Shared::q_releases(K::kConsumers));
-    }
+    shared.q_full.init(1);
+    shared.q_empty.init(K::Shared::q_releases(K::kConsumers));
     for (int s = 0; s < K::STAGES; ++s) {
       shared.k_full[s].init(1);
       shared.v_full[s].init(K::kTransposeV ? K::kTransposeWarps : 1);

@@ -72,12 +72,8 @@ struct SplitResiduals {
 template <class T, int Q_ELEMENTS, int KV_ELEMENTS, int STAGES>
 struct SplitResiduals<T, Q_ELEMENTS, KV_ELEMENTS, STAGES, false> {};
 
-// Q_BUFFERS 2 (streamed key tiles): the query tiles of two work tiles, so that the next work
-// tile's queries land while this one's are still read; buffer b of work tile k is k mod 2, with
-// its own barriers.
-template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O, int Q_BUFFERS = 1>
+template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O>
 struct FwdShared {
-  static constexpr int kQBuffers = Q_BUFFERS;
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
   static constexpr int kChunkCols = wg::kChunkCols<T>;  // columns per swizzled chunk
   static constexpr int kChunks = kHeadDimPadded / kChunkCols;
@@ -92,19 +88,17 @@ struct FwdShared {
   static_assert(!kTransposeV || BN % kChunkCols == 0, "Vᵀ is whole chunks of 32 keys");
   static constexpr bool kSplit = std::is_same_v<T, tile::tf32x3>;  // split tf32: the residual tiles
 
-  alignas(wg::kSwizzleAtomBytes) T q[Q_BUFFERS][BM * kHeadDimPadded];  // [chunks][BM, 64] queries, then O
+  alignas(wg::kSwizzleAtomBytes) T q[BM * kHeadDimPadded];        // [chunks][BM, 64] queries, then O
   alignas(wg::kSwizzleAtomBytes) T k[STAGES][BN * kHeadDimPadded];  // [chunks][BN, 64] keys
   alignas(wg::kSwizzleAtomBytes) T v[STAGES][BN * kHeadDimPadded];  // [chunks][BN, C] values (fp32: Vᵀ)
   // fp32: [stages][chunks][BN, 32] values as TMA writes them (LandingBuffer; nothing at 16 bits)
   [[no_unique_address]] LandingBuffer<T, kLoadStages, BN * kHeadDimPadded> v_load;
   // [chunks][BM, 64] output staging (a token element when O is staged over Q)
   alignas(wg::kSwizzleAtomBytes) T o[SEPARATE_O ? BM * kHeadDimPadded : 1];
-  tile::MBarrier q_full[Q_BUFFERS], q_empty[Q_BUFFERS];
+  tile::MBarrier q_full, q_empty;
   // The scheduler's index of the work tile the query tile belongs to, one slot per phase of the
-  // query barriers (one query buffer) or per query buffer (two): with one buffer the producer
-  // rewrites a slot only once the consumers have released the query tile of the work tile after
-  // it, so they may read their slot until the end of the work tile; with two, as soon as they
-  // release this one's, so they read it once, when its query tile has landed.
+  // query barriers: the producer rewrites a slot only once the consumers have released the query
+  // tile of the work tile after it, so they may read their slot until the end of the work tile.
   int work_tile[2];
   // Packed calls: the work tile and its sequence (where its rows start, its mask), per slot as
   // above, so that the consumers read the mask from here rather than keep it in registers.
@@ -116,11 +110,7 @@ struct FwdShared {
   PackedTileCursor cursor;
   Sequence next_sequence;
 
-  __device__ __forceinline__ T* output() { return SEPARATE_O ? o : q[0]; }
-  // The query-side slot of a position in the query buffers' ring (see work_tile).
-  __device__ __forceinline__ static int slot(const tile::PipelineState<Q_BUFFERS>& at) {
-    return Q_BUFFERS == 1 ? int(at.phase) : at.index;
-  }
+  __device__ __forceinline__ T* output() { return SEPARATE_O ? o : q; }
   // Arrivals that release the query tile: each consumer warp once its last Q·Kᵀ is done, or each
   // consumer warpgroup's storing thread once its O rows (staged over Q) have been read.
   static constexpr uint32_t q_releases(int consumers) {
@@ -149,12 +139,11 @@ struct ConsumerTiles {
 };
 
 template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool PINGPONG, bool FOLD_SCALE, bool LAZY,
-          bool SEPARATE_O, bool CHAIN = false, int POLY = 0, bool SPECULATE = false, bool STREAM = false>
+          bool SEPARATE_O, bool CHAIN = false, int POLY = 0, bool SPECULATE = false>
 struct FwdMainloop {
   using Element = T;
   static constexpr bool kSeparateO = SEPARATE_O;
-  static constexpr bool kStream = STREAM;
-  using Shared = FwdShared<T, HD, BM, BN, STAGES, SEPARATE_O, STREAM ? 2 : 1>;
+  using Shared = FwdShared<T, HD, BM, BN, STAGES, SEPARATE_O>;
   using Tiles = ConsumerTiles<T, HD, BN>;
   using Pipeline = tile::PipelineState<STAGES>;
   static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
@@ -170,8 +159,6 @@ struct FwdMainloop {
   static_assert(!LAZY || FOLD_SCALE, "lazy rescaling is an option of the folded-scale update");
   static_assert(!SPECULATE || (LAZY && OVERLAP && POLY == 0), "speculative exponentials are a form of the lazy overlapped update");
   static_assert(!kSplit || !SPECULATE, "split tf32 runs the default schedule");
-  static_assert(!STREAM || (SPECULATE && SEPARATE_O && CHAIN),
-                "streamed key tiles are a form of the speculative schedule with O staged apart and carried turns");
 
   Shared& shared;
   const AttentionArgs& args;
@@ -180,7 +167,6 @@ struct FwdMainloop {
   // Split tf32: a key tile's P·V, formed from zero (issue_pv) and added to O (add_part).
   struct NoPart {};
   [[no_unique_address]] std::conditional_t<kSplit, typename Tiles::Output, NoPart> o_part;
-  int q_buffer = 0;  // the query buffer of the work tile whose Q·Kᵀ is issued next (STREAM: 0 or 1)
 
   // S = Q·Kᵀ for this warpgroup's rows and the key tile in stage `stage`; issued, not waited.
   // Split tf32: Q_lo·K + Q·K_lo + Q·K (the tiles hold the high parts), the small products first.
@@ -188,10 +174,10 @@ struct FwdMainloop {
     wg::fence();
     if constexpr (kSplit) {
       issue_scores_from(s, shared.residual.q, shared.k[stage], false);
-      issue_scores_from(s, shared.q[q_buffer], shared.residual.k[stage], true);
-      issue_scores_from(s, shared.q[q_buffer], shared.k[stage], true);
+      issue_scores_from(s, shared.q, shared.residual.k[stage], true);
+      issue_scores_from(s, shared.q, shared.k[stage], true);
     } else {
-      issue_scores_from(s, shared.q[q_buffer], shared.k[stage], false);
+      issue_scores_from(s, shared.q, shared.k[stage], false);
     }
     wg::commit();
   }
@@ -259,7 +245,7 @@ struct FwdMainloop {
 #pragma unroll
       for (int c = 0; c < Shared::kChunks; ++c) {
         const int at = c * (Shared::kQChunkBytes / int(sizeof(T))) + warpgroup * kRowFloats;
-        wg::split_to_tf32<kRowFloats>(reinterpret_cast<float*>(shared.q[q_buffer] + at),
+        wg::split_to_tf32<kRowFloats>(reinterpret_cast<float*>(shared.q + at),
                                       reinterpret_cast<float*>(shared.residual.q + at), thread, wg::kThreads);
       }
       tile::fence_async_shared();
@@ -345,7 +331,7 @@ struct FwdMainloop {
   __device__ __forceinline__ void release_queries() {
     if constexpr (SEPARATE_O) {
       __syncwarp();
-      release(shared.q_empty[q_buffer]);
+      release(shared.q_empty);
     }
   }
 
@@ -371,8 +357,6 @@ struct FwdMainloop {
   // (every key tile but a work tile's first, whose rows have no base yet) the exponentials start
   // on the rows' current bases before the row max is known (OnlineSoftmax::update_speculative):
   // s then holds the exponents, not P, and `next` is what P·V reads.
-  // EMIT false: P stays in s (no fragments written).
-  template <bool EMIT = true>
   __device__ __forceinline__ void softmax_step(typename Tiles::Scores& s, typename Tiles::Softmax& softmax,
                                                float (&rescale)[Tiles::Scores::kRows], const Mask& mask, Range rows,
                                                int64_t col0, bool need_mask, typename Tiles::PFragments& next,
@@ -382,7 +366,7 @@ struct FwdMainloop {
           s, [&](int i) { return mask.keys(rows.begin + Tiles::Scores::row(i, thread)); }, col0,
           [&](int j) { return Tiles::Scores::col(j, thread); });
     if (FOLD_SCALE && args.scale_log2 > 0.f) {
-      if constexpr (SPECULATE && EMIT) {
+      if constexpr (SPECULATE) {
         if (speculate) {
           softmax.update_speculative(s, args.scale_log2, rescale,
                                      [&](const typename Tiles::Scores& p) { wg::a_from_acc<T>(next, p); });
@@ -394,7 +378,7 @@ struct FwdMainloop {
       tile::thread::scale(s, args.scale_log2);
       softmax.template update<true>(s, rescale);
     }
-    if constexpr (SPECULATE && EMIT) wg::a_from_acc<T>(next, s);
+    if constexpr (SPECULATE) wg::a_from_acc<T>(next, s);
   }
 
   // With LAZY most tiles leave every factor at 1: a warp whose rows all keep their base skips
@@ -413,169 +397,104 @@ struct FwdMainloop {
       for (int j = 0; j < Tiles::Output::kCols; ++j) o(i, j) *= rescale[i];
   }
 
-  // A work tile as this warpgroup walks it: its query rows, the keys any row of the tile sees and
-  // the key tiles [keys.begin + j·BN) for j < num_tiles that cover them, under `mask` (rows and
-  // keys counted from the sequence's first; rows past seqlen_q compute on zero-filled queries, or
-  // a packed call's next sequence, and are never stored). The mask is the call's (dense) or the
-  // work tile's sequence's in shared memory (packed).
-  struct Walk {
-    const Mask& mask;
-    Range rows, keys;
-    int num_tiles;
-    FullTiles full;
-    __device__ __forceinline__ Walk(const Mask& mask_, Range rows_, Range keys_, int num_tiles_)
-        : mask(mask_), rows(rows_), keys(keys_), num_tiles(num_tiles_), full(mask_, rows_, keys_, num_tiles_) {}
-    __device__ __forceinline__ int64_t col0(int j) const { return keys.begin + int64_t(j) * BN; }
-  };
-  // What a warpgroup carries from one key tile to the next: the scores of the tile in flight, the
-  // rescale factors of the last softmax, the ring position of the value tile whose P·V is next.
-  struct Carry {
-    typename Tiles::Scores s;  // [64, BN]
-    float rescale[Tiles::Scores::kRows];
-    Pipeline previous;
-  };
-
-  // Key tile 0 of a work tile, alone: its Q·Kᵀ, waited for, and its softmax (P into p).
-  __device__ __forceinline__ void first_tile(const Walk& w, Pipeline& pipe, Carry& c, typename Tiles::Softmax& softmax,
-                                             typename Tiles::PFragments& p) {
-    wait_keys(pipe);
-    take_turn();
-    issue_scores(c.s, pipe.index);
-    pass_turn(false);
-    wg::wait<0>();
-    wg::fence_operand(c.s.d);
-    release(shared.k_empty[pipe.index]);
-    if (w.num_tiles == 1) release_queries();
-    softmax_step(c.s, softmax, c.rescale, w.mask, w.rows, w.keys.begin, w.full.need_mask(0), p, false);
-    c.previous = pipe;
-    pipe.advance();
-  }
-
-  // Key tile j > 0: P(j-1) in `cur`; with SPECULATE the softmax forms P(j) in `nxt`.
-  __device__ __forceinline__ void key_step(const Walk& w, int j, Pipeline& pipe, Carry& c,
-                                           typename Tiles::Softmax& softmax, typename Tiles::Output& o,
-                                           typename Tiles::PFragments& cur, typename Tiles::PFragments& nxt) {
-    // P(j-1) is converted here and O rescaled just before the P·V that adds to it, not after
-    // the previous iteration's final wait: nothing then touches the registers that P·V reads or
-    // writes until the iteration ends, so ptxas keeps that wait below the softmax, which runs
-    // while P·V is in flight (with the conversion after the wait, the SASS showed the wait
-    // hoisted above the whole softmax).
-    if constexpr (!SPECULATE) wg::a_from_acc<T>(cur, c.s);
-    // S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) in flight together.
-    issue_scores_beside_pv(pipe, c, o, cur);
-    wg::wait<1>();  // S(j) is done; P·V may still run
-    wg::fence_operand(c.s.d);
-    release(shared.k_empty[pipe.index]);
-    softmax_step(c.s, softmax, c.rescale, w.mask, w.rows, w.col0(j), w.full.need_mask(j), nxt, true);
-    wg::wait<0>();
-    wg::fence_operand(o.d);
-    wg::fence_operand(cur);
-    add_part(o);
-    release(shared.v_empty[c.previous.index]);
-    c.previous = pipe;
-    pipe.advance();
-  }
-  // The Q·Kᵀ of the key tile at `pipe` (query buffer q_buffer) and O += P·V of the value tile at
-  // c.previous with P in `cur`, issued in one turn, neither waited for; O is rescaled to the last
-  // softmax's row bases while the scores run.
-  __device__ __forceinline__ void issue_scores_beside_pv(const Pipeline& pipe, Carry& c, typename Tiles::Output& o,
-                                                         typename Tiles::PFragments& cur) {
-    wait_keys(pipe);
-    take_turn();
-    issue_scores(c.s, pipe.index);
-    apply_rescale(o, c.rescale);
-    shared.v_full[c.previous.index].wait(c.previous.phase);
-    wg::fence_operand(o.d);
-    issue_pv(o, cur, c.previous.index);
-    pass_turn(false);
-  }
-
-  // Key tiles 1.. of a work tile after first_tile (or a streamed start): true where the last P
-  // is in `next` rather than `p` (SPECULATE: P·V of one tile reads its fragments while the softmax
-  // of the next writes the other buffer, so the two alternate, two tiles per turn of the loop: a
-  // copy from one to the other, which ptxas folds away, makes the softmax write registers an
-  // in-flight wgmma reads, and ptxas then serialises the wgmma).
-  __device__ __forceinline__ bool key_steps(const Walk& w, Pipeline& pipe, Carry& c, typename Tiles::Softmax& softmax,
-                                            typename Tiles::Output& o, typename Tiles::PFragments& p,
-                                            typename Tiles::PFragments& next) {
-    if constexpr (SPECULATE) {
-      int j = 1;
-      for (; j + 1 < w.num_tiles; j += 2) {
-        key_step(w, j, pipe, c, softmax, o, p, next);
-        key_step(w, j + 1, pipe, c, softmax, o, next, p);
-      }
-      if (j < w.num_tiles) {
-        key_step(w, j, pipe, c, softmax, o, p, next);
-        return true;
-      }
-    } else {
-      for (int j = 1; j < w.num_tiles; ++j) key_step(w, j, pipe, c, softmax, o, p, p);
-    }
-    return false;
-  }
-
-  // The last P·V of a work tile (P in `last`), waited for.
-  __device__ __forceinline__ void last_pv(Carry& c, typename Tiles::Output& o, typename Tiles::PFragments& last) {
-    if constexpr (!SPECULATE) wg::a_from_acc<T>(last, c.s);
-    apply_rescale(o, c.rescale);
-    pv_step(o, last, c.previous, true);
-  }
-
-  // STREAM: after issue_scores_beside_pv put out the next work tile's first Q·Kᵀ (q_buffer its
-  // query buffer) beside this one's last P·V, the next tile's first softmax into `fresh` while
-  // the P·V runs (its P into p once the P·V has read its fragments, which may be p's), then the
-  // P·V waited for: O is this work tile's, whole, and `fresh` the next one's first statistics.
-  __device__ __forceinline__ void next_first_tile(const Walk& next_walk, Pipeline& pipe, Carry& c,
-                                                  typename Tiles::Softmax& fresh, typename Tiles::Output& o,
-                                                  typename Tiles::PFragments& p, typename Tiles::PFragments& next) {
-    wg::wait<1>();  // the next tile's S is done; P·V may still run
-    wg::fence_operand(c.s.d);
-    release(shared.k_empty[pipe.index]);
-    if (next_walk.num_tiles == 1) release_queries();
-    fresh.init();
-    softmax_step<false>(c.s, fresh, c.rescale, next_walk.mask, next_walk.rows, next_walk.keys.begin,
-                        next_walk.full.need_mask(0), p, false);
-    wg::wait<0>();
-    wg::fence_operand(o.d);
-    wg::fence_operand(p);
-    wg::fence_operand(next);
-    release(shared.v_empty[c.previous.index]);
-    wg::a_from_acc<T>(p, c.s);
-    c.previous = pipe;
-    pipe.advance();
-  }
-
-  // The key tiles of work tile `w` (run one work tile; STREAM kernels walk theirs with the pieces
-  // above, FwdKernel::consume_stream).
-  __device__ void run(Pipeline& pipe, const Walk& w, typename Tiles::Output& o, typename Tiles::Softmax& softmax) {
-    Carry c;
-    typename Tiles::PFragments p;     // [64, BN] P of the previous tile, register-A fragments
+  // The key tiles [keys.begin + j·BN) for j < num_tiles, for this warpgroup's query rows `rows`
+  // under `mask` (rows and keys counted from the sequence's first; rows past seqlen_q compute on
+  // zero-filled queries, or a packed call's next sequence, and are never stored). The mask is the
+  // call's (dense) or the work tile's sequence's in shared memory (packed).
+  __device__ void run(Pipeline& pipe, Range rows, Range keys, int num_tiles, const Mask& mask,
+                      typename Tiles::Output& o, typename Tiles::Softmax& softmax) {
+    typename Tiles::Scores s;  // [64, BN] scores of the tile in flight
+    typename Tiles::PFragments p;  // [64, BN] P of the previous tile, register-A fragments
     typename Tiles::PFragments next;  // SPECULATE: P's other buffer (the two alternate by key tile)
-    if (w.num_tiles == 0) {
+    float rescale[Tiles::Scores::kRows];
+    if (num_tiles == 0) {
       release_queries();
       return;
     }
+    const FullTiles full(mask, rows, keys, num_tiles);
     if constexpr (!OVERLAP) {
-      for (int j = 0; j < w.num_tiles; ++j) {
+      for (int j = 0; j < num_tiles; ++j) {
         wait_keys(pipe);
-        issue_scores(c.s, pipe.index);
+        issue_scores(s, pipe.index);
         wg::wait<0>();
-        wg::fence_operand(c.s.d);
+        wg::fence_operand(s.d);
         release(shared.k_empty[pipe.index]);
-        if (j == w.num_tiles - 1) release_queries();
-        softmax_step(c.s, softmax, c.rescale, w.mask, w.rows, w.col0(j), w.full.need_mask(j), next, false);
-        apply_rescale(o, c.rescale);
-        wg::a_from_acc<T>(p, c.s);
+        if (j == num_tiles - 1) release_queries();
+        softmax_step(s, softmax, rescale, mask, rows, keys.begin + int64_t(j) * BN, full.need_mask(j), next, false);
+        apply_rescale(o, rescale);
+        wg::a_from_acc<T>(p, s);
         pv_step(o, p, pipe);
         pipe.advance();
       }
     } else {
+      // Tile 0: scores and softmax alone.
       start_turns();
-      first_tile(w, pipe, c, softmax, p);
-      const bool in_next = key_steps(w, pipe, c, softmax, o, p, next);
-      if (w.num_tiles > 1) release_queries();  // the last Q·Kᵀ completed in key_steps
-      if (in_next) last_pv(c, o, next);
-      else last_pv(c, o, p);
+      wait_keys(pipe);
+      take_turn();
+      issue_scores(s, pipe.index);
+      pass_turn(false);
+      wg::wait<0>();
+      wg::fence_operand(s.d);
+      release(shared.k_empty[pipe.index]);
+      if (num_tiles == 1) release_queries();
+      softmax_step(s, softmax, rescale, mask, rows, keys.begin, full.need_mask(0), p, false);
+      Pipeline previous = pipe;
+      pipe.advance();
+      // Key tile j > 0: P(j-1) in `cur`; with SPECULATE the softmax forms P(j) in `nxt`.
+      auto step = [&](int j, typename Tiles::PFragments& cur, typename Tiles::PFragments& nxt) {
+        // P(j-1) is converted here and O rescaled just before the P·V that adds to it, not after
+        // the previous iteration's final wait: nothing then touches the registers that P·V reads or
+        // writes until the iteration ends, so ptxas keeps that wait below the softmax, which runs
+        // while P·V is in flight (with the conversion after the wait, the SASS showed the wait
+        // hoisted above the whole softmax).
+        if constexpr (!SPECULATE) wg::a_from_acc<T>(cur, s);
+        // S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) in flight together.
+        wait_keys(pipe);
+        take_turn();
+        issue_scores(s, pipe.index);
+        apply_rescale(o, rescale);  // to tile j-1's row max, while S(j) runs
+        shared.v_full[previous.index].wait(previous.phase);
+        wg::fence_operand(o.d);
+        issue_pv(o, cur, previous.index);
+        pass_turn(false);
+        wg::wait<1>();  // S(j) is done; P·V may still run
+        wg::fence_operand(s.d);
+        release(shared.k_empty[pipe.index]);
+        softmax_step(s, softmax, rescale, mask, rows, keys.begin + int64_t(j) * BN, full.need_mask(j), nxt, true);
+        wg::wait<0>();
+        wg::fence_operand(o.d);
+        wg::fence_operand(cur);
+        add_part(o);
+        release(shared.v_empty[previous.index]);
+        previous = pipe;
+        pipe.advance();
+      };
+      auto last_pv = [&](typename Tiles::PFragments& last) {
+        if (num_tiles > 1) release_queries();  // the last Q·Kᵀ completed in the loop
+        if constexpr (!SPECULATE) wg::a_from_acc<T>(last, s);
+        apply_rescale(o, rescale);
+        pv_step(o, last, previous, true);
+      };
+      if constexpr (SPECULATE) {
+        // P·V of one tile reads its fragments while the softmax of the next writes the other
+        // buffer: the two alternate (two tiles per turn of the loop), so no copy from one to the
+        // other sits between them (a copy that ptxas folds away makes the softmax write
+        // registers that an in-flight wgmma reads, and it then serialises the wgmma).
+        int j = 1;
+        for (; j + 1 < num_tiles; j += 2) {
+          step(j, p, next);
+          step(j + 1, next, p);
+        }
+        if (j < num_tiles) {
+          step(j, p, next);
+          last_pv(next);
+        } else {
+          last_pv(p);
+        }
+      } else {
+        for (int j = 1; j < num_tiles; ++j) step(j, p, p);
+        last_pv(p);
+      }
     }
   }
 };

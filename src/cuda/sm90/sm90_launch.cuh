@@ -12,13 +12,10 @@
 
 namespace fmha::cuda::sm90 {
 
-// The larger of the dense and packed kernels' (they differ where the dense one streams its key
-// tiles through two query buffers).
 template <class T, int HD, int VARIANT>
 size_t forward_shared_bytes() {
-  constexpr size_t packed = FwdKernel<T, HD, VARIANT, true>::kSharedBytes;
-  constexpr size_t dense = FwdKernel<T, HD, VARIANT, false>::kSharedBytes;
-  return packed > dense ? packed : dense;
+  static_assert(FwdKernel<T, HD, VARIANT, true>::kSharedBytes == FwdKernel<T, HD, VARIANT, false>::kSharedBytes);
+  return FwdKernel<T, HD, VARIANT, false>::kSharedBytes;
 }
 
 // The dense or the packed kernel, by the call's layout.
