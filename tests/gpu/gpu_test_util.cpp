@@ -166,9 +166,11 @@ NaiveBackward naive_backward(const HostProblem& hp) {
       for (int64_t i = 0; i < c.seqlen_q; ++i) {
         const Range keys = s.mask.keys(i);
         const int64_t kvh = h / s.group;
+        // Δ = rowsum(O ∘ dO) with dO as dP's product sees it: the tf32 tiers form Δ from dO
+        // rounded to tf32, so that dP − Δ cancels where a row sees one key and O is V.
         float delta = 0.f;
         for (int64_t d = 0; d < c.head_dim_v; ++d)
-          delta += at(hp.o, c.dtype, L.o, b, i, h, d) * at(hp.dout, c.dtype, L.o, b, i, h, d);
+          delta += at(hp.o, c.dtype, L.o, b, i, h, d) * in(at(hp.dout, c.dtype, L.o, b, i, h, d));
         const float lse = reinterpret_cast<const float*>(hp.lse.data())[(b * c.heads + h) * c.seqlen_q + i];
         for (int64_t j = keys.begin; j < keys.end; ++j) {
           float dot = 0.f, dp = 0.f;
