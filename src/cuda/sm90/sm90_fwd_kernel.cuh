@@ -4,9 +4,10 @@
 // TMA copy (each work tile's first K tile, its Q, then its other K and V tiles through a
 // STAGES-deep ring), and the warpgroup gives its registers back. Warpgroups 1.. are consumers,
 // each owning 64 query rows of the work tile, with the registers raised: the mainloop on wgmma,
-// then the epilogue. The producer hands each work tile's index to the consumers with its query
-// tile (an index past the last tile ends the kernel); both then walk the same ring positions, so
-// they agree on every buffer and phase without talking beyond the mbarriers.
+// then the epilogue. The producer hands each work tile's index and (query tile, head, batch) to
+// the consumers with its query tile (an index past the last tile ends the kernel); both then
+// walk the same ring positions, so they agree on every buffer and phase without talking beyond
+// the mbarriers.
 //
 // fp32 storage (tf32): V lands in a buffer of its own and the producer warpgroup's warps 1-3,
 // idle at 16 bits, transpose each V tile into the Vᵀ ring the consumers read (tf32 wgmma takes
@@ -100,8 +101,7 @@ struct FwdKernel {
     else return {plan_t.work.batch, plan_t.work.batch};
   }
   __device__ __forceinline__ static Plan slot_plan(const FwdParams& params, const Shared& shared, int slot) {
-    if constexpr (PACKED) return plan(shared.work[slot], shared.sequence[slot].mask);
-    else return plan(params, shared.work_tile[slot]);
+    return plan(shared.work[slot], slot_mask(params, shared, slot));
   }
 
   __device__ static void produce(const FwdParams& params, Shared& shared) {
@@ -173,10 +173,8 @@ struct FwdKernel {
       if (key_tiles > 0) load_keys(0);
       shared.q_empty.wait(q_phase ^ 1);
       shared.work_tile[q_phase] = t;  // published by the query tile's barrier (release)
-      if constexpr (PACKED) {
-        shared.work[q_phase] = w;
-        shared.sequence[q_phase] = shared.next_sequence;
-      }
+      shared.work[q_phase] = w;
+      if constexpr (PACKED) shared.sequence[q_phase] = shared.next_sequence;
       load_tile(shared.q, &params.q, BM, q_row, w.head, shared.q_full, Shared::kQBytes);
       for (int j = 0; j < key_tiles; ++j) {
         const int col0 = k_row + j * BN;

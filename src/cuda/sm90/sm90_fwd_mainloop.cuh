@@ -100,9 +100,12 @@ struct FwdShared {
   // query barriers: the producer rewrites a slot only once the consumers have released the query
   // tile of the work tile after it, so they may read their slot until the end of the work tile.
   int work_tile[2];
-  // Packed calls: the work tile and its sequence (where its rows start, its mask), per slot as
-  // above, so that the consumers read the mask from here rather than keep it in registers.
+  // The work tile (query tile, head, batch or sequence), per slot as above: the producer finds it
+  // once (the dense scheduler's divisions), the consumers read it at the work tile's start and in
+  // its epilogue.
   WorkTile work[2];
+  // Packed calls: the work tile's sequence (where its rows start, its mask), per slot as above,
+  // so that the consumers read the mask from here rather than keep it in registers.
   Sequence sequence[2];
   // The producer's own state for packed calls, kept here rather than in its few registers: its
   // walk over the sequence table, and the sequence of the work tile it is loading (copied into
