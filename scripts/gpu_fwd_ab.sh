@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The sm90 forward of this tree against a base commit's, and against its own variants, in one GPU
+# call on an H100/H200 (results under $OUT), from the repository root:
+#   build     this tree (arch 90, head dims 64 and 128) into $BUILD with its GPU tests, and the
+#             CLI of commit $BASE (default HEAD~1) from a git worktree into $BASE_BUILD
+#   tests     every forward variant against the oracle (FMHA_TEST_FWD_VARIANTS=$VARIANTS), the
+#             sm90 forward sweep, schedule, few-key and varlen tests                 -> tests.log
+#   bench     `fmha bench --backend sm90 --mode fwd --dtype bf16` at 16k tokens a call, hidden 2048,
+#             head dims 64 and 128, lengths $LENGTHS, causal none and bottom-right: the base's
+#             default, this tree's default and each of $VARIANTS, $ROUNDS interleaved rounds
+#                                                                               -> fwd_ab.txt
+# STEPS (default "build tests bench") picks the parts.
+set -u
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH
+STEPS=${STEPS:-"build tests bench"}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+B=${BUILD:-$PWD/build-sm90}
+BASE=${BASE:-HEAD~1}
+BB=${BASE_BUILD:-/tmp/fmha-base}
+VARIANTS=${VARIANTS:-spec specpoly8}
+LENGTHS=${LENGTHS:-512 1024 2048 16384}
+configure() {  # source dir, build dir
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS="64;128" \
+    -DFMHA_TUNED_HEAD_DIMS="64;128" -DFMHA_DECODE_HEAD_DIMS=128
+}
+if want build; then
+  t0=$(date +%s)
+  rm -rf /tmp/fmha-base-src && git worktree add -f --detach /tmp/fmha-base-src "$BASE" > "$OUT/build.log" 2>&1
+  { configure . "$B" && configure /tmp/fmha-base-src "$BB"; } >> "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  timeout 400 ninja -C "$B" -j"$(nproc)" fmha_cli fmha_gpu_tests >> "$OUT/build.log" 2>&1 &&
+    timeout 300 ninja -C "$BB" -j"$(nproc)" fmha_cli >> "$OUT/build.log" 2>&1 ||
+    { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
+  echo "built $(git rev-parse --short HEAD) and $(git -C /tmp/fmha-base-src rev-parse --short HEAD) in $(( $(date +%s) - t0 )) s"
+fi
+if want tests; then
+  T=$B/tests/gpu/fmha_gpu_tests
+  {
+    FMHA_TEST_FWD_VARIANTS=$(echo $VARIANTS | tr ' ' ',') timeout 200 $T --gtest_color=no --gtest_brief=1 \
+      --gtest_filter='Sm90Variants.*'
+    timeout 300 $T --gtest_color=no --gtest_brief=1 \
+      --gtest_filter='*Kernel.Forward/*sm90*:Sm90Schedule.*:*FewKeys*sm90*:*VarlenKernel.Forward/sm90*:LargeOffsets.Sm90*:Edge.*'
+  } > "$OUT/tests.log" 2>&1
+  grep -E "tests? from .* ran|PASSED|FAILED" "$OUT/tests.log" | head -20
+fi
+want bench || exit 0
+bench() {  # label, cli, variant (empty: the default), head dim, round
+  local h=$((2048 / $4))
+  for c in none bottom-right; do for s in $LENGTHS; do
+    env ${3:+FMHA_SM90_FWD_CONFIG=$3} timeout 30 "$2" bench --backend sm90 --mode fwd --dtype bf16 --head-dim "$4" \
+      --heads $h --batch $((16384 / s)) --seqlen-q $s --causal $c --iters 30 --no-progress 2>&1 | tail -1 |
+      awk -v l="$1" -v r="$5" -v d="$4" -v s=$s -v c=$c '{print l, r, d, s, c, $(NF-1)}'
+  done; done
+}
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for d in 64 128; do
+    bench base "$BB/fmha" "" $d $r
+    bench tree "$B/fmha" "" $d $r
+    for v in $VARIANTS; do bench "$v" "$B/fmha" "$v" $d $r; done
+  done
+done | tee "$OUT/fwd_ab.txt"
