@@ -2,7 +2,10 @@
 # The sm90 forward of this tree against a base commit's, and against its own variants, in one GPU
 # call on an H100/H200 (results under $OUT), from the repository root:
 #   build     this tree (arch 90, head dims 64 and 128) into $BUILD with its GPU tests, and the
-#             CLI of commit $BASE (default HEAD~1) from a git worktree into $BASE_BUILD
+#             CLI of the base commit's sources in $BASE_SRC (default .base-src) into $BASE_BUILD
+# The device machine gets the working tree without its git history, so the base's sources travel
+# as a folder: here, `bash scripts/gpu_fwd_ab.sh prepare <commit>` writes them into .base-src
+# (ignored through .git/info/exclude), and the run names ".base-src" in `carry`.
 #   tests     every forward variant against the oracle (FMHA_TEST_FWD_VARIANTS=$VARIANTS), the
 #             sm90 forward sweep, schedule, few-key and varlen tests                 -> tests.log
 #   bench     `fmha bench --backend sm90 --mode fwd --dtype bf16` at 16k tokens a call, hidden 2048,
@@ -11,12 +14,21 @@
 #                                                                               -> fwd_ab.txt
 # STEPS (default "build tests bench") picks the parts.
 set -u
+BASE_SRC=${BASE_SRC:-$PWD/.base-src}
+if [[ "${1:-}" == prepare ]]; then
+  commit=${2:?usage: gpu_fwd_ab.sh prepare <commit>}
+  mkdir -p .git/info && { grep -qx '/.base-src/' .git/info/exclude 2>/dev/null || echo /.base-src/ >> .git/info/exclude; }
+  rm -rf "$BASE_SRC" && mkdir -p "$BASE_SRC"
+  git archive "$commit" $(git ls-tree --name-only "$commit" | grep -v '^docs$') | tar -x -C "$BASE_SRC"
+  echo "$(git rev-parse --short "$commit")" > "$BASE_SRC/.commit"
+  echo "base sources of $(cat "$BASE_SRC/.commit") in $BASE_SRC ($(du -sh "$BASE_SRC" | cut -f1))"
+  exit 0
+fi
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
 STEPS=${STEPS:-"build tests bench"}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 B=${BUILD:-$PWD/build-sm90}
-BASE=${BASE:-HEAD~1}
 BB=${BASE_BUILD:-/tmp/fmha-base}
 VARIANTS=${VARIANTS:-spec specpoly8}
 LENGTHS=${LENGTHS:-512 1024 2048 16384}
@@ -26,12 +38,12 @@ configure() {  # source dir, build dir
 }
 if want build; then
   t0=$(date +%s)
-  rm -rf /tmp/fmha-base-src && git worktree add -f --detach /tmp/fmha-base-src "$BASE" > "$OUT/build.log" 2>&1
-  { configure . "$B" && configure /tmp/fmha-base-src "$BB"; } >> "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  [[ -f "$BASE_SRC/CMakeLists.txt" ]] || { echo "no base sources in $BASE_SRC (gpu_fwd_ab.sh prepare <commit>)"; exit 1; }
+  { configure . "$B" && configure "$BASE_SRC" "$BB"; } > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
   timeout 400 ninja -C "$B" -j"$(nproc)" fmha_cli fmha_gpu_tests >> "$OUT/build.log" 2>&1 &&
     timeout 300 ninja -C "$BB" -j"$(nproc)" fmha_cli >> "$OUT/build.log" 2>&1 ||
     { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
-  echo "built $(git rev-parse --short HEAD) and $(git -C /tmp/fmha-base-src rev-parse --short HEAD) in $(( $(date +%s) - t0 )) s"
+  echo "built the tree and base $(cat "$BASE_SRC/.commit" 2>/dev/null) in $(( $(date +%s) - t0 )) s"
 fi
 if want tests; then
   T=$B/tests/gpu/fmha_gpu_tests
