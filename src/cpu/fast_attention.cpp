@@ -363,7 +363,7 @@ struct Bf16Panel {
   // whose elements the copy writes only in part is zeroed whole before the copy.
   void zero_unwritten(uint16_t* data, int64_t size, int64_t lo, int64_t hi, int64_t dim) const {
     constexpr uint16_t kZero = 0;
-    // Line `line` of `length` words, written from word w0 to w1 when `whole` (else not at all).
+    // The line of `length` words at word `at`: the copy writes its words [w0, w1) when `whole`, else none.
     const auto line = [&](int64_t at, int64_t length, bool whole, int64_t w0, int64_t w1) {
       if (!whole || w1 <= w0) {
         std::fill_n(data + at, length, kZero);
