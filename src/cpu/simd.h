@@ -238,41 +238,57 @@ inline void gemm(int64_t rows, int64_t width, int64_t depth, const float* a, int
 inline constexpr bool kBf16Dot = true;
 inline constexpr int kBf16PerVector = 2 * kLanes;  // 32 bf16 values in one 64-byte vector
 
-template <int W, bool kAccumulate>
+// C[ROWS][W] (+)= A · B, C in registers.
+template <int W, bool kAccumulate, int ROWS = kRowBlock>
 inline void gemm_block_bf16(int64_t depth_pairs, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
                             float* c, int64_t ldc) {
   constexpr int kVecs = W / kLanes;
-  __m512 acc[kRowBlock][kVecs];
-  for (int r = 0; r < kRowBlock; ++r)
+  __m512 acc[ROWS][kVecs];
+  for (int r = 0; r < ROWS; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = kAccumulate ? _mm512_load_ps(c + r * ldc + v * kLanes) : _mm512_setzero_ps();
   for (int64_t kp = 0; kp < depth_pairs; ++kp) {
     __m512bh brow[kVecs];
     for (int v = 0; v < kVecs; ++v) brow[v] = (__m512bh)_mm512_load_si512(b + kp * ldb + v * kBf16PerVector);
-    for (int r = 0; r < kRowBlock; ++r) {
+    for (int r = 0; r < ROWS; ++r) {
       uint32_t pair;
       std::memcpy(&pair, a + r * lda + 2 * kp, sizeof pair);
       const __m512bh a_pair = (__m512bh)_mm512_set1_epi32(int(pair));
       for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a_pair, brow[v]);
     }
   }
-  for (int r = 0; r < kRowBlock; ++r)
+  for (int r = 0; r < ROWS; ++r)
     for (int v = 0; v < kVecs; ++v) _mm512_store_ps(c + r * ldc + v * kLanes, acc[r][v]);
 }
 
+// The rows a bf16 matmul takes at least: half a register block, which a call with few rows (the
+// few-row forward's packed GQA rows: 4 for one query of 4 heads) runs on, as twice the columns,
+// instead of padding it to a whole block of mostly empty rows.
+inline constexpr int kBf16RowStep = kRowBlock / 2;
+
 // C[rows][width] (+)= A[rows][2 * depth_pairs] · B, A bf16 row-major (lda even), B bf16
 // pair-interleaved (ldb elements per k-pair, a multiple of 32), C fp32; rows a multiple of
-// kRowBlock, width of kLanes; B and C 64-byte aligned. On the avx512bf16 path this is gemm_bf16;
-// the amxbf16 path's gemm_bf16 (below) runs on tiles and leaves it the edges.
+// kBf16RowStep, width of kLanes; B and C 64-byte aligned. On the avx512bf16 path this is
+// gemm_bf16; the amxbf16 path's gemm_bf16 (below) runs on tiles and leaves it the edges.
 inline void gemm_bf16_dot(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda,
                       const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   auto run = [&](auto accumulate_tag) {
     constexpr bool kAcc = decltype(accumulate_tag)::value;
-    for (int64_t r = 0; r < rows; r += kRowBlock) {
+    int64_t r = 0;
+    for (; r + kRowBlock <= rows; r += kRowBlock) {
       int64_t col = 0;
       for (; col + kBlockCols <= width; col += kBlockCols)
         gemm_block_bf16<kBlockCols, kAcc>(depth_pairs, a + r * lda, lda, b + 2 * col, ldb, c + r * ldc + col, ldc);
       for (; col < width; col += kLanes)
         gemm_block_bf16<kLanes, kAcc>(depth_pairs, a + r * lda, lda, b + 2 * col, ldb, c + r * ldc + col, ldc);
+    }
+    if (r < rows) {  // half a block: as many accumulators as a whole one over twice the columns
+      int64_t col = 0;
+      for (; col + 2 * kBlockCols <= width; col += 2 * kBlockCols)
+        gemm_block_bf16<2 * kBlockCols, kAcc, kBf16RowStep>(depth_pairs, a + r * lda, lda, b + 2 * col, ldb,
+                                                            c + r * ldc + col, ldc);
+      for (; col < width; col += kLanes)
+        gemm_block_bf16<kLanes, kAcc, kBf16RowStep>(depth_pairs, a + r * lda, lda, b + 2 * col, ldb,
+                                                    c + r * ldc + col, ldc);
     }
   };
   if (accumulate) run(std::true_type{});
@@ -449,6 +465,7 @@ inline void to_bf16_pairs(const float* src, uint16_t* dst, int64_t rows, int64_t
 }
 #else
 inline constexpr bool kBf16Dot = false;
+inline constexpr int kBf16RowStep = kRowBlock;  // no bf16 matmul on this path
 // Declared (never defined) so that code with an `if constexpr (kBf16Dot)` branch compiles on
 // every path; that branch is never instantiated where these are missing.
 void gemm_bf16(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda, const uint16_t* b,
