@@ -583,11 +583,9 @@ void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& conf
   const bool packed = rows.size() < kTileM && s.group > 1;
   const int64_t n = packed ? rows.size() : round_up(rows.size(), kTileM);
   const int64_t total = round_up(s.group * n, kTileM);  // every tile's rows, padding included
-  // The rows the matmuls read and write: each tile's valid rows rounded up to the matmul's row
-  // step (kRowBlock; the bf16 matmul takes half blocks: decode's 4 packed rows stay 4, not the
-  // tile's 64, zeroed for every item).
-  constexpr int64_t kRowStep = kBf16 ? kBf16RowStep : kRowBlock;
-  const int64_t used = round_up(s.group * n, kRowStep);
+  // The rows the matmuls read and write: each tile's valid rows rounded up to half a register
+  // block (decode's 4 packed rows stay 4, not the tile's 64, zeroed for every item).
+  const int64_t used = round_up(s.group * n, kHalfRowBlock);
   float* acc = t.acc.reserve(total * dvp);  // [total][dvp] O, row-major
   float* row_max = t.row_max.reserve(total);
   float* row_sum = t.row_sum.reserve(total);
@@ -636,7 +634,7 @@ void forward_chunk_rows(const Params& p, const Problem& s, const CpuConfig& conf
       const int64_t valid = tile.valid;
       const Range tile_rows = tile.queries;
       const auto query_of = [&](int64_t r) { return tile.query_of(r); };
-      const int64_t active = round_up(valid, kRowStep);
+      const int64_t active = round_up(valid, kHalfRowBlock);
       const Range tile_keys = intersect(s.mask.keys(tile_rows), block);
       const int64_t q_tile = first * dp;  // offset in q_all / q_all_bf16
       float* acc_tile = acc + first * dvp;

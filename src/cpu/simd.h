@@ -56,6 +56,10 @@ inline constexpr int kLanes = 4;
 inline constexpr int kRowBlock = 8;
 inline constexpr int kBlockCols = 4;   // 1 vector: 8 accumulators of 16 (SSE) or 32 (NEON) registers
 #endif
+// The rows a matmul takes at least: half a register block, which a call with few rows (the
+// few-row forward's packed GQA rows: 4 for one query of 4 heads) runs on, as twice the columns,
+// instead of padding it to a whole block of mostly empty rows.
+inline constexpr int kHalfRowBlock = kRowBlock / 2;
 inline constexpr int kWideCols = 64;   // the softmax's row width: 64 / kLanes vectors
 inline constexpr size_t kAlign = 64;   // scratch alignment in bytes (one cache line, at least one vector)
 
@@ -182,25 +186,27 @@ inline void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols,
 // With kAccumulate, the block's C comes from L2 or further as often as not (the accumulators of a
 // tile pair outgrow L1): the block asks for the next block's C rows (`next_c`, same ldc, W wide)
 // while its k loop runs, so that they are in L1 when that block loads them.
-template <int W, bool kAccumulate>
+// ROWS: kRowBlock, or kHalfRowBlock for the last rows of a matmul whose row count is an odd
+// multiple of it (gemm_rows).
+template <int W, bool kAccumulate, int ROWS = kRowBlock>
 inline void gemm_block(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                        int64_t ldc, const float* next_c = nullptr) {
   constexpr int kVecs = W / kLanes;
-  vf acc[kRowBlock][kVecs];
-  for (int r = 0; r < kRowBlock; ++r)
+  vf acc[ROWS][kVecs];
+  for (int r = 0; r < ROWS; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = kAccumulate ? load(c + r * ldc + v * kLanes) : vf{};
   if (kAccumulate && next_c)
-    for (int r = 0; r < kRowBlock; ++r)
+    for (int r = 0; r < ROWS; ++r)
       for (int64_t i = 0; i < W; i += int64_t(kAlign / sizeof(float))) __builtin_prefetch(next_c + r * ldc + i);
   for (int64_t k = 0; k < depth; ++k) {
     vf brow[kVecs];
     for (int v = 0; v < kVecs; ++v) brow[v] = load(b + k * ldb + v * kLanes);
-    for (int r = 0; r < kRowBlock; ++r) {
+    for (int r = 0; r < ROWS; ++r) {
       const float ark = a[r * lda + k];
       for (int v = 0; v < kVecs; ++v) acc[r][v] += ark * brow[v];
     }
   }
-  for (int r = 0; r < kRowBlock; ++r)
+  for (int r = 0; r < ROWS; ++r)
     for (int v = 0; v < kVecs; ++v) store(c + r * ldc + v * kLanes, acc[r][v]);
 }
 
@@ -208,11 +214,21 @@ template <bool kAccumulate>
 inline void gemm_rows(int64_t rows, int64_t width, int64_t depth, const float* a, int64_t lda, const float* b,
                       int64_t ldb, float* c, int64_t ldc) {
   const int64_t full_width = width / kBlockCols * kBlockCols;
-  for (int64_t r = 0; r < rows; r += kRowBlock) {
+  const int64_t full_rows = rows / kRowBlock * kRowBlock;
+  if (full_rows < rows) {  // half a block: as many accumulators as a whole one over twice the columns
+    const int64_t r = full_rows;
+    int64_t col = 0;
+    for (; col + 2 * kBlockCols <= width; col += 2 * kBlockCols)
+      gemm_block<2 * kBlockCols, kAccumulate, kHalfRowBlock>(depth, a + r * lda, lda, b + col, ldb, c + r * ldc + col,
+                                                             ldc);
+    for (; col < width; col += kLanes)
+      gemm_block<kLanes, kAccumulate, kHalfRowBlock>(depth, a + r * lda, lda, b + col, ldb, c + r * ldc + col, ldc);
+  }
+  for (int64_t r = 0; r < full_rows; r += kRowBlock) {
     int64_t col = 0;
     for (; col < full_width; col += kBlockCols) {
       const float* next = col + kBlockCols < full_width ? c + r * ldc + col + kBlockCols
-                          : r + kRowBlock < rows        ? c + (r + kRowBlock) * ldc
+                          : r + kRowBlock < full_rows   ? c + (r + kRowBlock) * ldc
                                                         : nullptr;
       gemm_block<kBlockCols, kAccumulate>(depth, a + r * lda, lda, b + col, ldb, c + r * ldc + col, ldc, next);
     }
@@ -221,7 +237,7 @@ inline void gemm_rows(int64_t rows, int64_t width, int64_t depth, const float* a
   }
 }
 
-// C[rows][width] (+)= A[rows][depth] · B[depth][width]; rows a multiple of kRowBlock, width a
+// C[rows][width] (+)= A[rows][depth] · B[depth][width]; rows a multiple of kHalfRowBlock, width a
 // multiple of kLanes, ldb and ldc multiples of kLanes floats, B and C vector-aligned.
 inline void gemm(int64_t rows, int64_t width, int64_t depth, const float* a, int64_t lda, const float* b,
                  int64_t ldb, float* c, int64_t ldc, bool accumulate) {
@@ -260,14 +276,9 @@ inline void gemm_block_bf16(int64_t depth_pairs, const uint16_t* a, int64_t lda,
     for (int v = 0; v < kVecs; ++v) _mm512_store_ps(c + r * ldc + v * kLanes, acc[r][v]);
 }
 
-// The rows a bf16 matmul takes at least: half a register block, which a call with few rows (the
-// few-row forward's packed GQA rows: 4 for one query of 4 heads) runs on, as twice the columns,
-// instead of padding it to a whole block of mostly empty rows.
-inline constexpr int kBf16RowStep = kRowBlock / 2;
-
 // C[rows][width] (+)= A[rows][2 * depth_pairs] · B, A bf16 row-major (lda even), B bf16
 // pair-interleaved (ldb elements per k-pair, a multiple of 32), C fp32; rows a multiple of
-// kBf16RowStep, width of kLanes; B and C 64-byte aligned. On the avx512bf16 path this is
+// kHalfRowBlock, width of kLanes; B and C 64-byte aligned. On the avx512bf16 path this is
 // gemm_bf16; the amxbf16 path's gemm_bf16 (below) runs on tiles and leaves it the edges.
 inline void gemm_bf16_dot(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda,
                       const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
@@ -284,10 +295,10 @@ inline void gemm_bf16_dot(int64_t rows, int64_t width, int64_t depth_pairs, cons
     if (r < rows) {  // half a block: as many accumulators as a whole one over twice the columns
       int64_t col = 0;
       for (; col + 2 * kBlockCols <= width; col += 2 * kBlockCols)
-        gemm_block_bf16<2 * kBlockCols, kAcc, kBf16RowStep>(depth_pairs, a + r * lda, lda, b + 2 * col, ldb,
+        gemm_block_bf16<2 * kBlockCols, kAcc, kHalfRowBlock>(depth_pairs, a + r * lda, lda, b + 2 * col, ldb,
                                                             c + r * ldc + col, ldc);
       for (; col < width; col += kLanes)
-        gemm_block_bf16<kLanes, kAcc, kBf16RowStep>(depth_pairs, a + r * lda, lda, b + 2 * col, ldb,
+        gemm_block_bf16<kLanes, kAcc, kHalfRowBlock>(depth_pairs, a + r * lda, lda, b + 2 * col, ldb,
                                                     c + r * ldc + col, ldc);
     }
   };
@@ -465,7 +476,6 @@ inline void to_bf16_pairs(const float* src, uint16_t* dst, int64_t rows, int64_t
 }
 #else
 inline constexpr bool kBf16Dot = false;
-inline constexpr int kBf16RowStep = kRowBlock;  // no bf16 matmul on this path
 // Declared (never defined) so that code with an `if constexpr (kBf16Dot)` branch compiles on
 // every path; that branch is never instantiated where these are missing.
 void gemm_bf16(int64_t rows, int64_t width, int64_t depth_pairs, const uint16_t* a, int64_t lda, const uint16_t* b,
