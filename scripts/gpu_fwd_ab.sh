@@ -3,9 +3,6 @@
 # call on an H100/H200 (results under $OUT), from the repository root:
 #   build     this tree (arch 90, head dims 64 and 128) into $BUILD with its GPU tests, and the
 #             CLI of the base commit's sources in $BASE_SRC (default .base-src) into $BASE_BUILD
-# The device machine gets the working tree without its git history, so the base's sources travel
-# as a folder: here, `bash scripts/gpu_fwd_ab.sh prepare <commit>` writes them into .base-src
-# (ignored through .git/info/exclude), and the run names ".base-src" in `carry`.
 #   tests     every forward variant against the oracle (FMHA_TEST_FWD_VARIANTS=$VARIANTS), the
 #             sm90 forward sweep, schedule, few-key and varlen tests                 -> tests.log
 #   bench     `fmha bench --backend sm90 --mode fwd --dtype bf16` at 16k tokens a call, hidden 2048,
@@ -13,6 +10,9 @@
 #             default, this tree's default and each of $VARIANTS, $ROUNDS interleaved rounds
 #                                                                               -> fwd_ab.txt
 # STEPS (default "build tests bench") picks the parts.
+# The device machine gets the working tree without its git history, so the base's sources travel
+# as a folder: here, `bash scripts/gpu_fwd_ab.sh prepare <commit>` writes them into .base-src
+# (ignored through .git/info/exclude), and the run names ".base-src" in `carry`.
 set -u
 BASE_SRC=${BASE_SRC:-$PWD/.base-src}
 if [[ "${1:-}" == prepare ]]; then
