@@ -10,9 +10,9 @@
 #             default, this tree's default and each of $VARIANTS, $ROUNDS interleaved rounds
 #                                                                               -> fwd_ab.txt
 # STEPS (default "build tests bench") picks the parts.
-# The device machine gets the working tree without its git history, so the base's sources travel
-# as a folder: here, `bash scripts/gpu_fwd_ab.sh prepare <commit>` writes them into .base-src
-# (ignored through .git/info/exclude), and the run names ".base-src" in `carry`.
+# Where the GPU machine gets a copy of the working tree without its git history, the base's
+# sources go along as a folder: in the repository, `bash scripts/gpu_fwd_ab.sh prepare <commit>`
+# writes them into .base-src (ignored through .git/info/exclude); copy it with the tree.
 set -u
 BASE_SRC=${BASE_SRC:-$PWD/.base-src}
 if [[ "${1:-}" == prepare ]]; then
