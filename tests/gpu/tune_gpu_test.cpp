@@ -28,6 +28,29 @@ bool have_device() {
   return count > 0;
 }
 
+// A tuning cache file of the test's own (`name`, in the temporary directory) for the scope; the
+// process forgets it, and the file goes, at the scope's end (an ASSERT's early return included).
+class ScopedTuneCache {
+ public:
+  explicit ScopedTuneCache(const std::string& name)
+      : path_(std::filesystem::temp_directory_path().string() + "/" + name + "_" + std::to_string(getpid()) +
+              ".json") {
+    setenv(fmha::detail::kCacheVariable, path_.c_str(), 1);
+    fmha::detail::reload_tune_cache();
+  }
+  ~ScopedTuneCache() {
+    std::filesystem::remove(path_);
+    std::filesystem::remove(path_ + ".lock");
+    unsetenv(fmha::detail::kCacheVariable);
+    fmha::detail::reload_tune_cache();
+  }
+  ScopedTuneCache(const ScopedTuneCache&) = delete;
+  ScopedTuneCache& operator=(const ScopedTuneCache&) = delete;
+
+ private:
+  std::string path_;
+};
+
 struct TuneCase {
   const char* name;
   fmha::Backend backend;
@@ -43,10 +66,7 @@ class GpuTune : public ::testing::TestWithParam<TuneCase> {};
 TEST_P(GpuTune, EveryCompiledVariantAgreesAndTheFastestIsUsed) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   const TuneCase& c = GetParam();
-  const std::string path = std::filesystem::temp_directory_path().string() + "/fmha_gpu_tune_" +
-                           std::to_string(getpid()) + "_" + c.name + ".json";
-  setenv(fmha::detail::kCacheVariable, path.c_str(), 1);
-  fmha::detail::reload_tune_cache();
+  const ScopedTuneCache cache(std::string("fmha_gpu_tune_") + c.name);
   fmha::Params p;  // shapes only: the tuner allocates its own inputs
   const fmha::Device gpu{fmha::DeviceType::cuda, 0};
   p.q = fmha::make_tensor(nullptr, c.dtype, {2, 1000, 4, c.head_dim}, gpu);
@@ -90,10 +110,6 @@ TEST_P(GpuTune, EveryCompiledVariantAgreesAndTheFastestIsUsed) {
   EXPECT_EQ(choice.variant, r.winner);
   if (r.winner != r.default_variant) EXPECT_EQ(choice.source, "cache");
   cudaFree(memory);
-  std::filesystem::remove(path);
-  std::filesystem::remove(path + ".lock");
-  unsetenv(fmha::detail::kCacheVariable);
-  fmha::detail::reload_tune_cache();
 }
 
 // The sm80 decode kernel's calls tune their split count: every split variant runs, agrees with
@@ -101,10 +117,7 @@ TEST_P(GpuTune, EveryCompiledVariantAgreesAndTheFastestIsUsed) {
 // workspace_size asks for.
 TEST(GpuTuneDecode, SplitCountsAreTunedAndTheWinnerRuns) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  const std::string path =
-      std::filesystem::temp_directory_path().string() + "/fmha_gpu_tune_decode_" + std::to_string(getpid()) + ".json";
-  setenv(fmha::detail::kCacheVariable, path.c_str(), 1);
-  fmha::detail::reload_tune_cache();
+  const ScopedTuneCache cache("fmha_gpu_tune_decode");
   constexpr int64_t kHeads = 32, kKvHeads = 8, kDim = 128, kKeys = 8192;
   const fmha::Device gpu{fmha::DeviceType::cuda, 0};
   fmha::Params p;  // shapes only: one query token of one sequence against 8k keys
@@ -153,10 +166,6 @@ TEST(GpuTuneDecode, SplitCountsAreTunedAndTheWinnerRuns) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaFree(scratch);
   cudaFree(memory);
-  std::filesystem::remove(path);
-  std::filesystem::remove(path + ".lock");
-  unsetenv(fmha::detail::kCacheVariable);
-  fmha::detail::reload_tune_cache();
 }
 
 // A split-count winner cached after the caller sized the workspace for the heuristic's count (the
@@ -164,10 +173,7 @@ TEST(GpuTuneDecode, SplitCountsAreTunedAndTheWinnerRuns) {
 // in that workspace, bit for bit what the heuristic's count asked for explicitly gives.
 TEST(GpuTuneDecode, AWinnerCachedAfterTheWorkspaceWasSizedRunsTheHeuristicsCount) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  const std::string path = std::filesystem::temp_directory_path().string() + "/fmha_gpu_tune_decode_late_" +
-                           std::to_string(getpid()) + ".json";
-  setenv(fmha::detail::kCacheVariable, path.c_str(), 1);
-  fmha::detail::reload_tune_cache();
+  const ScopedTuneCache cache("fmha_gpu_tune_decode_late");
   constexpr int64_t kHeads = 32, kKvHeads = 8, kDim = 128, kKeys = 8192;
   const fmha::Device gpu{fmha::DeviceType::cuda, 0};
   const size_t q_elems = size_t(kHeads * kDim), kv_elems = size_t(kKeys * kKvHeads * kDim);
@@ -233,10 +239,6 @@ TEST(GpuTuneDecode, AWinnerCachedAfterTheWorkspaceWasSizedRunsTheHeuristicsCount
   EXPECT_EQ(tuned, reference) << "the heuristic's " << explicit_count.num_splits << " splits, bit for bit";
   cudaFree(scratch);
   cudaFree(memory);
-  std::filesystem::remove(path);
-  std::filesystem::remove(path + ".lock");
-  unsetenv(fmha::detail::kCacheVariable);
-  fmha::detail::reload_tune_cache();
 }
 
 INSTANTIATE_TEST_SUITE_P(
