@@ -58,7 +58,7 @@ set(FMHA_SIMT_FWD_VARIANTS 5)
 set(FMHA_SIMT_BWD_VARIANTS 3)
 set(FMHA_SM80_FWD_VARIANTS 5)
 set(FMHA_SM80_BWD_VARIANTS 4)
-set(FMHA_SM90_FWD_VARIANTS 10)
+set(FMHA_SM90_FWD_VARIANTS 9)
 # The sm90 tier's head dims: the compiled buckets from 64 up (smaller ones run on sm80).
 set(FMHA_SM90_HEAD_DIMS_X "")
 set(FMHA_CUDA_SM90 0)

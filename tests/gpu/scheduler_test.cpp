@@ -141,9 +141,6 @@ TEST(Sm90Config, DefaultVariantByShape) {
     for (bool packed : {false, true}) EXPECT_EQ(default_fwd_variant(head_dim, packed), kFwdDefault);
   EXPECT_TRUE(fwd_config(128, kFwdSpeculate).speculate && fwd_config(128, kFwdSpeculate).lazy_rescale);
   EXPECT_FALSE(fwd_config(128, kFwdDefault).speculate);
-  EXPECT_TRUE(fwd_config(64, kFwdSpeculatePoly8).speculate && fwd_config(64, kFwdSpeculatePoly8).poly_every == 8 &&
-              fwd_config(64, kFwdSpeculatePoly8).lazy_rescale);
-  EXPECT_EQ(fwd_config(64, kFwdSpeculate).poly_every, 0);
   for (int v = 0; v < kFwdVariants; ++v)
     EXPECT_TRUE(fwd_config(64, v).pingpong == (std::string(kFwdVariantNames[v]) != "overlap" &&
                                                std::string(kFwdVariantNames[v]) != "serial"))

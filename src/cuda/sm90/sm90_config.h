@@ -102,8 +102,6 @@ inline constexpr size_t kSharedLimit = 227 * 1024;
 //             confirms that no row outgrew its base by more than the lazy bound, else the rows
 //             take the exact path from the kept exponents; the row max's shuffles leave the path
 //             from a tile's Q·Kᵀ to its P·V
-//   specpoly8 spec with one exponential in 8 on the FMA pipe (tile::exp2_poly), as poly8 does for
-//             pingpong: for head dim 64, where the MUFU unit bounds a key tile's softmax
 // Measured on an H200 (docs/PERF.md, 2026-12-04): lazy rescaling +3-9 % at head dim 128 from 4k
 // keys, level at 1k and at head dim 64 (not measured at 192/256); a third K/V stage (O staged
 // over Q) lost 1-7 % at 128; carrying the turns across work tiles +3-7 % at head dim 128 from 2k
@@ -127,15 +125,15 @@ struct FwdConfig {
   // Every poly_every-th exponential of a row on the FMA pipe (0: all on the MUFU unit).
   int poly_every = 0;
   // Exponentials on the current base before the row max (OnlineSoftmax::update_speculative); needs
-  // lazy_rescale and overlap.
+  // lazy_rescale, overlap and poly_every 0.
   bool speculate = false;
   constexpr int tile_m() const { return consumers * kConsumerRows; }
   constexpr int threads() const { return (consumers + 1) * kWarpgroupThreads; }
 };
 
-inline constexpr int kFwdVariants = 10;
-inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3",   "eager",
-                                                               "restart",  "poly8",   "n144",   "spec", "specpoly8"};
+inline constexpr int kFwdVariants = 9;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3",  "eager",
+                                                               "restart",  "poly8",   "n144",   "spec"};
 inline constexpr int kFwdDefault = 0;
 
 // The variant a call runs when FMHA_SM90_FWD_CONFIG names none: spec for dense calls at head dims
@@ -148,7 +146,6 @@ inline constexpr int kFwdC3 = 3;
 inline constexpr int kFwdPoly8 = 6;
 inline constexpr int kFwdN144 = 7;
 inline constexpr int kFwdSpeculate = 8;
-inline constexpr int kFwdSpeculatePoly8 = 9;
 inline constexpr int kWideKeys = 144;  // keys per tile of n144
 constexpr int default_fwd_variant(int head_dim, bool packed) {
   return !packed && (head_dim == 64 || head_dim == 128) ? kFwdSpeculate : kFwdDefault;
@@ -199,10 +196,9 @@ constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2)
   const int d = padded_head_dim(head_dim);
   const bool lazy = variant == kFwdDefault || variant >= 5;
   FwdConfig c{2, 128, 2, true, true, true, lazy,
-              variant == kFwdDefault || variant == kFwdPoly8 || variant == kFwdN144 || variant == kFwdSpeculate ||
-                  variant == kFwdSpeculatePoly8};
-  if (variant == kFwdPoly8 || variant == kFwdSpeculatePoly8) c.poly_every = 8;
-  if (variant == kFwdSpeculate || variant == kFwdSpeculatePoly8) c.speculate = true;
+              variant == kFwdDefault || variant == kFwdPoly8 || variant == kFwdN144 || variant == kFwdSpeculate};
+  if (variant == kFwdPoly8) c.poly_every = 8;
+  if (variant == kFwdSpeculate) c.speculate = true;
   if (variant == kFwdN144 && d <= 128) c.tile_n = kWideKeys;
   if (d <= 64) c.stages = 3;
   if (d == 192) c.tile_n = 96;

@@ -160,7 +160,7 @@ struct FwdMainloop {
   static_assert(!PINGPONG || (OVERLAP && kConsumers > 1), "pingpong alternates overlapped GEMM pairs of warpgroups");
   static_assert(kConsumers <= kMaxConsumers, "one epilogue and one turn barrier per consumer warpgroup");
   static_assert(!LAZY || FOLD_SCALE, "lazy rescaling is an option of the folded-scale update");
-  static_assert(!SPECULATE || (LAZY && OVERLAP), "speculative exponentials are a form of the lazy overlapped update");
+  static_assert(!SPECULATE || (LAZY && OVERLAP && POLY == 0), "speculative exponentials are a form of the lazy overlapped update");
   static_assert(!kSplit || !SPECULATE, "split tf32 runs the default schedule");
 
   Shared& shared;
@@ -371,7 +371,7 @@ struct FwdMainloop {
     if (FOLD_SCALE && args.scale_log2 > 0.f) {
       if constexpr (SPECULATE) {
         if (speculate) {
-          softmax.template update_speculative<POLY>(s, args.scale_log2, rescale,
+          softmax.update_speculative(s, args.scale_log2, rescale,
                                      [&](const typename Tiles::Scores& p) { wg::a_from_acc<T>(next, p); });
           return;
         }

@@ -151,15 +151,6 @@ __device__ __forceinline__ void scale(Reg& s, float factor) {
 
 }  // namespace thread
 
-// 2^x for column j of a thread's row: on the FMA pipe (exp2_poly) for every POLY-th column when
-// POLY > 0, on the MUFU unit (ex2.approx) otherwise.
-template <int POLY>
-__device__ __forceinline__ float exp2_of(float x, int j) {
-  if constexpr (POLY > 0)
-    if (j % POLY == POLY - 1) return exp2_poly(x);
-  return exp2_fast(x);
-}
-
 // The online softmax state of a thread's ROWS rows, each spread over LANES lanes: running max
 // (exp2 domain, reduced over the lanes; after LAZY updates, the exponent base, at most
 // kLazyRescaleLog2 below the max) and this thread's share of the running sum (reduced once,
@@ -225,7 +216,10 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int j = 0; j < Reg::kCols; ++j) {
         const float x = fmaf(s(i, j), scale, -base);
-        s(i, j) = FAST ? exp2_of<POLY>(x, j) : exp2_exact(x);
+        if constexpr (POLY > 0)
+          s(i, j) = j % POLY == POLY - 1 ? exp2_poly(x) : exp2_fast(x);
+        else
+          s(i, j) = FAST ? exp2_fast(x) : exp2_exact(x);
       }
       sum[i] = sum[i] * rescale[i] + warp::thread_row_reduce(s, i, [](float a, float b) { return a + b; });
       max[i] = new_max;
@@ -242,8 +236,7 @@ struct OnlineSoftmax {
   // tile, or a max that grew by more than the lazy bound: rare after a row's first tiles) each
   // row decides as update_scaled does from its max over the lanes, and P is formed again from x
   // on the new base, 2^(x − (new base − base)), and emitted again. Needs scale > 0.
-  // POLY > 0: every POLY-th column of a thread's row takes exp2_poly, as in update_scaled.
-  template <int POLY = 0, class Reg, class Emit>
+  template <class Reg, class Emit>
   __device__ __forceinline__ void update_speculative(Reg& s, float scale, float (&rescale)[ROWS], Emit&& emit) {
     static_assert(Reg::kRows == ROWS, "one softmax row per tile row");
     Reg p;
@@ -256,7 +249,7 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int j = 0; j < Reg::kCols; ++j) {
         s(i, j) = fmaf(s(i, j), scale, -base[i]);
-        p(i, j) = exp2_of<POLY>(s(i, j), j);
+        p(i, j) = exp2_fast(s(i, j));
       }
       over[i] = warp::thread_row_reduce(s, i, [](float a, float b) { return fmaxf(a, b); });
       part[i] = warp::thread_row_reduce(p, i, [](float a, float b) { return a + b; });
@@ -278,7 +271,7 @@ struct OnlineSoftmax {
       const float shift = new_base - base[i];
       rescale[i] = keep ? 1.f : exp2_fast(max[i] - new_base);
 #pragma unroll
-      for (int j = 0; j < Reg::kCols; ++j) p(i, j) = exp2_of<POLY>(s(i, j) - shift, j);
+      for (int j = 0; j < Reg::kCols; ++j) p(i, j) = exp2_fast(s(i, j) - shift);
       sum[i] = sum[i] * rescale[i] + warp::thread_row_reduce(p, i, [](float a, float b) { return a + b; });
       max[i] = new_max;
     }
