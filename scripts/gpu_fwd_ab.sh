@@ -9,7 +9,7 @@
 #             head dims 64 and 128, lengths $LENGTHS, causal none and bottom-right: the base's
 #             default, this tree's default and each of $VARIANTS, $ROUNDS interleaved rounds
 #                                                                               -> fwd_ab.txt
-# STEPS (default "build tests bench") picks the parts.
+# STEPS (default "build tests bench") picks the parts; TREE_TARGETS the tree's build targets.
 # Where the GPU machine gets a copy of the working tree without its git history, the base's
 # sources go along as a folder: in the repository, `bash scripts/gpu_fwd_ab.sh prepare <commit>`
 # writes them into .base-src (ignored through .git/info/exclude); copy it with the tree.
@@ -30,7 +30,7 @@ STEPS=${STEPS:-"build tests bench"}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 B=${BUILD:-$PWD/build-sm90}
 BB=${BASE_BUILD:-/tmp/fmha-base}
-VARIANTS=${VARIANTS:-spec}
+VARIANTS=${VARIANTS-spec}
 LENGTHS=${LENGTHS:-512 1024 2048 16384}
 configure() {  # source dir, build dir
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS="64;128" \
@@ -40,7 +40,7 @@ if want build; then
   t0=$(date +%s)
   [[ -f "$BASE_SRC/CMakeLists.txt" ]] || { echo "no base sources in $BASE_SRC (gpu_fwd_ab.sh prepare <commit>)"; exit 1; }
   { configure . "$B" && configure "$BASE_SRC" "$BB"; } > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-  timeout 400 ninja -C "$B" -j"$(nproc)" fmha_cli fmha_gpu_tests >> "$OUT/build.log" 2>&1 &&
+  timeout 400 ninja -C "$B" -j"$(nproc)" ${TREE_TARGETS:-fmha_cli fmha_gpu_tests} >> "$OUT/build.log" 2>&1 &&
     timeout 300 ninja -C "$BB" -j"$(nproc)" fmha_cli >> "$OUT/build.log" 2>&1 ||
     { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
   echo "built the tree and base $(cat "$BASE_SRC/.commit" 2>/dev/null) in $(( $(date +%s) - t0 )) s"

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "cuda/sm90/sm90_config.h"
+#include "cuda/sm90/sm90_sections.h"
 #include "cuda/sm90/sm90_tile_scheduler.cuh"
 #include "cuda/tile/pipeline.h"
 
@@ -62,6 +63,34 @@ TEST(TileScheduler, SectionsKeepHeadsTogetherAndLongestFirst) {
   const TileScheduler forward = make(4, 2, 8, 4, false);
   EXPECT_EQ(forward.get(0).m_block, 0);
   EXPECT_EQ(forward.get(s.total - 1).m_block, 3);
+}
+
+TEST(TileScheduler, ShortCallsTakeAWaveOfWholeHeadsASection) {
+  constexpr double kBudget = 32.0 * 1024 * 1024;
+  constexpr int kGrid = 132;
+  const double kv512 = 512.0 * (128 + 128) * 2;  // one KV head's K and V: 512 keys, D128, bf16
+  // Without the wave bound the budget would take 128 heads (32 MB / 256 KB): 4 query tiles a head
+  // then fill a wave with one query tile of 132 heads.
+  EXPECT_EQ(forward_section(kv512, kBudget, 200, kGrid, 1, 512, false), 128) << "a head's tiles exceed a wave";
+  EXPECT_EQ(forward_section(kv512, kBudget, 4, kGrid, 1, 512, false), 33);
+  EXPECT_EQ(forward_section(kv512, kBudget, 4, kGrid, 1, 512, true), 33) << "short causal calls too";
+  EXPECT_EQ(forward_section(kv512, kBudget, 16, kGrid, 1, 512, true), 128) << "longer causal calls keep the spread";
+  EXPECT_EQ(forward_section(kv512, kBudget, 16, kGrid, 1, 512, false), 8);
+  EXPECT_EQ(forward_section(kv512, kBudget, 4, kGrid, 4, 512, false), 32) << "whole GQA groups";
+  EXPECT_EQ(forward_section(kv512, kBudget, 4, kGrid, 1, 20, false), 20) << "no more than the pairs";
+  EXPECT_EQ(forward_section(kv512, kBudget, 132, kGrid, 8, 512, false), 8) << "at least one group";
+  EXPECT_EQ(forward_section(64.0 * kBudget, kBudget, 500, kGrid, 2, 512, false), 2) << "a head over the budget";
+  // Whatever the shape: whole groups, within [group, pairs], and a section's tiles fill at most a
+  // wave where a head's tiles fit in one (so every tile of its heads is in flight together).
+  for (int m_blocks : {1, 2, 3, 4, 7, 8, 9, 16, 33, 64, 131, 132, 133, 1000})
+    for (int group : {1, 2, 4, 8})
+      for (bool longest_first : {false, true}) {
+        const int section = forward_section(kv512, kBudget, m_blocks, kGrid, group, 4096, longest_first);
+        EXPECT_EQ(section % group, 0);
+        EXPECT_GE(section, group);
+        if (m_blocks * group <= kGrid && (!longest_first || m_blocks <= kWaveSectionTiles))
+          EXPECT_LE(section * m_blocks, kGrid) << m_blocks << " tiles, group " << group;
+      }
 }
 
 TEST(Pipeline, RingPositionAndPhase) {

@@ -268,15 +268,12 @@ int multiprocessors(int ordinal) {
   return count;
 }
 
-// Heads per L2 section: as many (batch, head) pairs as keep their K and V within the section
-// budget, in whole GQA groups, a power of two for an even split.
-int l2_section(const Problem& s) {
+// Heads per L2 section (forward_section): whole GQA groups whose K and V fit the section budget,
+// no more than one wave of the grid covers where a head's query tiles fit in a wave.
+int l2_section(const Problem& s, int64_t m_blocks, int grid, bool longest_first) {
   const double kv_bytes = double(s.seqlen_k) * double(s.head_dim + s.head_dim_v) * double(dtype_size(s.dtype));
-  int64_t kv_heads = kv_bytes > 0 ? int64_t(kL2SectionBytes / kv_bytes) : 1;
-  kv_heads = std::max<int64_t>(kv_heads, 1);
-  int64_t pow2 = 1;
-  while (pow2 * 2 <= kv_heads) pow2 *= 2;
-  return int(std::min<int64_t>(pow2 * s.group, s.batch * s.heads));
+  return forward_section(kv_bytes, kL2SectionBytes, int(std::min<int64_t>(m_blocks, INT32_MAX)), grid, int(s.group),
+                         s.batch * s.heads, longest_first);
 }
 
 // The backward's block order: the deterministic kernel takes sections of as many (batch, KV head)
@@ -385,9 +382,9 @@ struct Sm90 {
         sched.m_blocks = int(m_blocks);
         sched.heads = int(s.heads);
         sched.batch_heads = int(s.batch * s.heads);
-        sched.section = l2_section(s);
         sched.total = int(total);
         sched.longest_first = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
+        sched.section = l2_section(s, m_blocks, grid, sched.longest_first);
         if (Status st = forward_tile_counter(p, stream, &params.tile_counter); !st.ok()) return st;
         return with_forward_dtype<HD, V>(p, [&](auto type) {
           using T = decltype(type);

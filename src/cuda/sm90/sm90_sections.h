@@ -21,4 +21,29 @@ FMHA_HOST_DEVICE SectionedIndex sectioned_index(int index, int items, int units,
   return {item, first + (in_section - item * width)};
 }
 
+// (Batch, head) pairs per section of the forward's walk. `fit`: as many pairs as keep their K and
+// V (kv_bytes a KV head) within `budget`, a power of two of KV heads. Where one head's query tiles
+// (m_blocks) fit in a wave of the grid's blocks, no more pairs than a wave covers: the wave then
+// holds every query tile of its heads at once, and each head's K and V come from memory once.
+// (Wider sections put one query tile of many heads in a wave, and the K/V of the first tiles have
+// left the L2 when the next wave reads them again.) Calls that walk their query tiles longest
+// first (causal, windows) keep the wide sections once a head has more than kWaveSectionTiles
+// query tiles: the wide walk's spread of lengths then balances the grid's tail better than the
+// L2 saves (docs/PERF.md run 52). Whole GQA groups; from one group to `pairs`.
+inline constexpr int kWaveSectionTiles = 8;
+FMHA_HOST_DEVICE int forward_section(double kv_bytes, double budget, int m_blocks, int grid, int group, long long pairs,
+                                     bool longest_first) {
+  long long kv_heads = kv_bytes > 0 ? (long long)(budget / kv_bytes) : 1;
+  if (kv_heads < 1) kv_heads = 1;
+  long long fit = 1;
+  while (fit * 2 <= kv_heads) fit *= 2;
+  fit *= group;
+  if (m_blocks > 0 && m_blocks <= grid && (!longest_first || m_blocks <= kWaveSectionTiles)) {
+    long long wave = (grid / (m_blocks * (long long)group)) * group;
+    if (wave < group) wave = group;
+    if (wave < fit) fit = wave;
+  }
+  return int(fit < pairs ? fit : pairs);
+}
+
 }  // namespace fmha::cuda::sm90
