@@ -31,15 +31,15 @@ FMHA_HOST_DEVICE SectionedIndex sectioned_index(int index, int items, int units,
 // query tiles: the wide walk's spread of lengths then balances the grid's tail better than the
 // L2 saves (docs/PERF.md run 52). Whole GQA groups; from one group to `pairs`.
 inline constexpr int kWaveSectionTiles = 8;
-FMHA_HOST_DEVICE int forward_section(double kv_bytes, double budget, int m_blocks, int grid, int group, long long pairs,
+FMHA_HOST_DEVICE int forward_section(double kv_bytes, double budget, int m_blocks, int grid, int group, int64_t pairs,
                                      bool longest_first) {
-  long long kv_heads = kv_bytes > 0 ? (long long)(budget / kv_bytes) : 1;
+  int64_t kv_heads = kv_bytes > 0 ? int64_t(budget / kv_bytes) : 1;
   if (kv_heads < 1) kv_heads = 1;
-  long long fit = 1;
+  int64_t fit = 1;
   while (fit * 2 <= kv_heads) fit *= 2;
   fit *= group;
   if (m_blocks > 0 && m_blocks <= grid && (!longest_first || m_blocks <= kWaveSectionTiles)) {
-    long long wave = (grid / (m_blocks * (long long)group)) * group;
+    int64_t wave = grid / (int64_t(m_blocks) * group) * group;
     if (wave < group) wave = group;
     if (wave < fit) fit = wave;
   }
