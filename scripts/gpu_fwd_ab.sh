@@ -14,6 +14,7 @@
 # sources go along as a folder: in the repository, `bash scripts/gpu_fwd_ab.sh prepare <commit>`
 # writes them into .base-src (ignored through .git/info/exclude); copy it with the tree.
 set -u
+source "$(dirname "$0")/sm90_fwd_bench.sh"
 BASE_SRC=${BASE_SRC:-$PWD/.base-src}
 if [[ "${1:-}" == prepare ]]; then
   commit=${2:?usage: gpu_fwd_ab.sh prepare <commit>}
@@ -32,14 +33,10 @@ B=${BUILD:-$PWD/build-sm90}
 BB=${BASE_BUILD:-/tmp/fmha-base}
 VARIANTS=${VARIANTS-spec}
 LENGTHS=${LENGTHS:-512 1024 2048 16384}
-configure() {  # source dir, build dir
-  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS="64;128" \
-    -DFMHA_TUNED_HEAD_DIMS="64;128" -DFMHA_DECODE_HEAD_DIMS=128
-}
 if want build; then
   t0=$(date +%s)
   [[ -f "$BASE_SRC/CMakeLists.txt" ]] || { echo "no base sources in $BASE_SRC (gpu_fwd_ab.sh prepare <commit>)"; exit 1; }
-  { configure . "$B" && configure "$BASE_SRC" "$BB"; } > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  { sm90_fwd_configure . "$B" && sm90_fwd_configure "$BASE_SRC" "$BB"; } > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
   timeout 400 ninja -C "$B" -j"$(nproc)" ${TREE_TARGETS:-fmha_cli fmha_gpu_tests} >> "$OUT/build.log" 2>&1 &&
     timeout 300 ninja -C "$BB" -j"$(nproc)" fmha_cli >> "$OUT/build.log" 2>&1 ||
     { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
@@ -56,13 +53,8 @@ if want tests; then
   grep -E "tests? from .* ran|PASSED|FAILED" "$OUT/tests.log" | head -20
 fi
 want bench || exit 0
-bench() {  # label, cli, variant (empty: the default), head dim, round
-  local h=$((2048 / $4))
-  for c in none bottom-right; do for s in $LENGTHS; do
-    env ${3:+FMHA_SM90_FWD_CONFIG=$3} timeout 30 "$2" bench --backend sm90 --mode fwd --dtype bf16 --head-dim "$4" \
-      --heads $h --batch $((16384 / s)) --seqlen-q $s --causal $c --iters 30 --no-progress 2>&1 | tail -1 |
-      awk -v l="$1" -v r="$5" -v d="$4" -v s=$s -v c=$c '{print l, r, d, s, c, $(NF-1)}'
-  done; done
+bench() {  # label, cli, variant (empty: the default), head dim, round -> label round d length causal TFLOP/s
+  sm90_fwd_bench "$1" "$2" "$3" "$4" "$5" "$LENGTHS" 30 | awk '{print $1, $2, $3, $4, $5, $(NF-1)}'
 }
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for d in 64 128; do
