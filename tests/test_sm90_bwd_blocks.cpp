@@ -90,15 +90,15 @@ std::vector<MaskCase> mask_cases() {
 // tile down, and each turn's holder is a block that starts before the next turn's holder in the
 // deterministic kernel's order (so a block waits only for blocks already started: no deadlock
 // however few blocks run at once).
-template <int KEYS>
+template <int KEYS, int ROWS>
 void check_turns(const MaskCase& mc) {
   const Mask mask = Mask::make(mc.causal, mc.window_left, mc.window_right, mc.q_offset, mc.seqlen_q, mc.seqlen_k);
   const std::string what = "causal " + std::to_string(int(mc.causal)) + " window (" + std::to_string(mc.window_left) +
                            ", " + std::to_string(mc.window_right) + ") q_offset " + std::to_string(mc.q_offset) +
                            " seqlen_q " + std::to_string(mc.seqlen_q) + " seqlen_k " + std::to_string(mc.seqlen_k) +
-                           " keys " + std::to_string(KEYS);
+                           " keys " + std::to_string(KEYS) + " rows " + std::to_string(ROWS);
   const int key_tiles = int((mc.seqlen_k + KEYS - 1) / KEYS);
-  const int query_tiles = int((mc.seqlen_q + kBwdRows - 1) / kBwdRows);
+  const int query_tiles = int((mc.seqlen_q + ROWS - 1) / ROWS);
   BwdBlockOrder order;
   order.key_tiles = key_tiles, order.kv_heads = 2, order.pairs = 6, order.section = 4;  // a partial last section
   std::map<std::pair<int, int>, int> index;  // (pair, key tile) -> grid index
@@ -109,13 +109,13 @@ void check_turns(const MaskCase& mc) {
   for (int m = 0; m < query_tiles; ++m) {
     std::vector<int> adders;  // key tiles whose blocks add into m, descending
     for (int n = key_tiles - 1; n >= 0; --n) {
-      const Range t = bwd_query_tiles(mask, bwd_key_tile<KEYS>(mask, n));
+      const Range t = bwd_query_tiles<ROWS>(mask, bwd_key_tile<KEYS>(mask, n));
       if (t.begin <= m && m < t.end) adders.push_back(n);
     }
     // The rows of tile m see keys in one run of key tiles.
     for (size_t i = 1; i < adders.size(); ++i) ASSERT_EQ(adders[i], adders[i - 1] - 1) << what << " tile " << m;
     // They cover exactly the keys the tile's rows see.
-    const Range rows{int64_t(m) * kBwdRows, std::min<int64_t>((int64_t(m) + 1) * kBwdRows, mc.seqlen_q)};
+    const Range rows{int64_t(m) * ROWS, std::min<int64_t>((int64_t(m) + 1) * ROWS, mc.seqlen_q)};
     const Range seen = mask.keys(rows);
     if (seen.empty()) {
       EXPECT_TRUE(adders.empty()) << what << " tile " << m;
@@ -125,7 +125,7 @@ void check_turns(const MaskCase& mc) {
     EXPECT_EQ(int64_t(adders.back()), seen.begin / KEYS) << what << " tile " << m;
     EXPECT_EQ(int64_t(adders.front()), (seen.end - 1) / KEYS) << what << " tile " << m;
     for (size_t turn = 0; turn < adders.size(); ++turn) {
-      EXPECT_EQ(bwd_turn<KEYS>(mask, m, adders[turn]), int(turn)) << what << " tile " << m << " key tile " << adders[turn];
+      EXPECT_EQ((bwd_turn<KEYS, ROWS>(mask, m, adders[turn])), int(turn)) << what << " tile " << m << " key tile " << adders[turn];
       if (turn > 0)
         for (int pair = 0; pair < order.pairs; ++pair)
           EXPECT_LT(index[std::make_pair(pair, adders[turn - 1])], index[std::make_pair(pair, adders[turn])])
@@ -136,8 +136,9 @@ void check_turns(const MaskCase& mc) {
 
 TEST(Sm90BackwardBlocks, TurnsRunFromTheLastKeyTileAndWaitOnlyForEarlierBlocks) {
   for (const MaskCase& mc : mask_cases()) {
-    check_turns<128>(mc);
-    check_turns<64>(mc);
+    check_turns<128, kBwdRows>(mc);
+    check_turns<128, kBwdWideRows>(mc);
+    check_turns<64, kBwdRows>(mc);
   }
 }
 
@@ -145,7 +146,8 @@ TEST(Sm90BackwardBlocks, TurnsRunFromTheLastKeyTileAndWaitOnlyForEarlierBlocks) 
 // reaches each query tile it shares with the next key tile after that tile's block, started at
 // the same time, has passed it. A step-by-step model of the blocks of one wave (every block one
 // query tile a step, a turn passed on the step after its addition) finds no block waiting.
-TEST(Sm90BackwardBlocks, CausalTurnsDoNotStallBlocksThatStartTogether) {
+template <int ROWS>
+void check_causal_turns_do_not_stall() {
   for (int64_t seqlen : {512, 2048, 4096}) {
     const Mask mask = Mask::make(Causal::bottom_right, -1, -1, 0, seqlen, seqlen);
     const int key_tiles = int(seqlen / 128);
@@ -153,18 +155,22 @@ TEST(Sm90BackwardBlocks, CausalTurnsDoNotStallBlocksThatStartTogether) {
     std::vector<std::map<int, int>> done(static_cast<size_t>(key_tiles));
     int waits = 0;
     for (int n = key_tiles - 1; n >= 0; --n) {  // the turn order: later key tiles first
-      const Range tiles = bwd_query_tiles(mask, bwd_key_tile<128>(mask, n));
+      const Range tiles = bwd_query_tiles<ROWS>(mask, bwd_key_tile<128>(mask, n));
       int step = 0;
       for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
         int ready = step;  // every block starts at step 0 and takes a tile a step
-        if (bwd_turn<128>(mask, m, n) > 0) ready = std::max(ready, done[size_t(n + 1)].at(m) + 1);
+        if (bwd_turn<128, ROWS>(mask, m, n) > 0) ready = std::max(ready, done[size_t(n + 1)].at(m) + 1);
         waits += ready - step;
         step = ready;
         done[size_t(n)][m] = step;
       }
     }
-    EXPECT_EQ(waits, 0) << "seqlen " << seqlen;
+    EXPECT_EQ(waits, 0) << "seqlen " << seqlen << " rows " << ROWS;
   }
+}
+TEST(Sm90BackwardBlocks, CausalTurnsDoNotStallBlocksThatStartTogether) {
+  check_causal_turns_do_not_stall<kBwdRows>();
+  check_causal_turns_do_not_stall<kBwdWideRows>();
 }
 
 }  // namespace

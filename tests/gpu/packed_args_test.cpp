@@ -58,9 +58,9 @@ TEST(PackedArgs, ViewsTakeTheSequenceStartAsTheirBatchIndex) {
   EXPECT_EQ(a.lse_batch_stride * 5 + a.lse_head_stride * 3 + a.lse_seq_stride * 2, 3 * 12 + 5 + 2);
   // Workspace rows [H, total_q], the same order as the LSE's.
   EXPECT_EQ(a.row_index(5, 3, 2), 3 * 12 + 5 + 2);
-  // Row statistics: each head's run padded to 64 rows.
-  EXPECT_EQ(a.stat_rows, 64);
-  EXPECT_EQ(a.stat_index(5, 3, 2), 3 * 64 + 5 + 2);
+  // Row statistics: each head's run padded to kStatRowAlign (128) rows.
+  EXPECT_EQ(a.stat_rows, kStatRowAlign);
+  EXPECT_EQ(a.stat_index(5, 3, 2), 3 * kStatRowAlign + 5 + 2);
   EXPECT_TRUE(a.is_packed());
   EXPECT_EQ(a.batch, 2);
 }

@@ -4,6 +4,7 @@
 // Host logic only: runs without a GPU.
 #include <gtest/gtest.h>
 
+#include "cuda/common/args.h"
 #include "cuda/sm90/sm90_config.h"
 
 namespace fmha::cuda::sm90 {
@@ -44,6 +45,32 @@ TEST(Sm90BwdConfig, SplitColumnsAreWholeChunks) {
     EXPECT_EQ(bwd_split_cols(d, 0) + bwd_split_cols(d, 1), padded_head_dim(d));
     EXPECT_GE(bwd_split_cols(d, 0), bwd_split_cols(d, 1));
   }
+}
+
+// Query rows a step: 128 for 16-bit storage at head dims up to 64, 64 elsewhere (fp32's transposes
+// and the split scheme's shares are of 64 rows); every tile a whole number of m64 wgmma rows, and
+// no tile's row statistics straddle a (batch, head) run.
+TEST(Sm90BwdConfig, WideStepsAtSmallHeadDims) {
+  for (int d : {32, 40, 64}) EXPECT_EQ(bwd_config(d).rows, kBwdWideRows) << d;
+  for (int d : {96, 128, 192, 256}) EXPECT_EQ(bwd_config(d).rows, kBwdRows) << d;
+  EXPECT_EQ(bwd_config(64, 4).rows, kBwdRows);
+  for (int d : {32, 64, 96, 128, 192, 256}) {
+    EXPECT_EQ(bwd_config(d).rows % kConsumerRows, 0) << d;
+    EXPECT_EQ(kStatRowAlign % bwd_config(d).rows, 0) << d;
+    EXPECT_GE(bwd_config(d).rows, kBwdRows) << d;  // the turn counters are counted in kBwdRows tiles
+  }
+}
+
+// The wide step's shared memory (sm90_config.h): K, V; two Q/dO stages; two dS buffers [128 q,
+// 128 keys]; the dQ staging tile; LSE and Δ.
+TEST(Sm90BwdConfig, WideStepBuffersFitSharedMemory) {
+  const BwdConfig c = bwd_config(64);
+  const size_t d = 64;
+  const size_t bytes = 2 * size_t(c.keys) * d * 2 + size_t(c.stages) * 2 * c.rows * d * 2 +
+                       size_t(c.ds_buffers) * c.rows * c.keys * 2 + size_t(c.rows) * (d + kBwdDqPad) * 4 +
+                       size_t(c.stages) * 2 * c.rows * 4;
+  EXPECT_EQ(bytes, 202752u);
+  EXPECT_LE(bytes + 2048, kSharedLimit);
 }
 
 // The shared memory the split kernel's buffers take (sm90_config.h's table), against Hopper's

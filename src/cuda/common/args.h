@@ -40,7 +40,7 @@ struct View4 {
 };
 
 // Row statistics (lse_log2, delta, row_max, row_inv_sum) are stored in runs of this many rows per (batch, head).
-inline constexpr int64_t kStatRowAlign = 64;
+inline constexpr int64_t kStatRowAlign = 128;  // the largest query tile a backward copies whole
 
 // Where one block's sequence starts: the first argument of the views' at() and of row_index()
 // on the query side (q, o, dout, dq, LSE, workspace rows) and on the key side (k, v, dk, dv).
@@ -91,7 +91,7 @@ struct AttentionArgs {
   // {H · Sq, Sq} with the batch index as start, packed {1, total_q} with the sequence's first row.
   int64_t row_start_stride = 0, row_head_stride = 0;
   // The row statistics, per head in runs of stat_rows = (Sq dense, total_q packed) rounded up to
-  // kStatRowAlign: each run starts on a 256-byte boundary and its padding rows hold LSE = +inf,
+  // kStatRowAlign: each run starts on a 512-byte boundary and its padding rows hold LSE = +inf,
   // Δ = 0, so that a kernel may copy a whole tile of them in one bulk copy without bounds checks.
   // stat_index(start, h, s) = start · stat_start_stride + h · stat_rows + s: dense
   // {H · stat_rows} with the batch index as start, packed {1} with the sequence's first row.

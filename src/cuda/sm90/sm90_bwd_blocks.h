@@ -11,7 +11,11 @@
 
 namespace fmha::cuda::sm90 {
 
-inline constexpr int kBwdRows = 64;  // query rows per step
+// Query rows per step: kBwdRows, or kBwdWideRows where the head dim is small (BwdConfig::rows,
+// sm90_config.h). Host-side sizes that must hold for every kernel (the deterministic turn
+// counters, one per query tile) count tiles of kBwdRows, the least.
+inline constexpr int kBwdRows = 64;
+inline constexpr int kBwdWideRows = 128;
 
 // One block of the main kernel: its key tile, KV head and batch (packed calls: sequence).
 struct BwdBlock {
@@ -56,24 +60,25 @@ FMHA_HOST_DEVICE Range bwd_key_tile(const Mask& mask, int n) {
   return {begin, begin + KEYS < mask.seqlen_k ? begin + KEYS : mask.seqlen_k};
 }
 
-// Query tiles [begin, end) whose rows see any of `keys` (the same for every head).
+// Query tiles of ROWS rows [begin, end) whose rows see any of `keys` (the same for every head).
+template <int ROWS>
 FMHA_HOST_DEVICE Range bwd_query_tiles(const Mask& mask, Range keys) {
   const Range rows = mask.queries(Range{0, mask.seqlen_q}, keys);
   if (rows.empty()) return {0, 0};
-  return {rows.begin / kBwdRows, (rows.end + kBwdRows - 1) / kBwdRows};
+  return {rows.begin / ROWS, (rows.end + ROWS - 1) / ROWS};
 }
 
-// Deterministic: block n's turn at query tile m, for a block that adds into it: how many key
+// Deterministic: block n's turn at query tile m (of ROWS rows), for a block that adds into it: how many key
 // tiles after n add into m (they add first: descending key-tile order, BwdBlockOrder). The key
 // tiles that see a query tile form one run (every mask row sees one interval of keys, and the
 // intervals move forward with the row), so over [n, tiles) "tile m is among its query tiles" is
 // true, then false: a binary search with the very test the blocks use finds the run's end.
-template <int KEYS>
+template <int KEYS, int ROWS>
 FMHA_HOST_DEVICE int bwd_turn(const Mask& mask, int m, int n) {
   int lo = n, hi = int((mask.seqlen_k + KEYS - 1) / KEYS) - 1;  // the last key tile adding into m is in [lo, hi]
   while (lo < hi) {
     const int mid = hi - (hi - lo) / 2;
-    const Range t = bwd_query_tiles(mask, bwd_key_tile<KEYS>(mask, mid));
+    const Range t = bwd_query_tiles<ROWS>(mask, bwd_key_tile<KEYS>(mask, mid));
     if (t.begin <= m && m < t.end) lo = mid;
     else hi = mid - 1;
   }

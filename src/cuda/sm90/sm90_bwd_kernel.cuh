@@ -36,6 +36,7 @@ struct BwdKernel {
   using Tiles = typename Mainloop::Tiles;
   static constexpr BwdConfig kConfig = Shared::kConfig;
   static constexpr int kKeys = kConfig.keys;
+  static constexpr int kRows = kConfig.rows;  // query rows per step
   static constexpr int kStages = kConfig.stages;
   // Split: the head-dim columns of consumer warpgroups 0 and 1.
   static constexpr int kSplitCols[kBwdConsumers] = {bwd_split_cols(HD, 0), bwd_split_cols(HD, 1)};
@@ -85,7 +86,7 @@ struct BwdKernel {
     const Mask& mask = block_mask(args, shared);
     const int kv_head = block_kv_head(params);
     const Range keys = bwd_key_tile<kKeys>(mask, block_key_tile(params));
-    const Range tiles = bwd_query_tiles(mask, keys);
+    const Range tiles = bwd_query_tiles<kRows>(mask, keys);
     // TMA coordinates: dense (row, batch) of [B, S, H, D]; packed (first row + row, 0) of the
     // packed tensors as [1, total, H, D]. The sequence's first rows are read from shared memory
     // where used (the producer has few registers).
@@ -110,13 +111,13 @@ struct BwdKernel {
     for (int g = 0; g < args.group; ++g) {
       const int head = kv_head * args.group + g;
       for (int m = int(tiles.begin); m < int(tiles.end); ++m) {
-        const int64_t row0 = int64_t(m) * kBwdRows;
+        const int64_t row0 = int64_t(m) * kRows;
         tile::MBarrier& full = shared.full[pipe.index];
         shared.empty[pipe.index].wait(pipe.phase ^ 1);
         if constexpr (PACKED) {
           // Rows past the sequence's end: LSE = +inf and Δ = 0 (P = dS = 0), as the preprocess
           // pads a dense call's.
-          for (int r = lane; r < kBwdRows; r += 32) {
+          for (int r = lane; r < kRows; r += 32) {
             const bool inside = row0 + r < mask.seqlen_q;
             const int64_t stat = args.stat_index(block_start(params, shared).q, head, row0 + r);
             shared.lse[pipe.index][r] = inside ? args.lse_log2[stat] : INFINITY;
@@ -127,14 +128,14 @@ struct BwdKernel {
           if (lane == 0) {
             const int64_t q_row = block_start(params, shared).q + row0;
             full.arrive_expect_tx(2 * Shared::kRowBytes);
-            load_tile(shared.q[pipe.index], &params.q, kBwdRows, q_row, head, full);
-            load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, q_row, head, full);
+            load_tile(shared.q[pipe.index], &params.q, kRows, q_row, head, full);
+            load_tile(shared.dout[pipe.index], &params.dout, kRows, q_row, head, full);
           }
         } else {
           const int64_t stat = args.stat_index(block_start(params, shared).q, head, row0);
           full.arrive_expect_tx(2 * Shared::kRowBytes + 2 * Shared::kStatBytes);
-          load_tile(shared.q[pipe.index], &params.q, kBwdRows, row0, head, full);
-          load_tile(shared.dout[pipe.index], &params.dout, kBwdRows, row0, head, full);
+          load_tile(shared.q[pipe.index], &params.q, kRows, row0, head, full);
+          load_tile(shared.dout[pipe.index], &params.dout, kRows, row0, head, full);
           tile::tma::load_bytes(shared.lse[pipe.index], args.lse_log2 + stat, Shared::kStatBytes, full);
           tile::tma::load_bytes(shared.delta[pipe.index], args.delta + stat, Shared::kStatBytes, full);
         }
@@ -157,10 +158,10 @@ struct BwdKernel {
     const AttentionArgs& args = params.args;
     const Mask& mask = block_mask(args, shared);
     const int kv_head = block_kv_head(params), batch = block_batch(params);
-    const Range tiles = bwd_query_tiles(mask, bwd_key_tile<kKeys>(mask, block_key_tile(params)));
+    const Range tiles = bwd_query_tiles<kRows>(mask, bwd_key_tile<kKeys>(mask, block_key_tile(params)));
     // The padding columns are never written by the consumers: zero, so that they add nothing.
     if constexpr (DQ_WARP == 0) {
-      for (int r = lane; r < kBwdRows; r += 32)
+      for (int r = lane; r < kRows; r += 32)
         for (int c = Shared::kHeadDimPadded; c < Shared::kDqStride; ++c) shared.dq[r * Shared::kDqStride + c] = 0.f;
       tile::fence_async_shared();
     }
@@ -174,7 +175,7 @@ struct BwdKernel {
         // consumers still compute the step; here rather than in the consumers, whose 232
         // registers it crowded (-Xptxas -v: local memory at head dims 96 and 128).
         int turn = 0;
-        if constexpr (ORDERED_DQ) turn = bwd_turn<kKeys>(mask, m, block_key_tile(params));
+        if constexpr (ORDERED_DQ) turn = bwd_turn<kKeys, kRows>(mask, m, block_key_tile(params));
         shared.dq_full[DQ_WARP].wait((step / kDqWarps) & 1);
         if (lane == 0) {
           // Deterministic: the tile's turn counter (recomputed where needed: few registers here).
@@ -185,8 +186,8 @@ struct BwdKernel {
             tile::wait_turn(turn_counter(), turn);
             tile::fence_async_global();
           }
-          const int64_t row0 = int64_t(m) * kBwdRows;
-          const int rows = int(mask.seqlen_q - row0 < kBwdRows ? mask.seqlen_q - row0 : kBwdRows);
+          const int64_t row0 = int64_t(m) * kRows;
+          const int rows = int(mask.seqlen_q - row0 < kRows ? mask.seqlen_q - row0 : kRows);
           const int64_t first = args.row_index(block_start(params, shared).q, head, row0);
           tile::tma::reduce_add_bytes(args.dq_accum + first * Shared::kDqStride, shared.dq,
                                       uint32_t(rows) * Shared::kDqStride * sizeof(float));
@@ -209,7 +210,7 @@ struct BwdKernel {
     const AttentionArgs& args = params.args;
     const Mask& mask = block_mask(args, shared);
     const Range keys = bwd_key_tile<kKeys>(mask, block_key_tile(params));
-    const Range tiles = bwd_query_tiles(mask, keys);
+    const Range tiles = bwd_query_tiles<kRows>(mask, keys);
     Mainloop mainloop{shared, args, warpgroup, thread};
     if constexpr (PACKED) mainloop.find_visible(keys);
     if constexpr (kConfig.split_head_dim) {
@@ -246,7 +247,8 @@ struct BwdKernel {
           mainloop.step_products(pipe, m, keys, step % 2, dk, dv, dq, [&] {
             if (step > 0) mainloop.stage_dq(previous, (step - 1) % 2);
           });
-          wg::copy_out(previous.d, dq.d);
+#pragma unroll
+          for (int r = 0; r < Tiles::kRowParts; ++r) wg::copy_out(previous[r].d, dq[r].d);
           pipe.advance();
         }
       if (step > 0) mainloop.stage_dq(previous, (step - 1) % 2);

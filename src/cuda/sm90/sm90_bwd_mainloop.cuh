@@ -1,15 +1,17 @@
 // The sm90 backward's consumer mainloop: one warpgroup's 64 keys of the block's key tile against
-// one query tile of 64 rows, on wgmma. With the key tile's rows as the M side, every product
-// whose result belongs to the keys keeps its accumulator in registers across the query tiles:
-//   Sᵀ  = K·Qᵀ        [64 keys, 64 q]   SS (K and Q K-major in shared memory)
-//   dPᵀ = V·dOᵀ       [64 keys, 64 q]   SS
+// one query tile of R rows (BwdConfig::rows: 128 at 16-bit head dims up to 64, else 64), on
+// wgmma. With the key tile's rows as the M side, every product whose result belongs to the keys
+// keeps its accumulator in registers across the query tiles:
+//   Sᵀ  = K·Qᵀ        [64 keys, R q]    SS (K and Q K-major in shared memory)
+//   dPᵀ = V·dOᵀ       [64 keys, R q]    SS
 //   Pᵀ  = 2^(Sᵀ·scale·log2 e − LSE)     (LSE, Δ per query column; masked only on cut tiles)
 //   dSᵀ = Pᵀ ∘ (dPᵀ − Δ)
 //   dV += Pᵀ·dO       [64 keys, D]      RS (Pᵀ converted in registers; dO MN-major)
 //   dK += dSᵀ·Q       [64 keys, D]      RS
-//   dQ  = dS·K        [64 q, D / 2]     SS: dSᵀ is stored transposed (stmatrix.trans) so that
-//                                        both warpgroups' keys form dS [64 q, 128 keys] K-major;
-//                                        warpgroup w takes the columns [w·D/2, (w+1)·D/2) of K
+//   dQ  = dS·K        [R q, D / 2]      SS, one m64 wgmma per 64 rows: dSᵀ is stored transposed
+//                                        (stmatrix.trans) so that both warpgroups' keys form
+//                                        dS [R q, 128 keys] K-major; warpgroup w takes the
+//                                        columns [w·D/2, (w+1)·D/2) of K
 // dQ goes to the fp32 accumulator in global memory, converted afterwards by the shared convert
 // kernel: each warpgroup writes its share of the query tile's dQ into shared memory and the
 // producer warpgroup's dQ warp adds the tile with one bulk reduction (cp.reduce.async.bulk), so
@@ -73,32 +75,34 @@ struct BwdShared {
   static constexpr bool kTf32 = sizeof(T) == 4;
   static constexpr BwdConfig kConfig = bwd_config(HD, int(sizeof(T)));
   static constexpr int kKeys = kConfig.keys;  // keys per block
+  static constexpr int kRows = kConfig.rows;  // query rows per step
   static constexpr int kStages = kConfig.stages;
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
   static constexpr int kChunkCols = wg::kChunkCols<T>;  // columns per swizzled chunk: 64, fp32 32
   static constexpr int kChunks = kHeadDimPadded / kChunkCols;
   static constexpr int kTransposedChunkBytes = kHeadDimPadded * wg::kSwizzleBytes;  // one [HDP, 32] chunk
   static_assert(!kTf32 || padded_head_dim(HD) <= kTf32BwdMaxHeadDim, "the tf32 backward's tiles fit at head dim 64");
+  static_assert(!kTf32 || kRows == kBwdRows, "the tf32 backward's transposes are of 64 query rows");
   static constexpr int kKVChunkBytes = kKeys * wg::kSwizzleBytes;      // one [keys, 64] chunk
-  static constexpr int kRowChunkBytes = kBwdRows * wg::kSwizzleBytes;  // one [64 q, 64] chunk
+  static constexpr int kRowChunkBytes = kRows * wg::kSwizzleBytes;  // one [rows, 64] chunk
   static constexpr uint32_t kKVBytes = uint32_t(kKVChunkBytes) * kChunks;
   static constexpr uint32_t kRowBytes = uint32_t(kRowChunkBytes) * kChunks;
-  static constexpr uint32_t kStatBytes = kBwdRows * sizeof(float);  // one tile's LSE or Δ
-  static_assert(kStatRowAlign % kBwdRows == 0, "a tile's row statistics must not straddle a (batch, head)");
+  static constexpr uint32_t kStatBytes = kRows * sizeof(float);  // one tile's LSE or Δ
+  static_assert(kStatRowAlign % kRows == 0, "a tile's row statistics must not straddle a (batch, head)");
 
   alignas(wg::kSwizzleAtomBytes) T k[kKeys * kHeadDimPadded];               // [chunks][keys, 64]
   alignas(wg::kSwizzleAtomBytes) T v[kKeys * kHeadDimPadded];               // [chunks][keys, 64]
-  alignas(wg::kSwizzleAtomBytes) T q[kStages][kBwdRows * kHeadDimPadded];   // [chunks][64, 64]
-  alignas(wg::kSwizzleAtomBytes) T dout[kStages][kBwdRows * kHeadDimPadded];
+  alignas(wg::kSwizzleAtomBytes) T q[kStages][kRows * kHeadDimPadded];   // [chunks][rows, 64]
+  alignas(wg::kSwizzleAtomBytes) T dout[kStages][kRows * kHeadDimPadded];
   [[no_unique_address]] BwdTransposed<kHeadDimPadded, kKeys, kTf32> transposed;
-  // [buffer][0]: dS [64 q, keys]. Up to 128: chunk w from warpgroup w; two buffers, alternating
+  // [buffer][0]: dS [rows, keys]. Up to 128: chunk w from warpgroup w; two buffers, alternating
   // per query tile, so a warpgroup may store the next dS while the other still multiplies the
   // previous one. Split: one chunk, rows [32 w, 32 w + 32) from warpgroup w, and [buffer][1] P
   // stored the same way; one buffer (the ds_free barrier guards it).
   static constexpr int kScoreTiles = kConfig.split_head_dim ? 2 : 1;  // dS, then P
-  static constexpr int kScoreTileBytes = kBwdRows * kKeys * int(sizeof(T));
-  alignas(wg::kSwizzleAtomBytes) T ds[kConfig.ds_buffers][kScoreTiles][kBwdRows * kKeys];
-  // dQ of one query tile [64 q, kDqStride] fp32 on its way to the global accumulator, warpgroup w
+  static constexpr int kScoreTileBytes = kRows * kKeys * int(sizeof(T));
+  alignas(wg::kSwizzleAtomBytes) T ds[kConfig.ds_buffers][kScoreTiles][kRows * kKeys];
+  // dQ of one query tile [rows, kDqStride] fp32 on its way to the global accumulator, warpgroup w
   // writing the columns [w · kDqCols, (w + 1) · kDqCols) (split: its bwd_split_cols). The rows
   // are padded by kDqPad floats: a warp's stores of its accumulator fragment (8 rows × 4 column
   // pairs) then meet two wavefronts, the least 256 bytes can take. The accumulator's rows have the
@@ -107,9 +111,9 @@ struct BwdShared {
   static constexpr int kDqCols = kHeadDimPadded / kBwdConsumers;
   static constexpr int kDqPad = kBwdDqPad;
   static constexpr int kDqStride = kHeadDimPadded + kDqPad;
-  alignas(128) float dq[kBwdRows * kDqStride];
-  alignas(16) float lse[kStages][kBwdRows];    // LSE · log2 e of the tile's rows; +inf past seqlen_q
-  alignas(16) float delta[kStages][kBwdRows];  // Δ = rowsum(dO ∘ O); 0 past seqlen_q
+  alignas(128) float dq[kRows * kDqStride];
+  alignas(16) float lse[kStages][kRows];    // LSE · log2 e of the tile's rows; +inf past seqlen_q
+  alignas(16) float delta[kStages][kRows];  // Δ = rowsum(dO ∘ O); 0 past seqlen_q
   tile::MBarrier kv_full;
   tile::MBarrier full[kStages], empty[kStages];
   tile::MBarrier dq_empty;  // the dQ tile read (by the dQ warp of the step)
@@ -124,10 +128,14 @@ struct BwdShared {
 template <class T, int HD>
 struct BwdTiles {
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
-  using Scores = wg::Accumulator<kBwdRows>;                  // [64 keys, 64 q] Sᵀ, then Pᵀ; dPᵀ, then dSᵀ
+  static constexpr int kRows = bwd_config(HD, int(sizeof(T))).rows;  // query rows per step
+  static constexpr int kRowParts = kRows / kConsumerRows;            // m64 wgmmas of a [rows, N] product
+  using Scores = wg::Accumulator<kRows>;                     // [64 keys, rows] Sᵀ, then Pᵀ; dPᵀ, then dSᵀ
   using KeyGrad = wg::Accumulator<kHeadDimPadded>;           // [64 keys, HDP] dK or dV, fp32
-  using QueryGrad = wg::Accumulator<kHeadDimPadded / kBwdConsumers>;  // [64 q, HDP / 2] dQ share
-  using Fragments = uint32_t[kBwdRows / wg::kStepK<T>][4];   // [64 keys, 64 q] as register-A (16-bit or tf32)
+  // [rows, HDP / 2] dQ share: part r holds rows [64 r, 64 r + 64).
+  using QueryGradPart = wg::Accumulator<kHeadDimPadded / kBwdConsumers>;
+  using QueryGrad = QueryGradPart[kRowParts];
+  using Fragments = uint32_t[kRows / wg::kStepK<T>][4];      // [64 keys, rows] as register-A (16-bit or tf32)
 };
 
 // One consumer warpgroup's accumulators under split_head_dim, owning COLS head-dim columns.
@@ -136,7 +144,7 @@ struct BwdSplitTiles {
   static constexpr int kQueries = kBwdRows / kBwdConsumers;  // query columns of Sᵀ per warpgroup
   using Scores = wg::Accumulator<kQueries>;    // [64 keys, 32 q] Sᵀ, then Pᵀ; dPᵀ, then dSᵀ
   using KeyGrad = wg::Accumulator<COLS>;       // [64 keys, COLS] dK or dV columns, fp32
-  using QueryGrad = wg::Accumulator<COLS>;     // [64 q, COLS] dQ columns
+  using QueryGrad = wg::Accumulator<COLS>[1];  // [64 q, COLS] dQ columns (one part of 64 rows)
   using Fragments = uint32_t[kQueries / 16][4];  // [64 keys, 32 q] as 16-bit fragments
 };
 
@@ -149,6 +157,7 @@ struct BwdMainloop {
   using Tiles = BwdTiles<T, HD>;
   static constexpr bool kTf32 = Shared::kTf32;
   static constexpr int kKeys = Shared::kKeys;
+  static constexpr int kRows = Shared::kRows;  // query rows per step
   static constexpr bool kSplit = Shared::kConfig.split_head_dim;
   using Pipeline = tile::PipelineState<Shared::kStages>;
   static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
@@ -206,7 +215,7 @@ struct BwdMainloop {
     wg::commit();
   }
 
-  // acc += Aᵀ·B for Aᵀ given as register fragments [64 keys, 64 q] and B a [64 q, HDP] tile
+  // acc += Aᵀ·B for Aᵀ given as register fragments [64 keys, rows] and B a [rows, HDP] tile
   // (MN-major: the head dim is contiguous; tf32: its transpose [HDP, 64 q], K-major with the query
   // rows permuted as the fragments' k order); issued, not committed.
   __device__ __forceinline__ void issue_key_grad(typename Tiles::KeyGrad& acc, const typename Tiles::Fragments& a,
@@ -214,39 +223,50 @@ struct BwdMainloop {
     if constexpr (kTf32) {
       const uint64_t b0 = wg::k_major_desc<T, kK>(query_side, 0, 0, Shared::kTransposedChunkBytes);
 #pragma unroll
-      for (int kb = 0; kb < kBwdRows / kK; ++kb)
+      for (int kb = 0; kb < kRows / kK; ++kb)
         wg::Wgmma<T, kHeadDimPadded>::template rs<0>(
             acc.d, a[kb], b0 + wg::k_major_step<T>(kb * kK, Shared::kTransposedChunkBytes), 1);
     } else {
       const uint64_t b0 = wg::mn_major_desc(query_side, 0, Shared::kRowChunkBytes);
 #pragma unroll
-      for (int kb = 0; kb < kBwdRows / 16; ++kb)
+      for (int kb = 0; kb < kRows / 16; ++kb)
         wg::Wgmma<T, kHeadDimPadded>::template rs<1>(acc.d, a[kb], b0 + wg::mn_major_step(kb * 16), 1);
     }
   }
 
-  // dQ share = dS·K[:, N columns from col0], dS from shared memory (K-major over the block's
-  // keys), K MN-major (tf32: Kᵀ's rows from col0, K-major); issued and committed.
-  template <int N>
-  __device__ __forceinline__ void issue_query_grad(wg::Accumulator<N>& acc, const T* ds, int col0) {
-    constexpr int kDsChunkBytes = kBwdRows * wg::kSwizzleBytes;
-    const uint64_t a0 = wg::k_major_desc<T, kK>(ds, 0, 0, kDsChunkBytes);
-    if constexpr (kTf32) {
-      const uint64_t b0 = wg::k_major_desc<T, kK>(shared.transposed.kt, col0, 0, Shared::kTransposedChunkBytes);
+  // dQ share = dS·K[:, N columns from col0], part r of acc taking dS's rows [64 r, 64 r + 64) (one
+  // m64 wgmma chain each), dS from shared memory (K-major over the block's keys), K MN-major
+  // (tf32: Kᵀ's rows from col0, K-major); issued and committed as one group.
+  template <int N, int PARTS>
+  __device__ __forceinline__ void issue_query_grad(wg::Accumulator<N> (&acc)[PARTS], const T* ds, int col0) {
+    static_assert(PARTS * kConsumerRows == kRows, "one part per 64 rows of the step");
+    constexpr int kDsChunkBytes = kRows * wg::kSwizzleBytes;
 #pragma unroll
-      for (int k0 = 0; k0 < kKeys; k0 += kK)
-        wg::Wgmma<T, N>::ss(acc.d, a0 + wg::k_major_step<T>(k0, kDsChunkBytes),
-                            b0 + wg::k_major_step<T>(k0, Shared::kTransposedChunkBytes), k0 > 0 ? 1 : 0);
-    } else {
-      // Column c of K lies in chunk c / 64 at element c % 64 of its rows.
-      const T* k_cols = shared.k + (col0 / kChunkCols) * (kKeys * kChunkCols) + col0 % kChunkCols;
-      const uint64_t b0 = wg::mn_major_desc(k_cols, 0, Shared::kKVChunkBytes);
+    for (int r = 0; r < PARTS; ++r) {
+      const uint64_t a0 = wg::k_major_desc<T, kK>(ds, r * kConsumerRows, 0, kDsChunkBytes);
+      if constexpr (kTf32) {
+        const uint64_t b0 = wg::k_major_desc<T, kK>(shared.transposed.kt, col0, 0, Shared::kTransposedChunkBytes);
 #pragma unroll
-      for (int k0 = 0; k0 < kKeys; k0 += kK)
-        wg::Wgmma<T, N>::template ss<0, 1>(acc.d, a0 + wg::k_major_step<T>(k0, kDsChunkBytes),
-                                           b0 + wg::mn_major_step(k0), k0 > 0 ? 1 : 0);
+        for (int k0 = 0; k0 < kKeys; k0 += kK)
+          wg::Wgmma<T, N>::ss(acc[r].d, a0 + wg::k_major_step<T>(k0, kDsChunkBytes),
+                              b0 + wg::k_major_step<T>(k0, Shared::kTransposedChunkBytes), k0 > 0 ? 1 : 0);
+      } else {
+        // Column c of K lies in chunk c / 64 at element c % 64 of its rows.
+        const T* k_cols = shared.k + (col0 / kChunkCols) * (kKeys * kChunkCols) + col0 % kChunkCols;
+        const uint64_t b0 = wg::mn_major_desc(k_cols, 0, Shared::kKVChunkBytes);
+#pragma unroll
+        for (int k0 = 0; k0 < kKeys; k0 += kK)
+          wg::Wgmma<T, N>::template ss<0, 1>(acc[r].d, a0 + wg::k_major_step<T>(k0, kDsChunkBytes),
+                                             b0 + wg::mn_major_step(k0), k0 > 0 ? 1 : 0);
+      }
     }
     wg::commit();
+  }
+
+  template <int N, int PARTS>
+  __device__ __forceinline__ static void fence_parts(wg::Accumulator<N> (&acc)[PARTS]) {
+#pragma unroll
+    for (int r = 0; r < PARTS; ++r) wg::fence_operand(acc[r].d);
   }
 
   // Split: acc += Aᵀ·B[:, N columns from col0] for A a [64 q, 64 keys] tile of shared memory (P
@@ -257,10 +277,10 @@ struct BwdMainloop {
                                                        int col0) {
     static_assert(kKeys == kChunkCols, "Aᵀ's 64 keys are one swizzled chunk (M of the wgmma)");
     const uint64_t a0 = wg::mn_major_desc(a, 0, Shared::kScoreTileBytes);
-    const uint64_t b0 = wg::mn_major_desc(query_side + (col0 / kChunkCols) * (kBwdRows * kChunkCols), 0,
+    const uint64_t b0 = wg::mn_major_desc(query_side + (col0 / kChunkCols) * (kRows * kChunkCols), 0,
                                           Shared::kRowChunkBytes);
 #pragma unroll
-    for (int k0 = 0; k0 < kBwdRows; k0 += kK)
+    for (int k0 = 0; k0 < kRows; k0 += kK)
       wg::Wgmma<T, N>::template ss<1, 1>(acc.d, a0 + wg::mn_major_step(k0), b0 + wg::mn_major_step(k0), 1);
   }
 
@@ -316,10 +336,11 @@ struct BwdMainloop {
   // issued its Sᵀ and dPᵀ, and is staged under them (there, its registers fit beside dK, dV, Sᵀ
   // and dPᵀ); every wgmma a step issues is still waited for inside the step (ptxas serialises them
   // when one stays in flight across the loop's back edge). Against the hand-off at the end of
-  // the step, on an H100 (docs/PERF.md run 44): +1-3 % at head dim 64.
-  static constexpr bool kDqBehind = kHeadDimPadded <= 64 && !kSplit && !kTf32;
+  // the step, on an H100 (docs/PERF.md run 44): +1-3 % at head dim 64. Not at 128 rows a step
+  // (BwdConfig::rows), whose dQ share (32 registers) does not fit beside its Sᵀ and dPᵀ.
+  static constexpr bool kDqBehind = kHeadDimPadded <= 64 && !kSplit && !kTf32 && kRows == kBwdRows;
 
-  // One query tile m (rows [64 m, 64 m + 64) of one head of the group) against this warpgroup's keys.
+  // One query tile m (rows [R m, R m + R) of one head of the group, R = kRows) against this warpgroup's keys.
   // `keys` is the block's key tile (clamped to seqlen_k); dq_buffer alternates per step (the dS
   // buffer, and the parity of the step's dQ hand-off).
   __device__ void step(const Pipeline& at, int m, Range keys, int dq_buffer,
@@ -351,16 +372,16 @@ struct BwdMainloop {
     tile::named_sync(int(NamedBarrier::ds_free), kConsumerThreads);
     const int index = warpgroup * wg::kThreads + thread;
     constexpr int kWarps = kConsumerThreads / 32;
-    wg::transpose_k_major<kBwdRows, kHeadDimPadded, kWarps, true, true>(shared.dout[stage], shared.transposed.doutt,
-                                                                        index / 32, index % 32);
-    wg::transpose_k_major<kBwdRows, kHeadDimPadded, kWarps>(shared.q[stage], shared.transposed.qt, index / 32,
-                                                            index % 32);
+    wg::transpose_k_major<kRows, kHeadDimPadded, kWarps, true, true>(shared.dout[stage], shared.transposed.doutt,
+                                                                     index / 32, index % 32);
+    wg::transpose_k_major<kRows, kHeadDimPadded, kWarps>(shared.q[stage], shared.transposed.qt, index / 32,
+                                                         index % 32);
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
   }
 
   // dV += Pᵀ·dO and dK += dSᵀ·Q (B operands dout_side and q_side), in flight while dS goes to
-  // ds_tile ([64 q, keys], this warpgroup's keys from its dSᵀ fragments); then dQ = dS·K queued
+  // ds_tile ([rows, keys], this warpgroup's keys from its dSᵀ fragments); then dQ = dS·K queued
   // behind them, so that the tensor cores go from one to the next; all waited for.
   __device__ __forceinline__ void key_and_query_grads(typename Tiles::Fragments& p, typename Tiles::Fragments& ds,
                                                       const T* dout_side, const T* q_side, T* ds_tile,
@@ -373,14 +394,14 @@ struct BwdMainloop {
     issue_key_grad(dk, ds, q_side);
     wg::commit();
     if constexpr (kTf32)
-      wg::store_transposed_tf32<kBwdRows>(ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile)),
-                                          warpgroup * kConsumerRows, thread);
+      wg::store_transposed_tf32<kRows>(ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile)),
+                                       warpgroup * kConsumerRows, thread);
     else
-      wg::store_transposed_swizzled<T, kBwdRows>(
-          ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile + warpgroup * kBwdRows * kChunkCols)), thread);
+      wg::store_transposed_swizzled<T, kRows>(
+          ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile + warpgroup * kRows * kChunkCols)), thread);
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::ds_ready), kConsumerThreads);
-    wg::fence_operand(dq.d);
+    fence_parts(dq);
     wg::fence();
     issue_query_grad(dq, ds_tile, warpgroup * kDqCols);
     wg::wait<0>();
@@ -388,11 +409,15 @@ struct BwdMainloop {
     wg::fence_operand(dk.d);
     wg::fence_operand(p);
     wg::fence_operand(ds);
-    wg::fence_operand(dq.d);
+    fence_parts(dq);
   }
 
   // Pᵀ = 2^(Sᵀ · scale · log2 e − LSE), masked where the tile is cut, and dSᵀ = Pᵀ ∘ (dPᵀ − Δ),
   // from the issued Sᵀ and dPᵀ (in that order, the last two wgmma groups), as register-A fragments.
+  // Pᵀ's fragments are made before dPᵀ is waited for, except at 128 rows a step: there Sᵀ and dPᵀ
+  // take 64 registers each, and Pᵀ's 32 more beside them, dK and dV spilled (-Xptxas -v: 44
+  // bytes at head dim 64), so both are converted once dSᵀ is formed.
+  static constexpr bool kLateFragments = kRows > kBwdRows;
   __device__ __forceinline__ void probabilities_and_score_grads(typename Tiles::Scores& s, typename Tiles::Scores& dp,
                                                                 typename Tiles::Fragments& p,
                                                                 typename Tiles::Fragments& ds, int stage, Range keys,
@@ -407,7 +432,7 @@ struct BwdMainloop {
 #pragma unroll
       for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
     }
-    wg::a_from_acc<T>(p, s);
+    if constexpr (!kLateFragments) wg::a_from_acc<T>(p, s);
     wg::wait<0>();
     wg::fence_operand(dp.d);
 #pragma unroll
@@ -416,6 +441,7 @@ struct BwdMainloop {
 #pragma unroll
       for (int i = 0; i < Scores::kRows; ++i) dp(i, j) = s(i, j) * (dp(i, j) - delta);
     }
+    if constexpr (kLateFragments) wg::a_from_acc<T>(p, s);
     wg::a_from_acc<T>(ds, dp);
   }
 
@@ -426,7 +452,7 @@ struct BwdMainloop {
   __device__ __forceinline__ void step_products(const Pipeline& at, int m, Range keys, int dq_buffer,
                                                 typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv,
                                                 typename Tiles::QueryGrad& dq, UnderScores&& under_scores) {
-    const int64_t row0 = int64_t(m) * kBwdRows;
+    const int64_t row0 = int64_t(m) * kRows;
     using Scores = typename Tiles::Scores;
     const int stage = at.index;
     shared.full[stage].wait(at.phase);
@@ -465,7 +491,7 @@ struct BwdMainloop {
     using Scores = typename SplitTiles::Scores;
     constexpr int kQueries = SplitTiles::kQueries;
     static_assert(Shared::kConfig.ds_buffers == 1, "one P/dS buffer, guarded by ds_free");
-    const int64_t row0 = int64_t(m) * kBwdRows;
+    const int64_t row0 = int64_t(m) * kRows;
     const int q_col0 = warpgroup * kQueries;  // this warpgroup's query rows within the tile
     const int stage = at.index;
     shared.full[stage].wait(at.phase);
@@ -526,15 +552,15 @@ struct BwdMainloop {
     wg::fence();
     issue_query_grad(dq, ds_tile, col0);
     wg::wait<0>();
-    wg::fence_operand(dq.d);
+    fence_parts(dq);
     stage_dq(dq, dq_parity, col0);
   }
 
   // A step's dQ share into shared memory for the step's dQ warp, once the previous step's has been
   // read; parity alternates per step (with two dQ warps, it is also the step's warp). col0: the
   // first column of this warpgroup's share. (Deterministic: the dQ warp finds the tile's turn.)
-  template <int N>
-  __device__ __forceinline__ void stage_dq(const wg::Accumulator<N>& dq, int parity, int col0) {
+  template <int N, int PARTS>
+  __device__ __forceinline__ void stage_dq(const wg::Accumulator<N> (&dq)[PARTS], int parity, int col0) {
     static_assert(kDqWarps <= 2, "the steps' parity names their dQ warp");
     using Q = wg::Accumulator<N>;
     shared.dq_empty.wait(parity ^ 1);
@@ -542,11 +568,13 @@ struct BwdMainloop {
     // offset from it, so no per-element addresses stay live across the steps.
     float* first = shared.dq + col0 + Q::row(0, thread) * Shared::kDqStride + Q::col(0, thread);
 #pragma unroll
-    for (int i = 0; i < Q::kRows; ++i)
+    for (int r = 0; r < PARTS; ++r)
 #pragma unroll
-      for (int j = 0; j < Q::kCols; j += 2)
-        *reinterpret_cast<float2*>(first + (Q::row(i, 0) - Q::row(0, 0)) * Shared::kDqStride +
-                                   (Q::col(j, 0) - Q::col(0, 0))) = make_float2(dq(i, j), dq(i, j + 1));
+      for (int i = 0; i < Q::kRows; ++i)
+#pragma unroll
+        for (int j = 0; j < Q::kCols; j += 2)
+          *reinterpret_cast<float2*>(first + (r * kConsumerRows + Q::row(i, 0) - Q::row(0, 0)) * Shared::kDqStride +
+                                     (Q::col(j, 0) - Q::col(0, 0))) = make_float2(dq[r](i, j), dq[r](i, j + 1));
     tile::fence_async_shared();  // the bulk reductions read through the async proxy
     __syncwarp();
     if (thread % 32 == 0) shared.dq_full[kDqWarps == 2 ? parity : 0].arrive();

@@ -214,7 +214,7 @@ constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2)
 }
 
 // The backward's configurations. A block owns one tile of keys of one (batch, KV head) and walks
-// the query tiles of every head of the GQA group that sees them, kBwdRows query rows at a time,
+// the query tiles of every head of the GQA group that sees them, BwdConfig::rows query rows at a time,
 // through a ring of (Q, dO, LSE, Δ) stages; two consumer warpgroups.
 //
 // Head dims up to 128 (by_keys): 128 keys per block, one consumer warpgroup per 64 keys; dK and
@@ -249,24 +249,35 @@ constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2)
 // 128 keys] 32,768 (one buffer); dQ 18,432: 210.5 KiB. A second Q/dO stage (+32 KiB) does not
 // fit; at head dim 128 neither does one (K, V and Kᵀ alone take 192 KiB at 128 keys): larger head
 // dims run on the sm80 tier.
+//
+// 16-bit storage at head dims up to 64 takes kBwdWideRows (128) query rows a step instead of 64:
+// a step's fixed costs (its full/empty barriers, the dS barrier, one dQ hand-off and bulk
+// reduction, the LSE and Δ reads) then meet twice the products, whose shapes there are the
+// smallest (Sᵀ and dPᵀ m64n128k64, dV and dK m64n64k128, dQ two m64n32k128). Registers per
+// consumer thread: Sᵀ and dPᵀ 64 each, dK and dV 32 each, the dQ share 32 (its two halves);
+// shared memory: K, V 16 KiB each; Q, dO 16 KiB each per stage, two stages; dS [128 q, 128 keys]
+// 32 KiB per buffer, two; dQ 128 × 72 × 4 = 36 KiB: 198 KiB.
 struct BwdConfig {
   int keys;             // keys per block
   int stages;           // (Q, dO, LSE, Δ) stages in flight
   bool split_head_dim;  // the 192/256 scheme above (else one warpgroup per 64 keys)
   int ds_buffers;       // dS (and, split, Pᵀ) buffers, alternating per step
+  int rows;             // query rows per step (a query tile): kBwdRows or kBwdWideRows
 };
 inline constexpr int kBwdConsumers = 2;
 inline constexpr int kBwdSplitMinHeadDim = 192;
 inline constexpr int kTf32BwdMaxHeadDim = 64;
+inline constexpr int kBwdWideRowsMaxHeadDim = 64;  // 16-bit head dims that take kBwdWideRows a step
 // The head dims the tf32 backward (fp32 storage) takes: padded to 64.
 constexpr bool tf32_backward_head_dim(int head_dim) {
   return head_dim >= 64 && padded_head_dim(head_dim) <= kTf32BwdMaxHeadDim;
 }
 constexpr BwdConfig bwd_config(int head_dim, int element_bytes = 2) {
   const int d = padded_head_dim(head_dim);
-  if (element_bytes == 4) return BwdConfig{kBwdConsumers * kConsumerRows, 1, false, 1};
-  if (d < kBwdSplitMinHeadDim) return BwdConfig{kBwdConsumers * kConsumerRows, 2, false, 2};
-  return BwdConfig{kConsumerRows, d <= 192 ? 2 : 1, true, 1};
+  if (element_bytes == 4) return BwdConfig{kBwdConsumers * kConsumerRows, 1, false, 1, kBwdRows};
+  if (d < kBwdSplitMinHeadDim)
+    return BwdConfig{kBwdConsumers * kConsumerRows, 2, false, 2, d <= kBwdWideRowsMaxHeadDim ? kBwdWideRows : kBwdRows};
+  return BwdConfig{kConsumerRows, d <= 192 ? 2 : 1, true, 1, kBwdRows};
 }
 // The head-dim columns of dK, dV and dQ that consumer warpgroup w owns (split_head_dim): whole
 // chunks, the first warpgroup taking the larger share.

@@ -326,12 +326,13 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
       if (s.seqlen_k == 0 || s.total_k == 0) keys.data = values.data = p.q.data;
       // Boxes of one swizzled chunk's columns (64 16-bit, 32 fp32) by the kernel's rows.
       const int box_cols = chunk_cols(size_t(element_bytes));
-      if (Status st = encode_tile_map(&params.q, queries, box_cols, kBwdRows, "q"); !st.ok()) return st;
-      const int keys_per_block = bwd_config(HD, int(element_bytes)).keys;
+      const BwdConfig config = bwd_config(HD, int(element_bytes));
+      if (Status st = encode_tile_map(&params.q, queries, box_cols, config.rows, "q"); !st.ok()) return st;
+      const int keys_per_block = config.keys;
       params.order = backward_block_order(s, args, keys_per_block, args.dq_turns != nullptr);
       if (Status st = encode_tile_map(&params.k, keys, box_cols, keys_per_block, "k"); !st.ok()) return st;
       if (Status st = encode_tile_map(&params.v, values, box_cols, keys_per_block, "v"); !st.ok()) return st;
-      if (Status st = encode_tile_map(&params.dout, grads, box_cols, kBwdRows, "dout"); !st.ok()) return st;
+      if (Status st = encode_tile_map(&params.dout, grads, box_cols, config.rows, "dout"); !st.ok()) return st;
       return with_backward_dtype<HD>(p.q.dtype, [&](auto type) {
         using T = decltype(type);
         return backward<T, HD>(params, stream);
@@ -343,7 +344,9 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
 struct Sm90 {
   // The deterministic backward adds each query tile's dQ in descending key-tile order.
   // Its dQ accumulator rows have the stride of the kernel's staging tile (whole padded tiles plus
-  // a bank-conflict pad), so that a query tile's dQ leaves in one bulk reduction.
+  // a bank-conflict pad), so that a query tile's dQ leaves in one bulk reduction. Its turn
+  // counters are counted in tiles of kBwdRows, the least any head dim's kernel takes: a kernel of
+  // BwdConfig::rows = 128 uses the first half of each (batch, head)'s.
   static constexpr OrderedDq kOrderedDq{kBwdRows, kBwdTurnParts, kChunkCols, kBwdDqPad};
   static Status check(const Params& p, Direction direction, DeviceProps& props) {
     return check_call(p, direction, props);
