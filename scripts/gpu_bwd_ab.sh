@@ -5,9 +5,9 @@
 #             CLI of the base commit's sources in $BASE_SRC (default .base-src; written by
 #             `bash scripts/gpu_fwd_ab.sh prepare <commit>`) into $BASE_BUILD
 #   tests     the sm90 backward's kernel sweep, varlen, deterministic, few-key, peaked-softmax,
-#             large-offset and edge tests in 4 processes, and the sm90 forward's      -> tests.log
-#   sanitize  racecheck, synccheck and memcheck on the small sm90 16-bit backward cases at head
-#             dim 64 (the deterministic ones among them)                     -> sanitize_*.log
+#             large-offset and edge tests in 6 processes, and the sm90 forward's      -> tests.log
+#   sanitize  racecheck, synccheck and memcheck on the small sm90 bf16 backward cases at head dim
+#             64 (a deterministic one among them)                            -> sanitize_*.log
 #   bench     `fmha bench --backend sm90 --mode bwd --dtype bf16` at 16k tokens a call, hidden 2048,
 #             head dims $DIMS, lengths $LENGTHS, causal none and bottom-right, base and tree,
 #             $ROUNDS interleaved rounds                                          -> bwd_ab.txt
@@ -37,8 +37,8 @@ if want tests; then
   FILTER='Sweep/Kernel.Backward/*sm90*:Tiers/VarlenKernel.Backward/*sm90*:Tiers/Deterministic.*sm90*'
   FILTER+=':Tiers/FewKeys.*sm90*:Fuzz/GpuPeakedSoftmax.*sm90*:LargeOffsets.*:Edge.*'
   FILTER+=':Sweep/Kernel.Forward/*sm90*:Sm90Schedule.*:Tiers/VarlenKernel.Forward/*sm90*'
-  for i in 0 1 2 3; do
-    GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout 240 $T --gtest_color=no --gtest_brief=1 \
+  for i in 0 1 2 3 4 5; do
+    GTEST_TOTAL_SHARDS=6 GTEST_SHARD_INDEX=$i timeout 200 $T --gtest_color=no --gtest_brief=1 \
       --gtest_filter="$FILTER" > "$OUT/shard_$i.log" 2>&1 &
   done
   wait
@@ -47,9 +47,9 @@ if want tests; then
   grep -E "^\[  FAILED  \] [A-Z]" "$OUT/tests.log" | sort -u | head -20
 fi
 if want sanitize; then
-  SMALL='Sweep/Kernel.Backward/Small_sm90_fp16_*_d64*:Sweep/Kernel.Backward/Small_sm90_bf16_*_d64*:Sweep/Kernel.Backward/Small_sm90_*_d32*'
+  SMALL='Sweep/Kernel.Backward/Small_sm90_bf16_*_d64*'
   for tool in racecheck synccheck memcheck; do
-    timeout 120 compute-sanitizer --tool $tool --error-exitcode 1 $T --gtest_color=no --gtest_brief=1 \
+    timeout 90 compute-sanitizer --tool $tool --error-exitcode 1 $T --gtest_color=no --gtest_brief=1 \
       --gtest_filter="$SMALL" > "$OUT/sanitize_$tool.log" 2>&1; echo "$tool rc=$?"
     grep -E "ERROR SUMMARY|tests? from .* ran|PASSED|FAILED" "$OUT/sanitize_$tool.log" | tail -3
   done
