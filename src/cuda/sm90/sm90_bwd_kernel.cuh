@@ -238,32 +238,16 @@ struct BwdKernel {
     if constexpr (Mainloop::kTf32) mainloop.prepare_keys();
     tile::PipelineState<kStages> pipe;
     int step = 0;
-    if constexpr (Mainloop::kDqBehind) {
-      // dq: the step's dQ share; previous: the previous step's, copied out of the wgmma's
-      // registers, staged under this step's scores.
-      typename Tiles::QueryGrad dq, previous;
-      for (int g = 0; g < args.group; ++g)
-        for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
-          mainloop.step_products(pipe, m, keys, step % 2, dk, dv, dq, [&] {
-            if (step > 0) mainloop.stage_dq(previous, (step - 1) % 2);
-          });
-#pragma unroll
-          for (int r = 0; r < Tiles::kRowParts; ++r) wg::copy_out(previous[r].d, dq[r].d);
-          pipe.advance();
-        }
-      if (step > 0) mainloop.stage_dq(previous, (step - 1) % 2);
-    } else {
-      // Every head of the GQA group (at least one) walks the same query tiles. A do-while: as a
-      // for loop, its condition was kept in local memory in the deterministic kernels at head dims
-      // 96 and 128 (-Xptxas -v: 4 bytes at 232 registers).
-      int heads_left = args.group;
-      do {
-        for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
-          mainloop.step(pipe, m, keys, step % 2, dk, dv);
-          pipe.advance();
-        }
-      } while (--heads_left > 0);
-    }
+    // Every head of the GQA group (at least one) walks the same query tiles. A do-while: as a for
+    // loop, its condition was kept in local memory in the deterministic kernels at head dims 96
+    // and 128 (-Xptxas -v: 4 bytes at 232 registers).
+    int heads_left = args.group;
+    do {
+      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
+        mainloop.step(pipe, m, keys, step % 2, dk, dv);
+        pipe.advance();
+      }
+    } while (--heads_left > 0);
     if (params.vector_key_grads) {
       stage_key_grads(shared, dk, dv, warpgroup * kConsumerRows, 0, args.scale, thread);
       write_key_grads(args, shared, kv_head, block_start(params, shared).k, keys);

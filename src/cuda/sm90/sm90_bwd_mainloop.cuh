@@ -332,21 +332,13 @@ struct BwdMainloop {
     }
   }
 
-  // Head dims up to 64 (16-bit): each step's dQ share stays in registers until the next step has
-  // issued its Sᵀ and dPᵀ, and is staged under them (there, its registers fit beside dK, dV, Sᵀ
-  // and dPᵀ); every wgmma a step issues is still waited for inside the step (ptxas serialises them
-  // when one stays in flight across the loop's back edge). Against the hand-off at the end of
-  // the step, on an H100 (docs/PERF.md run 44): +1-3 % at head dim 64. Not at 128 rows a step
-  // (BwdConfig::rows), whose dQ share (32 registers) does not fit beside its Sᵀ and dPᵀ.
-  static constexpr bool kDqBehind = kHeadDimPadded <= 64 && !kSplit && !kTf32 && kRows == kBwdRows;
-
   // One query tile m (rows [R m, R m + R) of one head of the group, R = kRows) against this warpgroup's keys.
   // `keys` is the block's key tile (clamped to seqlen_k); dq_buffer alternates per step (the dS
   // buffer, and the parity of the step's dQ hand-off).
   __device__ void step(const Pipeline& at, int m, Range keys, int dq_buffer,
                        typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv) {
     typename Tiles::QueryGrad dq;
-    step_products(at, m, keys, dq_buffer, dk, dv, dq, [] {});
+    step_products(at, m, keys, dq_buffer, dk, dv, dq);
     stage_dq(dq, dq_buffer);
   }
 
@@ -445,13 +437,12 @@ struct BwdMainloop {
     wg::a_from_acc<T>(ds, dp);
   }
 
-  // The step without its dQ hand-off: its dQ share is left, complete, in `dq`; `under_scores()`
-  // runs once the step's Sᵀ and dPᵀ are issued (kDqBehind: the previous step's dQ is staged
-  // there).
-  template <class UnderScores>
+  // The step without its dQ hand-off: its dQ share is left, complete, in `dq`. (At 64 rows a step
+  // and head dim 64, handing it off under the next step's scores gained 1-3 % on an H100, run 44;
+  // at 128 rows its 32 registers do not fit beside Sᵀ and dPᵀ.)
   __device__ __forceinline__ void step_products(const Pipeline& at, int m, Range keys, int dq_buffer,
                                                 typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv,
-                                                typename Tiles::QueryGrad& dq, UnderScores&& under_scores) {
+                                                typename Tiles::QueryGrad& dq) {
     const int64_t row0 = int64_t(m) * kRows;
     using Scores = typename Tiles::Scores;
     const int stage = at.index;
@@ -460,7 +451,6 @@ struct BwdMainloop {
     issue_transposed_scores(s, shared.k, warpgroup * kConsumerRows, shared.q[stage], 0);
     if constexpr (kTf32) transpose_query_side(stage);
     issue_transposed_scores(dp, shared.v, warpgroup * kConsumerRows, shared.dout[stage], 0);
-    under_scores();
 
     typename Tiles::Fragments p, ds;
     probabilities_and_score_grads(s, dp, p, ds, stage, keys, row0);
