@@ -407,8 +407,10 @@ struct BwdMainloop {
   // Pᵀ = 2^(Sᵀ · scale · log2 e − LSE), masked where the tile is cut, and dSᵀ = Pᵀ ∘ (dPᵀ − Δ),
   // from the issued Sᵀ and dPᵀ (in that order, the last two wgmma groups), as register-A fragments.
   // Pᵀ's fragments are made before dPᵀ is waited for, except at 128 rows a step: there Sᵀ and dPᵀ
-  // take 64 registers each, and Pᵀ's 32 more beside them, dK and dV spilled (-Xptxas -v: 44
-  // bytes at head dim 64), so both are converted once dSᵀ is formed.
+  // take 64 registers each, and both sets of fragments are made once dSᵀ is formed, so that Pᵀ's
+  // 32 are not live beside them while dPᵀ is awaited. (-Xptxas -v at head dim 64 shows the same
+  // 44 bytes of spill stores either way, the mask's loop-invariant key indices; this is the form
+  // docs/PERF.md run 53 measured.)
   static constexpr bool kLateFragments = kRows > kBwdRows;
   __device__ __forceinline__ void probabilities_and_score_grads(typename Tiles::Scores& s, typename Tiles::Scores& dp,
                                                                 typename Tiles::Fragments& p,
