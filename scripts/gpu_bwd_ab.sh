@@ -3,7 +3,7 @@
 # under $OUT), from the repository root:
 #   build     this tree (arch 90, head dims 64 and 128) into $BUILD with its GPU tests, and the
 #             CLI of the base commit's sources in $BASE_SRC (default .base-src; written by
-#             `bash scripts/gpu_fwd_ab.sh prepare <commit>`) into $BASE_BUILD
+#             `bash scripts/gpu_bwd_ab.sh prepare <commit>` in the repository) into $BASE_BUILD
 #   tests     the sm90 backward's kernel sweep, varlen, deterministic, few-key, peaked-softmax,
 #             large-offset and edge tests in 6 processes, and the sm90 forward's      -> tests.log
 #   sanitize  racecheck, synccheck and memcheck on the small sm90 bf16 backward cases at head dim
@@ -13,26 +13,19 @@
 #             $ROUNDS interleaved rounds                                          -> bwd_ab.txt
 # STEPS (default "build tests sanitize bench") picks the parts.
 set -u
+source "$(dirname "$0")/sm90_ab.sh"
+BASE_SRC=${BASE_SRC:-$PWD/.base-src}
+if [[ "${1:-}" == prepare ]]; then sm90_prepare_base "${2:-}"; exit; fi
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
-source "$(dirname "$0")/sm90_fwd_bench.sh"
 STEPS=${STEPS:-"build tests sanitize bench"}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
-BASE_SRC=${BASE_SRC:-$PWD/.base-src}
 B=${BUILD:-$PWD/build-sm90}
 BB=${BASE_BUILD:-/tmp/fmha-base}
 T=$B/tests/gpu/fmha_gpu_tests
 DIMS=${DIMS:-64 128}
 LENGTHS=${LENGTHS:-512 1024 2048 4096 16384}
-if want build; then
-  t0=$(date +%s)
-  [[ -f "$BASE_SRC/CMakeLists.txt" ]] || { echo "no base sources in $BASE_SRC (gpu_fwd_ab.sh prepare <commit>)"; exit 1; }
-  { sm90_fwd_configure . "$B" && sm90_fwd_configure "$BASE_SRC" "$BB"; } > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-  timeout 400 ninja -C "$B" -j"$(nproc)" fmha_cli fmha_gpu_tests >> "$OUT/build.log" 2>&1 &&
-    timeout 300 ninja -C "$BB" -j"$(nproc)" fmha_cli >> "$OUT/build.log" 2>&1 ||
-    { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
-  echo "built the tree and base $(cat "$BASE_SRC/.commit" 2>/dev/null) in $(( $(date +%s) - t0 )) s"
-fi
+if want build; then sm90_build_tree_and_base "fmha_cli fmha_gpu_tests" || exit 1; fi
 if want tests; then
   FILTER='Sweep/Kernel.Backward/*sm90*:Tiers/VarlenKernel.Backward/*sm90*:Tiers/Deterministic.*sm90*'
   FILTER+=':Tiers/FewKeys.*sm90*:Fuzz/GpuPeakedSoftmax.*sm90*:LargeOffsets.*:Edge.*'
@@ -56,12 +49,7 @@ if want sanitize; then
 fi
 want bench || exit 0
 bench() {  # label, cli, head dim, round -> label round d length causal TFLOP/s
-  local h=$((2048 / $3)) c s
-  for c in none bottom-right; do for s in $LENGTHS; do
-    timeout 30 "$2" bench --backend sm90 --mode bwd --dtype bf16 --head-dim "$3" --heads $h --batch $((16384 / s)) \
-      --seqlen-q $s --causal $c --iters 20 --no-progress 2>&1 | tail -1 |
-      awk -v l="$1" -v r="$4" -v d="$3" -v s=$s -v c=$c '{print l, r, d, s, c, $(NF-1)}'
-  done; done
+  sm90_bench bwd "$1" "$2" "" "$3" "$4" "$LENGTHS" 20 | awk '{print $1, $2, $3, $4, $5, $(NF-1)}'
 }
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for d in $DIMS; do

@@ -14,17 +14,9 @@
 # sources go along as a folder: in the repository, `bash scripts/gpu_fwd_ab.sh prepare <commit>`
 # writes them into .base-src (ignored through .git/info/exclude); copy it with the tree.
 set -u
-source "$(dirname "$0")/sm90_fwd_bench.sh"
+source "$(dirname "$0")/sm90_ab.sh"
 BASE_SRC=${BASE_SRC:-$PWD/.base-src}
-if [[ "${1:-}" == prepare ]]; then
-  commit=${2:?usage: gpu_fwd_ab.sh prepare <commit>}
-  mkdir -p .git/info && { grep -qx '/.base-src/' .git/info/exclude 2>/dev/null || echo /.base-src/ >> .git/info/exclude; }
-  rm -rf "$BASE_SRC" && mkdir -p "$BASE_SRC"
-  git archive "$commit" $(git ls-tree --name-only "$commit" | grep -v '^docs$') | tar -x -C "$BASE_SRC"
-  echo "$(git rev-parse --short "$commit")" > "$BASE_SRC/.commit"
-  echo "base sources of $(cat "$BASE_SRC/.commit") in $BASE_SRC ($(du -sh "$BASE_SRC" | cut -f1))"
-  exit 0
-fi
+if [[ "${1:-}" == prepare ]]; then sm90_prepare_base "${2:-}"; exit; fi
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
 STEPS=${STEPS:-"build tests bench"}
@@ -33,15 +25,7 @@ B=${BUILD:-$PWD/build-sm90}
 BB=${BASE_BUILD:-/tmp/fmha-base}
 VARIANTS=${VARIANTS-spec}
 LENGTHS=${LENGTHS:-512 1024 2048 16384}
-if want build; then
-  t0=$(date +%s)
-  [[ -f "$BASE_SRC/CMakeLists.txt" ]] || { echo "no base sources in $BASE_SRC (gpu_fwd_ab.sh prepare <commit>)"; exit 1; }
-  { sm90_fwd_configure . "$B" && sm90_fwd_configure "$BASE_SRC" "$BB"; } > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-  timeout 400 ninja -C "$B" -j"$(nproc)" ${TREE_TARGETS:-fmha_cli fmha_gpu_tests} >> "$OUT/build.log" 2>&1 &&
-    timeout 300 ninja -C "$BB" -j"$(nproc)" fmha_cli >> "$OUT/build.log" 2>&1 ||
-    { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
-  echo "built the tree and base $(cat "$BASE_SRC/.commit" 2>/dev/null) in $(( $(date +%s) - t0 )) s"
-fi
+if want build; then sm90_build_tree_and_base "${TREE_TARGETS:-fmha_cli fmha_gpu_tests}" || exit 1; fi
 if want tests; then
   T=$B/tests/gpu/fmha_gpu_tests
   {
@@ -54,7 +38,7 @@ if want tests; then
 fi
 want bench || exit 0
 bench() {  # label, cli, variant (empty: the default), head dim, round -> label round d length causal TFLOP/s
-  sm90_fwd_bench "$1" "$2" "$3" "$4" "$5" "$LENGTHS" 30 | awk '{print $1, $2, $3, $4, $5, $(NF-1)}'
+  sm90_bench fwd "$1" "$2" "$3" "$4" "$5" "$LENGTHS" 30 | awk '{print $1, $2, $3, $4, $5, $(NF-1)}'
 }
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for d in 64 128; do

@@ -6,7 +6,7 @@
 # V128 / V64: the variants per head dim; LENGTHS: the sequence lengths (default 1024 4096 16384).
 # STEPS (default "build tests bench") picks the parts; TEST_TIMEOUT bounds the forward tests (s).
 set -u
-source "$(dirname "$0")/sm90_fwd_bench.sh"
+source "$(dirname "$0")/sm90_ab.sh"
 STEPS=${STEPS:-"build tests bench"}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -15,7 +15,7 @@ V128=${V128:-pingpong eager c3}
 V64=${V64:-c3 pingpong eager}
 if want build; then
 t0=$(date +%s)
-sm90_fwd_configure . "$B" > "$OUT/build.log" 2>&1
+sm90_configure . "$B" > "$OUT/build.log" 2>&1
 timeout 240 ninja -C "$B" -j16 fmha_cli fmha_gpu_tests fmha_tile_sm90_tests fmha_tile_tests fmha_dispatch_tests >> "$OUT/build.log" 2>&1
 echo "build rc=$? $(( $(date +%s) - t0 )) s"
 fi
@@ -28,7 +28,7 @@ timeout 60 "$B/tests/gpu/fmha_tile_tests" --gtest_color=no --gtest_filter='TileO
 grep -E "^\[  PASSED|^\[  FAILED|tests? from .* ran" "$OUT/tests.log"
 fi
 bench() {  # variant, head dim, round
-  sm90_fwd_bench "$1" "$B/fmha" "$1" "$2" "$3" "${LENGTHS:-1024 4096 16384}" 20
+  sm90_bench fwd "$1" "$B/fmha" "$1" "$2" "$3" "${LENGTHS:-1024 4096 16384}" 20
 }
 want bench || exit 0
 for r in $(seq 1 "${ROUNDS:-2}"); do

@@ -1,0 +1,45 @@
+# Sourced by the sm90 tier's GPU comparison scripts (gpu_fwd_ab.sh, gpu_bwd_ab.sh,
+# gpu_fwd_variants.sh): their build configuration, the base commit's sources, the build of this
+# tree beside the base, and the benchmark step.
+
+# cmake configure of source dir $1 into build dir $2: arch 90, head dims 64 and 128.
+sm90_configure() {
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS="64;128" \
+    -DFMHA_TUNED_HEAD_DIMS="64;128" -DFMHA_DECODE_HEAD_DIMS=128
+}
+
+# The sources of commit $1 (docs/ left out) into $BASE_SRC, run in the repository: where the GPU
+# machine gets a copy of the working tree without its git history, the base's sources go along as
+# this folder (ignored through .git/info/exclude); copy it with the tree.
+sm90_prepare_base() {
+  local commit=${1:?usage: <script> prepare <commit>}
+  mkdir -p .git/info && { grep -qx '/.base-src/' .git/info/exclude 2>/dev/null || echo /.base-src/ >> .git/info/exclude; }
+  rm -rf "$BASE_SRC" && mkdir -p "$BASE_SRC"
+  git archive "$commit" $(git ls-tree --name-only "$commit" | grep -v '^docs$') | tar -x -C "$BASE_SRC"
+  echo "$(git rev-parse --short "$commit")" > "$BASE_SRC/.commit"
+  echo "base sources of $(cat "$BASE_SRC/.commit") in $BASE_SRC ($(du -sh "$BASE_SRC" | cut -f1))"
+}
+
+# This tree's targets $1 into $B and the CLI of $BASE_SRC into $BB (log: $OUT/build.log).
+sm90_build_tree_and_base() {
+  local t0=$(date +%s)
+  [[ -f "$BASE_SRC/CMakeLists.txt" ]] || { echo "no base sources in $BASE_SRC (<script> prepare <commit>)"; return 1; }
+  { sm90_configure . "$B" && sm90_configure "$BASE_SRC" "$BB"; } > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; return 1; }
+  timeout 400 ninja -C "$B" -j"$(nproc)" $1 >> "$OUT/build.log" 2>&1 &&
+    timeout 300 ninja -C "$BB" -j"$(nproc)" fmha_cli >> "$OUT/build.log" 2>&1 ||
+    { grep -E "error|FAILED" "$OUT/build.log" | head -20; return 1; }
+  echo "built the tree and base $(cat "$BASE_SRC/.commit" 2>/dev/null) in $(( $(date +%s) - t0 )) s"
+}
+
+# `fmha bench --backend sm90 --mode $1 --dtype bf16` at 16k tokens a call, hidden 2048, causal
+# none and bottom-right, for: mode $1 (fwd, bwd), label $2, CLI $3, forward variant $4 (empty: the
+# call's default), head dim $5, round $6, lengths $7, iterations $8. One line per case: label
+# round head_dim length causal, then the bench line.
+sm90_bench() {
+  local h=$((2048 / $5)) c s
+  for c in none bottom-right; do for s in $7; do
+    env ${4:+FMHA_SM90_FWD_CONFIG=$4} timeout 30 "$3" bench --backend sm90 --mode "$1" --dtype bf16 --head-dim "$5" \
+      --heads $h --batch $((16384 / s)) --seqlen-q $s --causal $c --iters "$8" --no-progress 2>&1 | tail -1 |
+      awk -v l="$2" -v r="$6" -v d="$5" -v s=$s -v c=$c '{print l, r, d, s, c, $0}'
+  done; done
+}
