@@ -263,12 +263,6 @@ struct BwdMainloop {
     wg::commit();
   }
 
-  template <int N, int PARTS>
-  __device__ __forceinline__ static void fence_parts(wg::Accumulator<N> (&acc)[PARTS]) {
-#pragma unroll
-    for (int r = 0; r < PARTS; ++r) wg::fence_operand(acc[r].d);
-  }
-
   // Split: acc += Aᵀ·B[:, N columns from col0] for A a [64 q, 64 keys] tile of shared memory (P
   // or dS; keys contiguous, so Aᵀ is an MN-major A operand) and B a [64 q, HDP] stage (Q or dO,
   // MN-major; col0 a whole chunk); issued, not committed.
@@ -393,7 +387,7 @@ struct BwdMainloop {
           ds, static_cast<uint32_t>(__cvta_generic_to_shared(ds_tile + warpgroup * kRows * kChunkCols)), thread);
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::ds_ready), kConsumerThreads);
-    fence_parts(dq);
+    wg::fence_operand(dq);
     wg::fence();
     issue_query_grad(dq, ds_tile, warpgroup * kDqCols);
     wg::wait<0>();
@@ -401,7 +395,7 @@ struct BwdMainloop {
     wg::fence_operand(dk.d);
     wg::fence_operand(p);
     wg::fence_operand(ds);
-    fence_parts(dq);
+    wg::fence_operand(dq);
   }
 
   // Pᵀ = 2^(Sᵀ · scale · log2 e − LSE), masked where the tile is cut, and dSᵀ = Pᵀ ∘ (dPᵀ − Δ),
@@ -544,7 +538,7 @@ struct BwdMainloop {
     wg::fence();
     issue_query_grad(dq, ds_tile, col0);
     wg::wait<0>();
-    fence_parts(dq);
+    wg::fence_operand(dq);
     stage_dq(dq, dq_parity, col0);
   }
 

@@ -173,6 +173,13 @@ struct Accumulator {
   __device__ __forceinline__ static int col(int j, int t) { return 8 * (j / 2) + 2 * (t % 4) + j % 2; }
 };
 
+// fence_operand over the accumulators of a product issued as several m64 wgmmas (one per 64 rows).
+template <int N, int PARTS>
+__device__ __forceinline__ void fence_operand(Accumulator<N> (&acc)[PARTS]) {
+#pragma unroll
+  for (int i = 0; i < PARTS; ++i) fence_operand(acc[i].d);
+}
+
 // K of one wgmma step for operand type T: 16 for 16-bit types, 8 for tf32 (fp32 storage).
 template <class T>
 inline constexpr int kStepK = sizeof(T) == 4 ? 8 : 16;
