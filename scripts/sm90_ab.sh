@@ -2,9 +2,10 @@
 # gpu_fwd_variants.sh): their build configuration, the base commit's sources, the build of this
 # tree beside the base, and the benchmark step.
 
-# cmake configure of source dir $1 into build dir $2: arch 90, head dims 64 and 128.
+# cmake configure of source dir $1 into build dir $2: arch 90, head dims $AB_HEAD_DIMS (default 64
+# and 128; the forward variants are tuned at 64 and 128 only).
 sm90_configure() {
-  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS="64;128" \
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS="${AB_HEAD_DIMS:-64;128}" \
     -DFMHA_TUNED_HEAD_DIMS="64;128" -DFMHA_DECODE_HEAD_DIMS=128
 }
 
