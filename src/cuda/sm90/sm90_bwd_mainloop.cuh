@@ -310,21 +310,15 @@ struct BwdMainloop {
     }
   }
 
-  // The stage may be refilled once every consumer is done with it. 16-bit: one arrival per warp,
-  // after a warp synchronisation (the release follows a named barrier of all consumer threads,
-  // which orders every lane's reads of the stage before it). tf32, which releases the stage right
-  // after the row statistics are read, before that barrier: one arrival per thread, each after
-  // its own reads (compute-sanitizer's racecheck reported the per-warp arrival there racing with
-  // the next tile's bulk copy of the statistics).
-  static constexpr uint32_t kEmptyArrivals = kBwdConsumers * (kTf32 ? wg::kThreads : kConsumerWarps);
-  __device__ __forceinline__ void release(tile::MBarrier& empty) {
-    if constexpr (kTf32) {
-      empty.arrive();
-    } else {
-      __syncwarp();
-      if (thread % 32 == 0) empty.arrive();
-    }
-  }
+  // The stage may be refilled once every consumer is done with it: one arrival per consumer
+  // thread, each after its own reads of the stage (tf32 releases it right after the row
+  // statistics are read, 16-bit after the step's GEMMs). An arrival per warp after a named
+  // barrier of all consumer threads orders the reads as well, but compute-sanitizer's racecheck
+  // does not follow that chain and reported the next tile's bulk copy of the statistics racing
+  // with them (docs/PERF.md run 53); with one arrival per thread it reports none, and the
+  // backward runs at the same speed (run 55).
+  static constexpr uint32_t kEmptyArrivals = kBwdConsumers * wg::kThreads;
+  __device__ __forceinline__ void release(tile::MBarrier& empty) { empty.arrive(); }
 
   // One query tile m (rows [R m, R m + R) of one head of the group, R = kRows) against this warpgroup's keys.
   // `keys` is the block's key tile (clamped to seqlen_k); dq_buffer alternates per step (the dS
