@@ -146,31 +146,32 @@ TEST(Sm90BackwardBlocks, TurnsRunFromTheLastKeyTileAndWaitOnlyForEarlierBlocks) 
 // reaches each query tile it shares with the next key tile after that tile's block, started at
 // the same time, has passed it. A step-by-step model of the blocks of one wave (every block one
 // query tile a step, a turn passed on the step after its addition) finds no block waiting.
-template <int ROWS>
+template <int KEYS, int ROWS>
 void check_causal_turns_do_not_stall() {
   for (int64_t seqlen : {512, 2048, 4096}) {
     const Mask mask = Mask::make(Causal::bottom_right, -1, -1, 0, seqlen, seqlen);
-    const int key_tiles = int(seqlen / 128);
+    const int key_tiles = int(seqlen / KEYS);
     // done[n][m]: the step at whose end key tile n's block added query tile m.
     std::vector<std::map<int, int>> done(static_cast<size_t>(key_tiles));
     int waits = 0;
     for (int n = key_tiles - 1; n >= 0; --n) {  // the turn order: later key tiles first
-      const Range tiles = bwd_query_tiles<ROWS>(mask, bwd_key_tile<128>(mask, n));
+      const Range tiles = bwd_query_tiles<ROWS>(mask, bwd_key_tile<KEYS>(mask, n));
       int step = 0;
       for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
         int ready = step;  // every block starts at step 0 and takes a tile a step
-        if (bwd_turn<128, ROWS>(mask, m, n) > 0) ready = std::max(ready, done[size_t(n + 1)].at(m) + 1);
+        if (bwd_turn<KEYS, ROWS>(mask, m, n) > 0) ready = std::max(ready, done[size_t(n + 1)].at(m) + 1);
         waits += ready - step;
         step = ready;
         done[size_t(n)][m] = step;
       }
     }
-    EXPECT_EQ(waits, 0) << "seqlen " << seqlen << " rows " << ROWS;
+    EXPECT_EQ(waits, 0) << "seqlen " << seqlen << " keys " << KEYS << " rows " << ROWS;
   }
 }
 TEST(Sm90BackwardBlocks, CausalTurnsDoNotStallBlocksThatStartTogether) {
-  check_causal_turns_do_not_stall<kBwdRows>();
-  check_causal_turns_do_not_stall<kBwdWideRows>();
+  check_causal_turns_do_not_stall<128, kBwdRows>();
+  check_causal_turns_do_not_stall<128, kBwdWideRows>();
+  check_causal_turns_do_not_stall<64, kBwdRows>();  // head dims 192 and 256
 }
 
 }  // namespace
