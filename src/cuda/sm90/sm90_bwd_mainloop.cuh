@@ -312,11 +312,11 @@ struct BwdMainloop {
 
   // The stage may be refilled once every consumer is done with it: one arrival per consumer
   // thread, each after its own reads of the stage (tf32 releases it right after the row
-  // statistics are read, 16-bit after the step's GEMMs). An arrival per warp after a named
-  // barrier of all consumer threads orders the reads as well, but compute-sanitizer's racecheck
-  // does not follow that chain and reported the next tile's bulk copy of the statistics racing
-  // with them (docs/PERF.md run 53); with one arrival per thread it reports none, and the
-  // backward runs at the same speed (run 55).
+  // statistics are read, 16-bit once the step's products that read Q and dO are complete). An
+  // arrival per warp after a named barrier of all consumer threads orders the reads as well, but
+  // compute-sanitizer's racecheck does not follow that chain and reported the next tile's bulk
+  // copy of the statistics racing with them (docs/PERF.md run 53); with one arrival per thread
+  // it reports none, and the backward runs at the same speed (run 55).
   static constexpr uint32_t kEmptyArrivals = kBwdConsumers * wg::kThreads;
   __device__ __forceinline__ void release(tile::MBarrier& empty) { empty.arrive(); }
 
