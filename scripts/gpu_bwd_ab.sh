@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The sm90 backward of this tree against a base commit's, in one GPU call on an H100/H200 (results
 # under $OUT), from the repository root:
-#   build     this tree (arch 90, head dims $AB_HEAD_DIMS, default 64 and 128) into $BUILD with its GPU tests, and the
-#             CLI of the base commit's sources in $BASE_SRC (default .base-src; written by
+#   build     this tree (arch 90, head dims $AB_HEAD_DIMS, default 64 and 128) into $BUILD with its
+#             GPU tests, and the CLI of the base commit's sources in $BASE_SRC (default .base-src; written by
 #             `bash scripts/gpu_bwd_ab.sh prepare <commit>` in the repository) into $BASE_BUILD
 #   tests     the sm90 backward's kernel sweep, varlen, deterministic, few-key, peaked-softmax,
 #             large-offset and edge tests in 6 processes, and the sm90 forward's      -> tests.log

@@ -397,8 +397,8 @@ struct BwdMainloop {
   // Pᵀ's fragments are made before dPᵀ is waited for, except at 128 rows a step: there Sᵀ and dPᵀ
   // take 64 registers each, and both sets of fragments are made once dSᵀ is formed, so that Pᵀ's
   // 32 are not live beside them while dPᵀ is awaited. (-Xptxas -v at head dim 64 shows the same
-  // 44 bytes of spill stores either way, the mask's loop-invariant key indices; this is the form
-  // docs/PERF.md run 53 measured.)
+  // 44 bytes of spill stores either way, values fixed for the block, reloaded twice a step and
+  // more on masked steps (docs/PERF.md runs 53 and 56); this is the form run 53 measured.)
   static constexpr bool kLateFragments = kRows > kBwdRows;
   __device__ __forceinline__ void probabilities_and_score_grads(typename Tiles::Scores& s, typename Tiles::Scores& dp,
                                                                 typename Tiles::Fragments& p,
