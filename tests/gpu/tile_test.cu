@@ -551,5 +551,40 @@ TEST(TileOps, MmaSplitTf32) {
   check_split_mma<16, 32>(11, 1e-3f);  // small values: the residuals stay normal
 }
 
+// Split tf32 over a long reduction of one sign (K = 256 positive products, a head dim's Q·K^T on
+// positive logits): the tensor cores truncate what they add, so an accumulator carried through
+// them drifts by up to an ulp of itself each k-step, all one way. The products are summed in
+// zeroed fragments and added to the accumulator in fp32 (mma.cuh), which keeps the error with a
+// sequential fp32 sum's (fmaf, rounded to nearest) on the same inputs: within 2x of it over the
+// tile, where the carried accumulator measured several times it.
+TEST(TileOps, MmaSplitTf32SumsOneSignLikeFp32) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  if (arch() < 80) GTEST_SKIP() << "mma.sync needs sm_80";
+  constexpr int N = 16, K = 256;
+  constexpr double kFp32Factor = 2.0;
+  for (unsigned seed : {21u, 22u, 23u}) {
+    auto a = random(16 * K, seed), b = random(N * K, seed + 100);
+    for (auto& x : a) x = 1.f + 0.5f * x;  // [0.5, 1.5)
+    for (auto& x : b) x = 1.f + 0.5f * x;
+    std::vector<float> c3, d3;
+    run_fp32_mma<tile::tf32x3, N, K>(a, b, &c3, &d3);
+    double split_error = 0, fp32_error = 0;  // summed over the [16, N] tile
+    for (int i = 0; i < 16; ++i) {
+      for (int j = 0; j < N; ++j) {
+        double dot = 0;
+        float sequential = 0.f;
+        for (int k = 0; k < K; ++k) {
+          dot += double(a[i * K + k]) * b[j * K + k];
+          sequential = std::fmaf(a[i * K + k], b[j * K + k], sequential);
+        }
+        split_error += std::abs(c3[i * N + j] - dot);
+        fp32_error += std::abs(double(sequential) - dot);
+      }
+    }
+    EXPECT_LE(split_error, kFp32Factor * fp32_error)
+        << "seed " << seed << ": split tf32 " << split_error << ", sequential fp32 " << fp32_error;
+  }
+}
+
 }  // namespace
 }  // namespace fmha::cuda::test

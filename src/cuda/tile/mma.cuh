@@ -80,10 +80,13 @@ struct MmaOp<float> {
 };
 
 // fp32 storage on split tf32: d += a_hi·b_hi + a_hi·b_lo + a_lo·b_hi (convert.cuh set_operand). The
-// two cross terms are ~2^-11 of the main one; they are summed first in a zeroed fragment of their
-// own and added to d after the main product: the tensor cores' internal sums drop low bits of
-// their addends relative to the largest one, so the cross terms are rounded relative to their own
-// size rather than to |d|'s. lo·lo (below 2^-22 of the product) is left out.
+// tensor cores' internal sums truncate the low bits of their addends relative to the largest one
+// instead of rounding them: an accumulator carried through the mma picks up an error of up to an
+// ulp of |d| at every k-step, of one sign, which over a head dim of 256 (32 steps) grows to several
+// times fp32's own error. So d never enters the tensor cores: the high product and the two cross
+// terms (~2^-11 of it) are formed in zeroed fragments — the cross terms together, rounded relative
+// to their own size — and the step's sum is added to d in fp32, rounded to nearest. lo·lo (below
+// 2^-22 of the product) is left out.
 template <>
 struct MmaOp<tf32x3> {
   static constexpr int kK = 8, kA = 8, kB = 4;
@@ -91,9 +94,10 @@ struct MmaOp<tf32x3> {
     float cross[4] = {0.f, 0.f, 0.f, 0.f};  // [16, 8] a_hi·b_lo + a_lo·b_hi, fp32
     mma_m16n8k8_tf32(cross, a[0], a[1], a[2], a[3], b[2], b[3]);
     mma_m16n8k8_tf32(cross, a[4], a[5], a[6], a[7], b[0], b[1]);
-    mma_m16n8k8_tf32(d, a[0], a[1], a[2], a[3], b[0], b[1]);
+    float high[4] = {0.f, 0.f, 0.f, 0.f};  // [16, 8] a_hi·b_hi, fp32
+    mma_m16n8k8_tf32(high, a[0], a[1], a[2], a[3], b[0], b[1]);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) d[e] += cross[e];
+    for (int e = 0; e < 4; ++e) d[e] += high[e] + cross[e];
   }
   // run() with the cross terms in the other order (a_lo·b_hi, then a_hi·b_lo): element (i, j) of
   // a·b is then summed as run() sums element (j, i) of b·a, the same products in the same order.
@@ -102,9 +106,10 @@ struct MmaOp<tf32x3> {
     float cross[4] = {0.f, 0.f, 0.f, 0.f};  // [16, 8] a_lo·b_hi + a_hi·b_lo, fp32
     mma_m16n8k8_tf32(cross, a[4], a[5], a[6], a[7], b[0], b[1]);
     mma_m16n8k8_tf32(cross, a[0], a[1], a[2], a[3], b[2], b[3]);
-    mma_m16n8k8_tf32(d, a[0], a[1], a[2], a[3], b[0], b[1]);
+    float high[4] = {0.f, 0.f, 0.f, 0.f};  // [16, 8] a_hi·b_hi, fp32
+    mma_m16n8k8_tf32(high, a[0], a[1], a[2], a[3], b[0], b[1]);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) d[e] += cross[e];
+    for (int e = 0; e < 4; ++e) d[e] += high[e] + cross[e];
   }
 };
 
