@@ -4,8 +4,9 @@
 # 128 and 256) into $BUILD (default /tmp/fmha-peers), then for each case profiles fmha's kernels
 # (`fmha bench`, the main kernels after the warm-up calls) and every kernel of one cuDNN call (the
 # call after the warm-up ones, between cudaProfilerStart/Stop), with the full section set:
-#   $OUT/peers_<case>_<provider>.txt   the details page of each kernel
-#   $OUT/peers_summary.txt             duration, DRAM/L2/SM throughput, pipes, occupancy per kernel
+#   $OUT/peers_summary.txt   duration, DRAM/L2/SM throughput, pipes, occupancy per kernel
+#   $OUT/peers.tar.gz        the details page of each case and provider (peers_<case>_<provider>.txt)
+#                            and the profiled runs' output (peers_<case>_<provider>_run.log)
 # CASES (default "fwd256 decode fwd64c bwd64") picks the cases below, in that order.
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -59,7 +60,7 @@ summary() {  # details page -> one line per kernel
   awk -v label="$1" '
     function flush() { if (name != "") printf "%s %s | %s | dram %s%% l2 %s%% sm %s%% tensor %s | issue %s%% occ %s%% regs %s | mem %s | l2hit %s%%\n",
                          label, name, dur, dram, l2, sm, tensor, issue, occ, regs, bw, hit; name = "" }
-    /^  [^ ]/ { flush(); name = $0; sub(/^  (void )?/, "", name); sub(/[(<].*/, "", name); tensor = "-" }
+    /^  [^ ]/ { flush(); name = $0; sub(/^  (void )?/, "", name); gsub(/<unnamed>::/, "", name); sub(/[(<].*/, "", name); tensor = "-" }
     /^    Duration / { dur = $NF " " $(NF-1) }
     /^    DRAM Throughput/ { dram = $NF } /^    L2 Cache Throughput/ { l2 = $NF }
     /^    Compute \(SM\) Throughput/ { sm = $NF } /^    Achieved Occupancy/ { occ = $NF }
@@ -83,3 +84,5 @@ for c in ${CASES:-fwd256 decode fwd64c bwd64}; do
   ncu -i "/tmp/peers_${c}_cudnn.ncu-rep" --page details > "$OUT/peers_${c}_cudnn.txt" 2>&1
   summary "$c/cudnn" "$OUT/peers_${c}_cudnn.txt" | tee -a "$OUT/peers_summary.txt"
 done
+tar czf "$OUT/peers.tar.gz" -C "$OUT" $(cd "$OUT" && ls peers_*_fmha* peers_*_cudnn* 2>/dev/null) &&
+  rm -f "$OUT"/peers_*_fmha* "$OUT"/peers_*_cudnn*
