@@ -15,8 +15,9 @@
 namespace fmha::cuda::sm90 {
 namespace {
 
-TileScheduler make(int m_blocks, int batch, int heads, int section, bool longest_first) {
+TileScheduler make(int m_blocks, int batch, int heads, int section, bool longest_first, bool tiles_fastest = false) {
   TileScheduler s;
+  s.tiles_fastest = tiles_fastest;
   s.m_blocks = m_blocks;
   s.heads = heads;
   s.batch_heads = batch * heads;
@@ -29,23 +30,35 @@ TileScheduler make(int m_blocks, int batch, int heads, int section, bool longest
 TEST(TileScheduler, EveryWorkTileOnce) {
   // Sections that divide the (batch, head) pairs, and ones that leave a short last section.
   for (int section : {1, 2, 3, 4, 8, 64})
-    for (bool longest_first : {false, true}) {
-      const TileScheduler s = make(5, 3, 4, section, longest_first);
-      std::set<std::tuple<int, int, int>> seen;
-      for (int t = 0; t < s.total; ++t) {
-        const WorkTile w = s.get(t);
-        ASSERT_GE(w.m_block, 0);
-        ASSERT_LT(w.m_block, 5);
-        ASSERT_GE(w.head, 0);
-        ASSERT_LT(w.head, 4);
-        ASSERT_GE(w.batch, 0);
-        ASSERT_LT(w.batch, 3);
-        EXPECT_TRUE(seen.insert({w.m_block, w.head, w.batch}).second)
-            << "tile " << t << " repeats (m " << w.m_block << ", head " << w.head << ", batch " << w.batch
-            << ") with section " << section;
+    for (bool longest_first : {false, true})
+      for (bool tiles_fastest : {false, true}) {
+        const TileScheduler s = make(5, 3, 4, section, longest_first, tiles_fastest);
+        std::set<std::tuple<int, int, int>> seen;
+        for (int t = 0; t < s.total; ++t) {
+          const WorkTile w = s.get(t);
+          ASSERT_GE(w.m_block, 0);
+          ASSERT_LT(w.m_block, 5);
+          ASSERT_GE(w.head, 0);
+          ASSERT_LT(w.head, 4);
+          ASSERT_GE(w.batch, 0);
+          ASSERT_LT(w.batch, 3);
+          EXPECT_TRUE(seen.insert({w.m_block, w.head, w.batch}).second)
+              << "tile " << t << " repeats (m " << w.m_block << ", head " << w.head << ", batch " << w.batch
+              << ") with section " << section << (tiles_fastest ? ", tiles fastest" : "");
+        }
+        EXPECT_EQ(int(seen.size()), s.total);
       }
-      EXPECT_EQ(int(seen.size()), s.total);
-    }
+}
+
+TEST(TileScheduler, TilesFastestTakesEachHeadsTilesTogether) {
+  // A head's query tiles are consecutive in the walk, in order, whatever the section; then the
+  // next (batch, head) pair, so the heads of a GQA group follow each other.
+  const TileScheduler s = make(6, 2, 4, 2, false, true);
+  for (int t = 0; t < s.total; ++t) {
+    const WorkTile w = s.get(t);
+    EXPECT_EQ(w.m_block, t % 6) << "tile " << t;
+    EXPECT_EQ(w.batch * 4 + w.head, t / 6) << "tile " << t;
+  }
 }
 
 TEST(TileScheduler, SectionsKeepHeadsTogetherAndLongestFirst) {

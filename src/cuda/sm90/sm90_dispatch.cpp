@@ -45,6 +45,10 @@ constexpr double kL2SectionBytes = 32.0 * 1024 * 1024;
 // The forward's workspace: the dynamic scheduler's counter, in the workspace's alignment unit.
 constexpr size_t kFwdWorkspaceBytes = 256;
 constexpr const char* kSchedulerVariable = "FMHA_SM90_SCHEDULER";
+// FMHA_SM90_FWD_ORDER=tiles: calls that walk their query tiles in order (no causal mask or
+// window) take each head's query tiles together (TileScheduler::tiles_fastest) instead of the
+// heads of an L2 section together; to measure the two.
+constexpr const char* kFwdOrderVariable = "FMHA_SM90_FWD_ORDER";
 // The deterministic backward's Q, dO and dQ-accumulator bytes of one section of its block order
 // (BwdBlockOrder).
 constexpr double kBwdL2SectionBytes = 32.0 * 1024 * 1024;
@@ -56,6 +60,14 @@ bool static_schedule_forced() {
   static const bool forced = [] {
     const char* v = std::getenv(kSchedulerVariable);
     return v != nullptr && std::string(v) == "static";
+  }();
+  return forced;
+}
+
+bool tiles_fastest_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv(kFwdOrderVariable);
+    return v != nullptr && std::string(v) == "tiles";
   }();
   return forced;
 }
@@ -388,6 +400,7 @@ struct Sm90 {
         sched.total = int(total);
         sched.longest_first = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
         sched.section = l2_section(s, m_blocks, grid, sched.longest_first);
+        sched.tiles_fastest = !sched.longest_first && tiles_fastest_forced();
         if (Status st = forward_tile_counter(p, stream, &params.tile_counter); !st.ok()) return st;
         return with_forward_dtype<HD, V>(p, [&](auto type) {
           using T = decltype(type);

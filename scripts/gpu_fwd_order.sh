@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The sm90 forward's two walks of its work tiles (TileScheduler: the heads of an L2 section
+# fastest, the default, or each head's query tiles together under FMHA_SM90_FWD_ORDER=tiles)
+# checked and measured in one GPU call on an H100/H200, from the repository root:
+#   build    the CLI and GPU tests (arch 90, head dims 64, 128, 256) into $BUILD
+#   tests    the sm90 forward suite under FMHA_SM90_FWD_ORDER=tiles             -> tests.log
+#   bench    `fmha bench --backend sm90 --mode fwd --dtype bf16`, 16k tokens a call, hidden 2048,
+#            head dims $DIMS, lengths $LENGTHS, causal none and bottom-right (a causal call
+#            keeps its walk: the control), both walks, $ROUNDS interleaved rounds  -> order_ab.txt
+#   dram     Nsight Compute's DRAM bytes and duration of the D256 2k forward, both walks
+#                                                                                 -> order_dram.txt
+# STEPS (default "build tests bench dram") picks the parts. The model that predicts the bytes:
+# docs/perf/sm90_forward_order_l2_model.py.
+set -u
+source "$(dirname "$0")/sm90_ab.sh"
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH AB_HEAD_DIMS="64;128;256"
+STEPS=${STEPS:-"build tests bench dram"}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+B=${BUILD:-$PWD/build-sm90}
+if want build; then
+  t0=$(date +%s)
+  sm90_configure . "$B" > "$OUT/build.log" 2>&1 &&
+    timeout 400 ninja -C "$B" fmha_cli fmha_gpu_tests >> "$OUT/build.log" 2>&1 ||
+    { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
+  echo "built in $(( $(date +%s) - t0 )) s"
+fi
+if want tests; then
+  filter='Sweep/Kernel.Forward/*sm90*:Tiers/VarlenKernel.Forward/*sm90*:Sm90Schedule.*:LargeOffsets.*:Edge.*'
+  for i in 0 1 2 3; do
+    FMHA_SM90_FWD_ORDER=tiles GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout 200 "$B/tests/gpu/fmha_gpu_tests" \
+      --gtest_color=no --gtest_brief=1 --gtest_filter="$filter" > "$OUT/shard_$i.log" 2>&1 &
+  done
+  wait
+  cat "$OUT"/shard_*.log > "$OUT/tests.log"; rm -f "$OUT"/shard_*.log
+  grep -hE "^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]|tests? from .* ran" "$OUT/tests.log" | sort | uniq -c
+  grep -E "^\[  FAILED  \] [A-Z]" "$OUT/tests.log" | sort -u | head -20
+fi
+if want bench; then
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for d in ${DIMS:-256 128 64}; do
+      sm90_bench fwd heads "$B/fmha" "" "$d" "$r" "${LENGTHS:-1024 2048 4096 16384}" 20
+      FMHA_SM90_FWD_ORDER=tiles sm90_bench fwd tiles "$B/fmha" "" "$d" "$r" "${LENGTHS:-1024 2048 4096 16384}" 20
+    done
+  done | awk '{print $1, $2, $3, $4, $5, $(NF-1)}' | tee "$OUT/order_ab.txt"
+fi
+if want dram; then
+  for order in heads tiles; do
+    FMHA_SM90_FWD_ORDER=$order timeout 120 ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
+      -k regex:^fwd_kernel -s 2 -c 1 "$B/fmha" bench --backend sm90 --mode fwd --dtype bf16 --head-dim 256 --heads 8 \
+      --batch 8 --seqlen-q 2048 --warmup 2 --iters 1 --no-progress 2>&1 |
+      grep -E "dram__bytes|gpu__time" | sed "s/^/$order /"
+  done | tee "$OUT/order_dram.txt"
+fi
