@@ -100,7 +100,8 @@ def dram_reads(order, head_dim, seqlen, l2_mb, jitter, seed=1):
 def main():
     print("K/V bytes read from DRAM / the call's K/V bytes (1.00: each byte once)")
     print("head_dim seqlen  L2 MB  jitter   heads-fastest  tiles-fastest")
-    for head_dim, seqlen in ((256, 2048), (256, 4096), (128, 2048), (128, 16384), (64, 4096), (64, 16384)):
+    for head_dim, seqlen in ((256, 1024), (256, 2048), (256, 4096), (256, 8192), (128, 512), (128, 2048),
+                             (128, 16384), (64, 512), (64, 4096), (64, 16384)):
         for l2_mb in (50, 25):
             for jitter in (0.02, 0.10):
                 ratio = {}
