@@ -30,14 +30,7 @@ if want tests; then
   FILTER='Sweep/Kernel.Backward/*sm90*:Tiers/VarlenKernel.Backward/*sm90*:Tiers/Deterministic.*sm90*'
   FILTER+=':Tiers/FewKeys.*sm90*:Fuzz/GpuPeakedSoftmax.*sm90*:LargeOffsets.*:Edge.*'
   FILTER+=':Sweep/Kernel.Forward/*sm90*:Sm90Schedule.*:Tiers/VarlenKernel.Forward/*sm90*'
-  for i in 0 1 2 3 4 5; do
-    GTEST_TOTAL_SHARDS=6 GTEST_SHARD_INDEX=$i timeout 200 $T --gtest_color=no --gtest_brief=1 \
-      --gtest_filter="$FILTER" > "$OUT/shard_$i.log" 2>&1 &
-  done
-  wait
-  cat "$OUT"/shard_*.log > "$OUT/tests.log"; rm -f "$OUT"/shard_*.log
-  grep -hE "^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]|tests? from .* ran" "$OUT/tests.log" | sort | uniq -c
-  grep -E "^\[  FAILED  \] [A-Z]" "$OUT/tests.log" | sort -u | head -20
+  sm90_sharded_tests "$T" "$FILTER" 6 200 tests.log
 fi
 if want sanitize; then
   SMALL='Sweep/Kernel.Backward/Small_sm90_bf16_*_d64*'

@@ -27,14 +27,7 @@ if want build; then
 fi
 if want tests; then
   filter='Sweep/Kernel.Forward/*sm90*:Tiers/VarlenKernel.Forward/*sm90*:Sm90Schedule.*:LargeOffsets.*:Edge.*'
-  for i in 0 1 2 3; do
-    FMHA_SM90_FWD_ORDER=tiles GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout 200 "$B/tests/gpu/fmha_gpu_tests" \
-      --gtest_color=no --gtest_brief=1 --gtest_filter="$filter" > "$OUT/shard_$i.log" 2>&1 &
-  done
-  wait
-  cat "$OUT"/shard_*.log > "$OUT/tests.log"; rm -f "$OUT"/shard_*.log
-  grep -hE "^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]|tests? from .* ran" "$OUT/tests.log" | sort | uniq -c
-  grep -E "^\[  FAILED  \] [A-Z]" "$OUT/tests.log" | sort -u | head -20
+  FMHA_SM90_FWD_ORDER=tiles sm90_sharded_tests "$B/tests/gpu/fmha_gpu_tests" "$filter" 4 200 tests.log
 fi
 if want bench; then
   for r in $(seq 1 "${ROUNDS:-2}"); do

@@ -44,3 +44,18 @@ sm90_bench() {
       awk -v l="$2" -v r="$6" -v d="$5" -v s=$s -v c=$c '{print l, r, d, s, c, $0}'
   done; done
 }
+
+# GPU tests binary $1 with gtest filter $2 in $3 shards run side by side (each at most $4 s), the
+# shards' output in $OUT/$5, then the pass/fail/skip counts and the failed tests' names. The
+# caller's environment (a prefix assignment such as FMHA_SM90_FWD_ORDER=tiles) reaches the tests.
+sm90_sharded_tests() {
+  local i
+  for i in $(seq 0 $(($3 - 1))); do
+    GTEST_TOTAL_SHARDS=$3 GTEST_SHARD_INDEX=$i timeout "$4" "$1" --gtest_color=no --gtest_brief=1 \
+      --gtest_filter="$2" > "$OUT/shard_$i.log" 2>&1 &
+  done
+  wait
+  cat "$OUT"/shard_*.log > "$OUT/$5"; rm -f "$OUT"/shard_*.log
+  grep -hE "^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]|tests? from .* ran" "$OUT/$5" | sort | uniq -c
+  grep -E "^\[  FAILED  \] [A-Z]" "$OUT/$5" | sort -u | head -20
+}
