@@ -338,5 +338,77 @@ TEST(SplitTf32Backward, GivenLseLargerThanItsOwnScalesP) {
 INSTANTIATE_TEST_SUITE_P(Fuzz, GpuPeakedSoftmax, ::testing::Values(Backend::cuda_simt, Backend::cuda_sm80),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
+// Split tf32 against exact fp32, class by class: the fuzz's fp32 calls drawn for the sm80 tier at
+// precision tf32x3, each run there and on simt (exact fp32, the same inputs), and each output's
+// error relative to the oracle's norm averaged over a class. Split tf32 is to stay within 2x of
+// fp32's error (plus a few fp32 units) on every class and output; the table it prints says
+// where it is also at least as accurate as simt, the condition for making it fp32's default.
+// Classes, in this order: peaked (typical scores |scale|·magnitude²·sqrt(D) of 20 or more),
+// few keys (seqlen_k <= 8), masked (causal or a window), plain.
+TEST(GpuSplitTf32, WithinTwiceExactFp32ErrorOnEveryFuzzClass) {
+  SKIP_UNLESS_RUNNABLE(Backend::cuda_sm80);
+  SKIP_UNLESS_RUNNABLE(Backend::cuda_simt);
+  constexpr double kFp32Factor = 2.0;
+  constexpr double kUnits = 4.0 * 5.96e-8;  // 4 fp32 units, relative to the output's norm
+  constexpr int64_t kCases = 500;
+  constexpr int kMinCalls = 5;               // classes with fewer calls are printed, not checked
+  Tier tier = gpu_tier(Backend::cuda_sm80, compiled_head_dims());
+  tier.flavors = {{DType::fp32, Precision::tf32x3}};
+  const char* kClasses[] = {"peaked", "few keys", "masked", "plain"};
+  auto class_of = [](const Config& c) {
+    const double scale = c.softmax_scale != 0.f ? c.softmax_scale : 1.0 / std::sqrt(double(c.head_dim));
+    if (std::abs(scale) * c.magnitude * c.magnitude * std::sqrt(double(c.head_dim)) >= 20.0) return 0;
+    if (c.seqlen_k <= 8) return 1;
+    if (c.causal != Causal::none || c.window_left >= 0 || c.window_right >= 0) return 2;
+    return 3;
+  };
+  struct Sums {
+    int64_t calls = 0;
+    double split = 0, exact = 0, worst = 0;  // mean relative errors' sums; the largest split/exact
+  };
+  std::vector<std::vector<Sums>> sums(4);  // [class][output: o, lse, dq, dk, dv]
+  std::vector<std::string> names;
+  int64_t compared = 0;
+  for (uint64_t seed : seeds(kCases, 0, 1)) {
+    const Config split = generate(seed, tier);
+    Config exact = split;
+    exact.backend = Backend::cuda_simt;
+    exact.precision = Precision::ieee;
+    const Outcome a = check(split, run_on_device), b = check(exact, run_on_device);
+    if (a.refused || b.refused || a.errors.size() != b.errors.size()) continue;
+    ++compared;
+    std::vector<Sums>& row = sums[class_of(split)];
+    if (row.size() < a.errors.size()) row.resize(a.errors.size());
+    for (size_t i = 0; i < a.errors.size(); ++i) {
+      if (names.size() <= i) names.push_back(a.errors[i].name);
+      if (!(a.errors[i].ref > 0)) continue;  // an output of zeros: nothing to compare
+      Sums& t = row[i];
+      const double es = a.errors[i].kernel / a.errors[i].ref, ee = b.errors[i].kernel / b.errors[i].ref;
+      ++t.calls;
+      t.split += es;
+      t.exact += ee;
+      t.worst = std::max(t.worst, es / std::max(ee, kUnits));
+    }
+  }
+  if (compared == 0) GTEST_SKIP() << "no call ran on both tiers";
+  std::printf("split tf32 (sm80) against exact fp32 (simt), %lld calls: mean error / |ref| by class\n",
+              (long long)compared);
+  std::printf("%-9s %-4s %6s %12s %12s %7s %9s\n", "class", "out", "calls", "tf32x3", "fp32", "ratio", "worst");
+  bool every_class_at_most_fp32 = true;
+  for (int k = 0; k < 4; ++k)
+    for (size_t i = 0; i < sums[k].size(); ++i) {
+      const Sums& t = sums[k][i];
+      if (t.calls == 0) continue;
+      const double split = t.split / double(t.calls), exact = t.exact / double(t.calls);
+      std::printf("%-9s %-4s %6lld %12.3e %12.3e %7.2f %9.2f\n", kClasses[k], names[i].c_str(), (long long)t.calls,
+                  split, exact, split / std::max(exact, kUnits), t.worst);
+      if (t.calls < kMinCalls) continue;
+      every_class_at_most_fp32 = every_class_at_most_fp32 && split <= exact + kUnits;
+      EXPECT_LE(split, kFp32Factor * exact + kUnits)
+          << kClasses[k] << " " << names[i] << ": split tf32's mean relative error " << split << " against fp32's " << exact;
+    }
+  std::printf("at least as accurate as exact fp32 on every class: %s\n", every_class_at_most_fp32 ? "yes" : "no");
+}
+
 }  // namespace
 }  // namespace fmha::fuzz
