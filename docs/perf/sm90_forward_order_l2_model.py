@@ -51,14 +51,16 @@ def walk(order, pairs, m_blocks, section):
     return out
 
 
-def dram_reads(order, head_dim, seqlen, l2_mb, jitter, seed=1):
-    """(K/V bytes read from DRAM, K/V bytes of the call) under `order`."""
+def dram_reads(order, head_dim, seqlen, l2_mb, jitter, seed=1, section=None):
+    """(K/V bytes read from DRAM, K/V bytes of the call) under `order`; `section` overrides the
+    forward's section rule (heads a section)."""
     pairs = TOKENS // seqlen * HIDDEN // head_dim
     m_blocks = seqlen // TILE_M
     kv_steps = seqlen // KV_TILE
     kv_tile_bytes = KV_TILE * head_dim * 2 * 2      # K and V, 16-bit
     q_tile_bytes = TILE_M * head_dim * 2
-    section = forward_section(seqlen * head_dim * 2 * 2, m_blocks, pairs)
+    if section is None:
+        section = forward_section(seqlen * head_dim * 2 * 2, m_blocks, pairs)
     order_of_tiles = walk(order, pairs, m_blocks, section)
     rng = random.Random(seed)
     cache, used, kv_read = collections.OrderedDict(), 0, 0
@@ -111,5 +113,19 @@ def main():
                 print(f"{head_dim:8d} {seqlen:6d} {l2_mb:6d} {jitter:7.2f} {ratio['heads']:15.2f} {ratio['tiles']:14.2f}")
 
 
+def check_against_measurements():
+    """The model beside the two measured cases (K/V read = (DRAM bytes - Q - O) / K/V bytes)."""
+    print("\nagainst Nsight Compute (docs/PERF.md), heads-fastest walk:")
+    cases = (("run 51, D128 512, sections of 128 heads (before the wave bound): measured 3.0", 128, 512, 128),
+             ("run 59, D256 2k, the section rule: measured 1.75", 256, 2048, None))
+    for label, head_dim, seqlen, section in cases:
+        model = []
+        for l2_mb in (50, 25):
+            read, once = dram_reads("heads", head_dim, seqlen, l2_mb, 0.05, section=section)
+            model.append(f"{read / once:.2f} at {l2_mb} MB")
+        print(f"  {label}; model {', '.join(model)}")
+
+
 if __name__ == "__main__":
     main()
+    check_against_measurements()
