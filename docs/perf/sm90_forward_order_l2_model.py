@@ -29,39 +29,44 @@ TILE_M = 128          # query rows a work tile
 KV_TILE = 128         # keys a K/V step
 BUDGET = 32 * 2**20   # the forward's L2 section budget (sm90_dispatch.cpp kL2SectionBytes)
 TOKENS, HIDDEN = 16384, 2048  # the fa sweep: 16k tokens a call, hidden 2048
+last_makespan = 0.0           # the last dram_reads call's makespan, in K/V steps
 
 
-def forward_section(kv_bytes, m_blocks, pairs, longest_first=False):
-    """sm90_sections.h forward_section for GQA group 1."""
+def forward_section(kv_bytes, m_blocks, pairs, wide=False):
+    """sm90_sections.h forward_section for GQA group 1; `wide`: a longest-first walk of more
+    than kWaveSectionTiles query tiles a head, which keeps the budget's section."""
     fit = 1
     while fit * 2 <= max(int(BUDGET // kv_bytes), 1):
         fit *= 2
-    if 0 < m_blocks <= GRID and not longest_first:
+    if 0 < m_blocks <= GRID and not wide:
         fit = min(fit, max(GRID // m_blocks, 1))
     return min(fit, pairs)
 
 
-def walk(order, pairs, m_blocks, section):
+def walk(order, pairs, m_blocks, section, causal=False):
+    """(pair, query tile) in walk order; causal walks take the longest (last) query tiles first."""
+    tile = (lambda t: m_blocks - 1 - t) if causal else (lambda t: t)
     if order == "tiles":
-        return [(p, t) for p in range(pairs) for t in range(m_blocks)]
+        return [(p, tile(t)) for p in range(pairs) for t in range(m_blocks)]
     out = []
     for first in range(0, pairs, section):
         width = min(section, pairs - first)
-        out += [(first + u, t) for t in range(m_blocks) for u in range(width)]
+        out += [(first + u, tile(t)) for t in range(m_blocks) for u in range(width)]
     return out
 
 
-def dram_reads(order, head_dim, seqlen, l2_mb, jitter, seed=1, section=None):
-    """(K/V bytes read from DRAM, K/V bytes of the call) under `order`; `section` overrides the
-    forward's section rule (heads a section)."""
+def dram_reads(order, head_dim, seqlen, l2_mb, jitter, seed=1, section=None, causal=False):
+    """(K/V bytes read from DRAM, K/V bytes the call needs) under `order`; `section` overrides
+    the forward's section rule (heads a section); `causal`: query tile m reads K/V steps 0..m
+    (equal lengths), longest first."""
     pairs = TOKENS // seqlen * HIDDEN // head_dim
     m_blocks = seqlen // TILE_M
     kv_steps = seqlen // KV_TILE
     kv_tile_bytes = KV_TILE * head_dim * 2 * 2      # K and V, 16-bit
     q_tile_bytes = TILE_M * head_dim * 2
     if section is None:
-        section = forward_section(seqlen * head_dim * 2 * 2, m_blocks, pairs)
-    order_of_tiles = walk(order, pairs, m_blocks, section)
+        section = forward_section(seqlen * head_dim * 2 * 2, m_blocks, pairs, causal and m_blocks > 8)
+    order_of_tiles = walk(order, pairs, m_blocks, section, causal)
     rng = random.Random(seed)
     cache, used, kv_read = collections.OrderedDict(), 0, 0
 
@@ -79,9 +84,10 @@ def dram_reads(order, head_dim, seqlen, l2_mb, jitter, seed=1, section=None):
 
     events = [(rng.uniform(0, 0.05), block, None) for block in range(GRID)]
     heapq.heapify(events)
-    taken = 0
+    taken, end = 0, 0.0
     while events:
         now, block, state = heapq.heappop(events)
+        end = max(end, now)
         if state is None:                            # the block takes the next work tile
             if taken == len(order_of_tiles):
                 continue
@@ -91,12 +97,15 @@ def dram_reads(order, head_dim, seqlen, l2_mb, jitter, seed=1, section=None):
             state = (pair, m, 0, 1 + rng.uniform(-jitter, jitter))
         pair, m, step, stretch = state
         touch(("kv", pair, step), kv_tile_bytes)
-        if step + 1 < kv_steps:
+        last = m * TILE_M // KV_TILE if causal else kv_steps - 1
+        if step < last:
             heapq.heappush(events, (now + stretch, block, (pair, m, step + 1, stretch)))
         else:                                        # the output tile leaves through the L2
             touch(("o", pair, m), q_tile_bytes)
             heapq.heappush(events, (now + stretch, block, None))
-    return kv_read, pairs * seqlen * head_dim * 2 * 2
+    global last_makespan
+    last_makespan = end  # in K/V steps: when the last block finished (a step's cost fixed)
+    return kv_read, pairs * seqlen * head_dim * 2 * 2  # causal calls also need every K/V tile
 
 
 def main():
@@ -111,6 +120,25 @@ def main():
                     read, once = dram_reads(order, head_dim, seqlen, l2_mb, jitter)
                     ratio[order] = read / once
                 print(f"{head_dim:8d} {seqlen:6d} {l2_mb:6d} {jitter:7.2f} {ratio['heads']:15.2f} {ratio['tiles']:14.2f}")
+
+
+def causal_table():
+    """Causal calls (longest first): K/V reads and the makespan (K/V steps, against a perfect
+    spread of the work over the grid) at a 25 MB L2, under the sections of a 32 MB budget (the
+    default), of a 16 MB one (FMHA_SM90_L2_SECTION_MB=16), and with each head's tiles together."""
+    global BUDGET
+    print("\ncausal (bottom-right, equal lengths), L2 25 MB: K/V reads, makespan / the perfect spread")
+    print("head_dim seqlen   sections 32 MB   sections 16 MB   tiles fastest")
+    for head_dim, seqlen in ((64, 2048), (64, 16384), (128, 2048), (128, 16384), (256, 2048), (256, 8192)):
+        pairs, m_blocks = TOKENS // seqlen * HIDDEN // head_dim, seqlen // TILE_M
+        perfect = pairs * sum(m * TILE_M // KV_TILE + 1 for m in range(m_blocks)) / GRID
+        cells = []
+        for order, budget_mb in (("heads", 32), ("heads", 16), ("tiles", 32)):
+            BUDGET = budget_mb * 2**20
+            read, once = dram_reads(order, head_dim, seqlen, 25, 0.05, causal=True)
+            cells.append(f"{read / once:5.2f}, {last_makespan / perfect:5.3f}")
+        BUDGET = 32 * 2**20
+        print(f"{head_dim:8d} {seqlen:6d}   " + "   ".join(cells))
 
 
 def check_against_measurements():
@@ -128,4 +156,5 @@ def check_against_measurements():
 
 if __name__ == "__main__":
     main()
+    causal_table()
     check_against_measurements()
