@@ -12,13 +12,16 @@
 #                                                                                 -> order_ab.txt
 #   dram     Nsight Compute's DRAM bytes and duration of the D256 2k forward and the D64 2k causal
 #            one under each form                                                  -> order_dram.txt
-# STEPS (default "build tests bench dram") picks the parts. The model that predicts the bytes:
+#   det      the deterministic backward (whose sections take the same budget) at 32 and 16 MB
+#            beside the default backward: D256 and D64, causal, 4k and 16k, $ROUNDS rounds
+#                                                                                 -> det_ab.txt
+# STEPS (default "build tests bench dram det") picks the parts. The model that predicts the bytes:
 # docs/perf/sm90_forward_order_l2_model.py.
 set -u
 source "$(dirname "$0")/sm90_ab.sh"
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH AB_HEAD_DIMS="64;128;256"
-STEPS=${STEPS:-"build tests bench dram"}
+STEPS=${STEPS:-"build tests bench dram det"}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 B=${BUILD:-$PWD/build-sm90}
 if want build; then
@@ -58,4 +61,20 @@ if want dram; then
     dram "$form D256-2k" "$vars" --head-dim 256 --heads 8 --batch 8 --seqlen-q 2048
     dram "$form D64-2k-causal" "$vars" --head-dim 64 --heads 32 --batch 8 --seqlen-q 2048 --causal bottom-right
   done | tee "$OUT/order_dram.txt"
+fi
+if want det; then
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for d in 256 64; do for s in 4096 16384; do
+      for form in default det det16; do
+        case $form in
+          default) vars="" flags="" ;;
+          det) vars="" flags="--deterministic" ;;
+          det16) vars="FMHA_SM90_L2_SECTION_MB=16" flags="--deterministic" ;;
+        esac
+        env $vars timeout 30 "$B/fmha" bench --backend sm90 --mode bwd --dtype bf16 --head-dim "$d" --heads $((2048 / d)) \
+          --batch $((16384 / s)) --seqlen-q "$s" --causal bottom-right $flags --iters 20 --no-progress 2>&1 | tail -1 |
+          awk -v f=$form -v r=$r -v d=$d -v s=$s '{print f, r, d, s, "bottom-right", $(NF-1)}'
+      done
+    done; done
+  done | tee "$OUT/det_ab.txt"
 fi

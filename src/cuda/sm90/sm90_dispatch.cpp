@@ -48,7 +48,8 @@ constexpr const char* kSchedulerVariable = "FMHA_SM90_SCHEDULER";
 // FMHA_SM90_FWD_ORDER=tiles: calls that walk their query tiles in order (no causal mask or
 // window) take each head's query tiles together (TileScheduler::tiles_fastest) instead of the
 // heads of an L2 section together; FMHA_SM90_L2_SECTION_MB=<MB> sets the forward's section
-// budget (kL2SectionBytes otherwise); both to measure the walks.
+// budget (kL2SectionBytes otherwise) and the deterministic backward's (kBwdL2SectionBytes); both
+// to measure the walks.
 constexpr const char* kFwdOrderVariable = "FMHA_SM90_FWD_ORDER";
 constexpr const char* kSectionBudgetVariable = "FMHA_SM90_L2_SECTION_MB";
 // The deterministic backward's Q, dO and dQ-accumulator bytes of one section of its block order
@@ -74,15 +75,14 @@ bool tiles_fastest_forced() {
   return forced;
 }
 
-// The forward's L2 section budget in bytes: FMHA_SM90_L2_SECTION_MB (a positive number of MB)
-// or kL2SectionBytes.
-double l2_section_budget() {
-  static const double budget = [] {
+// An L2 section budget in bytes: FMHA_SM90_L2_SECTION_MB (a positive number of MB) or `fallback`.
+double l2_section_budget(double fallback) {
+  static const double forced = [] {
     const char* v = std::getenv(kSectionBudgetVariable);
     const double mb = v != nullptr ? std::strtod(v, nullptr) : 0.0;
-    return mb > 0.0 ? mb * 1024 * 1024 : kL2SectionBytes;
+    return mb > 0.0 ? mb * 1024 * 1024 : 0.0;
   }();
-  return budget;
+  return forced > 0.0 ? forced : fallback;
 }
 
 // The forward's tile counter from the caller's workspace, zeroed on the call's stream; null (a
@@ -297,7 +297,7 @@ int multiprocessors(int ordinal) {
 // no more than one wave of the grid covers where a head's query tiles fit in a wave.
 int l2_section(const Problem& s, int64_t m_blocks, int grid, bool longest_first) {
   const double kv_bytes = double(s.seqlen_k) * double(s.head_dim + s.head_dim_v) * double(dtype_size(s.dtype));
-  return forward_section(kv_bytes, l2_section_budget(), int(std::min<int64_t>(m_blocks, INT32_MAX)), grid, int(s.group),
+  return forward_section(kv_bytes, l2_section_budget(kL2SectionBytes), int(std::min<int64_t>(m_blocks, INT32_MAX)), grid, int(s.group),
                          s.batch * s.heads, longest_first);
 }
 
@@ -320,7 +320,7 @@ BwdBlockOrder backward_block_order(const Problem& s, const AttentionArgs& args, 
   const double row_bytes = double(s.head_dim + s.head_dim_v) * double(dtype_size(s.dtype)) +
                            double(args.dq_accum_stride) * double(sizeof(float));
   const double pair_bytes = double(s.group) * double(s.seqlen_q) * row_bytes;
-  const double fit = pair_bytes > 0 ? kBwdL2SectionBytes / pair_bytes : double(order.pairs);
+  const double fit = pair_bytes > 0 ? l2_section_budget(kBwdL2SectionBytes) / pair_bytes : double(order.pairs);
   order.section = int(std::clamp<double>(fit, 1.0, double(std::max(order.pairs, 1))));
   return order;
 }
