@@ -8,7 +8,8 @@
 #   package's CUDA tests of the KV cache and graph capture                      -> tests.log
 #   bench/compare_decode.py twice: the merge launched dependent, then FMHA_DEPENDENT_LAUNCH=0
 #                                                               -> decode_dep.csv, decode_nodep.csv
-#   fmha bench at 1 × 8k and 1 × 128k (bf16, 32/8 heads, D128) at forced split counts  -> splits.txt
+#   fmha bench at 1 × 8k and 1 × 128k (bf16, 32/8 heads, D128) at forced split counts
+#   (scripts/gpu_decode_splits.sh)                                                   -> splits.txt
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -38,7 +39,8 @@ for round in 1 2; do
 done
 for f in dep1 nodep1 dep2 nodep2; do echo "---- $f"; grep -E "^ +[0-9]" "$OUT/$f.log"; done | tee "$OUT/decode_ab.txt"
 echo "== splits $(date +%T)"
-F="timeout 20 build-sm90/fmha bench --no-progress --dtype bf16 --heads 32 --kv-heads 8 --head-dim 128 --seqlen-q 1 --batch 1"
-for n in 0 8 16 24 32 48 64 96 128; do echo "1x8k splits $n: $($F --seqlen-k 8192 --num-splits $n 2>&1 | tail -1)"; done | tee "$OUT/splits.txt"
-for n in 0 16 32 64 128 256; do echo "1x128k splits $n: $($F --seqlen-k 131072 --num-splits $n 2>&1 | tail -1)"; done | tee -a "$OUT/splits.txt"
+{
+  CASES=1x8192 SPLITS="0 8 16 24 32 48 64 96 128" ROUNDS=1 BUILD=build-sm90 OUT=/tmp/probe-splits bash scripts/gpu_decode_splits.sh
+  CASES=1x131072 SPLITS="0 16 32 64 128 256" ROUNDS=1 BUILD=build-sm90 OUT=/tmp/probe-splits bash scripts/gpu_decode_splits.sh
+} | tee "$OUT/splits.txt"
 cd "$OUT" && tar czf probe_logs.tar.gz ./*.log dep1 nodep1 dep2 nodep2 && rm -rf ./*.log dep1 nodep1 dep2 nodep2

@@ -106,6 +106,15 @@ TEST(TileScheduler, ShortCallsTakeAWaveOfWholeHeadsASection) {
       }
 }
 
+TEST(TileScheduler, SectionBudgetFromTheEnvironmentsText) {
+  constexpr double kMiB = 1024.0 * 1024.0, kFallback = 32.0 * kMiB;
+  EXPECT_EQ(l2_section_budget(nullptr, kFallback), kFallback) << "unset";
+  EXPECT_EQ(l2_section_budget("", kFallback), kFallback);
+  EXPECT_EQ(l2_section_budget("16", kFallback), 16.0 * kMiB);
+  EXPECT_EQ(l2_section_budget("0.5", kFallback), 0.5 * kMiB);
+  for (const char* ignored : {"0", "-8", "abc"}) EXPECT_EQ(l2_section_budget(ignored, kFallback), kFallback) << ignored;
+}
+
 TEST(Pipeline, RingPositionAndPhase) {
   tile::PipelineState<3> p;
   for (int step = 0; step < 10; ++step) {

@@ -59,30 +59,27 @@ constexpr double kBwdL2SectionBytes = 32.0 * 1024 * 1024;
 // (sections of one pair) instead of L2 sections, to measure the two.
 constexpr const char* kBwdOrderVariable = "FMHA_SM90_BWD_ORDER";
 
+// Environment variable `name`'s value ("" when unset). The tier's measurement switches below read
+// it once, at their first use, and keep it for the process.
+std::string environment(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
 bool static_schedule_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv(kSchedulerVariable);
-    return v != nullptr && std::string(v) == "static";
-  }();
+  static const bool forced = environment(kSchedulerVariable) == "static";
   return forced;
 }
 
 bool tiles_fastest_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv(kFwdOrderVariable);
-    return v != nullptr && std::string(v) == "tiles";
-  }();
+  static const bool forced = environment(kFwdOrderVariable) == "tiles";
   return forced;
 }
 
-// An L2 section budget in bytes: FMHA_SM90_L2_SECTION_MB (a positive number of MB) or `fallback`.
-double l2_section_budget(double fallback) {
-  static const double forced = [] {
-    const char* v = std::getenv(kSectionBudgetVariable);
-    const double mb = v != nullptr ? std::strtod(v, nullptr) : 0.0;
-    return mb > 0.0 ? mb * 1024 * 1024 : 0.0;
-  }();
-  return forced > 0.0 ? forced : fallback;
+// An L2 section budget in bytes: FMHA_SM90_L2_SECTION_MB's or `fallback` (sm90_sections.h).
+double section_budget(double fallback) {
+  static const std::string mb = environment(kSectionBudgetVariable);
+  return l2_section_budget(mb.c_str(), fallback);
 }
 
 // The forward's tile counter from the caller's workspace, zeroed on the call's stream; null (a
@@ -297,8 +294,8 @@ int multiprocessors(int ordinal) {
 // no more than one wave of the grid covers where a head's query tiles fit in a wave.
 int l2_section(const Problem& s, int64_t m_blocks, int grid, bool longest_first) {
   const double kv_bytes = double(s.seqlen_k) * double(s.head_dim + s.head_dim_v) * double(dtype_size(s.dtype));
-  return forward_section(kv_bytes, l2_section_budget(kL2SectionBytes), int(std::min<int64_t>(m_blocks, INT32_MAX)), grid, int(s.group),
-                         s.batch * s.heads, longest_first);
+  return forward_section(kv_bytes, section_budget(kL2SectionBytes), int(std::min<int64_t>(m_blocks, INT32_MAX)),
+                         grid, int(s.group), s.batch * s.heads, longest_first);
 }
 
 // The backward's block order: the deterministic kernel takes sections of as many (batch, KV head)
@@ -311,16 +308,13 @@ BwdBlockOrder backward_block_order(const Problem& s, const AttentionArgs& args, 
   // Deterministic calls: check_call bounds key tiles · pairs by INT32_MAX (the default kernel's
   // 3-D grid reads only key_tiles).
   order.pairs = int(std::min<int64_t>(s.batch * s.kv_heads, INT32_MAX));
-  static const std::string forced = [] {
-    const char* v = std::getenv(kBwdOrderVariable);
-    return std::string(v != nullptr ? v : "");
-  }();
+  static const std::string forced = environment(kBwdOrderVariable);
   const bool sections = deterministic && forced != "keys";
   if (!sections) return order;
   const double row_bytes = double(s.head_dim + s.head_dim_v) * double(dtype_size(s.dtype)) +
                            double(args.dq_accum_stride) * double(sizeof(float));
   const double pair_bytes = double(s.group) * double(s.seqlen_q) * row_bytes;
-  const double fit = pair_bytes > 0 ? l2_section_budget(kBwdL2SectionBytes) / pair_bytes : double(order.pairs);
+  const double fit = pair_bytes > 0 ? section_budget(kBwdL2SectionBytes) / pair_bytes : double(order.pairs);
   order.section = int(std::clamp<double>(fit, 1.0, double(std::max(order.pairs, 1))));
   return order;
 }

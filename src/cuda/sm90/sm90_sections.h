@@ -1,6 +1,8 @@
 // The sm90 kernels' walks in L2 sections. Plain C++ (host and device).
 #pragma once
 
+#include <cstdlib>
+
 #include "fmha/mask.h"
 
 namespace fmha::cuda::sm90 {
@@ -44,6 +46,13 @@ FMHA_HOST_DEVICE int forward_section(double kv_bytes, double budget, int m_block
     if (wave < fit) fit = wave;
   }
   return int(fit < pairs ? fit : pairs);
+}
+
+// An L2 section budget in bytes from the text of FMHA_SM90_L2_SECTION_MB (`mb`, null when unset):
+// a positive number of MB, else `fallback` (the tier's budget). Host only.
+inline double l2_section_budget(const char* mb, double fallback) {
+  const double value = mb != nullptr ? std::strtod(mb, nullptr) : 0.0;
+  return value > 0.0 ? value * 1024 * 1024 : fallback;
 }
 
 }  // namespace fmha::cuda::sm90
