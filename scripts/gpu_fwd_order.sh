@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The sm90 forward's walks of its work tiles (TileScheduler: the heads of an L2 section fastest,
-# the default, or each head's query tiles together under FMHA_SM90_FWD_ORDER=tiles; sections of a
-# 32 MB budget, or 16 under FMHA_SM90_L2_SECTION_MB=16) checked and measured in one GPU call on an
-# H100/H200, from the repository root:
+# The sm90 forward's walks of its work tiles (TileScheduler: each head's query tiles together, the
+# default for calls without a causal mask or window since run 60, or the heads of an L2 section
+# fastest under FMHA_SM90_FWD_ORDER=heads; sections of a 32 MB budget, or 16 under
+# FMHA_SM90_L2_SECTION_MB=16) checked and measured in one GPU call on an H100/H200, from the
+# repository root:
 #   build    the CLI and GPU tests (arch 90, head dims 64, 128, 256) into $BUILD
-#   tests    the sm90 forward suite under FMHA_SM90_FWD_ORDER=tiles             -> tests.log
+#   tests    the sm90 forward suite under FMHA_SM90_FWD_ORDER=heads             -> tests.log
 #   bench    `fmha bench --backend sm90 --mode fwd --dtype bf16`, 16k tokens a call, hidden 2048,
 #            head dims $DIMS, lengths $LENGTHS, causal none and bottom-right, three forms:
-#            `heads` (the default), `tiles` (non-causal calls take the new walk), `tiles16` (that
-#            and 16 MB sections: causal calls' sections halve), $ROUNDS interleaved rounds
+#            `heads` (FMHA_SM90_FWD_ORDER=heads), `tiles` (the default), `tiles16` (that and 16 MB
+#            sections: causal calls' sections halve), $ROUNDS interleaved rounds
 #                                                                                 -> order_ab.txt
 #   dram     Nsight Compute's DRAM bytes and duration of the D256 2k forward and the D64 2k causal
 #            one under each form                                                  -> order_dram.txt
@@ -33,15 +34,15 @@ if want build; then
 fi
 if want tests; then
   filter='Sweep/Kernel.Forward/*sm90*:Tiers/VarlenKernel.Forward/*sm90*:Sm90Schedule.*:LargeOffsets.*:Edge.*'
-  FMHA_SM90_FWD_ORDER=tiles sm90_sharded_tests "$B/tests/gpu/fmha_gpu_tests" "$filter" 4 200 tests.log
+  FMHA_SM90_FWD_ORDER=heads sm90_sharded_tests "$B/tests/gpu/fmha_gpu_tests" "$filter" 4 200 tests.log
 fi
 if want bench; then
   lengths=${LENGTHS:-2048 4096 16384}
   for r in $(seq 1 "${ROUNDS:-2}"); do
     for d in ${DIMS:-256 64}; do
-      sm90_bench fwd heads "$B/fmha" "" "$d" "$r" "$lengths" 20
-      FMHA_SM90_FWD_ORDER=tiles sm90_bench fwd tiles "$B/fmha" "" "$d" "$r" "$lengths" 20
-      FMHA_SM90_FWD_ORDER=tiles FMHA_SM90_L2_SECTION_MB=16 sm90_bench fwd tiles16 "$B/fmha" "" "$d" "$r" "$lengths" 20
+      FMHA_SM90_FWD_ORDER=heads sm90_bench fwd heads "$B/fmha" "" "$d" "$r" "$lengths" 20
+      sm90_bench fwd tiles "$B/fmha" "" "$d" "$r" "$lengths" 20
+      FMHA_SM90_L2_SECTION_MB=16 sm90_bench fwd tiles16 "$B/fmha" "" "$d" "$r" "$lengths" 20
     done
   done | awk '{print $1, $2, $3, $4, $5, $(NF-1)}' | tee "$OUT/order_ab.txt"
 fi
@@ -54,9 +55,9 @@ if want dram; then
   }
   for form in heads tiles tiles16; do
     case $form in
-      heads) vars="" ;;
-      tiles) vars="FMHA_SM90_FWD_ORDER=tiles" ;;
-      tiles16) vars="FMHA_SM90_FWD_ORDER=tiles FMHA_SM90_L2_SECTION_MB=16" ;;
+      heads) vars="FMHA_SM90_FWD_ORDER=heads" ;;
+      tiles) vars="" ;;
+      tiles16) vars="FMHA_SM90_L2_SECTION_MB=16" ;;
     esac
     dram "$form D256-2k" "$vars" --head-dim 256 --heads 8 --batch 8 --seqlen-q 2048
     dram "$form D64-2k-causal" "$vars" --head-dim 64 --heads 32 --batch 8 --seqlen-q 2048 --causal bottom-right

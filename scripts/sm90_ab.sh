@@ -47,7 +47,7 @@ sm90_bench() {
 
 # GPU tests binary $1 with gtest filter $2 in $3 shards run side by side (each at most $4 s), the
 # shards' output in $OUT/$5, then the pass/fail/skip counts and the failed tests' names. The
-# caller's environment (a prefix assignment such as FMHA_SM90_FWD_ORDER=tiles) reaches the tests.
+# caller's environment (a prefix assignment such as FMHA_SM90_FWD_ORDER=heads) reaches the tests.
 sm90_sharded_tests() {
   local i
   for i in $(seq 0 $(($3 - 1))); do

@@ -8,6 +8,7 @@
 #include "backends.h"
 #include "common/paged.h"
 #include "common/parallel.h"
+#include "common/precision.h"
 #include "cpu/fast_attention.h"
 #include "cpu/paged.h"
 #include "cpu/reference.h"
@@ -84,19 +85,27 @@ std::string device_name(const Device& d) {
   return d.type == DeviceType::cpu ? "cpu" : "cuda:" + std::to_string(d.index);
 }
 
-// CUDA devices visible to this process, counted once.
-size_t cuda_device_count() {
-  static const size_t count = detail::cuda_devices().size();
-  return count;
+// CUDA devices visible to this process, queried once.
+const std::vector<DeviceInfo>& cuda_device_list() {
+  static const std::vector<DeviceInfo> devices = detail::cuda_devices();
+  return devices;
+}
+size_t cuda_device_count() { return cuda_device_list().size(); }
+
+// The compute capability of CUDA device `index` (0 where there is none).
+int compute_capability(int index) {
+  const std::vector<DeviceInfo>& devices = cuda_device_list();
+  return index >= 0 && size_t(index) < devices.size() ? devices[size_t(index)].compute_capability : 0;
 }
 
 }  // namespace
 
-// Validates the call and picks the backend entry that will run it.
-Status detail::choose_backend(const Params& p, Direction direction, detail::BackendEntry* chosen) {
+// Validates the call and picks the backend entry that will run it, and the call it runs.
+Status detail::choose_backend(const Params& p, Direction direction, detail::BackendEntry* chosen, Params* resolved) {
   if (Status s = detail::validate(p, direction); !s.ok()) return s;
   const auto entries = detail::registered_backends();
   const DeviceType device = p.q.device.type;
+  *resolved = p;
 
   if (p.backend != Backend::auto_select) {
     const auto it = std::find_if(entries.begin(), entries.end(),
@@ -120,6 +129,19 @@ Status detail::choose_backend(const Params& p, Direction direction, detail::Back
     return Status::success();
   }
 
+  // fp32 asking for exact fp32: split tf32 on the tensor-core tiers where it is as accurate as the
+  // simt tier and faster (common/precision.h); the simt tier otherwise.
+  if (split_tf32_meets_ieee(p, direction, compute_capability(p.q.device.index))) {
+    Params split = p;
+    split.precision = Precision::tf32x3;
+    for (const detail::BackendEntry& e : entries) {
+      if (e.device != device || e.id == Backend::cuda_simt || !e.supports(split, direction).ok()) continue;
+      *chosen = e;
+      *resolved = split;
+      return Status::success();
+    }
+  }
+
   std::string reasons;
   for (const detail::BackendEntry& e : entries) {
     if (e.device != device || e.id == Backend::reference) continue;
@@ -138,13 +160,14 @@ Status detail::choose_backend(const Params& p, Direction direction, detail::Back
 
 namespace {
 
-Status choose(const Params& p, Direction direction, detail::BackendEntry* chosen) {
-  return detail::choose_backend(p, direction, chosen);
+Status choose(const Params& p, Direction direction, detail::BackendEntry* chosen, Params* resolved) {
+  return detail::choose_backend(p, direction, chosen, resolved);
 }
 
-Status run(const Params& p, Direction direction) {
+Status run(const Params& params, Direction direction) {
   detail::BackendEntry entry{};
-  if (Status s = choose(p, direction, &entry); !s.ok()) return s;
+  Params p;  // the call as the chosen tier runs it
+  if (Status s = choose(params, direction, &entry, &p); !s.ok()) return s;
   // Opt-in autotuning (include/fmha/tune.h): the first call of an untuned class tunes it, then
   // runs with the winner it found.
   // (Not for a KV cache: the tuner's classes and timing inputs are those of dense calls.)
@@ -166,20 +189,23 @@ Status backward(const Params& params) { return run(params, Direction::backward);
 
 Status supports(const Params& params, Direction direction) {
   detail::BackendEntry entry{};
-  return choose(params, direction, &entry);
+  Params resolved;
+  return choose(params, direction, &entry, &resolved);
 }
 
 Status select_backend(const Params& params, Direction direction, Backend* chosen) {
   detail::BackendEntry entry{};
-  Status s = choose(params, direction, &entry);
+  Params resolved;
+  Status s = choose(params, direction, &entry, &resolved);
   if (s.ok() && chosen) *chosen = entry.id;
   return s;
 }
 
 Status workspace_size(const Params& params, Direction direction, size_t* bytes) {
   detail::BackendEntry entry{};
-  if (Status s = choose(params, direction, &entry); !s.ok()) return s;
-  return entry.workspace_size(params, direction, bytes);
+  Params resolved;
+  if (Status s = choose(params, direction, &entry, &resolved); !s.ok()) return s;
+  return entry.workspace_size(resolved, direction, bytes);
 }
 
 Status append_kv(const Params& params) {

@@ -32,8 +32,10 @@ std::vector<BackendEntry> registered_backends();
 std::vector<BackendEntry> cuda_backends();
 std::vector<DeviceInfo> cuda_devices();
 
-// Validates a call and picks the entry that runs it (api.cpp: the one function that chooses).
-Status choose_backend(const Params& params, Direction direction, BackendEntry* chosen);
+// Validates a call and picks the entry that runs it (api.cpp: the one function that chooses);
+// `resolved` is the call as that entry runs it: `params`, but for an fp32 call that `auto` meets
+// with split tf32 (common/precision.h), whose precision reads tf32x3.
+Status choose_backend(const Params& params, Direction direction, BackendEntry* chosen, Params* resolved);
 
 // A CUDA device as the tuning cache names it: name, multiprocessors, CUDA runtime and driver
 // versions. Empty in a build without CUDA or for a device that cannot be queried.

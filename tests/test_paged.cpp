@@ -450,5 +450,23 @@ TEST(AppendKv, BadInputRefusedAndNothingWritten) {
   EXPECT_TRUE(append_kv(good).ok());
 }
 
+
+// The decode gather's walk over a thread's rows (RowWalk): from any first key, every step of at
+// most a page lands where the division puts that key, at every page size the cache takes and in
+// the contiguous case (one page the length of the sequence).
+TEST(DecodeRowWalk, StepsMatchTheDivisionAtEveryRow) {
+  for (int page_size : {16, 17, 32, 48, 64, 100, 128, 256, 4096})
+    for (int step : {1, 4, 8, 16})
+      for (int first : {0, 1, 7, 15, 63, 64, 255, 1000, 4095}) {
+        RowWalk at(first, page_size);
+        for (int key = first; key < first + 40 * step; key += step) {
+          ASSERT_EQ(at.page, key / page_size) << page_size << " " << step << " " << first << " key " << key;
+          ASSERT_EQ(at.within, key % page_size) << page_size << " " << step << " " << first << " key " << key;
+          const bool crossed = at.advance(step, page_size);
+          EXPECT_EQ(crossed, (key + step) / page_size != key / page_size) << page_size << " key " << key;
+        }
+      }
+}
+
 }  // namespace
 }  // namespace fmha

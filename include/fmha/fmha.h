@@ -81,7 +81,11 @@ enum class Causal : int { none, top_left, bottom_right };
 // tensor-core products, fp32 accumulation; the lo·lo term, below 2^-22 of the product, is
 // dropped). The softmax stays fp32. The sm80 tier runs it, the sm90 tier its forward at head
 // dim 64 (elsewhere supports() says why not); the CPU backends and the simt tier compute it in
-// exact fp32, which is what it approximates.
+// exact fp32, which is what it approximates. Split tf32 is as accurate as exact fp32 (its mean
+// error at most the simt tier's on every class of the GPU fuzz), so `auto` also meets an `ieee`
+// call with it on a GPU where it is measured faster: compute capability 9.0, every forward and the
+// backward above head dim 128 (not for KV caches or calls of at most 16 query rows); elsewhere,
+// and with Backend::cuda_simt named, `ieee` runs in exact fp32 (src/common/precision.h).
 // fp16 and bf16 storage always multiply in their own format with fp32 accumulation; `tf32` and
 // `tf32x3` are errors for them.
 enum class Precision : int { ieee, tf32, tf32x3 };

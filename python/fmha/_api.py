@@ -282,7 +282,9 @@ def attention(
     causal: None, 'top-left' or 'bottom-right'. window: (left, right) keys around each query's
     position, -1 or None for unbounded. scale: default 1/sqrt(head_dim). q_offset: position of
     query row 0. precision: None/'ieee', 'tf32' or 'tf32x3' (float32 only; 'tf32x3' is split tf32:
-    fp32 accuracy from tf32 tensor cores on the sm80 tier, exact fp32 elsewhere). backend: 'auto' or a name from
+    fp32 accuracy from tf32 tensor cores on the sm80 and sm90 tiers, exact fp32 elsewhere; under
+    backend='auto' an 'ieee' call runs as split tf32 where that is measured faster, on H100/H200:
+    every forward and the backward above head dim 128; backend='simt' keeps exact fp32 arithmetic). backend: 'auto' or a name from
     fmha.info()['backends']. return_lse: also return the float32 log-sum-exp [batch, heads,
     seqlen_q]. out: write the result there. stream: CUDA stream to run on (int or stream object;
     default: the framework's current stream). num_threads: CPU backends, 0 = all.

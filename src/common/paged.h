@@ -83,6 +83,23 @@ struct PagedCache {
   }
 };
 
+// A walk over every `step`-th key of a sequence from key `key` on, as (page among the sequence's,
+// row in that page): one division at the start, then steps of at most one page, each crossing at
+// most one page boundary. The GPU decode kernel's gather walks each thread's rows of a tile so.
+struct RowWalk {
+  int page = 0, within = 0;
+
+  FMHA_HOST_DEVICE RowWalk(int key, int page_size) : page(key / page_size), within(key % page_size) {}
+  // `step` keys on (0 < step <= page_size); whether that entered the next page.
+  FMHA_HOST_DEVICE bool advance(int step, int page_size) {
+    within += step;
+    if (within < page_size) return false;
+    within -= page_size;
+    ++page;
+    return true;
+  }
+};
+
 // The options a paged call's masks share; each sequence's mask adds its own seqlen_k (host and
 // GPU kernels alike).
 struct CacheMask {

@@ -321,9 +321,9 @@ Params shape_of(const Params& call) {
 }
 
 Status tune_call(const Params& call, Direction direction, const TuneOptions& options, TuneResult* result) {
-  const Params shape = shape_of(call);
   BackendEntry entry{};
-  if (Status st = choose_backend(shape, direction, &entry); !st.ok()) return st;
+  Params shape;  // the call's shape as the chosen tier runs it
+  if (Status st = choose_backend(shape_of(call), direction, &entry, &shape); !st.ok()) return st;
   if (!entry.variants || entry.variants(shape, direction).empty())
     return {Code::unsupported, std::string("backend: ") + to_string(entry.id) + " has no variants to tune for the " +
                                    to_string(direction)};
@@ -481,23 +481,24 @@ void autotune(const Params& p, Direction direction, Backend tier) {
 }  // namespace detail
 
 Status problem_class(const Params& params, Direction direction, ProblemClass* out) {
-  const Params shape = detail::shape_of(params);
   detail::BackendEntry entry{};
-  if (Status st = detail::choose_backend(shape, direction, &entry); !st.ok()) return st;
+  Params shape;
+  if (Status st = detail::choose_backend(detail::shape_of(params), direction, &entry, &shape); !st.ok()) return st;
   *out = detail::class_of(entry.id, shape, direction);
   return Status::success();
 }
 
 Status selected_variant(const Params& params, Direction direction, VariantChoice* out) {
   detail::BackendEntry entry{};
-  if (Status st = detail::choose_backend(params, direction, &entry); !st.ok()) return st;
+  Params call;  // as the chosen tier runs it
+  if (Status st = detail::choose_backend(params, direction, &entry, &call); !st.ok()) return st;
   VariantChoice c;
   c.backend = entry.id;
-  if (entry.variant_of && entry.variants && !entry.variants(params, direction).empty()) {
-    if (Status st = entry.variant_of(params, direction, &c.variant); !st.ok()) return st;
-    const char* variable = detail::variable_of(entry.id, params, direction);
+  if (entry.variant_of && entry.variants && !entry.variants(call, direction).empty()) {
+    if (Status st = entry.variant_of(call, direction, &c.variant); !st.ok()) return st;
+    const char* variable = detail::variable_of(entry.id, call, direction);
     const detail::VariantRequest request =
-        detail::requested_variant(entry.id, params, direction, variable ? std::getenv(variable) : nullptr);
+        detail::requested_variant(entry.id, call, direction, variable ? std::getenv(variable) : nullptr);
     // A request the class cannot honour (a variant not compiled at its head dim) runs the default.
     c.source = request.name == c.variant ? detail::to_string(request.source) : "default";
   }

@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/precision.h"
 #include "common/problem.h"
 #include "fuzz/fuzz.h"
 #include "gpu_test_util.h"
@@ -408,6 +409,47 @@ TEST(GpuSplitTf32, WithinTwiceExactFp32ErrorOnEveryFuzzClass) {
           << kClasses[k] << " " << names[i] << ": split tf32's mean relative error " << split << " against fp32's " << exact;
     }
   std::printf("at least as accurate as exact fp32 on every class: %s\n", every_class_at_most_fp32 ? "yes" : "no");
+}
+
+// `auto` on fp32 calls asking for exact fp32 (the simt tier's fuzz draws, run under `auto`): split
+// tf32 on a tensor-core tier where common/precision.h's rule says so, the simt tier elsewhere,
+// and either way within the fuzz's fp32 rule. On the GPU generation the rule names, some calls
+// must have taken split tf32 (so that the test cannot pass by never using it).
+TEST(GpuSplitTf32, AutoMeetsExactFp32ByTheRule) {
+  SKIP_UNLESS_RUNNABLE(Backend::cuda_simt);
+  constexpr int64_t kCases = 300;
+  int ordinal = 0;
+  cudaGetDevice(&ordinal);
+  const int compute_capability = test::device_arch();
+  Tier tier = gpu_tier(Backend::cuda_simt, compiled_head_dims());
+  tier.backend = Backend::auto_select;
+  tier.flavors = {{DType::fp32, Precision::ieee}};
+  int64_t split = 0, exact = 0, failed = 0;
+  std::string last;  // the tier of the call under way, for a failure's message
+  const Runner runner = [&](const Params& host, Direction dir) {
+    Params p = host;
+    for (Tensor* t : {&p.q, &p.k, &p.v, &p.o, &p.lse, &p.dout, &p.dq, &p.dk, &p.dv})
+      if (t->defined()) t->device = Device{DeviceType::cuda, ordinal};
+    Backend chosen = Backend::auto_select;
+    if (Status s = select_backend(p, dir, &chosen); !s.ok()) return s;
+    const bool rule = split_tf32_meets_ieee(p, dir, compute_capability);
+    if (!rule) EXPECT_EQ(chosen, Backend::cuda_simt) << to_string(dir) << ": the rule keeps exact fp32";
+    (rule && chosen != Backend::cuda_simt ? split : exact) += 1;
+    last = std::string(to_string(dir)) + " on " + to_string(chosen);
+    return run_on_device(host, dir);
+  };
+  for (uint64_t seed : seeds(kCases, 0, 1)) {
+    const Config c = generate(seed, tier);
+    const Outcome o = check(c, runner);
+    EXPECT_FALSE(o.refused) << c.describe();
+    if (!o.failure.empty()) {
+      ++failed;
+      ADD_FAILURE() << c.describe() << " (" << last << ")\n" << o.failure;
+    }
+  }
+  std::printf("auto on fp32 (compute capability %d): %lld calls, %lld passes as split tf32, %lld as exact fp32, %lld failed\n",
+              compute_capability, (long long)kCases, (long long)split, (long long)exact, (long long)failed);
+  if (compute_capability == kSplitTf32FasterComputeCapability) EXPECT_GT(split, 0);
 }
 
 }  // namespace

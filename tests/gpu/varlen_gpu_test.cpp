@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/precision.h"
 #include "gpu_test_util.h"
 
 namespace fmha::test {
@@ -359,8 +360,9 @@ TEST(Varlen, WorkspaceFollowsTotalRows) {
 }
 
 // `auto` picks a packed call's tier as it picks a dense one's: sm90 for fp16 and bf16 on an
-// sm_90 device where it is compiled (which supports() then confirms), else sm80; simt for fp32
-// (sm90 refuses fp32 storage and says why). The call then runs.
+// sm_90 device where it is compiled (which supports() then confirms), else sm80; for fp32 simt, or
+// split tf32 where common/precision.h's rule has it meet exact fp32 (the sm90 tier refuses fp32
+// storage at ieee and says why). The call then runs.
 TEST(Varlen, AutoPicksTheTierOfTheDenseCall) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   constexpr int64_t kTotal = 80, kHeads = 2, kDim = 64;
@@ -397,10 +399,22 @@ TEST(Varlen, AutoPicksTheTierOfTheDenseCall) {
         EXPECT_TRUE(s.ok()) << s.message;  // the backward's packed calls: the VarlenKernel sm90 cases
       }
     }
-    const Backend expected =
-        dtype == DType::fp32 ? Backend::cuda_simt : (sm90 ? Backend::cuda_sm90 : Backend::cuda_sm80);
-    if (!tier_available(expected)) continue;
     p.backend = Backend::auto_select;
+    Backend expected = dtype == DType::fp32 ? Backend::cuda_simt : (sm90 ? Backend::cuda_sm90 : Backend::cuda_sm80);
+    if (split_tf32_meets_ieee(p, Direction::forward, device_arch())) {
+      // fp32 where split tf32 meets exact fp32 (common/precision.h): the first tensor-core tier
+      // that takes the call at tf32x3.
+      for (Backend tier : {Backend::cuda_sm90, Backend::cuda_sm80}) {
+        Params split = p;
+        split.backend = tier;
+        split.precision = Precision::tf32x3;
+        if (tier_available(tier) && supports(split, Direction::forward).ok()) {
+          expected = tier;
+          break;
+        }
+      }
+    }
+    if (!tier_available(expected)) continue;
     Backend chosen = Backend::auto_select;
     const Status sel = select_backend(p, Direction::forward, &chosen);
     ASSERT_TRUE(sel.ok()) << sel.message;

@@ -60,13 +60,15 @@ struct DecodeTiles {
 
 // Rows [0, valid) of a [kKeys, HD] K and V tile from keys col0 ... of sequence b, KV head h:
 // each thread copies one 16-byte column chunk of every kRowStep-th row. Rows past `valid` are zero.
-// The row's place in the cache comes from one division per thread and tile: the thread's first
-// row's page and row in it, then each later row kRowStep keys on, which crosses at most one page
-// boundary (kRowStep <= kMinPageSize), so the block table is read only where the page changes
-// (once or twice a tile from pages of 64; a contiguous cache, one page a sequence, has no table
-// to read). A division and a table read for every row put a reciprocal, its corrections and a
-// dependent load before each row's copies (~70 instructions a row in the SASS, 8 rows a tile at
-// head dim 128), and with 8 warps an SM nothing hid them.
+// The row's place in the cache comes from one division per thread and tile (RowWalk: the thread's
+// first row's page and row in it, then each later row kRowStep keys on, which crosses at most one
+// page boundary, kRowStep <= kMinPageSize), and its addresses from the page's: the block table is
+// read, and the row's addresses formed from the page entry, only where the page changes (once or
+// twice a tile from pages of 64; a contiguous cache, one page a sequence, has no table to read);
+// every other row's addresses are the previous row's plus kRowStep rows. A division and a table
+// read for every row put a reciprocal, its corrections and a dependent load before each row's
+// copies (~70 instructions a row in the SASS, 8 rows a tile at head dim 128), and with 8 warps an
+// SM nothing hid them; 64-bit address products for every row cost ~30 more.
 template <class T, class Tiles>
 __device__ __forceinline__ void gather_kv(const DecodeArgs& args, typename Tiles::KTile k, typename Tiles::VTile v,
                                           int64_t b, int kv_head, int64_t col0, int valid) {
@@ -77,31 +79,31 @@ __device__ __forceinline__ void gather_kv(const DecodeArgs& args, typename Tiles
   const T* k_base = static_cast<const T*>(args.k) + kv_head * args.k_head_stride + c;
   const T* v_base = static_cast<const T*>(args.v) + kv_head * args.v_head_stride + c;
   const bool k_col = c < args.head_dim, v_col = c < args.head_dim_v;
+  const int64_t k_step = int64_t(kRowStep) * args.k_row_stride, v_step = int64_t(kRowStep) * args.v_row_stride;
   // Keys and page sizes fit 32 bits (check_decode bounds the capacity); the clamped entry comes
   // from PagedCache::page as everywhere.
   const int page_size = int(args.cache.page_size);
   const int first = int(threadIdx.x) / Tiles::kChunksPerRow;
-  int page = (int(col0) + first) / page_size;    // the row's page among the sequence's
-  int within = int(col0) + first - page * page_size;  // and its row in that page
-  int read = -1;                                 // the page whose entry `entry` holds
-  int64_t entry = 0;
+  RowWalk at(int(col0) + first, page_size);
+  int read = -1;  // the page whose rows k_from and v_from point into
+  const T* k_from = k_base;
+  const T* v_from = v_base;
 #pragma unroll
   for (int r = first; r < Tiles::kKeys; r += kRowStep) {
     const bool row = r < valid;
-    if (row && page != read) {
-      entry = args.cache.page(b, page);
-      read = page;
+    if (row && at.page != read) {
+      const int64_t entry = args.cache.page(b, at.page);
+      read = at.page;
+      k_from = k_base + entry * args.k_page_stride + at.within * args.k_row_stride;
+      v_from = v_base + entry * args.v_page_stride + at.within * args.v_row_stride;
     }
-    const T* k_from = k_base + entry * args.k_page_stride + within * args.k_row_stride;
-    const T* v_from = v_base + entry * args.v_page_stride + within * args.v_row_stride;
     // A zero-filled chunk reads nothing; its source is only a harmless address inside the cache.
     __pipeline_memcpy_async(&k(r, c), row && k_col ? k_from : k_base, kBytes, row && k_col ? 0 : kBytes);
     __pipeline_memcpy_async(&v(r, c), row && v_col ? v_from : v_base, kBytes, row && v_col ? 0 : kBytes);
-    within += kRowStep;
-    if (within >= page_size) {
-      within -= page_size;
-      ++page;
-    }
+    // The next row: kRowStep rows on in this page, or (entering the next) found again above.
+    at.advance(kRowStep, page_size);
+    k_from += k_step;
+    v_from += v_step;
   }
 }
 

@@ -45,11 +45,12 @@ constexpr double kL2SectionBytes = 32.0 * 1024 * 1024;
 // The forward's workspace: the dynamic scheduler's counter, in the workspace's alignment unit.
 constexpr size_t kFwdWorkspaceBytes = 256;
 constexpr const char* kSchedulerVariable = "FMHA_SM90_SCHEDULER";
-// FMHA_SM90_FWD_ORDER=tiles: calls that walk their query tiles in order (no causal mask or
-// window) take each head's query tiles together (TileScheduler::tiles_fastest) instead of the
-// heads of an L2 section together; FMHA_SM90_L2_SECTION_MB=<MB> sets the forward's section
-// budget (kL2SectionBytes otherwise) and the deterministic backward's (kBwdL2SectionBytes); both
-// to measure the walks.
+// Calls that walk their query tiles in order (no causal mask or window) take each head's query
+// tiles together (TileScheduler::tiles_fastest: K/V read once from DRAM where the heads of an L2
+// section together read them ~1.5 times at head dim 256, docs/PERF.md run 60);
+// FMHA_SM90_FWD_ORDER=heads walks the heads of a section together instead, and
+// FMHA_SM90_L2_SECTION_MB=<MB> sets the forward's section budget (kL2SectionBytes otherwise) and
+// the deterministic backward's (kBwdL2SectionBytes); both to measure the walks.
 constexpr const char* kFwdOrderVariable = "FMHA_SM90_FWD_ORDER";
 constexpr const char* kSectionBudgetVariable = "FMHA_SM90_L2_SECTION_MB";
 // The deterministic backward's Q, dO and dQ-accumulator bytes of one section of its block order
@@ -71,9 +72,9 @@ bool static_schedule_forced() {
   return forced;
 }
 
-bool tiles_fastest_forced() {
-  static const bool forced = environment(kFwdOrderVariable) == "tiles";
-  return forced;
+bool tiles_fastest_walk() {
+  static const bool heads = environment(kFwdOrderVariable) == "heads";
+  return !heads;
 }
 
 // An L2 section budget in bytes: FMHA_SM90_L2_SECTION_MB's or `fallback` (sm90_sections.h).
@@ -407,7 +408,7 @@ struct Sm90 {
         sched.total = int(total);
         sched.longest_first = p.causal != Causal::none || p.window_left >= 0 || p.window_right >= 0;
         sched.section = l2_section(s, m_blocks, grid, sched.longest_first);
-        sched.tiles_fastest = !sched.longest_first && tiles_fastest_forced();
+        sched.tiles_fastest = !sched.longest_first && tiles_fastest_walk();
         if (Status st = forward_tile_counter(p, stream, &params.tile_counter); !st.ok()) return st;
         return with_forward_dtype<HD, V>(p, [&](auto type) {
           using T = decltype(type);

@@ -3,11 +3,11 @@
 // (as many heads as keep their K and V within a share of the L2): inside a section the heads
 // vary fastest, so the blocks in flight read the same K/V; the query heads of one GQA group are
 // adjacent. Under causal masks query tiles run from the last (the most keys) to the first, so
-// the longest work items start first and the short ones fill the tail. With `tiles_fastest`
-// (calls that walk their tiles in order) each head's query tiles are adjacent in the walk
-// instead, so a dynamic schedule starts them within a few blocks' finishing times of each other
-// rather than spread over a wave's (docs/perf/sm90_forward_order_l2_model.py). Packed calls walk
-// their sequences with PackedTileCursor (sm90_packed_tiles.h) instead.
+// the longest work items start first and the short ones fill the tail. With `tiles_fastest` (the
+// dispatch's default for calls that walk their tiles in order) each head's query tiles are
+// adjacent in the walk instead, so a dynamic schedule starts them within a few blocks' finishing
+// times of each other rather than spread over a wave's (docs/perf/sm90_forward_order_l2_model.py).
+// Packed calls walk their sequences with PackedTileCursor (sm90_packed_tiles.h) instead.
 #pragma once
 
 #include <cuda_runtime.h>
