@@ -112,7 +112,15 @@ TEST(TileScheduler, SectionBudgetFromTheEnvironmentsText) {
   EXPECT_EQ(l2_section_budget("", kFallback), kFallback);
   EXPECT_EQ(l2_section_budget("16", kFallback), 16.0 * kMiB);
   EXPECT_EQ(l2_section_budget("0.5", kFallback), 0.5 * kMiB);
-  for (const char* ignored : {"0", "-8", "abc"}) EXPECT_EQ(l2_section_budget(ignored, kFallback), kFallback) << ignored;
+  for (const char* ignored : {"0", "-8", "abc", "16MB", "1e"}) {
+    std::string warning;
+    EXPECT_EQ(l2_section_budget(ignored, kFallback, &warning), kFallback) << ignored;
+    EXPECT_NE(warning.find(std::string("FMHA_SM90_L2_SECTION_MB=") + ignored), std::string::npos) << warning;
+  }
+  std::string none;
+  EXPECT_EQ(l2_section_budget("24", kFallback, &none), 24.0 * kMiB);
+  EXPECT_EQ(l2_section_budget(nullptr, kFallback, &none), kFallback);
+  EXPECT_TRUE(none.empty()) << none;
 }
 
 TEST(Pipeline, RingPositionAndPhase) {

@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "common/numeric.h"
+#include "common/parallel.h"
 #include "common/problem.h"
 #include "common/tensor_access.h"
 #include "common/varlen.h"
@@ -213,6 +214,14 @@ namespace {
 
 constexpr unsigned char kPoisonByte = 0xff;  // all-ones: NaN in fp32, fp16 and bf16
 
+// splitmix64: the next value of the stream whose state is `state`.
+uint64_t splitmix(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // A tensor of `shape` (contiguous) in a buffer, with a host copy of its stored bytes.
 struct Slot {
   Buffer device;
@@ -246,21 +255,30 @@ struct Slot {
     }
     return t;
   }
-  // N(0, 1) values (Box-Muller over splitmix64: fast enough for the benchmark's gigabyte inputs).
+  // N(0, 1) values: Box-Muller over splitmix64, in blocks of kRandomBlock elements, each block's
+  // stream starting from the tensor's seed (drawn from `state`) and the block's index, so that the
+  // blocks fill on every thread of the machine (a gigabyte KV cache takes seconds on one) and the
+  // values do not depend on how many there are.
   void fill_random(uint64_t& state) {
-    auto next = [&state] {
-      uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      return z ^ (z >> 31);
-    };
-    constexpr double kTwoPi = 6.283185307179586, kUnit = 1.0 / 9007199254740992.0;  // 2^-53
-    for (int64_t i = 0; i < numel(); i += 2) {
-      const double u1 = (double(next() >> 11) + 1.0) * kUnit, u2 = double(next() >> 11) * kUnit;
-      const double radius = std::sqrt(-2.0 * std::log(u1));
-      store_element(host.data(), dtype, i, float(radius * std::cos(kTwoPi * u2)));
-      if (i + 1 < numel()) store_element(host.data(), dtype, i + 1, float(radius * std::sin(kTwoPi * u2)));
-    }
+    constexpr int64_t kRandomBlock = int64_t(1) << 16;  // even: a block holds whole pairs
+    const uint64_t seed = splitmix(state);
+    struct Fill {
+      Slot* slot;
+      uint64_t seed;
+    } fill{this, seed};
+    const int64_t n = numel(), blocks = (n + kRandomBlock - 1) / kRandomBlock;
+    parallel_for_each(blocks, hardware_threads(), [](void* context, int, int64_t block) {
+      const Fill& f = *static_cast<const Fill*>(context);
+      uint64_t stream = f.seed ^ (uint64_t(block) * 0xd1b54a32d192ed03ull);
+      constexpr double kTwoPi = 6.283185307179586, kUnit = 1.0 / 9007199254740992.0;  // 2^-53
+      const int64_t begin = block * kRandomBlock, end = std::min(begin + kRandomBlock, f.slot->numel());
+      for (int64_t i = begin; i < end; i += 2) {
+        const double u1 = (double(splitmix(stream) >> 11) + 1.0) * kUnit, u2 = double(splitmix(stream) >> 11) * kUnit;
+        const double radius = std::sqrt(-2.0 * std::log(u1));
+        store_element(f.slot->host.data(), f.slot->dtype, i, float(radius * std::cos(kTwoPi * u2)));
+        if (i + 1 < end) store_element(f.slot->host.data(), f.slot->dtype, i + 1, float(radius * std::sin(kTwoPi * u2)));
+      }
+    }, &fill);
     device.upload(host.data());
   }
   // The same values as `other` (another input set for rotation: distinct memory is what counts).

@@ -21,10 +21,12 @@
 #include "cuda/sm90/sm90_dispatch.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "common/decode.h"
+#include "common/env_switch.h"
 #include "cuda/common/dispatch_util.h"
 #include "cuda/common/launch.h"
 #include "cuda/common/tier.h"
@@ -60,26 +62,27 @@ constexpr double kBwdL2SectionBytes = 32.0 * 1024 * 1024;
 // (sections of one pair) instead of L2 sections, to measure the two.
 constexpr const char* kBwdOrderVariable = "FMHA_SM90_BWD_ORDER";
 
-// Environment variable `name`'s value ("" when unset). The tier's measurement switches below read
-// it once, at their first use, and keep it for the process.
-std::string environment(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? v : "";
-}
-
+// The tier's measurement switches (common/env_switch.h: read once, at their first use; text they
+// do not take is reported on stderr and gives the default).
 bool static_schedule_forced() {
-  static const bool forced = environment(kSchedulerVariable) == "static";
+  static const bool forced = read_switch(kSchedulerVariable, {"dynamic", "static"}) == 1;
   return forced;
 }
 
 bool tiles_fastest_walk() {
-  static const bool heads = environment(kFwdOrderVariable) == "heads";
-  return !heads;
+  static const bool tiles = read_switch(kFwdOrderVariable, {"tiles", "heads"}) == 0;
+  return tiles;
 }
 
 // An L2 section budget in bytes: FMHA_SM90_L2_SECTION_MB's or `fallback` (sm90_sections.h).
 double section_budget(double fallback) {
-  static const std::string mb = environment(kSectionBudgetVariable);
+  static const std::string mb = [] {
+    const char* text = std::getenv(kSectionBudgetVariable);
+    std::string warning;
+    l2_section_budget(text, 1.0, &warning);
+    if (!warning.empty()) std::fprintf(stderr, "fmha: %s\n", warning.c_str());
+    return std::string(text ? text : "");
+  }();
   return l2_section_budget(mb.c_str(), fallback);
 }
 
@@ -309,8 +312,8 @@ BwdBlockOrder backward_block_order(const Problem& s, const AttentionArgs& args, 
   // Deterministic calls: check_call bounds key tiles · pairs by INT32_MAX (the default kernel's
   // 3-D grid reads only key_tiles).
   order.pairs = int(std::min<int64_t>(s.batch * s.kv_heads, INT32_MAX));
-  static const std::string forced = environment(kBwdOrderVariable);
-  const bool sections = deterministic && forced != "keys";
+  static const bool pairs_alone = read_switch(kBwdOrderVariable, {"sections", "keys"}) == 1;
+  const bool sections = deterministic && !pairs_alone;
   if (!sections) return order;
   const double row_bytes = double(s.head_dim + s.head_dim_v) * double(dtype_size(s.dtype)) +
                            double(args.dq_accum_stride) * double(sizeof(float));

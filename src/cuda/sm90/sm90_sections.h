@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <string>
 
 #include "fmha/mask.h"
 
@@ -49,10 +50,16 @@ FMHA_HOST_DEVICE int forward_section(double kv_bytes, double budget, int m_block
 }
 
 // An L2 section budget in bytes from the text of FMHA_SM90_L2_SECTION_MB (`mb`, null when unset):
-// a positive number of MB, else `fallback` (the tier's budget). Host only.
-inline double l2_section_budget(const char* mb, double fallback) {
-  const double value = mb != nullptr ? std::strtod(mb, nullptr) : 0.0;
-  return value > 0.0 ? value * 1024 * 1024 : fallback;
+// a positive number of MB, else `fallback` (the tier's budget); text that is set but not a
+// positive number also leaves a line for stderr in `warning` (when given). Host only.
+inline double l2_section_budget(const char* mb, double fallback, std::string* warning = nullptr) {
+  if (mb == nullptr || *mb == '\0') return fallback;
+  char* end = nullptr;
+  const double value = std::strtod(mb, &end);
+  if (value > 0.0 && end != mb && *end == '\0') return value * 1024 * 1024;
+  if (warning)
+    *warning = std::string("FMHA_SM90_L2_SECTION_MB=") + mb + " is not a positive number of MB; using the default";
+  return fallback;
 }
 
 }  // namespace fmha::cuda::sm90
