@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One GPU call on an H100/H200 (results under $OUT), from the repository root: what was changed
+# after the last GPU run without being run on a GPU since.
+#   build     the CLI and GPU tests (arch 90, head dims 64, 128, 256) into $BUILD  -> build.log
+#   fill      the time of `fmha bench` on a 2 GiB decode cache (the harness's random inputs,
+#             filled on every core) and a misspelt switch's warning                 -> fill.txt
+#   python    the Python package built and its tests run (scripts/gpu_python.sh, no comparison):
+#             fp32 calls under `auto` take split tf32 where common/precision.h says so
+#                                                                                   -> s_python.log
+# STEPS (default "build fill python") picks the parts.
+set -u
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH AB_HEAD_DIMS="64;128;256"
+source "$(dirname "$0")/sm90_ab.sh"
+STEPS=${STEPS:-"build fill python"}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+B=${BUILD:-$PWD/build-sm90}
+if want build; then
+  t0=$(date +%s)
+  sm90_configure . "$B" > "$OUT/build.log" 2>&1 && timeout 300 ninja -C "$B" fmha_cli fmha_gpu_tests >> "$OUT/build.log" 2>&1 ||
+    { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
+  echo "built in $(( $(date +%s) - t0 )) s"
+fi
+if want fill; then
+  {
+    t0=$(date +%s%N)
+    timeout 120 "$B/fmha" bench --no-progress --dtype bf16 --heads 32 --kv-heads 8 --head-dim 128 --seqlen-q 1 \
+      --batch 64 --seqlen-k 8192 --iters 50 2>&1 | tail -1
+    echo "fmha bench, 64 x 8k decode cache (2 GiB a set, rotated sets): $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+    FMHA_SM90_FWD_ORDER=head timeout 60 "$B/fmha" bench --no-progress --backend sm90 --dtype bf16 --head-dim 128 \
+      --heads 16 --batch 2 --seqlen-q 2048 --iters 2 2>&1 | grep -E "fmha:|bf16"
+  } | tee "$OUT/fill.txt"
+fi
+if want python; then
+  COMPARE=none timeout 420 bash scripts/gpu_python.sh > "$OUT/s_python.log" 2>&1
+  echo "python rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/s_python.log" | tail -20
+fi
