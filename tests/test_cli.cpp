@@ -133,7 +133,17 @@ TEST(Cli, PrecisionTf32x3RunsAndBadCombinationsAreRefused) {
     ASSERT_EQ(r.exit_code, 0) << r.out;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["dtype"], "tf32x3");
+    EXPECT_EQ(j["precision"], "tf32x3");  // fp32 storage: the arithmetic that ran
     EXPECT_EQ(j["check"], "pass");
+  }
+  {
+    // Exact fp32 on the CPU; no key for 16-bit storage.
+    const auto fp32 =
+        nlohmann::json::parse(fmha("run --backend cpu --batch 1 --heads 2 --seqlen-q 40 --head-dim 32 --iters 1 --json").out);
+    EXPECT_EQ(fp32["precision"], "ieee");
+    const auto bf16 =
+        nlohmann::json::parse(fmha("run --backend cpu --dtype bf16 --batch 1 --heads 2 --seqlen-q 40 --iters 1 --json").out);
+    EXPECT_FALSE(bf16.contains("precision"));
   }
   for (const char* args : {"run --precision tf32x4", "run --dtype bf16 --precision tf32x3",
                            "run --dtype tf32 --precision tf32x3", "run --dtype fp16 --precision tf32"}) {

@@ -49,11 +49,14 @@ struct ProblemClass {
 Status problem_class(const Params& params, Direction direction, ProblemClass* out);
 
 // The variant a call would run and why: source is "tuner", "variable", "cache" or "default".
-// The reference backend has no variants (variant empty).
+// The reference backend has no variants (variant empty). `precision` is the arithmetic the call
+// runs in: the call's own, but tf32x3 where `auto` meets an fp32 `ieee` call with split tf32
+// (Precision's comment in fmha.h says where).
 struct VariantChoice {
   Backend backend = Backend::auto_select;
   std::string variant;
   std::string source;
+  Precision precision = Precision::ieee;
 };
 Status selected_variant(const Params& params, Direction direction, VariantChoice* out);
 

@@ -16,8 +16,8 @@
 #include <type_traits>
 
 #include "backends.h"
-#include "common/env_switch.h"
 #include "common/decode.h"
+#include "common/env_switch.h"
 #include "common/merge.h"
 
 namespace fmha::detail {

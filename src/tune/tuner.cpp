@@ -494,6 +494,7 @@ Status selected_variant(const Params& params, Direction direction, VariantChoice
   if (Status st = detail::choose_backend(params, direction, &entry, &call); !st.ok()) return st;
   VariantChoice c;
   c.backend = entry.id;
+  c.precision = call.precision;
   if (entry.variant_of && entry.variants && !entry.variants(call, direction).empty()) {
     if (Status st = entry.variant_of(call, direction, &c.variant); !st.ok()) return st;
     const char* variable = detail::variable_of(entry.id, call, direction);

@@ -17,6 +17,7 @@
 
 #include "common/precision.h"
 #include "common/problem.h"
+#include "fmha/tune.h"
 #include "fuzz/fuzz.h"
 #include "gpu_test_util.h"
 
@@ -434,7 +435,11 @@ TEST(GpuSplitTf32, AutoMeetsExactFp32ByTheRule) {
     if (Status s = select_backend(p, dir, &chosen); !s.ok()) return s;
     const bool rule = split_tf32_meets_ieee(p, dir, compute_capability);
     if (!rule) EXPECT_EQ(chosen, Backend::cuda_simt) << to_string(dir) << ": the rule keeps exact fp32";
-    (rule && chosen != Backend::cuda_simt ? split : exact) += 1;
+    VariantChoice choice;
+    if (Status s = selected_variant(p, dir, &choice); !s.ok()) return s;
+    const bool as_split = rule && chosen != Backend::cuda_simt;
+    EXPECT_EQ(choice.precision, as_split ? Precision::tf32x3 : Precision::ieee) << to_string(dir) << " on " << to_string(chosen);
+    (as_split ? split : exact) += 1;
     last = std::string(to_string(dir)) + " on " + to_string(chosen);
     return run_on_device(host, dir);
   };

@@ -129,6 +129,8 @@ int cmd_run(const RunOptions& opt) {
       j["variant"] = variant.variant;
       j["variant_source"] = variant.source;
     }
+    // fp32 storage: the arithmetic that ran (`auto` may meet ieee with split tf32).
+    if (c.dtype == DType::fp32) j["precision"] = to_string(variant.precision);
     j["device"] = device_description(device);
     j["dtype"] = c.dtype_name();
     j["mode"] = to_string(c.mode);
@@ -174,6 +176,8 @@ int cmd_run(const RunOptions& opt) {
     } else {
       std::string path = j.contains("cpu_path") ? ", " + j["cpu_path"].get<std::string>() + " path" : "";
       if (!variant.variant.empty()) path += ", variant " + variant.variant + " (" + variant.source + ")";
+      if (c.dtype == DType::fp32 && variant.precision != c.precision)
+        path += ", computed as " + std::string(to_string(variant.precision));
       std::printf("fmha run: %s %s on %s (%s%s)\n", to_string(c.mode), c.dtype_name().c_str(), j["backend"].get<std::string>().c_str(),
                   j["device"].get<std::string>().c_str(), path.c_str());
       std::printf("  batch %lld, heads %lld/%lld, seqlen %lld x %lld, head_dim %lld/%lld, causal %s, window %lld,%lld, q_offset %lld\n",

@@ -68,7 +68,7 @@ struct DecodeTiles {
 // every other row's addresses are the previous row's plus kRowStep rows. A division and a table
 // read for every row put a reciprocal, its corrections and a dependent load before each row's
 // copies (~70 instructions a row in the SASS, 8 rows a tile at head dim 128), and with 8 warps an
-// SM nothing hid them; 64-bit address products for every row cost ~30 more.
+// SM nothing hid them.
 template <class T, class Tiles>
 __device__ __forceinline__ void gather_kv(const DecodeArgs& args, typename Tiles::KTile k, typename Tiles::VTile v,
                                           int64_t b, int kv_head, int64_t col0, int valid) {

@@ -48,8 +48,8 @@ constexpr double kL2SectionBytes = 32.0 * 1024 * 1024;
 constexpr size_t kFwdWorkspaceBytes = 256;
 constexpr const char* kSchedulerVariable = "FMHA_SM90_SCHEDULER";
 // Calls that walk their query tiles in order (no causal mask or window) take each head's query
-// tiles together (TileScheduler::tiles_fastest: K/V read once from DRAM where the heads of an L2
-// section together read them ~1.5 times at head dim 256, docs/PERF.md run 60);
+// tiles together (TileScheduler::tiles_fastest: at head dim 256, 2k, K/V read about once from
+// DRAM where the heads of an L2 section together read them ~1.75 times, docs/PERF.md runs 59-61);
 // FMHA_SM90_FWD_ORDER=heads walks the heads of a section together instead, and
 // FMHA_SM90_L2_SECTION_MB=<MB> sets the forward's section budget (kL2SectionBytes otherwise) and
 // the deterministic backward's (kBwdL2SectionBytes); both to measure the walks.
