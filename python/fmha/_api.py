@@ -659,6 +659,19 @@ def tune(q, k, v, *, direction="forward", causal=None, window=None, scale=None, 
                    -1 if warmup is None else warmup, -1 if iters is None else iters, write_cache)
 
 
+def computed_precision(q, k, v, *, direction="forward", causal=None, window=None, scale=None, q_offset=0,
+                       precision=None, backend="auto", deterministic=False):
+    """The arithmetic a call on these arrays runs in: 'ieee' (exact fp32 for float32; for float16
+    and bfloat16 their own products with fp32 accumulation), 'tf32' or 'tf32x3' (split tf32) --
+    the last also where backend='auto' meets a float32 call that asks for exact fp32 with split
+    tf32, as accurate and faster there (on H100/H200: every forward and the backward above head
+    dim 128). Runs nothing; raises ValueError as select_backend does."""
+    adapter = adapter_for(q)
+    options = make_options(causal, window, scale, q_offset, precision, backend, deterministic)
+    return _C.computed_precision(direction, adapter.export(q), adapter.export(k), adapter.export(v), options,
+                                 adapter.raw_bf16)
+
+
 def selected_variant(q, k, v, *, direction="forward", causal=None, window=None, scale=None, q_offset=0,
                      precision=None, backend="auto", deterministic=False):
     """(variant, source): the variant of its backend a call on these arrays runs, and what chose

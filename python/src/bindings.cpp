@@ -483,6 +483,17 @@ nb::tuple selected_variant(const std::string& direction, nb::handle q, nb::handl
   return nb::make_tuple(choice.variant, choice.source);
 }
 
+// The arithmetic a call on these arrays runs in (fmha::VariantChoice::precision): "ieee", "tf32"
+// or "tf32x3".
+std::string computed_precision(const std::string& direction, nb::handle q, nb::handle k, nb::handle v,
+                               const Options& options, bool raw_bf16) {
+  InputArray qa, ka, va;
+  const fmha::Params p = query_params(q, k, v, options, raw_bf16, qa, ka, va);
+  fmha::VariantChoice choice;
+  check(fmha::selected_variant(p, parse_direction(direction), &choice));
+  return fmha::to_string(choice.precision);
+}
+
 void clear_tune_cache() { check(fmha::clear_tune_cache()); }
 
 nb::dict info() {
@@ -599,6 +610,8 @@ NB_MODULE(_C, m) {
         "write_cache"_a, "Tunes the class of a call on these arrays (include/fmha/tune.h); a dict of the results.");
   m.def("selected_variant", &selected_variant, "direction"_a, "q"_a, "k"_a, "v"_a, "options"_a, "raw_bf16"_a = false,
         "(variant, source) that a call on these arrays runs; source: variable, cache, default.");
+  m.def("computed_precision", &computed_precision, "direction"_a, "q"_a, "k"_a, "v"_a, "options"_a,
+        "raw_bf16"_a = false, "The arithmetic a call on these arrays runs in: ieee, tf32 or tf32x3.");
   m.def("set_autotune", &fmha::set_autotune, "enabled"_a, "Autotune the first call of each untuned class.");
   m.def("autotune_enabled", &fmha::autotune_enabled, "Whether autotuning is on.");
   m.def("tune_cache_path", &fmha::tune_cache_path, "The tuning cache file.");

@@ -246,6 +246,17 @@ def test_info_and_select_backend():
     assert fmha.select_backend(q, k, v, direction="backward", backend="reference") == "reference"
 
 
+def test_computed_precision():
+    """The arithmetic a call runs in: the call's own on the CPU (exact fp32 for every float32
+    precision but tf32, which the CPU emulates)."""
+    q, k, v, _ = inputs(1, 40, 40, 2, 2, 32, 32)
+    assert fmha.computed_precision(q, k, v) == "ieee"
+    assert fmha.computed_precision(q, k, v, precision="tf32") == "tf32"
+    assert fmha.computed_precision(q, k, v, direction="backward", precision="tf32x3") == "tf32x3"
+    with pytest.raises(ValueError, match="precision"):
+        fmha.computed_precision(q, k, v, precision="tf32x4")
+
+
 # ---- Bad input: the right exception, and a message that names the argument ----------------------
 
 def _qkv():
