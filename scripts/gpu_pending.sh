@@ -7,12 +7,16 @@
 #   python    the Python package built and its tests run (scripts/gpu_python.sh, no comparison):
 #             fp32 calls under `auto` take split tf32 where common/precision.h says so
 #                                                                                   -> s_python.log
-# STEPS (default "build fill python") picks the parts.
+#   detprof   Nsight Compute's warp states and source counters (the top stall locations) of the
+#             sm90 D256 causal backward, default and deterministic: where the deterministic call's
+#             +19-23 % goes (the dQ warps' turns, the consumers' wait on the one dQ buffer)
+#                                                                -> detprof_{default,det}.txt
+# STEPS (default "build fill detprof python") picks the parts.
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH AB_HEAD_DIMS="64;128;256"
 source "$(dirname "$0")/sm90_ab.sh"
-STEPS=${STEPS:-"build fill python"}
+STEPS=${STEPS:-"build fill detprof python"}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 B=${BUILD:-$PWD/build-sm90}
 if want build; then
@@ -30,6 +34,15 @@ if want fill; then
     FMHA_SM90_FWD_ORDER=head timeout 60 "$B/fmha" bench --no-progress --backend sm90 --dtype bf16 --head-dim 128 \
       --heads 16 --batch 2 --seqlen-q 2048 --iters 2 2>&1 | grep -E "fmha:|bf16"
   } | tee "$OUT/fill.txt"
+fi
+if want detprof; then
+  for form in default det; do
+    flags=""; [[ $form == det ]] && flags="--deterministic"
+    timeout 150 ncu --section SpeedOfLight --section WarpStateStats --section SourceCounters -k regex:bwd_kernel -s 2 -c 1 \
+      "$B/fmha" bench --backend sm90 --mode bwd --dtype bf16 --head-dim 256 --heads 8 --batch 4 --seqlen-q 4096 \
+      --causal bottom-right $flags --warmup 2 --iters 1 --no-progress > "$OUT/detprof_$form.txt" 2>&1
+    echo "detprof $form rc=$?"; grep -E "Duration|Stall|stall" "$OUT/detprof_$form.txt" | head -12
+  done
 fi
 if want python; then
   COMPARE=none timeout 420 bash scripts/gpu_python.sh > "$OUT/s_python.log" 2>&1
