@@ -473,13 +473,20 @@ nb::dict tune(const std::string& direction, nb::handle q, nb::handle k, nb::hand
   return out;
 }
 
-// (variant, source) of the call on these arrays: ("", "") for a backend without variants.
-nb::tuple selected_variant(const std::string& direction, nb::handle q, nb::handle k, nb::handle v,
-                           const Options& options, bool raw_bf16) {
+// What a call on these arrays runs (fmha::selected_variant): its variant and why, its precision.
+fmha::VariantChoice variant_choice(const std::string& direction, nb::handle q, nb::handle k, nb::handle v,
+                                   const Options& options, bool raw_bf16) {
   InputArray qa, ka, va;
   const fmha::Params p = query_params(q, k, v, options, raw_bf16, qa, ka, va);
   fmha::VariantChoice choice;
   check(fmha::selected_variant(p, parse_direction(direction), &choice));
+  return choice;
+}
+
+// (variant, source) of the call on these arrays: ("", "") for a backend without variants.
+nb::tuple selected_variant(const std::string& direction, nb::handle q, nb::handle k, nb::handle v,
+                           const Options& options, bool raw_bf16) {
+  const fmha::VariantChoice choice = variant_choice(direction, q, k, v, options, raw_bf16);
   return nb::make_tuple(choice.variant, choice.source);
 }
 
@@ -487,11 +494,7 @@ nb::tuple selected_variant(const std::string& direction, nb::handle q, nb::handl
 // or "tf32x3".
 std::string computed_precision(const std::string& direction, nb::handle q, nb::handle k, nb::handle v,
                                const Options& options, bool raw_bf16) {
-  InputArray qa, ka, va;
-  const fmha::Params p = query_params(q, k, v, options, raw_bf16, qa, ka, va);
-  fmha::VariantChoice choice;
-  check(fmha::selected_variant(p, parse_direction(direction), &choice));
-  return fmha::to_string(choice.precision);
+  return fmha::to_string(variant_choice(direction, q, k, v, options, raw_bf16).precision);
 }
 
 void clear_tune_cache() { check(fmha::clear_tune_cache()); }
