@@ -3,7 +3,7 @@
 # the repository root. First, on a machine with the git history: `bash scripts/gpu_decode_ab.sh
 # prepare <commit>` writes the base's sources into $BASE_SRC (default .base-src; carry it to the
 # GPU machine). Then, there: builds this tree's CLI and GPU tests into $BUILD (default
-# ./build-sm90) and the base's CLI into $BASE_BUILD (default /tmp/fmha-base), side by side; runs
+# ./build-sm90) and the base's CLI into $BASE_BUILD (default /tmp/fmha-base; sm90_ab.sh); runs
 # the decode and paged GPU tests and memcheck on the decode tests (-> decode_tests.log,
 # memcheck.log); then `fmha bench` of both CLIs interleaved (bf16, one query token, 32 query heads
 # over 8 KV heads, D128; contiguous and paged with pages of 64) at each batch × KV length of
@@ -15,13 +15,7 @@ BASE_SRC=${BASE_SRC:-$PWD/.base-src}
 if [[ "${1:-}" == prepare ]]; then sm90_prepare_base "${2:-}"; exit; fi
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 B=${BUILD:-$PWD/build-sm90}; BB=${BASE_BUILD:-/tmp/fmha-base}
-t0=$(date +%s)
-{ sm90_configure . "$B" && sm90_configure "$BASE_SRC" "$BB"; } > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-timeout 300 ninja -C "$B" fmha_cli fmha_gpu_tests >> "$OUT/build.log" 2>&1 & tree=$!
-timeout 300 ninja -C "$BB" fmha_cli > "$OUT/build_base.log" 2>&1 & base=$!
-wait $tree || { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
-wait $base || { grep -E "error|FAILED" "$OUT/build_base.log" | head -20; exit 1; }
-echo "built the tree and base $(cat "$BASE_SRC/.commit" 2>/dev/null) in $(( $(date +%s) - t0 )) s"
+sm90_build_tree_and_base "fmha_cli fmha_gpu_tests" || exit 1
 T=$B/tests/gpu/fmha_gpu_tests
 timeout 200 "$T" --gtest_color=no --gtest_brief=1 --gtest_filter='DecodeGpu.*:*Paged*' > "$OUT/decode_tests.log" 2>&1
 grep -E "tests? from .* ran|PASSED|FAILED" "$OUT/decode_tests.log" | head -12

@@ -25,13 +25,7 @@ export PATH=/usr/local/cuda/bin:$PATH AB_HEAD_DIMS="64;128;256"
 STEPS=${STEPS:-"build tests bench dram det"}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 B=${BUILD:-$PWD/build-sm90}
-if want build; then
-  t0=$(date +%s)
-  sm90_configure . "$B" > "$OUT/build.log" 2>&1 &&
-    timeout 400 ninja -C "$B" fmha_cli fmha_gpu_tests >> "$OUT/build.log" 2>&1 ||
-    { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
-  echo "built in $(( $(date +%s) - t0 )) s"
-fi
+if want build; then sm90_build "fmha_cli fmha_gpu_tests" || exit 1; fi
 if want tests; then
   filter='Sweep/Kernel.Forward/*sm90*:Tiers/VarlenKernel.Forward/*sm90*:Sm90Schedule.*:LargeOffsets.*:Edge.*'
   FMHA_SM90_FWD_ORDER=heads sm90_sharded_tests "$B/tests/gpu/fmha_gpu_tests" "$filter" 4 200 tests.log

@@ -20,12 +20,7 @@ STEPS=${STEPS:-"build fill detprof python"}
 T0=$(date +%s)  # the call's start: the last step gets what is left of a 600 s call
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 B=${BUILD:-$PWD/build-sm90}
-if want build; then
-  t0=$(date +%s)
-  sm90_configure . "$B" > "$OUT/build.log" 2>&1 && timeout 300 ninja -C "$B" fmha_cli fmha_gpu_tests >> "$OUT/build.log" 2>&1 ||
-    { grep -E "error|FAILED" "$OUT/build.log" | head -20; exit 1; }
-  echo "built in $(( $(date +%s) - t0 )) s"
-fi
+if want build; then sm90_build "fmha_cli fmha_gpu_tests" || exit 1; fi
 if want fill; then
   {
     t0=$(date +%s%N)

@@ -21,6 +21,14 @@ sm90_prepare_base() {
   echo "base sources of $(cat "$BASE_SRC/.commit") in $BASE_SRC ($(du -sh "$BASE_SRC" | cut -f1))"
 }
 
+# This tree's targets $1 into $B (log: $OUT/build.log).
+sm90_build() {
+  local t0=$(date +%s)
+  sm90_configure . "$B" > "$OUT/build.log" 2>&1 && timeout 400 ninja -C "$B" -j"$(nproc)" $1 >> "$OUT/build.log" 2>&1 ||
+    { grep -E "error|FAILED" "$OUT/build.log" | head -20; return 1; }
+  echo "built in $(( $(date +%s) - t0 )) s"
+}
+
 # This tree's targets $1 into $B and the CLI of $BASE_SRC into $BB (log: $OUT/build.log).
 sm90_build_tree_and_base() {
   local t0=$(date +%s)

@@ -556,6 +556,31 @@ TEST(CpuAttention, CheckRejectsAWrongResult) {
   }
 }
 
+// ---- The harness's inputs ---------------------------------------------------------------------------
+
+// The benchmark harness fills its inputs in blocks on every core: a seed gives the same values on
+// every run, the values are N(0, 1), and neither the tensors nor the blocks repeat one another.
+TEST(HarnessInputs, SameSeedSameValuesNormalAndNoBlockRepeated) {
+  CaseSpec c = base_case();
+  c.heads = c.kv_heads = 4;
+  c.seqlen_q = c.seqlen_k = 4096;  // 1M elements a tensor: 16 of the fill's 64k-element blocks
+  c.seed = fresh_seed();
+  const Harness a(c, Device{}), b(c, Device{});
+  const Params pa = a.params(), pb = b.params();
+  EXPECT_EQ(tensor_bytes(pa.q), tensor_bytes(pb.q)) << "seed " << c.seed;
+  EXPECT_EQ(tensor_bytes(pa.v), tensor_bytes(pb.v)) << "seed " << c.seed;
+  EXPECT_NE(tensor_bytes(pa.q), tensor_bytes(pa.k));
+  const float* q = static_cast<const float*>(pa.q.data);
+  const int64_t n = pa.q.numel(), block = int64_t(1) << 16;
+  EXPECT_NE(std::string(reinterpret_cast<const char*>(q), block * 4),
+            std::string(reinterpret_cast<const char*>(q + block), block * 4));
+  double sum = 0, squares = 0;
+  for (int64_t i = 0; i < n; ++i) sum += q[i], squares += double(q[i]) * q[i];
+  const double mean = sum / double(n), variance = squares / double(n) - mean * mean;
+  EXPECT_NEAR(mean, 0.0, 5e-3) << "seed " << c.seed;  // 5 standard errors at 1M samples
+  EXPECT_NEAR(variance, 1.0, 8e-3) << "seed " << c.seed;
+}
+
 // ---- Reference backend and determinism --------------------------------------------------------------
 
 TEST(CpuAttention, ReferenceBackendMatchesOracle) {

@@ -36,10 +36,15 @@ inline SwitchChoice choose_switch(const char* name, const char* text, std::initi
   return c;
 }
 
+// A switch's warning (empty: none) on stderr; every switch, named or numeric, reports through it.
+inline void report_switch(const std::string& warning) {
+  if (!warning.empty()) std::fprintf(stderr, "fmha: %s\n", warning.c_str());
+}
+
 // Reads switch `name` from the environment; a warning goes to stderr.
 inline int read_switch(const char* name, std::initializer_list<const char*> values) {
   const SwitchChoice c = choose_switch(name, std::getenv(name), values);
-  if (!c.warning.empty()) std::fprintf(stderr, "fmha: %s\n", c.warning.c_str());
+  report_switch(c.warning);
   return c.index;
 }
 

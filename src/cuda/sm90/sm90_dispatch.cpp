@@ -21,7 +21,6 @@
 #include "cuda/sm90/sm90_dispatch.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -80,7 +79,7 @@ double section_budget(double fallback) {
     const char* text = std::getenv(kSectionBudgetVariable);
     std::string warning;
     l2_section_budget(text, 1.0, &warning);
-    if (!warning.empty()) std::fprintf(stderr, "fmha: %s\n", warning.c_str());
+    report_switch(warning);
     return std::string(text ? text : "");
   }();
   return l2_section_budget(mb.c_str(), fallback);
