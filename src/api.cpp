@@ -92,19 +92,17 @@ const std::vector<DeviceInfo>& cuda_device_list() {
 }
 size_t cuda_device_count() { return cuda_device_list().size(); }
 
-// The compute capability of CUDA device `index` (0 where there is none).
-int compute_capability(int index) {
-  const std::vector<DeviceInfo>& devices = cuda_device_list();
-  return index >= 0 && size_t(index) < devices.size() ? devices[size_t(index)].compute_capability : 0;
-}
-
 }  // namespace
 
 // Validates the call and picks the backend entry that will run it, and the call it runs.
-Status detail::choose_backend(const Params& p, Direction direction, detail::BackendEntry* chosen, Params* resolved) {
+Status detail::choose_among(const Params& p, Direction direction, const std::vector<detail::BackendEntry>& entries,
+                            const std::vector<DeviceInfo>& cuda_devices, detail::BackendEntry* chosen,
+                            Params* resolved) {
   if (Status s = detail::validate(p, direction); !s.ok()) return s;
-  const auto entries = detail::registered_backends();
   const DeviceType device = p.q.device.type;
+  const int index = p.q.device.index;
+  const int compute_capability =
+      index >= 0 && size_t(index) < cuda_devices.size() ? cuda_devices[size_t(index)].compute_capability : 0;
   *resolved = p;
 
   if (p.backend != Backend::auto_select) {
@@ -117,7 +115,7 @@ Status detail::choose_backend(const Params& p, Direction direction, detail::Back
       return {Code::no_device, std::string("backend: ") + to_string(p.backend) +
                                    " is not available in this build (no CUDA backend was compiled in)"};
     }
-    if (it->device == DeviceType::cuda && cuda_device_count() == 0)
+    if (it->device == DeviceType::cuda && cuda_devices.empty())
       return {Code::no_device, std::string("backend: ") + to_string(p.backend) + " needs a CUDA device, and none was found"};
     if (it->device != device)
       return {Code::invalid_argument, std::string("backend: ") + to_string(p.backend) + " runs on " +
@@ -131,7 +129,7 @@ Status detail::choose_backend(const Params& p, Direction direction, detail::Back
 
   // fp32 asking for exact fp32: split tf32 on the tensor-core tiers where it is as accurate as the
   // simt tier and faster (common/precision.h); the simt tier otherwise.
-  if (split_tf32_meets_ieee(p, direction, compute_capability(p.q.device.index))) {
+  if (split_tf32_meets_ieee(p, direction, compute_capability)) {
     Params split = p;
     split.precision = Precision::tf32x3;
     for (const detail::BackendEntry& e : entries) {
@@ -156,6 +154,10 @@ Status detail::choose_backend(const Params& p, Direction direction, detail::Back
     return {Code::no_device, "q: tensors are on " + device_name(p.q.device) +
                                  " but this build has no backend for that device (configure with CUDA)"};
   return {Code::unsupported, "no backend supports this call (" + reasons + ")"};
+}
+
+Status detail::choose_backend(const Params& p, Direction direction, detail::BackendEntry* chosen, Params* resolved) {
+  return detail::choose_among(p, direction, detail::registered_backends(), cuda_device_list(), chosen, resolved);
 }
 
 namespace {

@@ -36,6 +36,10 @@ std::vector<DeviceInfo> cuda_devices();
 // `resolved` is the call as that entry runs it: `params`, but for an fp32 call that `auto` meets
 // with split tf32 (common/precision.h), whose precision reads tf32x3.
 Status choose_backend(const Params& params, Direction direction, BackendEntry* chosen, Params* resolved);
+// The same choice over a given table of backends and of CUDA devices (indexed by device index):
+// choose_backend passes this build's and this process's; the CPU tests pass stand-ins.
+Status choose_among(const Params& params, Direction direction, const std::vector<BackendEntry>& entries,
+                    const std::vector<DeviceInfo>& cuda_devices, BackendEntry* chosen, Params* resolved);
 
 // A CUDA device as the tuning cache names it: name, multiprocessors, CUDA runtime and driver
 // versions. Empty in a build without CUDA or for a device that cannot be queried.
