@@ -3,10 +3,12 @@
 # deterministic backward (descending turns, L2 sections of (batch, KV head) pairs, two dQ warps):
 #   build (scripts/gpu_round.sh, head dims 64, 128, 256; incremental after gpu_backward_check.sh)
 #   the deterministic GPU tests of every tier and the sm90 deterministic kernel cases   -> tests.log
-#   memcheck, racecheck and synccheck on the small sm90 deterministic cases          -> sanitize.log
+#   memcheck, racecheck and synccheck (SANITIZE: which) on the small sm90 deterministic cases
+#                                                                                     -> sanitize.log
 #   sm90 backward, bf16, D128 (16k tokens a call, 16 heads) and D64 at 4k, default and
 #   deterministic, causal and not, and the deterministic one with one pair per section
-#   (FMHA_SM90_BWD_ORDER=keys)                                                        -> bench_det.txt
+#   (FMHA_SM90_BWD_ORDER=keys; KEYS_ORDER= empty leaves it and its test run out); BENCH_CASES: other
+#   "<head dim>x<length>" cases                                                       -> bench_det.txt
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -21,13 +23,13 @@ wait
 cat $OUT/shard_*.log > $OUT/tests.log; rm -f $OUT/shard_*.log
 # The same cases with one (batch, KV head) pair per section of the block order (ctest runs them
 # so too: Sm90DeterministicKeysOrder).
-FMHA_SM90_BWD_ORDER=keys timeout 150 $T --gtest_color=no --gtest_brief=1 \
+[[ -n ${KEYS_ORDER-1} ]] && FMHA_SM90_BWD_ORDER=keys timeout 150 $T --gtest_color=no --gtest_brief=1 \
   --gtest_filter='Tiers/Deterministic.*cuda_sm90*:Sweep/Kernel.Backward/*sm90*_det*' >> $OUT/tests.log 2>&1
 grep -hE "^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]|tests? from .* ran" $OUT/tests.log | sort | uniq -c
 grep -E "^\[  FAILED  \] [A-Z]" $OUT/tests.log | sort -u | head -20
 echo "== sanitize $(date +%T)"
 SMALL='Tiers/Deterministic.SmallBitwiseIdentical/cuda_sm90*:Sweep/Kernel.Backward/Small_sm90*_det*'
-for tool in memcheck racecheck synccheck; do
+for tool in ${SANITIZE:-memcheck racecheck synccheck}; do
   timeout 100 compute-sanitizer --tool $tool --error-exitcode 1 $T --gtest_color=no --gtest_brief=1 \
     --gtest_filter="$SMALL" > $OUT/sanitize_$tool.log 2>&1; echo "$tool rc=$?"
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests? from .* ran|FAILED" $OUT/sanitize_$tool.log | tail -3
@@ -35,11 +37,12 @@ done
 cat $OUT/sanitize_*.log > $OUT/sanitize.log; rm -f $OUT/sanitize_*.log
 echo "== bench $(date +%T)"
 F="timeout 60 $B/fmha bench --no-progress --backend sm90 --mode bwd --dtype bf16 --iters 10"  # a hang costs a minute, not the call
-for c in "128 512" "128 4096" "128 16384" "64 4096"; do set -- $c
+for c in ${BENCH_CASES:-"128 512" "128 4096" "128 16384" "64 4096"}; do set -- ${c/x/ }
   for causal in none bottom-right; do
     args="--head-dim $1 --heads $((2048 / $1)) --batch $((16384 / $2)) --seqlen-q $2 --causal $causal"
     echo "D$1 S$2 $causal default: $($F $args 2>&1 | tail -1)"
     echo "D$1 S$2 $causal deterministic: $($F $args --deterministic 2>&1 | tail -1)"
-    echo "D$1 S$2 $causal deterministic, keys order: $(FMHA_SM90_BWD_ORDER=keys $F $args --deterministic 2>&1 | tail -1)"
+    [[ -n ${KEYS_ORDER-1} ]] &&
+      echo "D$1 S$2 $causal deterministic, keys order: $(FMHA_SM90_BWD_ORDER=keys $F $args --deterministic 2>&1 | tail -1)"
   done
 done | tee $OUT/bench_det.txt

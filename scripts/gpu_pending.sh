@@ -4,8 +4,9 @@
 #   build     the CLI and GPU tests (arch 90, head dims 64, 128, 256) into $BUILD  -> build.log
 #   fill      the time of `fmha bench` on a 2 GiB decode cache (the harness's random inputs,
 #             filled on every core) and a misspelt switch's warning                 -> fill.txt
-#   python    the Python package built and its tests run (scripts/gpu_python.sh, no comparison):
-#             fp32 calls under `auto` take split tf32 where common/precision.h says so
+#   python    the Python package built and its tests run (scripts/gpu_python.sh; COMPARE, default
+#             seed, its comparison sweep): fp32 calls under `auto` take split tf32 where
+#             common/precision.h says so
 #                                                                                   -> s_python.log
 #   detprof   Nsight Compute's warp states and source counters (the top stall locations) of the
 #             sm90 D256 causal backward, default and deterministic: where the deterministic call's
@@ -43,7 +44,7 @@ fi
 if want python; then
   left=$(( 590 - ($(date +%s) - T0) ))
   if (( left < 120 )); then echo "python: skipped, $left s left of the call (STEPS=python alone)"; else
-    COMPARE=none timeout "$left" bash scripts/gpu_python.sh > "$OUT/s_python.log" 2>&1
+    COMPARE=${COMPARE:-seed} timeout "$left" bash scripts/gpu_python.sh > "$OUT/s_python.log" 2>&1
     echo "python rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/s_python.log" | tail -20
   fi
 fi

@@ -45,11 +45,13 @@ __device__ __forceinline__ void wait_turn(int* turn, int mine) {
   while (counter.load(::cuda::memory_order_acquire) != mine) __nanosleep(kTurnBackoffNs);
 }
 
-// Passes the turn on to `next` (one thread, after a barrier with the threads whose writes the
-// turn covers). The fence makes those writes, ordered before this thread by the barrier, visible
-// at device scope before the release.
+// Passes the turn on to `next` (one thread, once the writes the turn covers are complete and
+// ordered before it: the caller's own, or other threads' through a barrier, or bulk async
+// reductions waited for and fenced to the generic proxy). The release store alone orders them
+// before the next holder's acquire (release is cumulative); a sequentially consistent fence
+// (__threadfence) before it added nothing but its cost: up to 4 % of the sm90 deterministic
+// backward's time at head dim 256 (docs/PERF.md, runs 67-70).
 __device__ __forceinline__ void pass_turn(int* turn, int next) {
-  __threadfence();
   ::cuda::atomic_ref<int, ::cuda::thread_scope_device> counter(*turn);
   counter.store(next, ::cuda::memory_order_release);
 }
