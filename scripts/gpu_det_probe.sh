@@ -4,10 +4,10 @@
 # built from a copy of the tree with parts of the dQ warps' turn protocol taken out (timing probes
 # only: without the wait dQ is added in no fixed order, and their results are not checked):
 #   nowait   the dQ warps skip the wait for their turn (tile::wait_turn)
-#   nofence  pass_turn without its __threadfence (the release store alone orders the writes)
 #   nopass   no wait, and no completion wait, fence or pass after the reduction (the default
 #            kernel's dQ hand-off, with the deterministic kernel's order and registers)
-# PROBES (default nowait) names them, joined by + to combine (nofence+nowait).
+# PROBES (default nowait) names them, joined by + to combine. (Run 67 also had `nofence`, pass_turn
+# without the __threadfence it then had; the tree has since dropped it, docs/PERF.md.)
 #   bench    FORMS (default: default, det, and each probe as det), D256, LENGTHS (4k and 16k),
 #            causal none and bottom-right, ROUNDS rounds interleaved        -> bench.txt
 #   source   Nsight Compute's per-instruction stall samples (SASS, CSV) of SOURCE_FORMS
@@ -19,16 +19,15 @@ source "$(dirname "$0")/sm90_ab.sh"
 STEPS=${STEPS:-"build bench source"}; ROUNDS=${ROUNDS:-3}; PROBES=${PROBES:-nowait}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 B=${BUILD:-$PWD/build-sm90-256}
-K=src/cuda/sm90/sm90_bwd_kernel.cuh; A=src/cuda/tile/atomic.cuh
+K=src/cuda/sm90/sm90_bwd_kernel.cuh
 # Probe $1's edits of the copy in $2; each edit must take effect.
 probe_patch() {
   local part n
   for part in ${1//+/ }; do
     case $part in
       nowait) sed -i 's|^\( *\)tile::wait_turn(turn_counter(), turn);|\1/* probe */|' "$2/$K"; n=$(grep -c "probe" "$2/$K") ;;
-      nofence) sed -i 's|^  __threadfence();|  /* probe */|' "$2/$A"; n=$(grep -c "probe" "$2/$A") ;;
       nopass) sed -i -e 's|^\( *\)tile::wait_turn(turn_counter(), turn);|\1/* probe */|' \
-                -e '198,200s#^\( *\)tile::\(tma::store_wait\|fence_async_global\|pass_turn\)(.*#\1/* probe */#' "$2/$K"
+                -e '/shared.dq_empty.arrive();/,/pass_turn/s#^\( *\)tile::\(tma::store_wait\|fence_async_global\|pass_turn\)(.*#\1/* probe */#' "$2/$K"
               n=$(grep -c "probe" "$2/$K"); [[ $n == 4 ]] || n=0 ;;
       *) echo "unknown probe $part"; return 1 ;;
     esac
