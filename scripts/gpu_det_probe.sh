@@ -6,6 +6,11 @@
 #   nowait   the dQ warps skip the wait for their turn (tile::wait_turn)
 #   nopass   no wait, and no completion wait, fence or pass after the reduction (the default
 #            kernel's dQ hand-off, with the deterministic kernel's order and registers)
+#   regs     the deterministic (and packed) kernels with the default kernel's register split
+#            (24 / 240 for 40 / 232; the producer warpgroup may spill)
+#   asc      the blocks' key tiles in ascending order (with the turns' waits, a block would wait
+#            for blocks that start after it: combine with nopass only)
+#   onewarp  one dQ warp, as the default kernel has
 # PROBES (default nowait) names them, joined by + to combine. (Run 67 also had `nofence`, pass_turn
 # without the __threadfence it then had; the tree has since dropped it, docs/PERF.md.)
 #   bench    FORMS (default: default, det, and each probe as det), D256, LENGTHS (4k and 16k),
@@ -19,16 +24,23 @@ source "$(dirname "$0")/sm90_ab.sh"
 STEPS=${STEPS:-"build bench source"}; ROUNDS=${ROUNDS:-3}; PROBES=${PROBES:-nowait}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 B=${BUILD:-$PWD/build-sm90-256}
-K=src/cuda/sm90/sm90_bwd_kernel.cuh
+K=src/cuda/sm90/sm90_bwd_kernel.cuh; C=src/cuda/sm90/sm90_config.h
 # Probe $1's edits of the copy in $2; each edit must take effect.
 probe_patch() {
   local part n
   for part in ${1//+/ }; do
     case $part in
-      nowait) sed -i 's|^\( *\)tile::wait_turn(turn_counter(), turn);|\1/* probe */|' "$2/$K"; n=$(grep -c "probe" "$2/$K") ;;
+      nowait) sed -i 's|^\( *\)tile::wait_turn(turn_counter(), turn);|\1/* probe */|' "$2/$K"; n=$(grep -c '^ */\* probe \*/$' "$2/$K") ;;
       nopass) sed -i -e 's|^\( *\)tile::wait_turn(turn_counter(), turn);|\1/* probe */|' \
                 -e '/shared.dq_empty.arrive();/,/pass_turn/s#^\( *\)tile::\(tma::store_wait\|fence_async_global\|pass_turn\)(.*#\1/* probe */#' "$2/$K"
-              n=$(grep -c "probe" "$2/$K"); [[ $n == 4 ]] || n=0 ;;
+              n=$(grep -c '^ */\* probe \*/$' "$2/$K"); [[ $n == 4 ]] || n=0 ;;
+      regs) sed -i -e 's|^\(inline constexpr int kBwdWideProducerRegisters = \)40;|\124; // probe|' \
+              -e 's|^\(inline constexpr int kBwdWideConsumerRegisters = \)232;|\1240; // probe|' "$2/$C"
+            n=$(grep -c "Registers = [0-9]*; // probe" "$2/$C"); [[ $n == 2 ]] || n=0 ;;
+      asc) sed -i 's|params.order.template get<true>(|params.order.template get<false>(/* probe */|' "$2/$K"
+           n=$(grep -c "get<false>(/\* probe" "$2/$K"); [[ $n == 3 ]] || n=0 ;;
+      onewarp) sed -i 's|^constexpr int bwd_dq_warps(bool ordered) { return ordered ? 2 : 1; }|constexpr int bwd_dq_warps(bool) { return 1; }  // probe|' "$2/$C"
+               n=$(grep -c "return 1; }  // probe" "$2/$C") ;;
       *) echo "unknown probe $part"; return 1 ;;
     esac
     [[ $n -ge 1 ]] || { echo "probe $part: the edit did not apply"; return 1; }
