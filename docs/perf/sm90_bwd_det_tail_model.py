@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""How much of the sm90 deterministic backward's extra time its block order's tail can explain.
+
+A model, not a measurement. The backward launches one block per (key tile, batch · KV head pair);
+blocks start in launch order on `sms` multiprocessors as earlier blocks finish (list scheduling),
+with no waits between blocks (the turn protocol left out, as in scripts/gpu_det_probe.sh's
+`nopass` probe). Under a causal mask with square tiles, key tile n of T walks T - n query tiles
+(one step each); without a mask every block walks T.
+
+Two launch orders (src/cuda/sm90/sm90_bwd_blocks.h, BwdBlockOrder):
+  default        the default kernel's 3-D grid: one pair's key tiles ascending (longest first
+                 under causal masks), then the next pair's;
+  deterministic  sections of `section` pairs, the pairs of a section fastest, key tiles
+                 descending (the shortest first under causal masks, the longest last);
+  staggered      each pair's key tiles descending, pair p's started `offset` · p / pairs of a
+                 pair's blocks after pair 0's (offset a quarter, half or all of a pair's blocks).
+
+Prints each order's makespan in steps against the work's even share of the multiprocessors.
+Usage: python3 sm90_bwd_det_tail_model.py [--tiles 64] [--pairs 32] [--sms 132]
+"""
+import argparse
+import heapq
+
+
+def makespan(order, steps, sms):
+    free = [0.0] * sms
+    end = 0.0
+    for block in order:
+        start = heapq.heappop(free)
+        finish = start + steps[block]
+        end = max(end, finish)
+        heapq.heappush(free, finish)
+    return end
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiles", type=int, default=64, help="key (and query) tiles: seqlen / 64")
+    ap.add_argument("--pairs", type=int, default=32, help="batch * KV heads")
+    ap.add_argument("--sms", type=int, default=132)
+    args = ap.parse_args()
+    t, pairs = args.tiles, args.pairs
+    for causal in (False, True):
+        steps = {(n, p): (t - n if causal else t) for p in range(pairs) for n in range(t)}
+        share = sum(steps.values()) / args.sms
+        default = [(n, p) for p in range(pairs) for n in range(t)]
+        print(f"{'causal' if causal else 'no mask'}: even share {share:.1f} steps")
+        print(f"  default order        {makespan(default, steps, args.sms):7.1f}")
+        for section in (1, 4, 8, pairs):
+            order = [(n, p) for s0 in range(0, pairs, section) for n in reversed(range(t))
+                     for p in range(s0, min(pairs, s0 + section))]
+            print(f"  deterministic, {section:2d} pairs a section {makespan(order, steps, args.sms):7.1f}")
+        for frac in (0.25, 0.5, 1.0):
+            keyed = sorted((i + p * frac * t / pairs, p, t - 1 - i) for p in range(pairs) for i in range(t))
+            order = [(n, p) for _, p, n in keyed]
+            print(f"  staggered by {frac:4.2f} of a pair  {makespan(order, steps, args.sms):7.1f}")
+
+
+if __name__ == "__main__":
+    main()
