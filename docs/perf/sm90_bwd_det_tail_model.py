@@ -16,7 +16,16 @@ Two launch orders (src/cuda/sm90/sm90_bwd_blocks.h, BwdBlockOrder):
                  pair's blocks after pair 0's (offset a quarter, half or all of a pair's blocks).
 
 Prints each order's makespan in steps against the work's even share of the multiprocessors.
-Usage: python3 sm90_bwd_det_tail_model.py [--tiles 64] [--pairs 32] [--sms 132]
+
+With --delta D (> 0) it also models the turns: a block's add into query tile m is issued once its
+step is computed and the previous turn's add into m is done, and is done D steps later; the
+block's next step cannot finish before that add is issued (one dQ buffer). Three designs:
+  free           the default kernel (ascending launch, no turns);
+  descending     the deterministic kernel's (descending launch and turns, query tiles ascending);
+  ascending      a candidate (ascending launch and turns, each block's query tiles descending:
+                 the longest blocks start first, and a block waits only on blocks launched
+                 before it, so it cannot deadlock).
+Usage: python3 sm90_bwd_det_tail_model.py [--tiles 64] [--pairs 32] [--sms 132] [--delta 0.2]
 """
 import argparse
 import heapq
@@ -33,11 +42,40 @@ def makespan(order, steps, sms):
     return end
 
 
+def turns_makespan(t, pairs, design, delta, causal, sms):
+    if design == "descending":
+        order = [(n, p) for n in reversed(range(t)) for p in range(pairs)]
+    else:
+        order = [(n, p) for p in range(pairs) for n in range(t)]
+    done = {}  # (pair, key tile, query tile) -> the add's completion
+    free = [0.0] * sms
+    end = 0.0
+    for n, p in order:
+        start = heapq.heappop(free)
+        tiles = list(range(n, t)) if causal else list(range(t))
+        if design == "ascending":
+            tiles.reverse()
+        computed = issued = last = start
+        for m in tiles:
+            computed = max(computed, issued) + 1.0
+            before = 0.0
+            if design == "descending" and n + 1 < t and (not causal or n + 1 <= m):
+                before = done[(p, n + 1, m)]
+            elif design == "ascending" and n > 0:
+                before = done[(p, n - 1, m)]
+            issued = max(computed, before)
+            last = done[(p, n, m)] = issued + delta
+        end = max(end, last)
+        heapq.heappush(free, last)
+    return end
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiles", type=int, default=64, help="key (and query) tiles: seqlen / 64")
     ap.add_argument("--pairs", type=int, default=32, help="batch * KV heads")
     ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--delta", type=float, default=0.0, help="an add's latency in steps (0: no turn model)")
     args = ap.parse_args()
     t, pairs = args.tiles, args.pairs
     for causal in (False, True):
@@ -54,6 +92,10 @@ def main():
             keyed = sorted((i + p * frac * t / pairs, p, t - 1 - i) for p in range(pairs) for i in range(t))
             order = [(n, p) for _, p, n in keyed]
             print(f"  staggered by {frac:4.2f} of a pair  {makespan(order, steps, args.sms):7.1f}")
+        if args.delta > 0:
+            for design in ("free", "descending", "ascending"):
+                span = turns_makespan(t, pairs, design, args.delta, causal, args.sms)
+                print(f"  turns, {design:10s} (add latency {args.delta} steps) {span:7.1f}")
 
 
 if __name__ == "__main__":
