@@ -11,8 +11,9 @@
 #   asc      the blocks' key tiles in ascending order (with the turns' waits, a block would wait
 #            for blocks that start after it: combine with nopass only)
 #   onewarp  one dQ warp, as the default kernel has
-# PROBES (default nowait) names them, joined by + to combine. (Run 67 also had `nofence`, pass_turn
-# without the __threadfence it then had; the tree has since dropped it, docs/PERF.md.)
+# PROBES (default nowait; empty: none) names them, joined by + to combine. (Run 67 also had
+# `nofence`, pass_turn without the __threadfence it then had; the tree has since dropped it,
+# docs/PERF.md.)
 #   bench    FORMS (default: default, det, and each probe as det), D256, LENGTHS (4k and 16k),
 #            causal none and bottom-right, ROUNDS rounds interleaved        -> bench.txt
 #   source   Nsight Compute's per-instruction stall samples (SASS, CSV) of SOURCE_FORMS
@@ -21,7 +22,7 @@ set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH AB_HEAD_DIMS="256"
 source "$(dirname "$0")/sm90_ab.sh"
-STEPS=${STEPS:-"build bench source"}; ROUNDS=${ROUNDS:-3}; PROBES=${PROBES:-nowait}
+STEPS=${STEPS:-"build bench source"}; ROUNDS=${ROUNDS:-3}; PROBES=${PROBES-nowait}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 B=${BUILD:-$PWD/build-sm90-256}
 K=src/cuda/sm90/sm90_bwd_kernel.cuh; C=src/cuda/sm90/sm90_config.h
@@ -62,13 +63,15 @@ if want build; then
 fi
 if want bench; then
   # FORMS: default, det, or a probe's name (run --deterministic), each optionally :keys
-  # (FMHA_SM90_BWD_ORDER=keys, one pair per section) or :<MB> (FMHA_SM90_L2_SECTION_MB=<MB>).
+  # (FMHA_SM90_BWD_ORDER=keys, one pair per section), :<MB> (FMHA_SM90_L2_SECTION_MB=<MB>) or
+  # :ascending (FMHA_SM90_BWD_TURNS=ascending: the turns from the first key tile).
   for r in $(seq "$ROUNDS"); do for s in ${LENGTHS:-4096 16384}; do for c in none bottom-right; do
     for form in ${FORMS:-default det $PROBES}; do
       kind=${form%%:*}; opt=${form#"$kind"}; opt=${opt#:}; cli=$B/fmha; flags=""; env=()
       [[ $kind != default ]] && flags="--deterministic"
       [[ $kind != default && $kind != det ]] && cli=$PWD/build-probe-$kind/fmha
       [[ $opt == keys ]] && env=(FMHA_SM90_BWD_ORDER=keys); [[ $opt =~ ^[0-9]+$ ]] && env=(FMHA_SM90_L2_SECTION_MB=$opt)
+      [[ $opt == ascending ]] && env=(FMHA_SM90_BWD_TURNS=ascending)
       env "${env[@]}" timeout 60 "$cli" bench --backend sm90 --mode bwd --dtype bf16 --head-dim 256 --heads 8 \
         --batch $((16384 / s)) --seqlen-q $s --causal $c $flags --iters 10 --no-progress 2>&1 | tail -1 |
         awk -v f=$form -v r=$r '{print f, r, $0}'
