@@ -8,12 +8,10 @@
 #            kernel's dQ hand-off, with the deterministic kernel's order and registers)
 #   regs     the deterministic (and packed) kernels with the default kernel's register split
 #            (24 / 240 for 40 / 232; the producer warpgroup may spill)
-#   asc      the blocks' key tiles in ascending order (with the turns' waits, a block would wait
-#            for blocks that start after it: combine with nopass only)
 #   onewarp  one dQ warp, as the default kernel has
 # PROBES (default nowait; empty: none) names them, joined by + to combine. (Run 67 also had
 # `nofence`, pass_turn without the __threadfence it then had; the tree has since dropped it,
-# docs/PERF.md.)
+# docs/PERF.md.) The launch order's direction without the turns: FORMS="nopass:ascending".
 #   bench    FORMS (default: default, det, and each probe as det), D256, LENGTHS (4k and 16k),
 #            causal none and bottom-right, ROUNDS rounds interleaved        -> bench.txt
 #   source   Nsight Compute's per-instruction stall samples (SASS, CSV) of SOURCE_FORMS
@@ -38,8 +36,6 @@ probe_patch() {
       regs) sed -i -e 's|^\(inline constexpr int kBwdWideProducerRegisters = \)40;|\124; // probe|' \
               -e 's|^\(inline constexpr int kBwdWideConsumerRegisters = \)232;|\1240; // probe|' "$2/$C"
             n=$(grep -c "Registers = [0-9]*; // probe" "$2/$C"); [[ $n == 2 ]] || n=0 ;;
-      asc) sed -i 's|params.order.template get<true>(|params.order.template get<false>(/* probe */|' "$2/$K"
-           n=$(grep -c "get<false>(/\* probe" "$2/$K"); [[ $n == 3 ]] || n=0 ;;
       onewarp) sed -i 's|^constexpr int bwd_dq_warps(bool ordered) { return ordered ? 2 : 1; }|constexpr int bwd_dq_warps(bool) { return 1; }  // probe|' "$2/$C"
                n=$(grep -c "return 1; }  // probe" "$2/$C") ;;
       *) echo "unknown probe $part"; return 1 ;;
