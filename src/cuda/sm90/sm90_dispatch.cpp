@@ -3,9 +3,10 @@
 // precision tf32 at head dims 64 to 128 (one configuration, the default) and with tf32x3 (split
 // tf32) at head dim 64; the backward (wgmma + TMA, warp-specialised) for fp16 and bf16 at head
 // dims 64 to 256 and for fp32 with precision tf32 at head dim 64, deterministic on request (dQ
-// added in descending key-tile order, or ascending under FMHA_SM90_BWD_TURNS=ascending). Calls it cannot take (another GPU, exact fp32, a split
-// backward, head dims below 64 or above a precision's largest, views TMA cannot address) are
-// refused with the reason, and auto-selection moves on to the sm80 tier.
+// added in descending key-tile order, or ascending under FMHA_SM90_BWD_TURNS=ascending). Calls
+// it cannot take (another GPU, exact fp32, a split backward, head dims below 64 or above a
+// precision's largest, views TMA cannot address) are refused with the reason, and
+// auto-selection moves on to the sm80 tier.
 //
 // FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
 // compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once;
