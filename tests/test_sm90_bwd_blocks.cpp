@@ -249,5 +249,82 @@ TEST(Sm90BackwardBlocks, AscendingTurnsWaitOnlyBeforeABlocksFirstAddition) {
   check_ascending_turns_wait_only_at_first<64, kBwdRows>();
 }
 
+// The whole protocol, run by the functions the kernel runs: blocks start in grid order, at most
+// `resident` at a time (a block leaves only when it has walked all its query tiles), and a block
+// adds into a query tile only when the tile's counter reaches its turn, then passes the turn on.
+// Whatever the residency, every block finishes (no deadlock), and every query tile receives its
+// additions in key-tile order (descending, or ascending under ascending turns), each once.
+template <int KEYS, int ROWS>
+void check_protocol(const MaskCase& mc, bool ascending, int resident) {
+  const Mask mask = Mask::make(mc.causal, mc.window_left, mc.window_right, mc.q_offset, mc.seqlen_q, mc.seqlen_k);
+  const std::string what = "causal " + std::to_string(int(mc.causal)) + " window (" + std::to_string(mc.window_left) +
+                           ", " + std::to_string(mc.window_right) + ") q_offset " + std::to_string(mc.q_offset) +
+                           " seqlen_q " + std::to_string(mc.seqlen_q) + " seqlen_k " + std::to_string(mc.seqlen_k) +
+                           " keys " + std::to_string(KEYS) + (ascending ? " ascending" : " descending") +
+                           " resident " + std::to_string(resident);
+  BwdBlockOrder order;
+  order.key_tiles = int((mc.seqlen_k + KEYS - 1) / KEYS), order.kv_heads = 1, order.pairs = 3, order.section = 2;
+  order.ascending = ascending ? 1 : 0;
+  const int query_tiles = int((mc.seqlen_q + ROWS - 1) / ROWS);
+  std::vector<std::vector<int>> counter(size_t(order.pairs), std::vector<int>(size_t(query_tiles), 0));
+  std::vector<std::vector<std::vector<int>>> added(size_t(order.pairs),
+                                                   std::vector<std::vector<int>>(size_t(query_tiles)));
+  struct Running {
+    BwdBlock block;
+    Range tiles;
+    int step;
+  };
+  std::vector<Running> running;
+  int next = 0;
+  while (next < int(order.blocks()) || !running.empty()) {
+    while (int(running.size()) < resident && next < int(order.blocks())) {
+      const BwdBlock b = order.get(next++);
+      running.push_back({b, bwd_query_tiles<ROWS>(mask, bwd_key_tile<KEYS>(mask, b.key_tile)), 0});
+    }
+    bool progressed = false;
+    for (size_t r = 0; r < running.size();) {
+      Running& run = running[r];
+      if (run.step < int(run.tiles.size())) {
+        const int m = bwd_walk_tile(run.tiles, run.step, ascending);
+        const int pair = run.block.batch * order.kv_heads + run.block.kv_head;
+        int& turn = counter[size_t(pair)][size_t(m)];
+        if (turn == bwd_turn<KEYS, ROWS>(mask, m, run.block.key_tile, ascending)) {
+          added[size_t(pair)][size_t(m)].push_back(run.block.key_tile);
+          ++turn;
+          ++run.step;
+          progressed = true;
+        }
+      }
+      if (run.step == int(run.tiles.size())) {
+        running.erase(running.begin() + std::ptrdiff_t(r));
+        progressed = true;
+      } else {
+        ++r;
+      }
+    }
+    ASSERT_TRUE(progressed) << what << ": every resident block waits (deadlock), " << next << " of "
+                            << order.blocks() << " blocks started";
+  }
+  for (int pair = 0; pair < order.pairs; ++pair)
+    for (int m = 0; m < query_tiles; ++m) {
+      std::vector<int> expected;  // the key tiles that add into m, in turn order
+      for (int n = 0; n < order.key_tiles; ++n) {
+        const Range t = bwd_query_tiles<ROWS>(mask, bwd_key_tile<KEYS>(mask, n));
+        if (t.begin <= m && m < t.end) expected.push_back(n);
+      }
+      if (!ascending) std::reverse(expected.begin(), expected.end());
+      EXPECT_EQ(added[size_t(pair)][size_t(m)], expected) << what << " pair " << pair << " tile " << m;
+    }
+}
+
+TEST(Sm90BackwardBlocks, TurnsNeverDeadlockAndAddInKeyTileOrderAtAnyResidency) {
+  for (const MaskCase& mc : mask_cases())
+    for (bool ascending : {false, true})
+      for (int resident : {1, 2, 5, 64}) {
+        check_protocol<128, kBwdRows>(mc, ascending, resident);
+        check_protocol<64, kBwdRows>(mc, ascending, resident);
+      }
+}
+
 }  // namespace
 }  // namespace fmha::cuda::sm90
