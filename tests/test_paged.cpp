@@ -450,7 +450,6 @@ TEST(AppendKv, BadInputRefusedAndNothingWritten) {
   EXPECT_TRUE(append_kv(good).ok());
 }
 
-
 // The decode gather's walk over a thread's rows (RowWalk): from any first key, every step of at
 // most a page lands where the division puts that key, at every page size the cache takes and in
 // the contiguous case (one page the length of the sequence).

@@ -111,6 +111,12 @@ std::vector<MaskCase> mask_cases() {
   return cases;
 }
 
+std::string describe(const MaskCase& mc) {
+  return "causal " + std::to_string(int(mc.causal)) + " window (" + std::to_string(mc.window_left) + ", " +
+         std::to_string(mc.window_right) + ") q_offset " + std::to_string(mc.q_offset) + " seqlen_q " +
+         std::to_string(mc.seqlen_q) + " seqlen_k " + std::to_string(mc.seqlen_k);
+}
+
 // For each query tile m, the key tiles that add into it take turns 0, 1, ... from the last key
 // tile down, and each turn's holder is a block that starts before the next turn's holder in the
 // deterministic kernel's order (so a block waits only for blocks already started: no deadlock
@@ -118,9 +124,7 @@ std::vector<MaskCase> mask_cases() {
 template <int KEYS, int ROWS>
 void check_turns(const MaskCase& mc, bool ascending) {
   const Mask mask = Mask::make(mc.causal, mc.window_left, mc.window_right, mc.q_offset, mc.seqlen_q, mc.seqlen_k);
-  const std::string what = "causal " + std::to_string(int(mc.causal)) + " window (" + std::to_string(mc.window_left) +
-                           ", " + std::to_string(mc.window_right) + ") q_offset " + std::to_string(mc.q_offset) +
-                           " seqlen_q " + std::to_string(mc.seqlen_q) + " seqlen_k " + std::to_string(mc.seqlen_k) +
+  const std::string what = describe(mc) +
                            " keys " + std::to_string(KEYS) + " rows " + std::to_string(ROWS) +
                            (ascending ? " ascending" : " descending");
   const int key_tiles = int((mc.seqlen_k + KEYS - 1) / KEYS);
@@ -257,9 +261,7 @@ TEST(Sm90BackwardBlocks, AscendingTurnsWaitOnlyBeforeABlocksFirstAddition) {
 template <int KEYS, int ROWS>
 void check_protocol(const MaskCase& mc, bool ascending, int resident) {
   const Mask mask = Mask::make(mc.causal, mc.window_left, mc.window_right, mc.q_offset, mc.seqlen_q, mc.seqlen_k);
-  const std::string what = "causal " + std::to_string(int(mc.causal)) + " window (" + std::to_string(mc.window_left) +
-                           ", " + std::to_string(mc.window_right) + ") q_offset " + std::to_string(mc.q_offset) +
-                           " seqlen_q " + std::to_string(mc.seqlen_q) + " seqlen_k " + std::to_string(mc.seqlen_k) +
+  const std::string what = describe(mc) +
                            " keys " + std::to_string(KEYS) + (ascending ? " ascending" : " descending") +
                            " resident " + std::to_string(resident);
   BwdBlockOrder order;

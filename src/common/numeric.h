@@ -1,5 +1,7 @@
 // Host-side number formats: fp16/bf16 <-> fp32 conversion (round to nearest even), tf32
-// rounding, and typed element access by DType. Used by the CPU backends, the CLI and the tests.
+// rounding, and typed element access by DType; and splitmix64, the integer mix from which the
+// benchmark harness draws its inputs and the fuzz its case seeds. Used by the CPU backends, the
+// CLI and the tests.
 #pragma once
 
 #include <cmath>
@@ -10,6 +12,16 @@
 #include "fmha/fmha.h"
 
 namespace fmha {
+
+// splitmix64's output function: a well-mixed 64-bit value of `z`.
+inline uint64_t splitmix64_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+inline constexpr uint64_t kSplitmix64Increment = 0x9e3779b97f4a7c15ull;
+// The next value of the splitmix64 stream whose state is `state`.
+inline uint64_t splitmix64(uint64_t& state) { return splitmix64_mix(state += kSplitmix64Increment); }
 
 inline uint32_t float_bits(float x) {
   uint32_t u;

@@ -565,10 +565,8 @@ std::vector<uint64_t> seeds(int64_t count, int shard, int shards) {
   std::vector<uint64_t> out;
   for (int64_t i = shard; i < count; i += shards) {
     // splitmix64 of (base + i): case seeds far apart, each replayable on its own.
-    uint64_t z = base + uint64_t(i) * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    out.push_back((z ^ (z >> 31)) & 0xffffffffffffull);  // 48 bits: short enough to copy
+    const uint64_t z = splitmix64_mix(base + uint64_t(i) * kSplitmix64Increment);
+    out.push_back(z & 0xffffffffffffull);  // 48 bits: short enough to copy
   }
   return out;
 }

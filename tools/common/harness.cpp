@@ -214,14 +214,6 @@ namespace {
 
 constexpr unsigned char kPoisonByte = 0xff;  // all-ones: NaN in fp32, fp16 and bf16
 
-// splitmix64: the next value of the stream whose state is `state`.
-uint64_t splitmix(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // A tensor of `shape` (contiguous) in a buffer, with a host copy of its stored bytes.
 struct Slot {
   Buffer device;
@@ -261,7 +253,7 @@ struct Slot {
   // values do not depend on how many there are.
   void fill_random(uint64_t& state) {
     constexpr int64_t kRandomBlock = int64_t(1) << 16;  // even: a block holds whole pairs
-    const uint64_t seed = splitmix(state);
+    const uint64_t seed = splitmix64(state);
     struct Fill {
       Slot* slot;
       uint64_t seed;
@@ -273,7 +265,7 @@ struct Slot {
       constexpr double kTwoPi = 6.283185307179586, kUnit = 1.0 / 9007199254740992.0;  // 2^-53
       const int64_t begin = block * kRandomBlock, end = std::min(begin + kRandomBlock, f.slot->numel());
       for (int64_t i = begin; i < end; i += 2) {
-        const double u1 = (double(splitmix(stream) >> 11) + 1.0) * kUnit, u2 = double(splitmix(stream) >> 11) * kUnit;
+        const double u1 = (double(splitmix64(stream) >> 11) + 1.0) * kUnit, u2 = double(splitmix64(stream) >> 11) * kUnit;
         const double radius = std::sqrt(-2.0 * std::log(u1));
         store_element(f.slot->host.data(), f.slot->dtype, i, float(radius * std::cos(kTwoPi * u2)));
         if (i + 1 < end) store_element(f.slot->host.data(), f.slot->dtype, i + 1, float(radius * std::sin(kTwoPi * u2)));
