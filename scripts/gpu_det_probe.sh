@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call on an H100/H200 (results under $OUT), from the repository root: where the sm90
-# deterministic backward's extra time goes. CLIs at head dim 256: this tree (B), and probes, each
+# deterministic backward's extra time goes. CLIs at head dims DIMS (default 256; e.g. "128 256"):
+# this tree (B), and probes, each
 # built from a copy of the tree with parts of the dQ warps' turn protocol taken out (timing probes
 # only: without the wait dQ is added in no fixed order, and their results are not checked):
 #   nowait   the dQ warps skip the wait for their turn (tile::wait_turn)
@@ -13,12 +14,14 @@
 # `nofence`, pass_turn without the __threadfence it then had; the tree has since dropped it,
 # docs/PERF.md.) The launch order's direction without the turns: FORMS="nopass:ascending".
 #   bench    FORMS (default: default, det, and each probe as det), D256, LENGTHS (4k and 16k),
-#            causal none and bottom-right, ROUNDS rounds interleaved        -> bench.txt
+#            causal none and bottom-right, each of DIMS (heads 2048 / head dim), ROUNDS rounds
+#            interleaved                                                    -> bench.txt
 #   source   Nsight Compute's per-instruction stall samples (SASS, CSV) of SOURCE_FORMS
 #            (default det; det and/or default), D256 causal 4k              -> source_<form>.csv
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-export PATH=/usr/local/cuda/bin:$PATH AB_HEAD_DIMS="256"
+DIMS=${DIMS:-256}
+export PATH=/usr/local/cuda/bin:$PATH AB_HEAD_DIMS="${DIMS// /;}"
 source "$(dirname "$0")/sm90_ab.sh"
 STEPS=${STEPS:-"build bench source"}; ROUNDS=${ROUNDS:-3}; PROBES=${PROBES-nowait}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -61,18 +64,18 @@ if want bench; then
   # FORMS: default, det, or a probe's name (run --deterministic), each optionally :keys
   # (FMHA_SM90_BWD_ORDER=keys, one pair per section), :<MB> (FMHA_SM90_L2_SECTION_MB=<MB>) or
   # :ascending (FMHA_SM90_BWD_TURNS=ascending: the turns from the first key tile).
-  for r in $(seq "$ROUNDS"); do for s in ${LENGTHS:-4096 16384}; do for c in none bottom-right; do
+  for r in $(seq "$ROUNDS"); do for d in $DIMS; do for s in ${LENGTHS:-4096 16384}; do for c in none bottom-right; do
     for form in ${FORMS:-default det $PROBES}; do
       kind=${form%%:*}; opt=${form#"$kind"}; opt=${opt#:}; cli=$B/fmha; flags=""; env=()
       [[ $kind != default ]] && flags="--deterministic"
       [[ $kind != default && $kind != det ]] && cli=$PWD/build-probe-$kind/fmha
       [[ $opt == keys ]] && env=(FMHA_SM90_BWD_ORDER=keys); [[ $opt =~ ^[0-9]+$ ]] && env=(FMHA_SM90_L2_SECTION_MB=$opt)
       [[ $opt == ascending ]] && env=(FMHA_SM90_BWD_TURNS=ascending)
-      env "${env[@]}" timeout 60 "$cli" bench --backend sm90 --mode bwd --dtype bf16 --head-dim 256 --heads 8 \
+      env "${env[@]}" timeout 60 "$cli" bench --backend sm90 --mode bwd --dtype bf16 --head-dim $d --heads $((2048 / d)) \
         --batch $((16384 / s)) --seqlen-q $s --causal $c $flags --iters 10 --no-progress 2>&1 | tail -1 |
         awk -v f=$form -v r=$r '{print f, r, $0}'
     done
-  done; done; done | tee "$OUT/bench.txt"
+  done; done; done; done | tee "$OUT/bench.txt"
 fi
 if want source; then
   # SOURCE_FORMS: default and/or det.
