@@ -12,7 +12,7 @@
 #   onewarp  one dQ warp, as the default kernel has
 # PROBES (default nowait; empty: none) names them, joined by + to combine. (Run 67 also had
 # `nofence`, pass_turn without the __threadfence it then had; the tree has since dropped it,
-# docs/PERF.md.) The launch order's direction without the turns: FORMS="nopass:ascending".
+# docs/PERF.md.)
 #   bench    FORMS (default: default, det, and each probe as det), D256, LENGTHS (4k and 16k),
 #            causal none and bottom-right, each of DIMS (heads 2048 / head dim), ROUNDS rounds
 #            interleaved                                                    -> bench.txt
@@ -62,15 +62,13 @@ if want build; then
 fi
 if want bench; then
   # FORMS: default, det, or a probe's name (run --deterministic), each optionally :keys
-  # (FMHA_SM90_BWD_ORDER=keys, one pair per section), :<MB> (FMHA_SM90_L2_SECTION_MB=<MB>) or
-  # :ascending (FMHA_SM90_BWD_TURNS=ascending: the turns from the first key tile).
+  # (FMHA_SM90_BWD_ORDER=keys, one pair per section) or :<MB> (FMHA_SM90_L2_SECTION_MB=<MB>).
   for r in $(seq "$ROUNDS"); do for d in $DIMS; do for s in ${LENGTHS:-4096 16384}; do for c in none bottom-right; do
     for form in ${FORMS:-default det $PROBES}; do
       kind=${form%%:*}; opt=${form#"$kind"}; opt=${opt#:}; cli=$B/fmha; flags=""; env=()
       [[ $kind != default ]] && flags="--deterministic"
       [[ $kind != default && $kind != det ]] && cli=$PWD/build-probe-$kind/fmha
       [[ $opt == keys ]] && env=(FMHA_SM90_BWD_ORDER=keys); [[ $opt =~ ^[0-9]+$ ]] && env=(FMHA_SM90_L2_SECTION_MB=$opt)
-      [[ $opt == ascending ]] && env=(FMHA_SM90_BWD_TURNS=ascending)
       env "${env[@]}" timeout 60 "$cli" bench --backend sm90 --mode bwd --dtype bf16 --head-dim $d --heads $((2048 / d)) \
         --batch $((16384 / s)) --seqlen-q $s --causal $c $flags --iters 10 --no-progress 2>&1 | tail -1 |
         awk -v f=$form -v r=$r '{print f, r, $0}'

@@ -3,15 +3,13 @@
 # deterministic backward (descending turns, L2 sections of (batch, KV head) pairs, two dQ warps):
 #   build (scripts/gpu_round.sh, head dims 64, 128, 256; incremental after gpu_backward_check.sh)
 #   the deterministic GPU tests of every tier and the sm90 deterministic kernel cases (again under
-#   FMHA_SM90_BWD_ORDER=keys unless KEYS_ORDER is empty, and under FMHA_SM90_BWD_TURNS=ascending)
-#                                                                                     -> tests.log
+#   FMHA_SM90_BWD_ORDER=keys unless KEYS_ORDER is empty)                            -> tests.log
 #   memcheck, racecheck and synccheck (SANITIZE: which) on the small sm90 deterministic cases
 #                                                                                     -> sanitize.log
 #   sm90 backward, bf16, D128 (16k tokens a call, 16 heads) and D64 at 4k, default and
-#   deterministic, causal and not, the deterministic one with one pair per section
-#   (FMHA_SM90_BWD_ORDER=keys; KEYS_ORDER= empty leaves it and its test run out) and with
-#   ascending turns (FMHA_SM90_BWD_TURNS=ascending); BENCH_CASES: other "<head dim>x<length>"
-#   cases                                                                             -> bench_det.txt
+#   deterministic, causal and not, and the deterministic one with one pair per section
+#   (FMHA_SM90_BWD_ORDER=keys; KEYS_ORDER= empty leaves it and its test run out); BENCH_CASES: other
+#   "<head dim>x<length>" cases                                                       -> bench_det.txt
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -27,9 +25,6 @@ cat $OUT/shard_*.log > $OUT/tests.log; rm -f $OUT/shard_*.log
 # The same cases with one (batch, KV head) pair per section of the block order (ctest runs them
 # so too: Sm90DeterministicKeysOrder).
 [[ -n ${KEYS_ORDER-1} ]] && FMHA_SM90_BWD_ORDER=keys timeout 150 $T --gtest_color=no --gtest_brief=1 \
-  --gtest_filter='Tiers/Deterministic.*cuda_sm90*:Sweep/Kernel.Backward/*sm90*_det*' >> $OUT/tests.log 2>&1
-# And with ascending turns (FMHA_SM90_BWD_TURNS=ascending; ctest: Sm90DeterministicAscendingTurns).
-FMHA_SM90_BWD_TURNS=ascending timeout 150 $T --gtest_color=no --gtest_brief=1 \
   --gtest_filter='Tiers/Deterministic.*cuda_sm90*:Sweep/Kernel.Backward/*sm90*_det*' >> $OUT/tests.log 2>&1
 grep -hE "^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]|tests? from .* ran" $OUT/tests.log | sort | uniq -c
 grep -E "^\[  FAILED  \] [A-Z]" $OUT/tests.log | sort -u | head -20
@@ -50,6 +45,5 @@ for c in ${BENCH_CASES:-"128 512" "128 4096" "128 16384" "64 4096"}; do set -- $
     echo "D$1 S$2 $causal deterministic: $($F $args --deterministic 2>&1 | tail -1)"
     [[ -n ${KEYS_ORDER-1} ]] &&
       echo "D$1 S$2 $causal deterministic, keys order: $(FMHA_SM90_BWD_ORDER=keys $F $args --deterministic 2>&1 | tail -1)"
-    echo "D$1 S$2 $causal deterministic, ascending turns: $(FMHA_SM90_BWD_TURNS=ascending $F $args --deterministic 2>&1 | tail -1)"
   done
 done | tee $OUT/bench_det.txt

@@ -53,31 +53,6 @@ void check_order(int key_tiles, int kv_heads, int batch, int section) {
   }
 }
 
-TEST(Sm90BackwardBlocks, TheTurnOrderPicksTheLaunchOrder) {
-  BwdBlockOrder order;
-  order.key_tiles = 7, order.kv_heads = 3, order.pairs = 6, order.section = 4;
-  for (int ascending : {0, 1}) {
-    order.ascending = ascending;
-    for (int i = 0; i < int(order.blocks()); ++i) {
-      const BwdBlock b = order.get(i), e = ascending ? order.get<false>(i) : order.get<true>(i);
-      EXPECT_EQ(std::make_tuple(b.key_tile, b.kv_head, b.batch), std::make_tuple(e.key_tile, e.kv_head, e.batch))
-          << "ascending " << ascending << " index " << i;
-    }
-  }
-}
-
-TEST(Sm90BackwardBlocks, WalksVisitEveryTileOnceFromEitherEnd) {
-  for (Range tiles : {Range{0, 0}, Range{3, 4}, Range{2, 9}}) {
-    for (bool from_last : {false, true}) {
-      std::vector<int> seen;
-      for (int i = 0; i < int(tiles.size()); ++i) seen.push_back(bwd_walk_tile(tiles, i, from_last));
-      ASSERT_EQ(seen.size(), size_t(tiles.size()));
-      for (size_t i = 0; i < seen.size(); ++i)
-        EXPECT_EQ(seen[i], from_last ? int(tiles.end) - 1 - int(i) : int(tiles.begin) + int(i));
-    }
-  }
-}
-
 TEST(Sm90BackwardBlocks, OrderNamesEveryBlockOnce) {
   for (int key_tiles : {1, 2, 5, 16})
     for (int kv_heads : {1, 3, 8})
@@ -122,19 +97,17 @@ std::string describe(const MaskCase& mc) {
 // deterministic kernel's order (so a block waits only for blocks already started: no deadlock
 // however few blocks run at once).
 template <int KEYS, int ROWS>
-void check_turns(const MaskCase& mc, bool ascending) {
+void check_turns(const MaskCase& mc) {
   const Mask mask = Mask::make(mc.causal, mc.window_left, mc.window_right, mc.q_offset, mc.seqlen_q, mc.seqlen_k);
   const std::string what = describe(mc) +
-                           " keys " + std::to_string(KEYS) + " rows " + std::to_string(ROWS) +
-                           (ascending ? " ascending" : " descending");
+                           " keys " + std::to_string(KEYS) + " rows " + std::to_string(ROWS);
   const int key_tiles = int((mc.seqlen_k + KEYS - 1) / KEYS);
   const int query_tiles = int((mc.seqlen_q + ROWS - 1) / ROWS);
   BwdBlockOrder order;
   order.key_tiles = key_tiles, order.kv_heads = 2, order.pairs = 6, order.section = 4;  // a partial last section
-  order.ascending = ascending ? 1 : 0;
   std::map<std::pair<int, int>, int> index;  // (pair, key tile) -> grid index
   for (int i = 0; i < int(order.blocks()); ++i) {
-    const BwdBlock b = order.get(i);
+    const BwdBlock b = order.get<true>(i);
     index[{b.batch * order.kv_heads + b.kv_head, b.key_tile}] = i;
   }
   for (int m = 0; m < query_tiles; ++m) {
@@ -155,9 +128,8 @@ void check_turns(const MaskCase& mc, bool ascending) {
     ASSERT_FALSE(adders.empty()) << what << " tile " << m;
     EXPECT_EQ(int64_t(adders.back()), seen.begin / KEYS) << what << " tile " << m;
     EXPECT_EQ(int64_t(adders.front()), (seen.end - 1) / KEYS) << what << " tile " << m;
-    if (ascending) std::reverse(adders.begin(), adders.end());  // turns from the first key tile
     for (size_t turn = 0; turn < adders.size(); ++turn) {
-      EXPECT_EQ((bwd_turn<KEYS, ROWS>(mask, m, adders[turn], ascending)), int(turn))
+      EXPECT_EQ((bwd_turn<KEYS, ROWS>(mask, m, adders[turn])), int(turn))
           << what << " tile " << m << " key tile " << adders[turn];
       if (turn > 0)
         for (int pair = 0; pair < order.pairs; ++pair)
@@ -169,18 +141,9 @@ void check_turns(const MaskCase& mc, bool ascending) {
 
 TEST(Sm90BackwardBlocks, TurnsRunFromTheLastKeyTileAndWaitOnlyForEarlierBlocks) {
   for (const MaskCase& mc : mask_cases()) {
-    check_turns<128, kBwdRows>(mc, false);
-    check_turns<128, kBwdWideRows>(mc, false);
-    check_turns<64, kBwdRows>(mc, false);
-  }
-}
-
-// Ascending turns: from the first key tile up, each turn's holder launched before the next's.
-TEST(Sm90BackwardBlocks, AscendingTurnsRunFromTheFirstKeyTileAndWaitOnlyForEarlierBlocks) {
-  for (const MaskCase& mc : mask_cases()) {
-    check_turns<128, kBwdRows>(mc, true);
-    check_turns<128, kBwdWideRows>(mc, true);
-    check_turns<64, kBwdRows>(mc, true);
+    check_turns<128, kBwdRows>(mc);
+    check_turns<128, kBwdWideRows>(mc);
+    check_turns<64, kBwdRows>(mc);
   }
 }
 
@@ -216,57 +179,18 @@ TEST(Sm90BackwardBlocks, CausalTurnsDoNotStallBlocksThatStartTogether) {
   check_causal_turns_do_not_stall<64, kBwdRows>();  // head dims 192 and 256
 }
 
-// Ascending turns, each block walking its query tiles from the last: blocks that start together
-// queue only at their first addition into a tile an earlier key tile shares (at most one
-// addition's wait per block before them), then follow one another without waiting. The step
-// model above, blocks of one wave started at step 0, turns in ascending key-tile order.
-template <int KEYS, int ROWS>
-void check_ascending_turns_wait_only_at_first() {
-  for (Causal causal : {Causal::bottom_right, Causal::none})
-    for (int64_t seqlen : {512, 2048, 4096}) {
-      const Mask mask = Mask::make(causal, causal == Causal::none ? 300 : -1, causal == Causal::none ? 300 : -1, 0,
-                                   seqlen, seqlen);
-      const int key_tiles = int(seqlen / KEYS);
-      std::vector<std::map<int, int>> done(static_cast<size_t>(key_tiles));
-      int late_waits = 0;
-      for (int n = 0; n < key_tiles; ++n) {
-        const Range tiles = bwd_query_tiles<ROWS>(mask, bwd_key_tile<KEYS>(mask, n));
-        int step = 0;
-        bool added = false;
-        for (int i = 0; i < int(tiles.size()); ++i, ++step) {
-          const int m = bwd_walk_tile(tiles, i, true);
-          int ready = step;
-          if (bwd_turn<KEYS, ROWS>(mask, m, n, true) > 0) ready = std::max(ready, done[size_t(n - 1)].at(m) + 1);
-          if (added) late_waits += ready - step;
-          step = ready;
-          done[size_t(n)][m] = step;
-          added = true;
-        }
-      }
-      EXPECT_EQ(late_waits, 0) << "causal " << int(causal) << " seqlen " << seqlen << " keys " << KEYS << " rows "
-                               << ROWS;
-    }
-}
-TEST(Sm90BackwardBlocks, AscendingTurnsWaitOnlyBeforeABlocksFirstAddition) {
-  check_ascending_turns_wait_only_at_first<128, kBwdRows>();
-  check_ascending_turns_wait_only_at_first<128, kBwdWideRows>();
-  check_ascending_turns_wait_only_at_first<64, kBwdRows>();
-}
-
 // The whole protocol, run by the functions the kernel runs: blocks start in grid order, at most
 // `resident` at a time (a block leaves only when it has walked all its query tiles), and a block
 // adds into a query tile only when the tile's counter reaches its turn, then passes the turn on.
 // Whatever the residency, every block finishes (no deadlock), and every query tile receives its
-// additions in key-tile order (descending, or ascending under ascending turns), each once.
+// additions in descending key-tile order, each once.
 template <int KEYS, int ROWS>
-void check_protocol(const MaskCase& mc, bool ascending, int resident) {
+void check_protocol(const MaskCase& mc, int resident) {
   const Mask mask = Mask::make(mc.causal, mc.window_left, mc.window_right, mc.q_offset, mc.seqlen_q, mc.seqlen_k);
   const std::string what = describe(mc) +
-                           " keys " + std::to_string(KEYS) + (ascending ? " ascending" : " descending") +
-                           " resident " + std::to_string(resident);
+                           " keys " + std::to_string(KEYS) + " resident " + std::to_string(resident);
   BwdBlockOrder order;
   order.key_tiles = int((mc.seqlen_k + KEYS - 1) / KEYS), order.kv_heads = 1, order.pairs = 3, order.section = 2;
-  order.ascending = ascending ? 1 : 0;
   const int query_tiles = int((mc.seqlen_q + ROWS - 1) / ROWS);
   std::vector<std::vector<int>> counter(size_t(order.pairs), std::vector<int>(size_t(query_tiles), 0));
   std::vector<std::vector<std::vector<int>>> added(size_t(order.pairs),
@@ -280,17 +204,17 @@ void check_protocol(const MaskCase& mc, bool ascending, int resident) {
   int next = 0;
   while (next < int(order.blocks()) || !running.empty()) {
     while (int(running.size()) < resident && next < int(order.blocks())) {
-      const BwdBlock b = order.get(next++);
+      const BwdBlock b = order.get<true>(next++);
       running.push_back({b, bwd_query_tiles<ROWS>(mask, bwd_key_tile<KEYS>(mask, b.key_tile)), 0});
     }
     bool progressed = false;
     for (size_t r = 0; r < running.size();) {
       Running& run = running[r];
       if (run.step < int(run.tiles.size())) {
-        const int m = bwd_walk_tile(run.tiles, run.step, ascending);
+        const int m = int(run.tiles.begin) + run.step;
         const int pair = run.block.batch * order.kv_heads + run.block.kv_head;
         int& turn = counter[size_t(pair)][size_t(m)];
-        if (turn == bwd_turn<KEYS, ROWS>(mask, m, run.block.key_tile, ascending)) {
+        if (turn == bwd_turn<KEYS, ROWS>(mask, m, run.block.key_tile)) {
           added[size_t(pair)][size_t(m)].push_back(run.block.key_tile);
           ++turn;
           ++run.step;
@@ -309,23 +233,22 @@ void check_protocol(const MaskCase& mc, bool ascending, int resident) {
   }
   for (int pair = 0; pair < order.pairs; ++pair)
     for (int m = 0; m < query_tiles; ++m) {
-      std::vector<int> expected;  // the key tiles that add into m, in turn order
+      std::vector<int> expected;  // the key tiles that add into m, in turn order (descending)
       for (int n = 0; n < order.key_tiles; ++n) {
         const Range t = bwd_query_tiles<ROWS>(mask, bwd_key_tile<KEYS>(mask, n));
         if (t.begin <= m && m < t.end) expected.push_back(n);
       }
-      if (!ascending) std::reverse(expected.begin(), expected.end());
+      std::reverse(expected.begin(), expected.end());
       EXPECT_EQ(added[size_t(pair)][size_t(m)], expected) << what << " pair " << pair << " tile " << m;
     }
 }
 
 TEST(Sm90BackwardBlocks, TurnsNeverDeadlockAndAddInKeyTileOrderAtAnyResidency) {
   for (const MaskCase& mc : mask_cases())
-    for (bool ascending : {false, true})
-      for (int resident : {1, 2, 5, 64}) {
-        check_protocol<128, kBwdRows>(mc, ascending, resident);
-        check_protocol<64, kBwdRows>(mc, ascending, resident);
-      }
+    for (int resident : {1, 2, 5, 64}) {
+      check_protocol<128, kBwdRows>(mc, resident);
+      check_protocol<64, kBwdRows>(mc, resident);
+    }
 }
 
 }  // namespace

@@ -32,24 +32,13 @@ struct BwdBlock {
 // keep their Q, dO and dQ rows in a share of the L2, so that the blocks of one pair start a
 // section apart instead of together (together, they would reach each query tile at once and
 // take their turns one after another).
-//
-// Ascending turns (`ascending`, FMHA_SM90_BWD_TURNS=ascending; docs/PERF.md, the tail model):
-// the mirror image. dQ is added in ascending key-tile order, the key tiles launch from the first
-// (under causal masks the longest blocks first, as the default kernel's grid starts them, so no
-// long block is left to run alone at the end), and each block walks its query tiles from the last
-// (bwd_walk_tile), so that blocks started together reach each query tile together and queue
-// there by at most an addition each, instead of each waiting for the first key tile's block to
-// walk up to its diagonal. A block still waits only for blocks that started before it.
 struct BwdBlockOrder {
   int key_tiles = 0;  // blocks per pair
   int kv_heads = 1;
   int pairs = 0;    // batch · kv_heads
   int section = 1;  // pairs per section, 1 to pairs
-  int ascending = 0;  // deterministic turn order: 0 descending key tiles, 1 ascending
 
   FMHA_HOST_DEVICE int64_t blocks() const { return int64_t(key_tiles) * pairs; }
-  // The deterministic kernel's block at grid index `index`, in its turn order's launch order.
-  FMHA_HOST_DEVICE BwdBlock get(int index) const { return ascending ? get<false>(index) : get<true>(index); }
   template <bool DESCENDING>
   FMHA_HOST_DEVICE BwdBlock get(int index) const {
     const SectionedIndex at = sectioned_index(index, key_tiles, pairs, section);  // blocks() <= INT32_MAX
@@ -84,35 +73,16 @@ FMHA_HOST_DEVICE Range bwd_query_tiles(const Mask& mask, Range keys) {
 // tiles that see a query tile form one run (every mask row sees one interval of keys, and the
 // intervals move forward with the row), so over [n, tiles) "tile m is among its query tiles" is
 // true, then false: a binary search with the very test the blocks use finds the run's end.
-// Ascending turns: how many key tiles before n add into m, found as the run's start.
 template <int KEYS, int ROWS>
-FMHA_HOST_DEVICE int bwd_turn(const Mask& mask, int m, int n, bool ascending = false) {
-  auto adds = [&](int tile) {
-    const Range t = bwd_query_tiles<ROWS>(mask, bwd_key_tile<KEYS>(mask, tile));
-    return t.begin <= m && m < t.end;
-  };
-  if (ascending) {
-    int lo = 0, hi = n;  // the first key tile adding into m is in [lo, hi]
-    while (lo < hi) {
-      const int mid = lo + (hi - lo) / 2;
-      if (adds(mid)) hi = mid;
-      else lo = mid + 1;
-    }
-    return n - lo;
-  }
+FMHA_HOST_DEVICE int bwd_turn(const Mask& mask, int m, int n) {
   int lo = n, hi = int((mask.seqlen_k + KEYS - 1) / KEYS) - 1;  // the last key tile adding into m is in [lo, hi]
   while (lo < hi) {
     const int mid = hi - (hi - lo) / 2;
-    if (adds(mid)) lo = mid;
+    const Range t = bwd_query_tiles<ROWS>(mask, bwd_key_tile<KEYS>(mask, mid));
+    if (t.begin <= m && m < t.end) lo = mid;
     else hi = mid - 1;
   }
   return lo - n;
-}
-
-// The query tile of step i of a block's walk over `tiles`: from the first, or from the last
-// (the deterministic kernel under ascending turns).
-FMHA_HOST_DEVICE int bwd_walk_tile(Range tiles, int i, bool from_last) {
-  return int(from_last ? tiles.end - 1 - i : tiles.begin + i);
 }
 
 }  // namespace fmha::cuda::sm90

@@ -54,18 +54,18 @@ struct BwdKernel {
   // The block's key tile, KV head and batch, functions of the block index and the parameters alone
   // (so that the compiler may recompute them wherever that is cheaper than keeping them live):
   // the default kernel's 3-D grid is (key tile, KV head, batch); the deterministic kernel's is
-  // 1-D in the order of params.order, its key tiles from the last (from the first under ascending
-  // turns). One field a call: the default kernel then reads just that index, where it is used.
+  // 1-D in the order of params.order, its key tiles from the last. One field a call: the default
+  // kernel then reads just that index, where it is used.
   __device__ __forceinline__ static int block_key_tile(const BwdParams& params) {
-    if constexpr (ORDERED_DQ) return params.order.get(int(blockIdx.x)).key_tile;
+    if constexpr (ORDERED_DQ) return params.order.template get<true>(int(blockIdx.x)).key_tile;
     else return int(blockIdx.x);
   }
   __device__ __forceinline__ static int block_kv_head(const BwdParams& params) {
-    if constexpr (ORDERED_DQ) return params.order.get(int(blockIdx.x)).kv_head;
+    if constexpr (ORDERED_DQ) return params.order.template get<true>(int(blockIdx.x)).kv_head;
     else return int(blockIdx.y);
   }
   __device__ __forceinline__ static int block_batch(const BwdParams& params) {
-    if constexpr (ORDERED_DQ) return params.order.get(int(blockIdx.x)).batch;
+    if constexpr (ORDERED_DQ) return params.order.template get<true>(int(blockIdx.x)).batch;
     else return int(blockIdx.z);
   }
   // The block's mask and where its sequence's rows start (dense: the call's mask and the batch
@@ -77,12 +77,6 @@ struct BwdKernel {
   __device__ __forceinline__ static SequenceStart block_start(const BwdParams& params, const Shared& shared) {
     if constexpr (PACKED) return shared.sequence.start;
     else return {int64_t(block_batch(params)), int64_t(block_batch(params))};
-  }
-  // Whether the block walks its query tiles from the last (the deterministic kernel under
-  // ascending turns, sm90_bwd_blocks.h); the producer, the dQ warps and the consumers walk alike.
-  __device__ __forceinline__ static bool walk_from_last(const BwdParams& params) {
-    if constexpr (ORDERED_DQ) return params.order.ascending != 0;
-    else return false;
   }
 
   // Run by one thread (dense) or by the producer's first warp (packed: lane 0 issues the copies,
@@ -114,11 +108,9 @@ struct BwdKernel {
     }
     // Q, dO and the rows' LSE and Δ (padded to whole tiles by the preprocess) per query tile.
     tile::PipelineState<kStages> pipe;
-    const bool from_last = walk_from_last(params);
     for (int g = 0; g < args.group; ++g) {
       const int head = kv_head * args.group + g;
-      for (int i = 0; i < int(tiles.size()); ++i) {
-        const int m = bwd_walk_tile(tiles, i, from_last);
+      for (int m = int(tiles.begin); m < int(tiles.end); ++m) {
         const int64_t row0 = int64_t(m) * kRows;
         tile::MBarrier& full = shared.full[pipe.index];
         shared.empty[pipe.index].wait(pipe.phase ^ 1);
@@ -175,17 +167,15 @@ struct BwdKernel {
     }
     __syncwarp();
     int step = 0;
-    const bool from_last = walk_from_last(params);
     for (int g = 0; g < args.group; ++g) {
       const int head = kv_head * args.group + g;
-      for (int i = 0; i < int(tiles.size()); ++i, ++step) {
+      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
         if (step % kDqWarps != DQ_WARP) continue;
-        const int m = bwd_walk_tile(tiles, i, from_last);
         // Deterministic: the tile's turn (the binary search of bwd_turn), found while the
         // consumers still compute the step; here rather than in the consumers, whose 232
         // registers it crowded (-Xptxas -v: local memory at head dims 96 and 128).
         int turn = 0;
-        if constexpr (ORDERED_DQ) turn = bwd_turn<kKeys, kRows>(mask, m, block_key_tile(params), from_last);
+        if constexpr (ORDERED_DQ) turn = bwd_turn<kKeys, kRows>(mask, m, block_key_tile(params));
         shared.dq_full[DQ_WARP].wait((step / kDqWarps) & 1);
         if (lane == 0) {
           // Deterministic: the tile's turn counter (recomputed where needed: few registers here).
@@ -252,10 +242,9 @@ struct BwdKernel {
     // loop, its condition was kept in local memory in the deterministic kernels at head dims 96
     // and 128 (-Xptxas -v: 4 bytes at 232 registers).
     int heads_left = args.group;
-    const bool from_last = walk_from_last(params);
     do {
-      for (int i = 0; i < int(tiles.size()); ++i, ++step) {
-        mainloop.step(pipe, bwd_walk_tile(tiles, i, from_last), keys, step % 2, dk, dv);
+      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
+        mainloop.step(pipe, m, keys, step % 2, dk, dv);
         pipe.advance();
       }
     } while (--heads_left > 0);
@@ -281,10 +270,9 @@ struct BwdKernel {
     shared.kv_full.wait(0);
     tile::PipelineState<kStages> pipe;
     int step = 0;
-    const bool from_last = walk_from_last(params);
     for (int g = 0; g < args.group; ++g)
-      for (int i = 0; i < int(tiles.size()); ++i, ++step) {
-        mainloop.template step_split<COLS>(pipe, bwd_walk_tile(tiles, i, from_last), keys, step % 2, col0, dk, dv);
+      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
+        mainloop.template step_split<COLS>(pipe, m, keys, step % 2, col0, dk, dv);
         pipe.advance();
       }
     // dK = scale · acc and dV in the storage type, rows past seqlen_k and columns past the head

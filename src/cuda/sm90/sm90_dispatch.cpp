@@ -3,10 +3,9 @@
 // precision tf32 at head dims 64 to 128 (one configuration, the default) and with tf32x3 (split
 // tf32) at head dim 64; the backward (wgmma + TMA, warp-specialised) for fp16 and bf16 at head
 // dims 64 to 256 and for fp32 with precision tf32 at head dim 64, deterministic on request (dQ
-// added in descending key-tile order, or ascending under FMHA_SM90_BWD_TURNS=ascending). Calls
-// it cannot take (another GPU, exact fp32, a split backward, head dims below 64 or above a
-// precision's largest, views TMA cannot address) are refused with the reason, and
-// auto-selection moves on to the sm80 tier.
+// added in descending key-tile order). Calls it cannot take (another GPU, exact fp32, a split
+// backward, head dims below 64 or above a precision's largest, views TMA cannot address) are
+// refused with the reason, and auto-selection moves on to the sm80 tier.
 //
 // FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
 // compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once;
@@ -61,11 +60,6 @@ constexpr double kBwdL2SectionBytes = 32.0 * 1024 * 1024;
 // FMHA_SM90_BWD_ORDER=keys: the deterministic backward takes one pair's key tiles after another
 // (sections of one pair) instead of L2 sections, to measure the two.
 constexpr const char* kBwdOrderVariable = "FMHA_SM90_BWD_ORDER";
-// FMHA_SM90_BWD_TURNS=ascending: the deterministic backward adds dQ in ascending key-tile order,
-// launches its key tiles from the first and walks each block's query tiles from the last
-// (BwdBlockOrder::ascending); descending (the default) is the order measured so far. To measure
-// the two (docs/PERF.md: the causal tail model).
-constexpr const char* kBwdTurnsVariable = "FMHA_SM90_BWD_TURNS";
 
 // The tier's measurement switches (common/env_switch.h: read once, at their first use; text they
 // do not take is reported on stderr and gives the default).
@@ -318,8 +312,6 @@ BwdBlockOrder backward_block_order(const Problem& s, const AttentionArgs& args, 
   // 3-D grid reads only key_tiles).
   order.pairs = int(std::min<int64_t>(s.batch * s.kv_heads, INT32_MAX));
   static const bool pairs_alone = read_switch(kBwdOrderVariable, {"sections", "keys"}) == 1;
-  static const bool ascending = read_switch(kBwdTurnsVariable, {"descending", "ascending"}) == 1;
-  order.ascending = deterministic && ascending ? 1 : 0;
   const bool sections = deterministic && !pairs_alone;
   if (!sections) return order;
   const double row_bytes = double(s.head_dim + s.head_dim_v) * double(dtype_size(s.dtype)) +
@@ -372,7 +364,7 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
 }
 
 struct Sm90 {
-  // The deterministic backward adds each query tile's dQ in key-tile order (BwdBlockOrder).
+  // The deterministic backward adds each query tile's dQ in descending key-tile order.
   // Its dQ accumulator rows have the stride of the kernel's staging tile (whole padded tiles plus
   // a bank-conflict pad), so that a query tile's dQ leaves in one bulk reduction. Its turn
   // counters are counted in tiles of kBwdRows, the least any head dim's kernel takes: a kernel of
