@@ -10,7 +10,9 @@ OUT=${OUT:-$PWD/out}
 BUILD=${BUILD:-$PWD/build-sm90}
 mkdir -p "$OUT"
 status=0
-shape="--dtype bf16 --iters 1 --warmup 3 --no-progress"
+launch="--iters 1 --warmup 3 --no-progress"
+shape="--dtype bf16 $launch"
+seed="--backend sm90 --head-dim 64 --heads 4 --batch 4 --seqlen-q 4096 $launch"  # the seed shape
 declare -A ARGS=(
   [fwd128]="--backend sm90 --mode fwd --head-dim 128 --heads 16 --batch 4 --seqlen-q 4096 $shape"
   [fwd128s]="--backend sm90 --mode fwd --head-dim 128 --heads 16 --batch 32 --seqlen-q 512 $shape"
@@ -22,11 +24,14 @@ declare -A ARGS=(
   [fwd64sc]="--backend sm90 --mode fwd --head-dim 64 --heads 32 --batch 32 --seqlen-q 512 --causal bottom-right $shape"
   [bwd64]="--backend sm90 --mode bwd --head-dim 64 --heads 32 --batch 8 --seqlen-q 2048 $shape"
   [bwd256]="--backend sm90 --mode bwd --head-dim 256 --heads 8 --batch 4 --seqlen-q 4096 $shape"
+  [fwd64t]="--mode fwd --dtype tf32 $seed"
+  [fwd64x3]="--mode fwd --dtype tf32x3 $seed"
+  [bwd64t]="--mode bwd --dtype tf32 $seed"
   [decode]="--mode fwd --head-dim 128 --heads 32 --kv-heads 8 --batch 16 --seqlen-q 1 --seqlen-k 8192 $shape"
 )
 declare -A KERNEL=([fwd128]=fwd_kernel [fwd128s]=fwd_kernel [fwd128c]=fwd_kernel [fwd64]=fwd_kernel [bwd128]=bwd_kernel
                   [bwd128s]=bwd_kernel [fwd64s]=fwd_kernel [fwd64sc]=fwd_kernel [bwd64]=bwd_kernel [bwd256]=bwd_kernel
-                  [decode]=decode_kernel)
+                  [fwd64t]=fwd_kernel [fwd64x3]=fwd_kernel [bwd64t]=bwd_kernel [decode]=decode_kernel)
 for c in ${CASES:-fwd128 fwd64 bwd128}; do
   echo "== ncu $c ($(date +%T))"
   timeout 240 ncu --set full --import-source yes -k "regex:^${KERNEL[$c]}" -s 3 -c 1 -f -o "/tmp/ncu_$c" \
