@@ -25,7 +25,12 @@ block's next step cannot finish before that add is issued (one dQ buffer). Three
   ascending      a candidate (ascending launch and turns, each block's query tiles descending:
                  the longest blocks start first, and a block waits only on blocks launched
                  before it, so it cannot deadlock).
+With --ramp (and --delta), calls without a mask only: the descending design's makespan by the
+number of pairs a section, against the free kernel's. The blocks of one pair that start together
+take their turns at each query tile one after another, so the more of a pair's blocks a wave
+holds, the further the last of them runs behind.
 Usage: python3 sm90_bwd_det_tail_model.py [--tiles 64] [--pairs 32] [--sms 132] [--delta 0.2]
+       python3 sm90_bwd_det_tail_model.py --ramp --tiles 256 --key-tiles 128 --pairs 16 --delta 0.3
 """
 import argparse
 import heapq
@@ -42,11 +47,17 @@ def makespan(order, steps, sms):
     return end
 
 
-def turns_makespan(t, pairs, design, delta, causal, sms):
+def turns_makespan(t, pairs, design, delta, causal, sms, section=None, key_tiles=None):
+    # key_tiles (default t): blocks per pair; without a mask each walks t query tiles (with
+    # one, square tiles: key_tiles = t). section (default every pair): the deterministic
+    # order's pairs per section.
+    k = key_tiles or t
+    section = section or pairs
     if design == "descending":
-        order = [(n, p) for n in reversed(range(t)) for p in range(pairs)]
+        order = [(n, p) for s0 in range(0, pairs, section) for n in reversed(range(k))
+                 for p in range(s0, min(pairs, s0 + section))]
     else:
-        order = [(n, p) for p in range(pairs) for n in range(t)]
+        order = [(n, p) for p in range(pairs) for n in range(k)]
     done = {}  # (pair, key tile, query tile) -> the add's completion
     free = [0.0] * sms
     end = 0.0
@@ -59,7 +70,7 @@ def turns_makespan(t, pairs, design, delta, causal, sms):
         for m in tiles:
             computed = max(computed, issued) + 1.0
             before = 0.0
-            if design == "descending" and n + 1 < t and (not causal or n + 1 <= m):
+            if design == "descending" and n + 1 < k and (not causal or n + 1 <= m):
                 before = done[(p, n + 1, m)]
             elif design == "ascending" and n > 0:
                 before = done[(p, n - 1, m)]
@@ -76,7 +87,24 @@ def main():
     ap.add_argument("--pairs", type=int, default=32, help="batch * KV heads")
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--delta", type=float, default=0.0, help="an add's latency in steps (0: no turn model)")
+    ap.add_argument("--ramp", action="store_true",
+                    help="without a mask only: the turns' makespan by pairs a section (with --delta; "
+                         "--key-tiles blocks a pair, each walking --tiles query tiles)")
+    ap.add_argument("--key-tiles", type=int, default=0, help="blocks per pair for --ramp (default --tiles)")
     args = ap.parse_args()
+    if args.ramp:
+        k = args.key_tiles or args.tiles
+        free = turns_makespan(args.tiles, args.pairs, "free", args.delta, False, args.sms, key_tiles=k)
+        print(f"no mask, {k} blocks a pair of {args.tiles} steps, add latency {args.delta} steps: "
+              f"free {free:.1f}")
+        for section in sorted({1, 2, 3, 4, 8, 16, args.pairs}):
+            if section > args.pairs:
+                continue
+            span = turns_makespan(args.tiles, args.pairs, "descending", args.delta, False, args.sms, section, k)
+            together = min(k, -(-args.sms // section))
+            print(f"  {section:3d} pairs a section ({together:3d} blocks of a pair a wave): {span:8.1f} "
+                  f"({(span / free - 1) * 100:+.1f} %)")
+        return
     t, pairs = args.tiles, args.pairs
     for causal in (False, True):
         steps = {(n, p): (t - n if causal else t) for p in range(pairs) for n in range(t)}
