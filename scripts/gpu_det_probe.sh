@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call on an H100/H200 (results under $OUT), from the repository root: where the sm90
 # deterministic backward's extra time goes. CLIs at head dims DIMS (default 256; e.g. "128 256"):
-# this tree (B), and probes, each
-# built from a copy of the tree with parts of the dQ warps' turn protocol taken out (timing probes
+# this tree (B), and probes, each built from a copy of the tree with parts of the dQ warps' turn protocol taken out (timing probes
 # only: without the wait dQ is added in no fixed order, and their results are not checked):
 #   nowait   the dQ warps skip the wait for their turn (tile::wait_turn)
 #   nopass   no wait, and no completion wait, fence or pass after the reduction (the default
@@ -13,8 +12,8 @@
 # PROBES (default nowait; empty: none) names them, joined by + to combine. (Run 67 also had
 # `nofence`, pass_turn without the __threadfence it then had; the tree has since dropped it,
 # docs/PERF.md.)
-#   bench    FORMS (default: default, det, and each probe as det), D256, LENGTHS (4k and 16k),
-#            causal none and bottom-right, each of DIMS (heads 2048 / head dim), ROUNDS rounds
+#   bench    FORMS (default: default, det, and each probe as det), each of DIMS (heads 2048 / head
+#            dim), LENGTHS (4k and 16k), causal none and bottom-right, ROUNDS rounds
 #            interleaved                                                    -> bench.txt
 #   source   Nsight Compute's per-instruction stall samples (SASS, CSV) of SOURCE_FORMS
 #            (default det; det and/or default), D256 causal 4k              -> source_<form>.csv
