@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One GPU call on an H100/H200 (results under $OUT), from the repository root: where the sm90
 # deterministic backward's extra time goes. CLIs at head dims DIMS (default 256; e.g. "128 256"):
-# this tree (B), and probes, each built from a copy of the tree with parts of the dQ warps' turn protocol taken out (timing probes
-# only: without the wait dQ is added in no fixed order, and their results are not checked):
+# this tree (B), and probes, each built from a copy of the tree with parts of the dQ warps' turn
+# protocol taken out (timing probes only: without the wait dQ is added in no fixed order, and
+# their results are not checked):
 #   nowait   the dQ warps skip the wait for their turn (tile::wait_turn)
 #   nopass   no wait, and no completion wait, fence or pass after the reduction (the default
 #            kernel's dQ hand-off, with the deterministic kernel's order and registers)
