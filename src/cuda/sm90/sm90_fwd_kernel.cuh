@@ -13,8 +13,9 @@
 // idle at 16 bits, transpose each V tile into the Vᵀ ring the consumers read (tf32 wgmma takes
 // K-major B only; see transpose_k_major in wgmma.cuh for the bank-conflict argument). They follow
 // the landing buffer's ring alone: the producer ends them with a flag and a last arrival.
-// Split tf32 (T = tf32x3): those warps also split each K tile once it has landed (its high parts
-// in place, its residuals beside, published on the stage's k_split barrier) and write each V tile
+// Split tf32 (T = tf32x3): those warps also split each K tile once it has landed, a tile ahead of
+// the V tiles (its high parts in place, its residuals beside, published on the stage's k_split
+// barrier; the producer ends that walk with a flag too) and write each V tile
 // as the high parts and the residuals of Vᵀ; each consumer warpgroup splits its rows of the query
 // tile itself.
 //
@@ -123,7 +124,12 @@ struct FwdKernel {
         shared.q_empty.wait(q_phase ^ 1);
         shared.work_tile[q_phase] = PACKED ? kNoWork : t;
         shared.q_full.arrive();
-        if constexpr (kTransposeV) {  // the transposing warps stop at the next landing slot
+        if constexpr (kSplit) {  // the splitting warps stop at the next K stage
+          shared.k_empty[pipe.index].wait(pipe.phase ^ 1);
+          shared.residual.k_done[pipe.index][pipe.phase] = 1;
+          shared.k_full[pipe.index].arrive();
+        }
+        if constexpr (kTransposeV) {  // and the transposing warps at the next landing slot
           shared.landing.empty[landing.index].wait(landing.phase ^ 1);
           shared.landing.done[landing.index][landing.phase] = 1;
           shared.landing.full[landing.index].arrive();
@@ -198,23 +204,38 @@ struct FwdKernel {
   // is transposed into the next Vᵀ stage once the consumers have released it; the landing slot
   // is released, and the Vᵀ stage published, by one arrival per warp after its stores are made
   // visible to the async proxy (wgmma reads them).
-  // Split tf32: before that, the same key tile's K (loaded before its V) is split in its stage and
-  // published on k_split, and V becomes Vᵀ's high parts and residuals.
+  // Split tf32: each K tile is split in its stage (published on k_split) and V becomes Vᵀ's high
+  // parts and residuals. K runs a tile ahead of V, in the order the consumers need them (tile
+  // j + 1's Q·Kᵀ is issued before tile j's P·V): K_0, K_1, V_0, K_2, V_1, ... Splitting K_{j+1}
+  // waits for nothing of V_j's: the producer issued K_{j+1} after V_j, whose landing slot V_{j-1}
+  // (one landing stage) or V_{j-2} (two) freed.
   __device__ static void transpose_values(Shared& shared, int warp, int lane) {
     tile::PipelineState<STAGES> pipe;
     tile::PipelineState<kLandingStages> landing;
-    for (;;) {
-      shared.landing.full[landing.index].wait(landing.phase);
-      if (shared.landing.done[landing.index][landing.phase]) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
+    [[maybe_unused]] tile::PipelineState<STAGES> keys;  // split tf32: the next K stage to split
+    [[maybe_unused]] bool more_keys = true;
+    // Split tf32: split the next K tile as it lands; false at the producer's end flag.
+    [[maybe_unused]] auto split_next_keys = [&]() {
       if constexpr (kSplit) {
-        shared.k_full[pipe.index].wait(pipe.phase);
-        wg::split_to_tf32<BN * Shared::kHeadDimPadded>(reinterpret_cast<float*>(shared.k[pipe.index]),
-                                                       reinterpret_cast<float*>(shared.residual.k[pipe.index]),
+        shared.k_full[keys.index].wait(keys.phase);
+        if (shared.residual.k_done[keys.index][keys.phase]) return false;  // written before the arrival the wait acquired
+        wg::split_to_tf32<BN * Shared::kHeadDimPadded>(reinterpret_cast<float*>(shared.k[keys.index]),
+                                                       reinterpret_cast<float*>(shared.residual.k[keys.index]),
                                                        warp * 32 + lane, kTransposeWarps * 32);
         tile::fence_async_shared();
         __syncwarp();
-        if (lane == 0) shared.residual.k_split[pipe.index].arrive();
+        if (lane == 0) shared.residual.k_split[keys.index].arrive();
+        keys.advance();
+        return true;
       }
+      return false;
+    };
+    if constexpr (kSplit) more_keys = split_next_keys();  // K_0
+    for (;;) {
+      if constexpr (kSplit)
+        if (more_keys) more_keys = split_next_keys();  // K_{j+1}, before V_j
+      shared.landing.full[landing.index].wait(landing.phase);
+      if (shared.landing.done[landing.index][landing.phase]) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
       shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
       if constexpr (kSplit)
         wg::transpose_k_major_split<BN, Shared::kHeadDimPadded, kTransposeWarps>(
@@ -286,7 +307,10 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1
       shared.v_empty[s].init(K::kConsumers * K::Mainloop::kConsumerWarps);
     }
     if constexpr (K::kSplit)
-      for (int s = 0; s < K::STAGES; ++s) shared.residual.k_split[s].init(K::kTransposeWarps);
+      for (int s = 0; s < K::STAGES; ++s) {
+        shared.residual.k_split[s].init(K::kTransposeWarps);
+        shared.residual.k_done[s][0] = shared.residual.k_done[s][1] = 0;
+      }
     if constexpr (K::kTransposeV) {
       for (int s = 0; s < K::Shared::kLoadStages; ++s) {
         shared.landing.full[s].init(1);
