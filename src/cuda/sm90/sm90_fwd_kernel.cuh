@@ -205,20 +205,29 @@ struct FwdKernel {
   // is released, and the Vᵀ stage published, by one arrival per warp after its stores are made
   // visible to the async proxy (wgmma reads them).
   // Split tf32: each K tile is split in its stage (published on k_split) and V becomes Vᵀ's high
-  // parts and residuals. K runs a tile ahead of V, in the order the consumers need them (tile
-  // j + 1's Q·Kᵀ is issued before tile j's P·V): K_0, K_1, V_0, K_2, V_1, ... Splitting K_{j+1}
-  // waits for nothing of V_j's: the producer issued K_{j+1} after V_j, whose landing slot V_{j-1}
-  // (one landing stage) or V_{j-2} (two) freed.
+  // parts and residuals. The consumers need K_{j+1} before V_j (tile j + 1's Q·Kᵀ is issued before
+  // tile j's P·V), so before waiting for V_j the warps split K_j and K_{j+1} where they have landed
+  // (a test, not a wait: the producer may issue K_{j+1} only once the consumers are done with a
+  // query tile that needs V_j — before a work tile without keys, and at the end), and before
+  // transposing V_j they split K_j if they have not yet (a wait: the producer issued K_j before
+  // V_j). The producer ends the K walk with a flag on the next K stage (`k_done`), as it ends the
+  // V walk.
   __device__ static void transpose_values(Shared& shared, int warp, int lane) {
     tile::PipelineState<STAGES> pipe;
     tile::PipelineState<kLandingStages> landing;
-    [[maybe_unused]] tile::PipelineState<STAGES> keys;  // split tf32: the next K stage to split
-    [[maybe_unused]] bool more_keys = true;
-    // Split tf32: split the next K tile as it lands; false at the producer's end flag.
-    [[maybe_unused]] auto split_next_keys = [&]() {
+    [[maybe_unused]] tile::PipelineState<STAGES> keys;  // split tf32: the next K tile to split
+    // Split tf32: K tiles split beyond the V tiles transposed (0 to 2), kNoMoreKeys once the end
+    // flag is seen (one register: the producer warpgroup has 40).
+    constexpr int kNoMoreKeys = 1 << 20;
+    [[maybe_unused]] int ahead = 0;
+    // Split tf32: the next K tile, landed (its stage's full barrier acquired): split it and
+    // publish it, or see the end flag.
+    [[maybe_unused]] auto split_keys = [&]() {
       if constexpr (kSplit) {
-        shared.k_full[keys.index].wait(keys.phase);
-        if (shared.residual.k_done[keys.index][keys.phase]) return false;  // written before the arrival the wait acquired
+        if (shared.residual.k_done[keys.index][keys.phase]) {  // written before the arrival acquired
+          ahead = kNoMoreKeys;
+          return;
+        }
         wg::split_to_tf32<BN * Shared::kHeadDimPadded>(reinterpret_cast<float*>(shared.k[keys.index]),
                                                        reinterpret_cast<float*>(shared.residual.k[keys.index]),
                                                        warp * 32 + lane, kTransposeWarps * 32);
@@ -226,16 +235,19 @@ struct FwdKernel {
         __syncwarp();
         if (lane == 0) shared.residual.k_split[keys.index].arrive();
         keys.advance();
-        return true;
+        ++ahead;
       }
-      return false;
     };
-    if constexpr (kSplit) more_keys = split_next_keys();  // K_0
     for (;;) {
-      if constexpr (kSplit)
-        if (more_keys) more_keys = split_next_keys();  // K_{j+1}, before V_j
+      if constexpr (kSplit)  // K_j and K_{j+1}, those that have landed (the warp decides as one)
+        while (ahead <= 1 && __all_sync(0xffffffffu, shared.k_full[keys.index].test(keys.phase))) split_keys();
       shared.landing.full[landing.index].wait(landing.phase);
       if (shared.landing.done[landing.index][landing.phase]) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
+      if constexpr (kSplit)
+        while (ahead <= 0) {  // K_j before V_j
+          shared.k_full[keys.index].wait(keys.phase);
+          split_keys();
+        }
       shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
       if constexpr (kSplit)
         wg::transpose_k_major_split<BN, Shared::kHeadDimPadded, kTransposeWarps>(
@@ -252,6 +264,7 @@ struct FwdKernel {
       }
       landing.advance();
       pipe.advance();
+      if constexpr (kSplit) --ahead;  // V_j is out: K_{j+1} is now the one V_{j+1} needs
     }
   }
 
