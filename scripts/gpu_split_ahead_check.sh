@@ -5,7 +5,7 @@
 # must travel with the call). On the GPU:
 #   build   this tree (CLI and GPU tests) and the base's CLI, head dim 64        -> build.log
 #   tests   the sm90 tf32 and split-tf32 cases, SplitTf32.*, Sm90Tf32.*          -> tests.log
-#   sanitize racecheck and synccheck on the small split-tf32 forward cases      -> sanitize.log
+#   sanitize racecheck and synccheck on the small tf32 and split-tf32 forward cases -> sanitize.log
 #   bench   seed shape (B4 H4 S4096 D64), tf32x3 and tf32, causal and not, base and tree
 #           interleaved, ROUNDS rounds (default 2)                                -> bench.txt
 set -u
@@ -22,7 +22,7 @@ grep -E "tests? from .* ran|PASSED|FAILED|SKIPPED \]" $OUT/tests.log | head -12
 echo "== sanitize $(date +%T)"
 for tool in racecheck synccheck; do
   timeout 120 compute-sanitizer --tool $tool --error-exitcode 1 $T --gtest_color=no --gtest_brief=1 \
-    --gtest_filter='Sweep/Kernel.Forward/Small*sm90*tf32x3*' > $OUT/sanitize_$tool.log 2>&1; echo "$tool rc=$?"
+    --gtest_filter='Sweep/Kernel.Forward/Small*sm90*tf32*' > $OUT/sanitize_$tool.log 2>&1; echo "$tool rc=$?"
   grep -E "SUMMARY|tests? from .* ran" $OUT/sanitize_$tool.log | tail -2
 done
 cat $OUT/sanitize_*.log > $OUT/sanitize.log; rm -f $OUT/sanitize_*.log

@@ -45,8 +45,8 @@ struct FwdKernel {
   static constexpr int BM = kConfig.tile_m(), BN = kConfig.tile_n, STAGES = kConfig.stages;
   static constexpr int kConsumers = kConfig.consumers;
   static constexpr int kThreads = kConfig.threads();
-  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD, kSplit);
-  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED, HD, kSplit);
+  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD, kTransposeV);
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED, HD, kTransposeV);
   static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kConsumers * kWarpgroupThreads <=
                     register_pool(kThreads),
                 "the register split exceeds the block's pool: setmaxnreg.inc would wait forever");
@@ -212,6 +212,13 @@ struct FwdKernel {
   // transposing V_j they split K_j if they have not yet (a wait: the producer issued K_j before
   // V_j). The producer ends the K walk with a flag on the next K stage (`k_done`), as it ends the
   // V walk.
+  // An end flag of the producer's, read by lane 0 alone and given to the warp. Lane 0 makes the
+  // warp's arrivals, so its read is ordered before the arrival that lets the producer rewrite the
+  // flag by its own program order; a read by every lane is ordered so too (through __syncwarp),
+  // but compute-sanitizer's racecheck does not follow that and reports the producer's last write.
+  __device__ __forceinline__ static bool warp_flag(const int& flag, int lane) {
+    return __shfl_sync(0xffffffffu, lane == 0 ? flag : 0, 0) != 0;
+  }
   __device__ static void transpose_values(Shared& shared, int warp, int lane) {
     tile::PipelineState<STAGES> pipe;
     tile::PipelineState<kLandingStages> landing;
@@ -224,7 +231,7 @@ struct FwdKernel {
     // publish it, or see the end flag.
     [[maybe_unused]] auto split_keys = [&]() {
       if constexpr (kSplit) {
-        if (shared.residual.k_done[keys.index][keys.phase]) {  // written before the arrival acquired
+        if (warp_flag(shared.residual.k_done[keys.index][keys.phase], lane)) {  // written before the arrival acquired
           ahead = kNoMoreKeys;
           return;
         }
@@ -242,7 +249,7 @@ struct FwdKernel {
       if constexpr (kSplit)  // K_j and K_{j+1}, those that have landed (the warp decides as one)
         while (ahead <= 1 && __all_sync(0xffffffffu, shared.k_full[keys.index].test(keys.phase))) split_keys();
       shared.landing.full[landing.index].wait(landing.phase);
-      if (shared.landing.done[landing.index][landing.phase]) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
+      if (warp_flag(shared.landing.done[landing.index][landing.phase], lane)) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
       if constexpr (kSplit)
         while (ahead <= 0) {  // K_j before V_j
           shared.k_full[keys.index].wait(keys.phase);
