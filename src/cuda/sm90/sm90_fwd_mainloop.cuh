@@ -76,17 +76,16 @@ struct SplitResiduals {
 template <class T, int Q_ELEMENTS, int KV_ELEMENTS, int STAGES>
 struct SplitResiduals<T, Q_ELEMENTS, KV_ELEMENTS, STAGES, false> {};
 
-// LOAD_STAGES: V's landing buffers (fp32); -1 picks two for split tf32 where they fit beside the
-// rest (a second lets TMA land the next V tile while the transposing warps still read this one),
-// else one. (The tf32 kernel's producer warpgroup, at 24 registers, spilled 20 bytes in its
-// transposing loop with two: -Xptxas -v at head dim 64.)
+// LOAD_STAGES: V's landing buffers (fp32); -1 picks two where they fit beside the rest (a second
+// lets TMA land the next V tile while the transposing warps still read this one), else one. (At
+// 24 registers the tf32 kernel's producer warpgroup spilled 20 bytes in its transposing loop with
+// two, -Xptxas -v at head dim 64; at 40, none.)
 template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O, int LOAD_STAGES = -1>
 struct FwdShared;
 template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O, int LOAD_STAGES>
 constexpr int fwd_landing_stages() {
   if constexpr (LOAD_STAGES >= 0) return LOAD_STAGES;
   else if constexpr (sizeof(T) != 4) return 0;
-  else if constexpr (!std::is_same_v<T, tile::tf32x3>) return 1;
   else
     return sizeof(FwdShared<T, HD, BM, BN, STAGES, SEPARATE_O, 2>) + wg::kSwizzleAtomBytes <= kSharedLimit ? 2 : 1;
 }
