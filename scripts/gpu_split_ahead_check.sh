@@ -3,14 +3,14 @@
 # forward with K split a tile ahead of V and two V landing buffers, against a base commit's tree.
 # Here first: `bash scripts/gpu_fwd_ab.sh prepare <base>` (the base's sources into .base-src, which
 # must travel with the call). On the GPU:
-#   build   this tree (CLI and GPU tests) and the base's CLI, head dim 64        -> build.log
+#   build   this tree (CLI and GPU tests) and the base's CLI, head dims $AB_HEAD_DIMS (default 64) -> build.log
 #   tests   the sm90 tf32 and split-tf32 cases, SplitTf32.*, Sm90Tf32.*          -> tests.log
 #   sanitize racecheck and synccheck on the small tf32 and split-tf32 forward cases -> sanitize.log
 #   bench   seed shape (B4 H4 S4096 D64), tf32x3 and tf32, causal and not, base and tree
 #           interleaved, ROUNDS rounds (default 2)                                -> bench.txt
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-export PATH=/usr/local/cuda/bin:$PATH AB_HEAD_DIMS=64
+export PATH=/usr/local/cuda/bin:$PATH AB_HEAD_DIMS=${AB_HEAD_DIMS:-64}
 source "$(dirname "$0")/sm90_ab.sh"
 B=build-sm90-64; BB=build-base-64; BASE_SRC=${BASE_SRC:-$PWD/.base-src}
 sm90_build_tree_and_base "fmha_cli tests/gpu/fmha_gpu_tests" || exit 1
