@@ -50,23 +50,24 @@ constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1)
 // (64,512) or 152 (63,488), where neither side then spills (-Xptxas -v, pingpong at 64 and 128);
 // above, the consumers' larger output tiles need the 240, and the producer spills a little
 // instead (a few local accesses per work tile, off the consumers' path).
-// The split-tf32 forward's producer warpgroup splits every K tile and writes two Vᵀ tiles a V tile:
-// with 24 registers its splitting warps spilled 12 bytes (-Xptxas -v, dense), with 40 none.
-constexpr bool producer_raised(bool packed, int head_dim, bool split = false) {
-  return split || (packed && padded_head_dim(head_dim) <= 128);
+// fp32 storage (tf32 and split tf32): the producer's other three warps also transpose V, and in
+// split tf32 split every K tile and write two Vᵀ tiles a V tile (sm90_fwd_kernel.cuh). With 24
+// registers the splitting warps spilled 12 bytes (-Xptxas -v, dense), and the tf32 kernel's
+// producer thread 4 (a value kept across its work tiles); with 40 neither spills, nor do the
+// consumers at 232 (head dims 64, 96, 128). `transposing`: the kernel stores fp32.
+constexpr bool producer_raised(bool packed, int head_dim, bool transposing = false) {
+  return transposing || (packed && padded_head_dim(head_dim) <= 128);
 }
-// fp32 (tf32) kernels: the producer's other three warps also transpose V (sm90_fwd_kernel.cuh),
-// within the same 24 registers (-Xptxas -v: no spills at head dims 64, 96, 128).
-constexpr int producer_registers(int consumers, bool packed = false, int head_dim = 0, bool split = false) {
-  if (producer_raised(packed, head_dim, split)) return 40;
+constexpr int producer_registers(int consumers, bool packed = false, int head_dim = 0, bool transposing = false) {
+  if (producer_raised(packed, head_dim, transposing)) return 40;
   return consumers == 2 ? 24 : 32;
 }
 // The registers a block of `threads` threads holds under __launch_bounds__(threads, 1): its
 // per-thread cap (the 64K-register file over the threads, rounded down to a multiple of 8) for
 // every thread. The producer's and consumers' setmaxnreg budgets must fit it.
 constexpr int register_pool(int threads) { return 65536 / threads / 8 * 8 * threads; }
-constexpr int consumer_registers(int consumers, bool packed = false, int head_dim = 0, bool split = false) {
-  if (!producer_raised(packed, head_dim, split)) return consumers == 2 ? 240 : 160;
+constexpr int consumer_registers(int consumers, bool packed = false, int head_dim = 0, bool transposing = false) {
+  if (!producer_raised(packed, head_dim, transposing)) return consumers == 2 ? 240 : 160;
   return consumers == 2 ? 232 : 152;
 }
 inline constexpr size_t kSharedLimit = 227 * 1024;

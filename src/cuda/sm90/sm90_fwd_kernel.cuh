@@ -13,8 +13,9 @@
 // idle at 16 bits, transpose each V tile into the Vᵀ ring the consumers read (tf32 wgmma takes
 // K-major B only; see transpose_k_major in wgmma.cuh for the bank-conflict argument). They follow
 // the landing buffer's ring alone: the producer ends them with a flag and a last arrival.
-// Split tf32 (T = tf32x3): those warps also split each K tile once it has landed (its high parts
-// in place, its residuals beside, published on the stage's k_split barrier) and write each V tile
+// Split tf32 (T = tf32x3): those warps also split each K tile once it has landed, a tile ahead of
+// the V tiles (its high parts in place, its residuals beside, published on the stage's k_split
+// barrier; the producer ends that walk with a flag too) and write each V tile
 // as the high parts and the residuals of Vᵀ; each consumer warpgroup splits its rows of the query
 // tile itself.
 //
@@ -44,8 +45,8 @@ struct FwdKernel {
   static constexpr int BM = kConfig.tile_m(), BN = kConfig.tile_n, STAGES = kConfig.stages;
   static constexpr int kConsumers = kConfig.consumers;
   static constexpr int kThreads = kConfig.threads();
-  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD, kSplit);
-  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED, HD, kSplit);
+  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD, kTransposeV);
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED, HD, kTransposeV);
   static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kConsumers * kWarpgroupThreads <=
                     register_pool(kThreads),
                 "the register split exceeds the block's pool: setmaxnreg.inc would wait forever");
@@ -123,7 +124,12 @@ struct FwdKernel {
         shared.q_empty.wait(q_phase ^ 1);
         shared.work_tile[q_phase] = PACKED ? kNoWork : t;
         shared.q_full.arrive();
-        if constexpr (kTransposeV) {  // the transposing warps stop at the next landing slot
+        if constexpr (kSplit) {  // the splitting warps stop at the next K stage
+          shared.k_empty[pipe.index].wait(pipe.phase ^ 1);
+          shared.residual.k_done[pipe.index][pipe.phase] = 1;
+          shared.k_full[pipe.index].arrive();
+        }
+        if constexpr (kTransposeV) {  // and the transposing warps at the next landing slot
           shared.landing.empty[landing.index].wait(landing.phase ^ 1);
           shared.landing.done[landing.index][landing.phase] = 1;
           shared.landing.full[landing.index].arrive();
@@ -198,23 +204,57 @@ struct FwdKernel {
   // is transposed into the next Vᵀ stage once the consumers have released it; the landing slot
   // is released, and the Vᵀ stage published, by one arrival per warp after its stores are made
   // visible to the async proxy (wgmma reads them).
-  // Split tf32: before that, the same key tile's K (loaded before its V) is split in its stage and
-  // published on k_split, and V becomes Vᵀ's high parts and residuals.
+  // Split tf32: each K tile is split in its stage (published on k_split) and V becomes Vᵀ's high
+  // parts and residuals. The consumers need K_{j+1} before V_j (tile j + 1's Q·Kᵀ is issued before
+  // tile j's P·V), so before waiting for V_j the warps split K_j and K_{j+1} where they have landed
+  // (a test, not a wait: the producer may issue K_{j+1} only once the consumers are done with a
+  // query tile that needs V_j — before a work tile without keys, and at the end), and before
+  // transposing V_j they split K_j if they have not yet (a wait: the producer issued K_j before
+  // V_j). The producer ends the K walk with a flag on the next K stage (`k_done`), as it ends the
+  // V walk.
+  // An end flag of the producer's, read by lane 0 alone and given to the warp. Lane 0 makes the
+  // warp's arrivals, so its read is ordered before the arrival that lets the producer rewrite the
+  // flag by its own program order; a read by every lane is ordered so too (through __syncwarp),
+  // but compute-sanitizer's racecheck does not follow that and reports the producer's last write.
+  __device__ __forceinline__ static bool warp_flag(const int& flag, int lane) {
+    return __shfl_sync(0xffffffffu, lane == 0 ? flag : 0, 0) != 0;
+  }
   __device__ static void transpose_values(Shared& shared, int warp, int lane) {
     tile::PipelineState<STAGES> pipe;
     tile::PipelineState<kLandingStages> landing;
-    for (;;) {
-      shared.landing.full[landing.index].wait(landing.phase);
-      if (shared.landing.done[landing.index][landing.phase]) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
+    [[maybe_unused]] tile::PipelineState<STAGES> keys;  // split tf32: the next K tile to split
+    // Split tf32: K tiles split beyond the V tiles transposed (0 to 2), kNoMoreKeys once the end
+    // flag is seen (one register: the producer warpgroup has 40).
+    constexpr int kNoMoreKeys = 1 << 20;
+    [[maybe_unused]] int ahead = 0;
+    // Split tf32: the next K tile, landed (its stage's full barrier acquired): split it and
+    // publish it, or see the end flag.
+    [[maybe_unused]] auto split_keys = [&]() {
       if constexpr (kSplit) {
-        shared.k_full[pipe.index].wait(pipe.phase);
-        wg::split_to_tf32<BN * Shared::kHeadDimPadded>(reinterpret_cast<float*>(shared.k[pipe.index]),
-                                                       reinterpret_cast<float*>(shared.residual.k[pipe.index]),
+        if (warp_flag(shared.residual.k_done[keys.index][keys.phase], lane)) {  // written before the arrival acquired
+          ahead = kNoMoreKeys;
+          return;
+        }
+        wg::split_to_tf32<BN * Shared::kHeadDimPadded>(reinterpret_cast<float*>(shared.k[keys.index]),
+                                                       reinterpret_cast<float*>(shared.residual.k[keys.index]),
                                                        warp * 32 + lane, kTransposeWarps * 32);
         tile::fence_async_shared();
         __syncwarp();
-        if (lane == 0) shared.residual.k_split[pipe.index].arrive();
+        if (lane == 0) shared.residual.k_split[keys.index].arrive();
+        keys.advance();
+        ++ahead;
       }
+    };
+    for (;;) {
+      if constexpr (kSplit)  // K_j and K_{j+1}, those that have landed (the warp decides as one)
+        while (ahead <= 1 && __all_sync(0xffffffffu, shared.k_full[keys.index].test(keys.phase))) split_keys();
+      shared.landing.full[landing.index].wait(landing.phase);
+      if (warp_flag(shared.landing.done[landing.index][landing.phase], lane)) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
+      if constexpr (kSplit)
+        while (ahead <= 0) {  // K_j before V_j
+          shared.k_full[keys.index].wait(keys.phase);
+          split_keys();
+        }
       shared.v_empty[pipe.index].wait(pipe.phase ^ 1);
       if constexpr (kSplit)
         wg::transpose_k_major_split<BN, Shared::kHeadDimPadded, kTransposeWarps>(
@@ -231,6 +271,7 @@ struct FwdKernel {
       }
       landing.advance();
       pipe.advance();
+      if constexpr (kSplit) --ahead;  // V_j is out: K_{j+1} is now the one V_{j+1} needs
     }
   }
 
@@ -286,7 +327,10 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1
       shared.v_empty[s].init(K::kConsumers * K::Mainloop::kConsumerWarps);
     }
     if constexpr (K::kSplit)
-      for (int s = 0; s < K::STAGES; ++s) shared.residual.k_split[s].init(K::kTransposeWarps);
+      for (int s = 0; s < K::STAGES; ++s) {
+        shared.residual.k_split[s].init(K::kTransposeWarps);
+        shared.residual.k_done[s][0] = shared.residual.k_done[s][1] = 0;
+      }
     if constexpr (K::kTransposeV) {
       for (int s = 0; s < K::Shared::kLoadStages; ++s) {
         shared.landing.full[s].init(1);

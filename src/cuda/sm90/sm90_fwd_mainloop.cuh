@@ -62,17 +62,35 @@ struct LandingBuffer<T, 0, ELEMENTS> {};
 // of each Vᵀ stage, in the layouts of the tiles themselves (whose elements hold tf32(x)), and the
 // barriers on which the producer warpgroup's splitting warps publish each K stage's split. Nothing
 // otherwise.
+// `k_done` is the producer's flag that no K tile follows, set before a last plain arrival on the
+// next K stage's full barrier, per stage and barrier phase (as the landing buffer's `done`): the
+// splitting warps take K tiles as they land, ahead of the V tiles, and stop there.
 template <class T, int Q_ELEMENTS, int KV_ELEMENTS, int STAGES, bool SPLIT>
 struct SplitResiduals {
   alignas(wg::kSwizzleAtomBytes) T q[Q_ELEMENTS];
   alignas(wg::kSwizzleAtomBytes) T k[STAGES][KV_ELEMENTS];
   alignas(wg::kSwizzleAtomBytes) T v[STAGES][KV_ELEMENTS];
   tile::MBarrier k_split[STAGES];
+  int k_done[STAGES][2];
 };
 template <class T, int Q_ELEMENTS, int KV_ELEMENTS, int STAGES>
 struct SplitResiduals<T, Q_ELEMENTS, KV_ELEMENTS, STAGES, false> {};
 
-template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O>
+// LOAD_STAGES: V's landing buffers (fp32); -1 picks two where they fit beside the rest (a second
+// lets TMA land the next V tile while the transposing warps still read this one), else one. (At
+// 24 registers the tf32 kernel's producer warpgroup spilled 20 bytes in its transposing loop with
+// two, -Xptxas -v at head dim 64; at 40, none.)
+template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O, int LOAD_STAGES = -1>
+struct FwdShared;
+template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O, int LOAD_STAGES>
+constexpr int fwd_landing_stages() {
+  if constexpr (LOAD_STAGES >= 0) return LOAD_STAGES;
+  else if constexpr (sizeof(T) != 4) return 0;
+  else
+    return sizeof(FwdShared<T, HD, BM, BN, STAGES, SEPARATE_O, 2>) + wg::kSwizzleAtomBytes <= kSharedLimit ? 2 : 1;
+}
+
+template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O, int LOAD_STAGES>
 struct FwdShared {
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
   static constexpr int kChunkCols = wg::kChunkCols<T>;  // columns per swizzled chunk
@@ -83,7 +101,7 @@ struct FwdShared {
   static constexpr uint32_t kKVBytes = uint32_t(kKVChunkBytes) * kChunks;
   // fp32: V goes through a landing buffer and is transposed (see above).
   static constexpr bool kTransposeV = sizeof(T) == 4;
-  static constexpr int kLoadStages = kTransposeV ? 1 : 0;  // V landing buffers
+  static constexpr int kLoadStages = fwd_landing_stages<T, HD, BM, BN, STAGES, SEPARATE_O, LOAD_STAGES>();
   static constexpr int kVtChunkBytes = kHeadDimPadded * wg::kSwizzleBytes;  // one [HDP, 32] Vᵀ chunk
   static_assert(!kTransposeV || BN % kChunkCols == 0, "Vᵀ is whole chunks of 32 keys");
   static constexpr bool kSplit = std::is_same_v<T, tile::tf32x3>;  // split tf32: the residual tiles

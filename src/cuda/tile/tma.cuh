@@ -37,6 +37,8 @@ struct alignas(8) MBarrier {
     while (!ptx::mbarrier_try_wait_parity(&word, parity)) {
     }
   }
+  // Whether the phase of `parity` has completed, without waiting (acquire, as wait).
+  __device__ __forceinline__ bool test(uint32_t parity) { return ptx::mbarrier_test_wait_parity(&word, parity); }
 };
 
 // Makes barrier initialisation visible to the async proxy (TMA) before its first use.
