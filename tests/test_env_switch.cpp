@@ -30,5 +30,36 @@ TEST(EnvSwitch, NamedValuesPickedUnknownTextWarnsAndTakesTheDefault) {
   EXPECT_EQ(choose_switch("FMHA_SM90_SCHEDULER", "static", {"dynamic", "static"}).index, 1);
 }
 
+// Every switch the tiers read: the variable and the value the README and docs/PERF.md give for
+// the switched behaviour, off when unset, empty, set to the default or to unknown text (which
+// warns), on only for its value.
+TEST(EnvSwitch, EachSwitchIsOnForItsDocumentedValueAlone) {
+  struct Expected {
+    const NamedSwitch& s;
+    const char* variable;
+    const char* default_value;
+    const char* on;
+  };
+  for (const Expected& e : {Expected{kSm90StaticSchedule, "FMHA_SM90_SCHEDULER", "dynamic", "static"},
+                            Expected{kSm90HeadsTogether, "FMHA_SM90_FWD_ORDER", "tiles", "heads"},
+                            Expected{kSm90PairsAlone, "FMHA_SM90_BWD_ORDER", "sections", "keys"},
+                            Expected{kNoDependentLaunch, "FMHA_DEPENDENT_LAUNCH", "1", "0"}}) {
+    SCOPED_TRACE(e.variable);
+    EXPECT_STREQ(e.s.variable, e.variable);
+    EXPECT_STREQ(e.s.values[0], e.default_value);
+    EXPECT_STREQ(e.s.on, e.on);
+    EXPECT_STREQ(e.s.values[1], e.on) << "the other value is the one that switches";
+    std::string warning;
+    for (const char* off : {static_cast<const char*>(nullptr), "", e.default_value}) {
+      EXPECT_FALSE(switch_on(e.s, off, &warning)) << (off ? off : "(unset)");
+      EXPECT_TRUE(warning.empty()) << warning;
+    }
+    EXPECT_TRUE(switch_on(e.s, e.on, &warning));
+    EXPECT_TRUE(warning.empty()) << warning;
+    EXPECT_FALSE(switch_on(e.s, "on", &warning)) << "unknown text gives the default";
+    EXPECT_NE(warning.find(e.variable), std::string::npos) << warning;
+  }
+}
+
 }  // namespace
 }  // namespace fmha

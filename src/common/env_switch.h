@@ -6,6 +6,8 @@
 // the process (its callers hold the result in a static). Plain C++: the CPU build tests it.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,11 +43,43 @@ inline void report_switch(const std::string& warning) {
   if (!warning.empty()) std::fprintf(stderr, "fmha: %s\n", warning.c_str());
 }
 
-// Reads switch `name` from the environment; a warning goes to stderr.
-inline int read_switch(const char* name, std::initializer_list<const char*> values) {
-  const SwitchChoice c = choose_switch(name, std::getenv(name), values);
-  report_switch(c.warning);
-  return c.index;
+// A two-valued switch as the tiers use it: its variable, its values (the first the default) and
+// the value that turns the switched behaviour on. Each switch is defined here, once, so that the
+// CPU tests check what every value does (test_env_switch.cpp); the tiers only ask
+// read_switch_on.
+struct NamedSwitch {
+  const char* variable;
+  std::array<const char*, 2> values;  // [0] the default
+  const char* on;                     // the value that turns the behaviour on (not the default)
+};
+
+// FMHA_SM90_SCHEDULER=static: the sm90 forward takes its work tiles at a fixed stride even where
+// the call brings a workspace for the dynamic scheduler's counter.
+inline constexpr NamedSwitch kSm90StaticSchedule{"FMHA_SM90_SCHEDULER", {"dynamic", "static"}, "static"};
+// FMHA_SM90_FWD_ORDER=heads: the sm90 forward's walk takes the heads of an L2 section together
+// instead of each head's query tiles together (calls without a causal mask or window).
+inline constexpr NamedSwitch kSm90HeadsTogether{"FMHA_SM90_FWD_ORDER", {"tiles", "heads"}, "heads"};
+// FMHA_SM90_BWD_ORDER=keys: the sm90 deterministic backward takes one (batch, KV head) pair's key
+// tiles after another instead of L2 sections of pairs.
+inline constexpr NamedSwitch kSm90PairsAlone{"FMHA_SM90_BWD_ORDER", {"sections", "keys"}, "keys"};
+// FMHA_DEPENDENT_LAUNCH=0: the split decode's merge is launched after the decode kernel ends, not
+// as its programmatic dependent.
+inline constexpr NamedSwitch kNoDependentLaunch{"FMHA_DEPENDENT_LAUNCH", {"1", "0"}, "0"};
+
+// Whether `text` (the variable's, null when unset) turns switch `s` on; its warning, if any,
+// into `warning`.
+inline bool switch_on(const NamedSwitch& s, const char* text, std::string* warning = nullptr) {
+  const SwitchChoice c = choose_switch(s.variable, text, {s.values[0], s.values[1]});
+  if (warning != nullptr) *warning = c.warning;
+  return std::strcmp(s.values[std::size_t(c.index)], s.on) == 0;
+}
+
+// Reads switch `s` from the environment; a warning goes to stderr.
+inline bool read_switch_on(const NamedSwitch& s) {
+  std::string warning;
+  const bool on = switch_on(s, std::getenv(s.variable), &warning);
+  report_switch(warning);
+  return on;
 }
 
 }  // namespace fmha

@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_splits_kernel(const Sp
 // decode kernel lets them, sm80_decode_kernel.cuh). Asked once per device; FMHA_DEPENDENT_LAUNCH=0
 // launches it after the decode kernel ends instead (the comparison docs/PERF.md reports).
 bool waits_for_its_primary() {
-  static const bool allowed = read_switch("FMHA_DEPENDENT_LAUNCH", {"1", "0"}) == 0;
+  static const bool allowed = !read_switch_on(kNoDependentLaunch);
   if (!allowed) return false;
   constexpr int kDevices = 64, kUnknown = 0, kYes = 1, kNo = 2;
   static std::atomic<int> known[kDevices];

@@ -45,31 +45,27 @@ constexpr int kMinHeadDim = 64;  // smaller head dims run on the sm80 tier
 constexpr double kL2SectionBytes = 32.0 * 1024 * 1024;
 // The forward's workspace: the dynamic scheduler's counter, in the workspace's alignment unit.
 constexpr size_t kFwdWorkspaceBytes = 256;
-constexpr const char* kSchedulerVariable = "FMHA_SM90_SCHEDULER";
 // Calls that walk their query tiles in order (no causal mask or window) take each head's query
 // tiles together (TileScheduler::tiles_fastest: at head dim 256, 2k, K/V read about once from
 // DRAM where the heads of an L2 section together read them ~1.75 times, docs/PERF.md runs 59-61);
-// FMHA_SM90_FWD_ORDER=heads walks the heads of a section together instead, and
-// FMHA_SM90_L2_SECTION_MB=<MB> sets the forward's section budget (kL2SectionBytes otherwise) and
+// FMHA_SM90_FWD_ORDER=heads walks the heads of a section together instead (kSm90HeadsTogether),
+// and FMHA_SM90_L2_SECTION_MB=<MB> sets the forward's section budget (kL2SectionBytes otherwise) and
 // the deterministic backward's (kBwdL2SectionBytes); both to measure the walks.
-constexpr const char* kFwdOrderVariable = "FMHA_SM90_FWD_ORDER";
 constexpr const char* kSectionBudgetVariable = "FMHA_SM90_L2_SECTION_MB";
 // The deterministic backward's Q, dO and dQ-accumulator bytes of one section of its block order
 // (BwdBlockOrder).
 constexpr double kBwdL2SectionBytes = 32.0 * 1024 * 1024;
-// FMHA_SM90_BWD_ORDER=keys: the deterministic backward takes one pair's key tiles after another
-// (sections of one pair) instead of L2 sections, to measure the two.
-constexpr const char* kBwdOrderVariable = "FMHA_SM90_BWD_ORDER";
 
-// The tier's measurement switches (common/env_switch.h: read once, at their first use; text they
-// do not take is reported on stderr and gives the default).
+// The tier's measurement switches (common/env_switch.h: FMHA_SM90_SCHEDULER, FMHA_SM90_FWD_ORDER
+// and, in backward_block_order, FMHA_SM90_BWD_ORDER; read once, at their first use; text they do
+// not take is reported on stderr and gives the default).
 bool static_schedule_forced() {
-  static const bool forced = read_switch(kSchedulerVariable, {"dynamic", "static"}) == 1;
+  static const bool forced = read_switch_on(kSm90StaticSchedule);
   return forced;
 }
 
 bool tiles_fastest_walk() {
-  static const bool tiles = read_switch(kFwdOrderVariable, {"tiles", "heads"}) == 0;
+  static const bool tiles = !read_switch_on(kSm90HeadsTogether);
   return tiles;
 }
 
@@ -311,7 +307,7 @@ BwdBlockOrder backward_block_order(const Problem& s, const AttentionArgs& args, 
   // Deterministic calls: check_call bounds key tiles · pairs by INT32_MAX (the default kernel's
   // 3-D grid reads only key_tiles).
   order.pairs = int(std::min<int64_t>(s.batch * s.kv_heads, INT32_MAX));
-  static const bool pairs_alone = read_switch(kBwdOrderVariable, {"sections", "keys"}) == 1;
+  static const bool pairs_alone = read_switch_on(kSm90PairsAlone);
   const bool sections = deterministic && !pairs_alone;
   if (!sections) return order;
   const double row_bytes = double(s.head_dim + s.head_dim_v) * double(dtype_size(s.dtype)) +
