@@ -33,12 +33,7 @@ if want tests; then
   sm90_sharded_tests "$T" "$FILTER" 6 200 tests.log
 fi
 if want sanitize; then
-  SMALL='Sweep/Kernel.Backward/Small_sm90_bf16_*_d64*'
-  for tool in racecheck synccheck memcheck; do
-    timeout 90 compute-sanitizer --tool $tool --error-exitcode 1 $T --gtest_color=no --gtest_brief=1 \
-      --gtest_filter="$SMALL" > "$OUT/sanitize_$tool.log" 2>&1; echo "$tool rc=$?"
-    grep -E "ERROR SUMMARY|tests? from .* ran|PASSED|FAILED" "$OUT/sanitize_$tool.log" | tail -3
-  done
+  sm90_sanitize "$T" 'Sweep/Kernel.Backward/Small_sm90_bf16_*_d64*' 90 racecheck synccheck memcheck
 fi
 want bench || exit 0
 bench() {  # label, cli, head dim, round -> label round d length causal TFLOP/s

@@ -13,6 +13,7 @@
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
+source "$(dirname "$0")/sm90_ab.sh"
 STEPS=build HEAD_DIMS="64;128;256" BUILD_TIMEOUT=200 bash scripts/gpu_round.sh || exit 1
 B=build-sm90; T=$B/tests/gpu/fmha_gpu_tests
 echo "== tests $(date +%T)"
@@ -30,11 +31,7 @@ grep -hE "^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]|tests? from .*
 grep -E "^\[  FAILED  \] [A-Z]" $OUT/tests.log | sort -u | head -20
 echo "== sanitize $(date +%T)"
 SMALL='Tiers/Deterministic.SmallBitwiseIdentical/cuda_sm90*:Sweep/Kernel.Backward/Small_sm90*_det*'
-for tool in ${SANITIZE:-memcheck racecheck synccheck}; do
-  timeout 100 compute-sanitizer --tool $tool --error-exitcode 1 $T --gtest_color=no --gtest_brief=1 \
-    --gtest_filter="$SMALL" > $OUT/sanitize_$tool.log 2>&1; echo "$tool rc=$?"
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests? from .* ran|FAILED" $OUT/sanitize_$tool.log | tail -3
-done
+sm90_sanitize $T "$SMALL" 100 ${SANITIZE:-memcheck racecheck synccheck}
 cat $OUT/sanitize_*.log > $OUT/sanitize.log; rm -f $OUT/sanitize_*.log
 echo "== bench $(date +%T)"
 F="timeout 60 $B/fmha bench --no-progress --backend sm90 --mode bwd --dtype bf16 --iters 10"  # a hang costs a minute, not the call

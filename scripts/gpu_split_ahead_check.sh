@@ -20,11 +20,7 @@ timeout 300 $T --gtest_color=no --gtest_brief=1 --gtest_filter='*sm90*tf32*:Spli
   > $OUT/tests.log 2>&1; echo "tests rc=$?"
 grep -E "tests? from .* ran|PASSED|FAILED|SKIPPED \]" $OUT/tests.log | head -12
 echo "== sanitize $(date +%T)"
-for tool in racecheck synccheck; do
-  timeout 120 compute-sanitizer --tool $tool --error-exitcode 1 $T --gtest_color=no --gtest_brief=1 \
-    --gtest_filter='Sweep/Kernel.Forward/Small*sm90*tf32*' > $OUT/sanitize_$tool.log 2>&1; echo "$tool rc=$?"
-  grep -E "SUMMARY|tests? from .* ran" $OUT/sanitize_$tool.log | tail -2
-done
+sm90_sanitize $T 'Sweep/Kernel.Forward/Small*sm90*tf32*' 120 racecheck synccheck
 cat $OUT/sanitize_*.log > $OUT/sanitize.log; rm -f $OUT/sanitize_*.log
 echo "== bench $(date +%T)"
 for r in $(seq "${ROUNDS:-2}"); do for d in tf32x3 tf32; do for c in none bottom-right; do for b in $BB $B; do

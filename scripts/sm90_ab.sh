@@ -67,3 +67,17 @@ sm90_sharded_tests() {
   grep -hE "^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  SKIPPED \] [0-9]|tests? from .* ran" "$OUT/$5" | sort | uniq -c
   grep -E "^\[  FAILED  \] [A-Z]" "$OUT/$5" | sort -u | head -20
 }
+
+# compute-sanitizer tools $4.. on GPU tests binary $1 with gtest filter $2, each at most $3 s:
+# $OUT/sanitize_<tool>.log per tool, its exit status and summary lines printed. The whole run
+# exits 1 from the tool where it reports an error or hazard.
+sm90_sanitize() {
+  local tests=$1 filter=$2 limit=$3 tool
+  shift 3
+  for tool in "$@"; do
+    timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 1 "$tests" --gtest_color=no --gtest_brief=1 \
+      --gtest_filter="$filter" > "$OUT/sanitize_$tool.log" 2>&1
+    echo "$tool rc=$?"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests? from .* ran|FAILED" "$OUT/sanitize_$tool.log" | tail -3
+  done
+}
