@@ -154,10 +154,6 @@ TEST(Sm90Config, EveryVariantFitsSharedMemoryAndTheRegisterFile) {
     }
 }
 
-// The tf32 forward (fp32 storage): its default configuration at the head dims it takes fits
-// shared memory with Q, the K and Vᵀ rings and V's landing buffer in fp32 (O staged over Q where
-// a buffer of its own does not fit), its key tiles are whole 32-key chunks of Vᵀ, and its register
-// split fits the block's pool.
 // The pool a block holds under __launch_bounds__(threads, 1): 168 registers a thread for 384
 // threads (64,512, not the whole file), 128 for 512.
 TEST(Sm90Config, RegisterPoolIsTheLaunchCapTimesTheThreads) {
@@ -168,6 +164,10 @@ TEST(Sm90Config, RegisterPoolIsTheLaunchCapTimesTheThreads) {
               register_pool((kBwdConsumers + 1) * kWarpgroupThreads));
 }
 
+// The tf32 forward (fp32 storage): its default configuration at the head dims it takes fits
+// shared memory with Q, the K and Vᵀ rings and V's landing buffer in fp32 (O staged over Q where
+// a buffer of its own does not fit), its key tiles are whole 32-key chunks of Vᵀ, and its register
+// split (the producer raised for the transposing warps) fits the block's pool.
 TEST(Sm90Config, Tf32ForwardFitsAndTakesWholeKeyChunks) {
   for (int head_dim : {64, 96, 128}) {
     ASSERT_TRUE(tf32_head_dim(head_dim)) << head_dim;
@@ -179,11 +179,12 @@ TEST(Sm90Config, Tf32ForwardFitsAndTakesWholeKeyChunks) {
     EXPECT_EQ(c.tile_n % 8, 0) << "P·V runs k8 steps over the keys";
     EXPECT_TRUE(c.pingpong && c.lazy_rescale && c.chain_turns) << "the tf32 forward runs the default schedule";
     for (bool packed : {false, true})
-      EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers, packed, head_dim) +
-                                     c.consumers * consumer_registers(c.consumers, packed, head_dim)),
+      EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers, packed, head_dim, true) +
+                                     c.consumers * consumer_registers(c.consumers, packed, head_dim, true)),
                 register_pool(c.threads()))
           << "head_dim " << head_dim << (packed ? " packed" : "");
   }
+  EXPECT_EQ(producer_registers(2, false, 64, true), 40) << "the transposing warps' budget";
   EXPECT_FALSE(tf32_head_dim(32));
   EXPECT_FALSE(tf32_head_dim(192));
   EXPECT_FALSE(tf32_head_dim(256));

@@ -1023,5 +1023,33 @@ TEST(Sm90Tile, NamedBarrierHandoffAcrossRegisterBudgets) {
   cudaFree(out);
 }
 
+// ---- MBarrier::test: whether a phase has completed, without waiting. A fresh barrier (phase 0
+// running) reports the phase before it (parity 1) complete and phase 0 not; after its one
+// arrival, phase 0 complete and phase 1 (now running) not. ------------------------------------
+__global__ void mbarrier_test_kernel(int* out) {
+  __shared__ tile::MBarrier bar;
+  if (threadIdx.x == 0) {
+    bar.init(1);
+    out[0] = bar.test(0);
+    out[1] = bar.test(1);
+    bar.arrive();
+    out[2] = bar.test(0);
+    out[3] = bar.test(1);
+  }
+}
+
+TEST(Sm90Tile, MBarrierTestSeesCompletedPhasesWithoutWaiting) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  int* out = poisoned_device<int>(4);
+  mbarrier_test_kernel<<<1, 32>>>(out);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = to_host(out, 4);
+  EXPECT_EQ(got[0], 0) << "phase 0 running";
+  EXPECT_EQ(got[1], 1) << "the phase before a fresh barrier's first counts as complete";
+  EXPECT_EQ(got[2], 1) << "phase 0 complete after its one arrival";
+  EXPECT_EQ(got[3], 0) << "phase 1 running";
+  cudaFree(out);
+}
+
 }  // namespace
 }  // namespace fmha::cuda::test

@@ -29,7 +29,7 @@ namespace wg = tile::warpgroup;
 // columns of T in 128 bytes (64 of 16 bits, 32 of fp32).
 //
 // fp32 (tf32): tf32 wgmma reads both operands K-major, so P·V needs Vᵀ ([Dv, keys], keys
-// contiguous). TMA lands each V tile in v_load (a ring of its own, one stage), the producer
+// contiguous). TMA lands each V tile in v_load (a ring of its own: fwd_landing_stages), the producer
 // warpgroup's transposing warps write it as Vᵀ into the v ring ([keys / 32] chunks of [HDP, 32]),
 // and the consumers read the v ring as they read V at 16 bits.
 // With SEPARATE_O the output is staged in a buffer of its own, so the query tile is released as
