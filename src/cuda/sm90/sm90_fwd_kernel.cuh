@@ -249,7 +249,8 @@ struct FwdKernel {
       if constexpr (kSplit)  // K_j and K_{j+1}, those that have landed (the warp decides as one)
         while (ahead <= 1 && __all_sync(0xffffffffu, shared.k_full[keys.index].test(keys.phase))) split_keys();
       shared.landing.full[landing.index].wait(landing.phase);
-      if (warp_flag(shared.landing.done[landing.index][landing.phase], lane)) break;  // written before the arrival the wait acquired (re-read: the wait clobbers memory)
+      // The end flag, written before the arrival the wait acquired (re-read: the wait clobbers memory).
+      if (warp_flag(shared.landing.done[landing.index][landing.phase], lane)) break;
       if constexpr (kSplit)
         while (ahead <= 0) {  // K_j before V_j
           shared.k_full[keys.index].wait(keys.phase);
