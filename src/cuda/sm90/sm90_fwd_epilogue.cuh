@@ -37,7 +37,7 @@ struct FwdEpilogue {
       store_bounded(args, work, start, rows, o, softmax, thread);
       if constexpr (!Mainloop::kSeparateO) {  // the query tile is free once every warp is past its wgmma
         tile::named_sync(barrier, wg::kThreads);
-        if (thread == 0) shared.q_empty.arrive();
+        if (thread == 0) shared.q_empty[0].arrive();
       }
       store_lse(args, work, start, rows, softmax, thread);
       return;
@@ -63,7 +63,7 @@ struct FwdEpilogue {
       tile::tma::store_commit();
       if constexpr (!Mainloop::kSeparateO) {
         tile::tma::store_wait_read();
-        shared.q_empty.arrive();
+        shared.q_empty[0].arrive();
       }
     }
     store_lse(args, work, start, rows, softmax, thread);

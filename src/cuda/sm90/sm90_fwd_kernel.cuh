@@ -113,17 +113,17 @@ struct FwdKernel {
     tile::tma::prefetch(&params.o);
     tile::PipelineState<STAGES> pipe;
     tile::PipelineState<kLandingStages> landing;  // fp32: V's landing ring
-    uint32_t q_phase = 0;
+    typename Shared::QueryPipeline qs;             // the query buffers, a work tile each in turn
     const int total = params.scheduler.total;
     // Packed calls only: the walk over the sequence table, in shared memory (few registers here).
     PackedTileCursor& cursor = shared.cursor;
     if constexpr (PACKED) cursor = PackedTileCursor(args, BM, params.scheduler.longest_first);
-    for (int t = blockIdx.x;; q_phase ^= 1) {
+    for (int t = blockIdx.x;; qs.advance()) {
       const bool done = PACKED ? !cursor.seek(args, t) : t >= total;
       if (done) {  // no work left: the consumers see an index past the last tile and stop
-        shared.q_empty.wait(q_phase ^ 1);
-        shared.work_tile[q_phase] = PACKED ? kNoWork : t;
-        shared.q_full.arrive();
+        shared.q_empty[qs.index].wait(qs.phase ^ 1);
+        shared.work_tile[Shared::slot(qs)] = PACKED ? kNoWork : t;
+        shared.q_full[qs.index].arrive();
         if constexpr (kSplit) {  // the splitting warps stop at the next K stage
           shared.k_empty[pipe.index].wait(pipe.phase ^ 1);
           shared.residual.k_done[pipe.index][pipe.phase] = 1;
@@ -175,13 +175,15 @@ struct FwdKernel {
                   Shared::kKVBytes);
       };
       // The first key tile goes first: its ring slot is free while the consumers may still hold
-      // the query tile (the previous work tile's epilogue, when O is staged over Q).
+      // the query tile (the previous work tile's epilogue, when O is staged over Q; with two query
+      // buffers the queries' wait is for the work tile before the previous one, long done).
       if (key_tiles > 0) load_keys(0);
-      shared.q_empty.wait(q_phase ^ 1);
-      shared.work_tile[q_phase] = t;  // published by the query tile's barrier (release)
-      shared.work[q_phase] = w;
-      if constexpr (PACKED) shared.sequence[q_phase] = shared.next_sequence;
-      load_tile(shared.q, &params.q, BM, q_row, w.head, shared.q_full, Shared::kQBytes);
+      shared.q_empty[qs.index].wait(qs.phase ^ 1);
+      const int slot = Shared::slot(qs);
+      shared.work_tile[slot] = t;  // published by the query tile's barrier (release)
+      shared.work[slot] = w;
+      if constexpr (PACKED) shared.sequence[slot] = shared.next_sequence;
+      load_tile(shared.q[qs.index], &params.q, BM, q_row, w.head, shared.q_full[qs.index], Shared::kQBytes);
       for (int j = 0; j < key_tiles; ++j) {
         const int col0 = k_row + j * BN;
         if (j > 0) load_keys(j);
@@ -279,29 +281,31 @@ struct FwdKernel {
   __device__ static void consume(const FwdParams& params, Shared& shared, int warpgroup, int thread) {
     Mainloop mainloop{shared, params.args, warpgroup, thread};
     tile::PipelineState<STAGES> pipe;
-    uint32_t q_phase = 0;
     mainloop.begin_block();
-    for (;; q_phase ^= 1) {
-      shared.q_full.wait(q_phase);
-      if (PACKED ? shared.work_tile[q_phase] == kNoWork : shared.work_tile[q_phase] >= params.scheduler.total) break;
+    // The block's work tiles in turn (mainloop.work_count): query buffer n % kQBuffers at phase
+    // (n / kQBuffers) % 2, slot n % kSlots (Shared::slot); one register across the mainloop.
+    for (;; ++mainloop.work_count) {
+      const int slot = int(mainloop.work_count % Shared::kSlots);
+      shared.q_full[mainloop.query_buffer()].wait(uint32_t(slot / Shared::kQBuffers));
+      if (PACKED ? shared.work_tile[slot] == kNoWork : shared.work_tile[slot] >= params.scheduler.total) break;
       mainloop.split_queries();  // split tf32: this warpgroup's query rows (nothing otherwise)
       typename Tiles::Output o;  // [64, HDP] fp32
       o.fill(0.f);
       typename Tiles::Softmax softmax;
       softmax.init();
       {
-        const Plan plan_t = slot_plan(params, shared, q_phase);
+        const Plan plan_t = slot_plan(params, shared, slot);
         const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
         mainloop.run(pipe, Range{my_row0, my_row0 + kConsumerRows}, plan_t.keys, plan_t.key_tiles,
-                     slot_mask(params, shared, q_phase), o, softmax);
+                     slot_mask(params, shared, slot), o, softmax);
       }
       // The plan again, from the slot (not kept in registers through the mainloop).
-      const Plan plan_t = slot_plan(params, shared, q_phase);
+      const Plan plan_t = slot_plan(params, shared, slot);
       const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
       const int64_t my_end = my_row0 + kConsumerRows < plan_t.rows.end ? my_row0 + kConsumerRows : plan_t.rows.end;
       const Range my_rows{my_row0, my_end};
       Epilogue::template run<PACKED>(params, shared, warpgroup, thread, plan_t.work,
-                                     slot_start(shared, plan_t, q_phase),
+                                     slot_start(shared, plan_t, slot),
                                      my_rows.empty() ? Range{my_row0, my_row0} : my_rows, o, softmax);
     }
     mainloop.end_block();
@@ -319,8 +323,10 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1
   const int warpgroup = int(threadIdx.x) / wg::kThreads;
   const int thread = int(threadIdx.x) % wg::kThreads;
   if (threadIdx.x == 0) {
-    shared.q_full.init(1);
-    shared.q_empty.init(K::Shared::q_releases(K::kConsumers));
+    for (int b = 0; b < K::Shared::kQBuffers; ++b) {
+      shared.q_full[b].init(1);
+      shared.q_empty[b].init(K::Shared::q_releases(K::kConsumers));
+    }
     for (int s = 0; s < K::STAGES; ++s) {
       shared.k_full[s].init(1);
       shared.v_full[s].init(K::kTransposeV ? K::kTransposeWarps : 1);

@@ -80,17 +80,33 @@ struct SplitResiduals<T, Q_ELEMENTS, KV_ELEMENTS, STAGES, false> {};
 // lets TMA land the next V tile while the transposing warps still read this one), else one. (At
 // 24 registers the tf32 kernel's producer warpgroup spilled 20 bytes in its transposing loop with
 // two, -Xptxas -v at head dim 64; at 40, none.)
-template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O, int LOAD_STAGES = -1>
+// Q_BUFFERS: query tiles (16-bit with O staged apart); -1 picks two where they fit beside the
+// rest, else one. With two, the producer loads the next work tile's queries as soon as it has
+// issued this one's key and value tiles, rather than once the consumers are past this one's last
+// Q·Kᵀ: short sequences, whose work tiles have few key tiles, otherwise open each work tile
+// waiting for its queries.
+template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O, int LOAD_STAGES = -1, int Q_BUFFERS = -1>
 struct FwdShared;
 template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O, int LOAD_STAGES>
 constexpr int fwd_landing_stages() {
   if constexpr (LOAD_STAGES >= 0) return LOAD_STAGES;
   else if constexpr (sizeof(T) != 4) return 0;
   else
-    return sizeof(FwdShared<T, HD, BM, BN, STAGES, SEPARATE_O, 2>) + wg::kSwizzleAtomBytes <= kSharedLimit ? 2 : 1;
+    return sizeof(FwdShared<T, HD, BM, BN, STAGES, SEPARATE_O, 2, 1>) + wg::kSwizzleAtomBytes <= kSharedLimit ? 2 : 1;
+}
+inline constexpr int kMaxQueryBuffers = 2;
+template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O, int Q_BUFFERS>
+constexpr int fwd_query_buffers() {
+  if constexpr (Q_BUFFERS >= 1) return Q_BUFFERS;
+  else if constexpr (sizeof(T) != 2 || !SEPARATE_O) return 1;  // fp32 tiles fill shared memory
+  else
+    return sizeof(FwdShared<T, HD, BM, BN, STAGES, SEPARATE_O, 0, kMaxQueryBuffers>) + wg::kSwizzleAtomBytes <=
+                   kSharedLimit
+               ? kMaxQueryBuffers
+               : 1;
 }
 
-template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O, int LOAD_STAGES>
+template <class T, int HD, int BM, int BN, int STAGES, bool SEPARATE_O, int LOAD_STAGES, int Q_BUFFERS>
 struct FwdShared {
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
   static constexpr int kChunkCols = wg::kChunkCols<T>;  // columns per swizzled chunk
@@ -106,32 +122,41 @@ struct FwdShared {
   static_assert(!kTransposeV || BN % kChunkCols == 0, "Vᵀ is whole chunks of 32 keys");
   static constexpr bool kSplit = std::is_same_v<T, tile::tf32x3>;  // split tf32: the residual tiles
 
-  alignas(wg::kSwizzleAtomBytes) T q[BM * kHeadDimPadded];        // [chunks][BM, 64] queries, then O
+  static constexpr int kQBuffers = fwd_query_buffers<T, HD, BM, BN, STAGES, SEPARATE_O, Q_BUFFERS>();
+  static_assert(kQBuffers == 1 || SEPARATE_O, "O staged over Q takes the one query tile");
+  // Work-tile slots: two per query buffer (see work_tile).
+  static constexpr int kSlots = 2 * kQBuffers;
+  using QueryPipeline = tile::PipelineState<kQBuffers>;
+  // The slot of the work tile whose queries are at `at`: the producer's work tiles in turn, modulo kSlots.
+  __device__ __forceinline__ static int slot(const QueryPipeline& at) { return at.index + kQBuffers * int(at.phase); }
+
+  alignas(wg::kSwizzleAtomBytes) T q[kQBuffers][BM * kHeadDimPadded];  // [chunks][BM, 64] queries (one buffer: then O)
   alignas(wg::kSwizzleAtomBytes) T k[STAGES][BN * kHeadDimPadded];  // [chunks][BN, 64] keys
   alignas(wg::kSwizzleAtomBytes) T v[STAGES][BN * kHeadDimPadded];  // [chunks][BN, C] values (fp32: Vᵀ)
   // fp32: [stages][chunks][BN, 32] values as TMA writes them (LandingBuffer; nothing at 16 bits)
   [[no_unique_address]] LandingBuffer<T, kLoadStages, BN * kHeadDimPadded> v_load;
   // [chunks][BM, 64] output staging (a token element when O is staged over Q)
   alignas(wg::kSwizzleAtomBytes) T o[SEPARATE_O ? BM * kHeadDimPadded : 1];
-  tile::MBarrier q_full, q_empty;
-  // The scheduler's index of the work tile the query tile belongs to, one slot per phase of the
-  // query barriers: the producer rewrites a slot only once the consumers have released the query
-  // tile of the work tile after it, so they may read their slot until the end of the work tile.
-  int work_tile[2];
+  tile::MBarrier q_full[kQBuffers], q_empty[kQBuffers];
+  // The scheduler's index of the work tile the query tile belongs to, one slot per query buffer
+  // and phase of its barriers: the producer rewrites a slot only once the consumers have released
+  // the query tile of the work tile kQBuffers after it, so they may read their slot until the end
+  // of the work tile.
+  int work_tile[kSlots];
   // The work tile (query tile, head, batch or sequence), per slot as above: the producer finds it
   // once (the dense scheduler's divisions), the consumers read it at the work tile's start and in
   // its epilogue.
-  WorkTile work[2];
+  WorkTile work[kSlots];
   // Packed calls: the work tile's sequence (where its rows start, its mask), per slot as above,
   // so that the consumers read the mask from here rather than keep it in registers.
-  Sequence sequence[2];
+  Sequence sequence[kSlots];
   // The producer's own state for packed calls, kept here rather than in its few registers: its
   // walk over the sequence table, and the sequence of the work tile it is loading (copied into
   // the slot once the slot is free).
   PackedTileCursor cursor;
   Sequence next_sequence;
 
-  __device__ __forceinline__ T* output() { return SEPARATE_O ? o : q; }
+  __device__ __forceinline__ T* output() { return SEPARATE_O ? o : q[0]; }
   // Arrivals that release the query tile: each consumer warp once its last Q·Kᵀ is done, or each
   // consumer warpgroup's storing thread once its O rows (staged over Q) have been read.
   static constexpr uint32_t q_releases(int consumers) {
@@ -188,6 +213,10 @@ struct FwdMainloop {
   // Split tf32: a key tile's P·V, formed from zero (issue_pv) and added to O (add_part).
   struct NoPart {};
   [[no_unique_address]] std::conditional_t<kSplit, typename Tiles::Output, NoPart> o_part;
+  unsigned work_count = 0;  // the block's work tiles before this one (its query buffer and slot)
+
+  __device__ __forceinline__ int query_buffer() const { return int(work_count % Shared::kQBuffers); }
+  __device__ __forceinline__ T* queries() { return shared.q[query_buffer()]; }
 
   // S = Q·Kᵀ for this warpgroup's rows and the key tile in stage `stage`; issued, not waited.
   // Split tf32: Q_lo·K + Q·K_lo + Q·K (the tiles hold the high parts), the small products first.
@@ -195,10 +224,10 @@ struct FwdMainloop {
     wg::fence();
     if constexpr (kSplit) {
       issue_scores_from(s, shared.residual.q, shared.k[stage], false);
-      issue_scores_from(s, shared.q, shared.residual.k[stage], true);
-      issue_scores_from(s, shared.q, shared.k[stage], true);
+      issue_scores_from(s, queries(), shared.residual.k[stage], true);
+      issue_scores_from(s, queries(), shared.k[stage], true);
     } else {
-      issue_scores_from(s, shared.q, shared.k[stage], false);
+      issue_scores_from(s, queries(), shared.k[stage], false);
     }
     wg::commit();
   }
@@ -266,7 +295,7 @@ struct FwdMainloop {
 #pragma unroll
       for (int c = 0; c < Shared::kChunks; ++c) {
         const int at = c * (Shared::kQChunkBytes / int(sizeof(T))) + warpgroup * kRowFloats;
-        wg::split_to_tf32<kRowFloats>(reinterpret_cast<float*>(shared.q + at),
+        wg::split_to_tf32<kRowFloats>(reinterpret_cast<float*>(queries() + at),
                                       reinterpret_cast<float*>(shared.residual.q + at), thread, wg::kThreads);
       }
       tile::fence_async_shared();
@@ -352,7 +381,7 @@ struct FwdMainloop {
   __device__ __forceinline__ void release_queries() {
     if constexpr (SEPARATE_O) {
       __syncwarp();
-      release(shared.q_empty);
+      release(shared.q_empty[query_buffer()]);
     }
   }
 
