@@ -313,6 +313,33 @@ TEST(Sm90Schedule, DynamicAndStaticAgreeBitwise) {
   }
 }
 
+// Many short work tiles per block (several per SM, of one or two key tiles each), dense and
+// packed, causal and not, against the oracle: each block cycles its query buffers (two at 16-bit
+// head dim 64, sm90_fwd_mainloop.cuh's fwd_query_buffers) and work-tile slots through both
+// barrier phases many times.
+TEST(Sm90Schedule, ManyShortWorkTilesPerBlockMatchTheOracle) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
+  for (int d : compiled_head_dims()) {
+    if (!takes_head_dim(Backend::cuda_sm90, d)) continue;
+    for (DType dtype : {DType::bf16, DType::fp16})
+      for (Causal causal : {Causal::none, Causal::bottom_right}) {
+        Case c;
+        c.backend = Backend::cuda_sm90, c.dtype = dtype, c.head_dim = c.head_dim_v = d;
+        c.batch = 32, c.heads = 8, c.kv_heads = 4, c.seqlen_q = 200, c.seqlen_k = 150, c.causal = causal;
+        const std::string msg = check_forward(c, test_seed());
+        EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
+      }
+    VarlenCase vc;
+    vc.base.backend = Backend::cuda_sm90, vc.base.dtype = DType::bf16;
+    vc.base.head_dim = vc.base.head_dim_v = d, vc.base.heads = vc.base.kv_heads = 4;
+    for (int i = 0; i < 96; ++i) vc.seqlens_q.push_back(40 + (i * 37) % 260);
+    vc.seqlens_k = vc.seqlens_q;
+    const std::string msg = check_varlen_forward(vc, test_seed());
+    EXPECT_TRUE(msg.empty()) << "packed, head dim " << d << " (seed " << test_seed() << ")\n" << msg;
+  }
+}
+
 // Every forward variant of the sm90 tier (each a different pipeline, tile or rescaling scheme)
 // against the oracle, on random scores and on scores that grow along the keys, so that rows
 // rescale on some key tiles and keep their exponent base on others (the lazy variants' two paths).
