@@ -7,7 +7,8 @@
 // then the epilogue. The producer hands each work tile's index and (query tile, head, batch) to
 // the consumers with its query tile (an index past the last tile ends the kernel); both then
 // walk the same ring positions, so they agree on every buffer and phase without talking beyond
-// the mbarriers.
+// the mbarriers. Where two query buffers fit (16-bit, head dim 64: fwd_query_buffers), the next
+// work tile's queries land while this one's last key tiles run.
 //
 // fp32 storage (tf32): V lands in a buffer of its own and the producer warpgroup's warps 1-3,
 // idle at 16 bits, transpose each V tile into the Vᵀ ring the consumers read (tf32 wgmma takes
