@@ -9,6 +9,8 @@
 #                            and the profiled runs' output (peers_<case>_<provider>_run.log)
 # CASES (default "fwd256 decode fwd64c bwd64") picks the cases below, in that order; fwd64s,
 # fwd64sc and fwd128s are the 512-key forwards (16k tokens, hidden 2048) where fmha trails cuDNN.
+# SOURCE=1 adds each report's source page (per SASS instruction: executions, stall samples by
+# reason; `ncu --page source --csv --print-source sass`) as peers_<case>_<provider>_source.csv.
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -77,6 +79,9 @@ summary() {  # details page -> one line per kernel
     END { flush() }
   ' "$2"
 }
+source_page() {  # report -> its source page as CSV, per SASS instruction
+  ncu -i "$1" --page source --csv --print-source sass > "$2" 2>&1 || echo "no source page for $1"
+}
 for c in ${CASES:-fwd256 decode fwd64c bwd64}; do
   read -r skip count <<< "${SKIP[$c]}"
   echo "== $c fmha ($(date +%T))"
@@ -84,11 +89,13 @@ for c in ${CASES:-fwd256 decode fwd64c bwd64}; do
     "$B/fmha" bench --dtype bf16 ${FMHA[$c]} --warmup 2 --iters 1 --no-progress > "$OUT/peers_${c}_fmha_run.log" 2>&1 ||
     tail -5 "$OUT/peers_${c}_fmha_run.log"
   ncu -i "/tmp/peers_${c}_fmha.ncu-rep" --page details > "$OUT/peers_${c}_fmha.txt" 2>&1
+  [[ ${SOURCE:-0} == 1 ]] && source_page "/tmp/peers_${c}_fmha.ncu-rep" "$OUT/peers_${c}_fmha_source.csv"
   summary "$c/fmha" "$OUT/peers_${c}_fmha.txt" | tee -a "$OUT/peers_summary.txt"
   echo "== $c cudnn ($(date +%T))"
   timeout 150 ncu --set full --profile-from-start off -f -o "/tmp/peers_${c}_cudnn" \
     python3 /tmp/peers_torch.py ${TORCH[$c]} > "$OUT/peers_${c}_cudnn_run.log" 2>&1 || tail -5 "$OUT/peers_${c}_cudnn_run.log"
   ncu -i "/tmp/peers_${c}_cudnn.ncu-rep" --page details > "$OUT/peers_${c}_cudnn.txt" 2>&1
+  [[ ${SOURCE:-0} == 1 ]] && source_page "/tmp/peers_${c}_cudnn.ncu-rep" "$OUT/peers_${c}_cudnn_source.csv"
   summary "$c/cudnn" "$OUT/peers_${c}_cudnn.txt" | tee -a "$OUT/peers_summary.txt"
 done
 tar czf "$OUT/peers.tar.gz" -C "$OUT" $(cd "$OUT" && ls peers_*_fmha* peers_*_cudnn* 2>/dev/null) &&
