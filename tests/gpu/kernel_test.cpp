@@ -313,10 +313,10 @@ TEST(Sm90Schedule, DynamicAndStaticAgreeBitwise) {
   }
 }
 
-// Many short work tiles per block (several per SM, of one or two key tiles each), dense and
-// packed, causal and not, against the oracle: each block cycles its query buffers (two at 16-bit
-// head dim 64, sm90_fwd_mainloop.cuh's fwd_query_buffers) and work-tile slots through both
-// barrier phases many times.
+// Short work tiles, several per block (dense: 512 of one or two key tiles at head dim 64, about
+// four per block of a 132-SM grid), dense and packed, causal and not, against the oracle: each
+// block takes its query buffers (two at 16-bit head dim 64, sm90_fwd_mainloop.cuh's
+// fwd_query_buffers) in both barrier phases and every work-tile slot.
 TEST(Sm90Schedule, ManyShortWorkTilesPerBlockMatchTheOracle) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
