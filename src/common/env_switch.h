@@ -7,7 +7,6 @@
 #pragma once
 
 #include <array>
-#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,35 +42,34 @@ inline void report_switch(const std::string& warning) {
   if (!warning.empty()) std::fprintf(stderr, "fmha: %s\n", warning.c_str());
 }
 
-// A two-valued switch as the tiers use it: its variable, its values (the first the default) and
-// the value that turns the switched behaviour on. Each switch is defined here, once, so that the
-// CPU tests check what every value does (test_env_switch.cpp); the tiers only ask
+// A two-valued switch as the tiers use it: its variable and its values, the default first and
+// then the one that turns the switched behaviour on. Each switch is defined here, once, so that
+// the CPU tests check what every value does (test_env_switch.cpp); the tiers only ask
 // read_switch_on.
 struct NamedSwitch {
   const char* variable;
-  std::array<const char*, 2> values;  // [0] the default
-  const char* on;                     // the value that turns the behaviour on (not the default)
+  std::array<const char*, 2> values;  // [0] the default, [1] the value that turns the behaviour on
 };
 
 // FMHA_SM90_SCHEDULER=static: the sm90 forward takes its work tiles at a fixed stride even where
 // the call brings a workspace for the dynamic scheduler's counter.
-inline constexpr NamedSwitch kSm90StaticSchedule{"FMHA_SM90_SCHEDULER", {"dynamic", "static"}, "static"};
+inline constexpr NamedSwitch kSm90StaticSchedule{"FMHA_SM90_SCHEDULER", {"dynamic", "static"}};
 // FMHA_SM90_FWD_ORDER=heads: the sm90 forward's walk takes the heads of an L2 section together
 // instead of each head's query tiles together (calls without a causal mask or window).
-inline constexpr NamedSwitch kSm90HeadsTogether{"FMHA_SM90_FWD_ORDER", {"tiles", "heads"}, "heads"};
+inline constexpr NamedSwitch kSm90HeadsTogether{"FMHA_SM90_FWD_ORDER", {"tiles", "heads"}};
 // FMHA_SM90_BWD_ORDER=keys: the sm90 deterministic backward takes one (batch, KV head) pair's key
 // tiles after another instead of L2 sections of pairs.
-inline constexpr NamedSwitch kSm90PairsAlone{"FMHA_SM90_BWD_ORDER", {"sections", "keys"}, "keys"};
+inline constexpr NamedSwitch kSm90PairsAlone{"FMHA_SM90_BWD_ORDER", {"sections", "keys"}};
 // FMHA_DEPENDENT_LAUNCH=0: the split decode's merge is launched after the decode kernel ends, not
 // as its programmatic dependent.
-inline constexpr NamedSwitch kNoDependentLaunch{"FMHA_DEPENDENT_LAUNCH", {"1", "0"}, "0"};
+inline constexpr NamedSwitch kNoDependentLaunch{"FMHA_DEPENDENT_LAUNCH", {"1", "0"}};
 
-// Whether `text` (the variable's, null when unset) turns switch `s` on; its warning, if any,
-// into `warning`.
+// Whether `text` (the variable's, null when unset) turns switch `s` on (names values[1]); its
+// warning, if any, into `warning`.
 inline bool switch_on(const NamedSwitch& s, const char* text, std::string* warning = nullptr) {
   const SwitchChoice c = choose_switch(s.variable, text, {s.values[0], s.values[1]});
   if (warning != nullptr) *warning = c.warning;
-  return std::strcmp(s.values[std::size_t(c.index)], s.on) == 0;
+  return c.index == 1;
 }
 
 // Reads switch `s` from the environment; a warning goes to stderr.
