@@ -114,17 +114,17 @@ struct FwdKernel {
     tile::tma::prefetch(&params.o);
     tile::PipelineState<STAGES> pipe;
     tile::PipelineState<kLandingStages> landing;  // fp32: V's landing ring
-    typename Shared::QueryPipeline qs;             // the query buffers, a work tile each in turn
+    unsigned n = 0;  // the block's work tiles so far (Shared::query_buffer, query_phase, slot)
     const int total = params.scheduler.total;
     // Packed calls only: the walk over the sequence table, in shared memory (few registers here).
     PackedTileCursor& cursor = shared.cursor;
     if constexpr (PACKED) cursor = PackedTileCursor(args, BM, params.scheduler.longest_first);
-    for (int t = blockIdx.x;; qs.advance()) {
+    for (int t = blockIdx.x;; ++n) {
       const bool done = PACKED ? !cursor.seek(args, t) : t >= total;
       if (done) {  // no work left: the consumers see an index past the last tile and stop
-        shared.q_empty[qs.index].wait(qs.phase ^ 1);
-        shared.work_tile[Shared::slot(qs)] = PACKED ? kNoWork : t;
-        shared.q_full[qs.index].arrive();
+        shared.q_empty[Shared::query_buffer(n)].wait(Shared::query_phase(n) ^ 1);
+        shared.work_tile[Shared::slot(n)] = PACKED ? kNoWork : t;
+        shared.q_full[Shared::query_buffer(n)].arrive();
         if constexpr (kSplit) {  // the splitting warps stop at the next K stage
           shared.k_empty[pipe.index].wait(pipe.phase ^ 1);
           shared.residual.k_done[pipe.index][pipe.phase] = 1;
@@ -179,12 +179,13 @@ struct FwdKernel {
       // the query tile (the previous work tile's epilogue, when O is staged over Q; with two query
       // buffers the queries' wait is for the work tile before the previous one, long done).
       if (key_tiles > 0) load_keys(0);
-      shared.q_empty[qs.index].wait(qs.phase ^ 1);
-      const int slot = Shared::slot(qs);
+      shared.q_empty[Shared::query_buffer(n)].wait(Shared::query_phase(n) ^ 1);
+      const int slot = Shared::slot(n);
       shared.work_tile[slot] = t;  // published by the query tile's barrier (release)
       shared.work[slot] = w;
       if constexpr (PACKED) shared.sequence[slot] = shared.next_sequence;
-      load_tile(shared.q[qs.index], &params.q, BM, q_row, w.head, shared.q_full[qs.index], Shared::kQBytes);
+      load_tile(shared.q[Shared::query_buffer(n)], &params.q, BM, q_row, w.head, shared.q_full[Shared::query_buffer(n)],
+                Shared::kQBytes);
       for (int j = 0; j < key_tiles; ++j) {
         const int col0 = k_row + j * BN;
         if (j > 0) load_keys(j);
@@ -283,11 +284,11 @@ struct FwdKernel {
     Mainloop mainloop{shared, params.args, warpgroup, thread};
     tile::PipelineState<STAGES> pipe;
     mainloop.begin_block();
-    // The block's work tiles in turn (mainloop.work_count): query buffer n % kQBuffers at phase
-    // (n / kQBuffers) % 2, slot n % kSlots (Shared::slot); one register across the mainloop.
+    // The block's work tiles in turn, counted as the producer counts them (mainloop.work_count,
+    // one register across the mainloop): Shared::query_buffer, query_phase and slot.
     for (;; ++mainloop.work_count) {
-      const int slot = int(mainloop.work_count % Shared::kSlots);
-      shared.q_full[mainloop.query_buffer()].wait(uint32_t(slot / Shared::kQBuffers));
+      const int slot = Shared::slot(mainloop.work_count);
+      shared.q_full[mainloop.query_buffer()].wait(Shared::query_phase(mainloop.work_count));
       if (PACKED ? shared.work_tile[slot] == kNoWork : shared.work_tile[slot] >= params.scheduler.total) break;
       mainloop.split_queries();  // split tf32: this warpgroup's query rows (nothing otherwise)
       typename Tiles::Output o;  // [64, HDP] fp32

@@ -126,9 +126,11 @@ struct FwdShared {
   static_assert(kQBuffers == 1 || SEPARATE_O, "O staged over Q takes the one query tile");
   // Work-tile slots: two per query buffer (see work_tile).
   static constexpr int kSlots = 2 * kQBuffers;
-  using QueryPipeline = tile::PipelineState<kQBuffers>;
-  // The slot of the work tile whose queries are at `at`: the producer's work tiles in turn, modulo kSlots.
-  __device__ __forceinline__ static int slot(const QueryPipeline& at) { return at.index + kQBuffers * int(at.phase); }
+  // The block's n-th work tile (producer and consumers count them alike): its query buffer, the
+  // phase of that buffer's barriers, its slot.
+  __device__ __forceinline__ static int query_buffer(unsigned n) { return int(n % kQBuffers); }
+  __device__ __forceinline__ static uint32_t query_phase(unsigned n) { return (n / kQBuffers) % 2; }
+  __device__ __forceinline__ static int slot(unsigned n) { return int(n % kSlots); }
 
   alignas(wg::kSwizzleAtomBytes) T q[kQBuffers][BM * kHeadDimPadded];  // [chunks][BM, 64] queries (one buffer: then O)
   alignas(wg::kSwizzleAtomBytes) T k[STAGES][BN * kHeadDimPadded];  // [chunks][BN, 64] keys
@@ -215,7 +217,7 @@ struct FwdMainloop {
   [[no_unique_address]] std::conditional_t<kSplit, typename Tiles::Output, NoPart> o_part;
   unsigned work_count = 0;  // the block's work tiles before this one (its query buffer and slot)
 
-  __device__ __forceinline__ int query_buffer() const { return int(work_count % Shared::kQBuffers); }
+  __device__ __forceinline__ int query_buffer() const { return Shared::query_buffer(work_count); }
   __device__ __forceinline__ T* queries() { return shared.q[query_buffer()]; }
 
   // S = Q·Kᵀ for this warpgroup's rows and the key tile in stage `stage`; issued, not waited.
