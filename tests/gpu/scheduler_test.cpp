@@ -123,6 +123,25 @@ TEST(TileScheduler, SectionBudgetFromTheEnvironmentsText) {
   EXPECT_TRUE(none.empty()) << none;
 }
 
+// The forward's work-tile bookkeeping with one and two query buffers: tile n's buffer and phase
+// are those of a PipelineState advanced n times (the barriers' protocol), and its slot, which
+// the producer rewrites once tile n − buffers has released its queries, is none of the slots of
+// tiles n − 1 ... n − buffers that the consumers may still be reading.
+TEST(Sm90Config, WorkTileBufferPhaseAndSlot) {
+  auto check = [](auto pipe, int buffers) {
+    for (unsigned n = 0; n < 20; ++n) {
+      EXPECT_EQ(fwd_query_buffer(n, buffers), pipe.index) << buffers << " buffers, tile " << n;
+      EXPECT_EQ(fwd_query_phase(n, buffers), pipe.phase) << buffers << " buffers, tile " << n;
+      EXPECT_LT(fwd_work_slot(n, buffers), 2 * buffers);
+      for (unsigned back = 1; back <= unsigned(buffers) && back <= n; ++back)
+        EXPECT_NE(fwd_work_slot(n, buffers), fwd_work_slot(n - back, buffers)) << buffers << " buffers, tile " << n;
+      pipe.advance();
+    }
+  };
+  check(tile::PipelineState<1>{}, 1);
+  check(tile::PipelineState<2>{}, 2);
+}
+
 TEST(Pipeline, RingPositionAndPhase) {
   tile::PipelineState<3> p;
   for (int step = 0; step < 10; ++step) {

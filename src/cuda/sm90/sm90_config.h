@@ -188,6 +188,16 @@ constexpr FwdConfig tf32x3_fwd_config() {
   return FwdConfig{2, kTf32x3Keys, 2, true, true, true, true, true};
 }
 
+// The forward's query buffers (FwdShared::kQBuffers, one or two) and work-tile slots (two per
+// buffer): the block's n-th work tile, as producer and consumers both count them, takes query
+// buffer n % buffers, whose barriers are then in phase (n / buffers) % 2 (a PipelineState of
+// `buffers` stages advanced n times), and slot n % (2 · buffers) for its index and plan. The
+// producer rewrites tile n's slot after tile n − buffers has released its queries, so the slot
+// must differ from those of the tiles the consumers may still read: n − 1 ... n − buffers.
+constexpr int fwd_query_buffer(unsigned n, int buffers) { return int(n % unsigned(buffers)); }
+constexpr uint32_t fwd_query_phase(unsigned n, int buffers) { return (n / unsigned(buffers)) % 2; }
+constexpr int fwd_work_slot(unsigned n, int buffers) { return int(n % unsigned(2 * buffers)); }
+
 // Keys per tile and stages for a head dim: the largest score tile whose K/V ring still fits
 // shared memory next to the query tile (Q 128 × D, K and V stages of tile_n × D each).
 // element_bytes 4 (fp32 storage, tf32): tf32_fwd_config, whatever the variant (only the default

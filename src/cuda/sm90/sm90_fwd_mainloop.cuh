@@ -124,13 +124,13 @@ struct FwdShared {
 
   static constexpr int kQBuffers = fwd_query_buffers<T, HD, BM, BN, STAGES, SEPARATE_O, Q_BUFFERS>();
   static_assert(kQBuffers == 1 || SEPARATE_O, "O staged over Q takes the one query tile");
-  // Work-tile slots: two per query buffer (see work_tile).
+  // Work-tile slots: two per query buffer (see work_tile and fwd_work_slot).
   static constexpr int kSlots = 2 * kQBuffers;
   // The block's n-th work tile (producer and consumers count them alike): its query buffer, the
-  // phase of that buffer's barriers, its slot.
-  __device__ __forceinline__ static int query_buffer(unsigned n) { return int(n % kQBuffers); }
-  __device__ __forceinline__ static uint32_t query_phase(unsigned n) { return (n / kQBuffers) % 2; }
-  __device__ __forceinline__ static int slot(unsigned n) { return int(n % kSlots); }
+  // phase of that buffer's barriers, its slot (sm90_config.h, fwd_query_buffer and the like).
+  __device__ __forceinline__ static int query_buffer(unsigned n) { return fwd_query_buffer(n, kQBuffers); }
+  __device__ __forceinline__ static uint32_t query_phase(unsigned n) { return fwd_query_phase(n, kQBuffers); }
+  __device__ __forceinline__ static int slot(unsigned n) { return fwd_work_slot(n, kQBuffers); }
 
   alignas(wg::kSwizzleAtomBytes) T q[kQBuffers][BM * kHeadDimPadded];  // [chunks][BM, 64] queries (one buffer: then O)
   alignas(wg::kSwizzleAtomBytes) T k[STAGES][BN * kHeadDimPadded];  // [chunks][BN, 64] keys
