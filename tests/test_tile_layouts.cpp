@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <vector>
@@ -212,6 +213,87 @@ TEST(TileLayout, TransposedFragmentsFeedTheQueryGradient) {
         }
         ASSERT_EQ(got, want) << "warpgroup " << w << " at " << m << ", " << n;
       }
+}
+
+// Wavefronts of one warp's 4-byte accesses at these byte offsets: the most distinct words that
+// fall in one bank.
+int wavefronts(const std::vector<int>& offsets) {
+  std::vector<std::set<int>> words(kBanks);
+  for (int at : offsets) words[size_t(at / 4) % kBanks].insert(at / 4);
+  size_t most = 0;
+  for (const auto& w : words) most = std::max(most, w.size());
+  return int(most);
+}
+
+// The wide tf32 backward's gradients (head dim 128, 64 keys, 64 query rows; sm90_bwd_mainloop.cuh's
+// step_wide_tf32): warpgroup w's Pᵀ and dSᵀ ([64 keys, 32 q] accumulators) stored as they are at
+// chunk w of P and dS [keys, q] (store_swizzled's arithmetic) and dSᵀ transposed at rows 32 w of
+// dS [q, keys] (transposed_acc_offset); then warpgroup w's head-dim rows [64 w, 64 w + 64) of
+// dVᵀ = dOᵀ·P and dQᵀ = Kᵀ·dSᵀ with A loaded transposed from the landed dO and K tiles
+// (transposed_a_offset) and B read K-major from the stored tiles, as the PTX ISA defines both.
+TEST(TileLayout, WideTf32GradientsFromTransposedFragments) {
+  constexpr int kKeys = 64, kRows = 64, kHead = 128, kThreads = 128, kQueries = 32;
+  constexpr int kChunk = 64 * kSwizzleBytes;  // [64 rows, 32] chunks: every tile here has 64 rows
+  const std::vector<float> p = small_ints(size_t(kRows) * kKeys, 5), ds = small_ints(size_t(kRows) * kKeys, 6);
+  const std::vector<float> dout = small_ints(size_t(kRows) * kHead, 7), k = small_ints(size_t(kKeys) * kHead, 8);
+  Smem p_tile{size_t(kKeys) * kRows * 4}, ds_rows{size_t(kRows) * kKeys * 4};
+  for (int w = 0; w < 2; ++w)
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < kQueries / 4; ++j) {
+        std::vector<int> stores;
+        for (int t = 0; t < kThreads; ++t) {
+          const int key = acc_row(t, i), q = kQueries * w + acc_col(t, j);
+          p_tile.store(uint32_t(w * kChunk + swizzled_offset(acc_row(t, i), acc_col(t, j), kChunk, 4)),
+                       p[size_t(q) * kKeys + key]);
+          const int at = transposed_acc_offset(t, i, j, kQueries * w, kChunk);
+          ds_rows.store(uint32_t(at), ds[size_t(q) * kKeys + key]);
+          stores.push_back(at);
+          if (t % kWarp == kWarp - 1) {  // a warp's transposed store of one register: 2 wavefronts
+            EXPECT_LE(wavefronts(stores), 2) << "w " << w << " i " << i << " j " << j;
+            stores.clear();
+          }
+        }
+      }
+  for (int n : p_tile.writes) ASSERT_EQ(n, 1);
+  for (int n : ds_rows.writes) ASSERT_EQ(n, 1);
+  Smem dout_tile = landed(dout, kRows, kHead), k_tile = landed(k, kKeys, kHead);
+  for (int w = 0; w < 2; ++w) {
+    // A[m][k] of each product as the thread registers hold it (checking each load's wavefronts).
+    std::vector<float> a_dout(size_t(64) * kRows), a_k(size_t(64) * kKeys);
+    for (int kb = 0; kb < 8; ++kb)
+      for (int e = 0; e < 4; ++e) {
+        std::vector<int> loads;
+        for (int t = 0; t < kThreads; ++t) {
+          const int at = transposed_a_offset(t, kb, e, 64 * w, kChunk);
+          const size_t m = size_t(tf32_a_row(t, e)), kk = size_t(8 * kb + tf32_a_k(t, e));
+          a_dout[m * kRows + kk] = dout_tile.at(uint32_t(at));
+          a_k[m * kKeys + kk] = k_tile.at(uint32_t(at));
+          loads.push_back(at);
+          if (t % kWarp == kWarp - 1) {
+            EXPECT_LE(wavefronts(loads), 2) << "w " << w << " kb " << kb << " e " << e;
+            loads.clear();
+          }
+        }
+      }
+    for (int m = 0; m < 64; ++m)
+      for (int n = 0; n < kKeys; ++n) {  // dVᵀ[m][n]: B(k = q, n = key) at P's row n, column k
+        float got = 0, want = 0;
+        for (int q = 0; q < kRows; ++q) {
+          got += a_dout[size_t(m) * kRows + q] * p_tile.at(uint32_t(swizzled_offset(n, q, kChunk, 4)));
+          want += dout[size_t(q) * kHead + 64 * w + m] * p[size_t(q) * kKeys + n];
+        }
+        ASSERT_EQ(got, want) << "dVᵀ, warpgroup " << w << " at " << m << ", " << n;
+      }
+    for (int m = 0; m < 64; ++m)
+      for (int n = 0; n < kRows; ++n) {  // dQᵀ[m][n]: B(k = key, n = q) at dS's row n, column k
+        float got = 0, want = 0;
+        for (int key = 0; key < kKeys; ++key) {
+          got += a_k[size_t(m) * kKeys + key] * ds_rows.at(uint32_t(swizzled_offset(n, key, kChunk, 4)));
+          want += k[size_t(key) * kHead + 64 * w + m] * ds[size_t(n) * kKeys + key];
+        }
+        ASSERT_EQ(got, want) << "dQᵀ, warpgroup " << w << " at " << m << ", " << n;
+      }
+  }
 }
 
 }  // namespace

@@ -105,8 +105,8 @@ size_t tf32_shared_bytes(int d, int stages) {
 }
 
 TEST(Sm90BwdConfig, Tf32AtHeadDim64WithOneStage) {
-  EXPECT_TRUE(tf32_backward_head_dim(64));
-  for (int d : {32, 48, 96, 128, 256}) EXPECT_FALSE(tf32_backward_head_dim(d)) << d;
+  for (int d : {64, 96, 128}) EXPECT_TRUE(tf32_backward_head_dim(d)) << d;
+  for (int d : {32, 48, 192, 256}) EXPECT_FALSE(tf32_backward_head_dim(d)) << d;
   const BwdConfig c = bwd_config(64, 4);
   EXPECT_EQ(c.keys, kBwdConsumers * kConsumerRows);
   EXPECT_FALSE(c.split_head_dim);
@@ -120,6 +120,38 @@ TEST(Sm90BwdConfig, Tf32AtHeadDim64WithOneStage) {
   // The 16-bit configurations are unchanged by the element size's default.
   EXPECT_EQ(bwd_config(64).stages, 2);
   EXPECT_EQ(bwd_config(64, 2).ds_buffers, 2);
+}
+
+// fp32 storage at head dims 96 and 128 (the wide tf32 backward, sm90_config.h's table): 64 keys,
+// the two warpgroups splitting the scores' query columns, one Q/dO stage, one buffer of P and dS
+// as [keys, q] and dS as [q, keys]; no transposed copies of K, Q or dO. K and V; Q and dO; the
+// three score tiles; the dQ staging tile; LSE and Δ.
+size_t wide_tf32_shared_bytes(int d, int stages) {
+  const BwdConfig c = bwd_config(d, 4);
+  const size_t keys_side = 2 * size_t(c.keys) * d * 4;
+  const size_t query_side = size_t(stages) * 2 * kBwdRows * d * 4;
+  const size_t scores = 3 * size_t(c.ds_buffers) * kBwdRows * c.keys * 4;
+  const size_t dq = size_t(kBwdRows) * (d + kBwdDqPad) * 4;
+  const size_t stats = size_t(stages) * 2 * kBwdRows * 4;
+  return keys_side + query_side + scores + dq + stats;
+}
+
+TEST(Sm90BwdConfig, WideTf32At96And128WithOneStage) {
+  for (int d : {96, 128}) {
+    const BwdConfig c = bwd_config(d, 4);
+    EXPECT_EQ(c.keys, kConsumerRows) << d;
+    EXPECT_TRUE(c.split_head_dim) << d;
+    EXPECT_EQ(c.stages, 1) << d;
+    EXPECT_EQ(c.ds_buffers, 1) << d;
+    EXPECT_EQ(c.rows, kBwdRows) << d;
+  }
+  EXPECT_EQ(padded_head_dim(96), 128);
+  EXPECT_EQ(wide_tf32_shared_bytes(128, 1), 215552u);              // 210.5 KiB
+  EXPECT_LE(wide_tf32_shared_bytes(128, 1) + 2048, kSharedLimit);  // barriers, alignment
+  EXPECT_GT(wide_tf32_shared_bytes(128, 2), kSharedLimit);         // a second Q/dO stage does not fit
+  // Each warpgroup's query columns are one fp32 chunk of P and dS; its head-dim rows one m64 wgmma.
+  EXPECT_EQ(kBwdRows / kBwdConsumers, 32);
+  EXPECT_EQ(padded_head_dim(128) / kBwdConsumers, kConsumerRows);
 }
 
 }  // namespace

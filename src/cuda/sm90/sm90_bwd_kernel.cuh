@@ -7,8 +7,9 @@
 // 64 keys each (sm90_bwd_mainloop.cuh); dK and dV stay in their registers until the epilogue
 // writes them. At head dims 192 and 256 a block has 64 keys and the two warpgroups split the query
 // columns of the scores and the head-dim columns of dK, dV and dQ instead (BwdConfig); with fp32
-// storage (tf32, head dim 64) the consumers also make the transposed operands tf32 wgmma needs
-// (sm90_bwd_mainloop.cuh). In the deterministic kernels the dQ warps also find each query tile's
+// storage (tf32) at head dim 64 the consumers also make the transposed operands tf32 wgmma needs,
+// and at 96 and 128 they split a 64-key block that way and take those operands as register A
+// fragments loaded transposed from the landed tiles (sm90_bwd_mainloop.cuh). In the deterministic kernels the dQ warps also find each query tile's
 // turn. Between the shared preprocess (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and
 // convert kernels (cuda/common).
 //
@@ -213,7 +214,9 @@ struct BwdKernel {
     const Range tiles = bwd_query_tiles<kRows>(mask, keys);
     Mainloop mainloop{shared, args, warpgroup, thread};
     if constexpr (PACKED) mainloop.find_visible(keys);
-    if constexpr (kConfig.split_head_dim) {
+    if constexpr (Mainloop::kWideTf32) {
+      consume_wide_tf32(mainloop, params, shared, keys, tiles);
+    } else if constexpr (kConfig.split_head_dim) {
       // Each warpgroup's share of the columns is a compile-time width (one code path when the
       // shares are equal).
       if constexpr (kSplitCols[0] == kSplitCols[1])
@@ -296,6 +299,46 @@ struct BwdKernel {
         const int col = col0 + G::col(j, thread);
         store_pair(dk_row, col, args.head_dim, dk(i, j) * args.scale, dk(i, j + 1) * args.scale);
         store_pair(dv_row, col, args.head_dim_v, dv(i, j), dv(i, j + 1));
+      }
+    }
+  }
+
+  // The wide tf32 backward (head dims 96 and 128): this warpgroup's head-dim rows [64 w, 64 w + 64)
+  // of dKᵀ and dVᵀ ([rows, 64 keys] fp32 each) across the query tiles, then written transposed,
+  // one element a store (dK scaled; rows past seqlen_k and columns past the head dims dropped).
+  __device__ __forceinline__ static void consume_wide_tf32(Mainloop& mainloop, const BwdParams& params, Shared& shared,
+                                                           Range keys, Range tiles) {
+    const AttentionArgs& args = params.args;
+    const int warpgroup = mainloop.warpgroup, thread = mainloop.thread;
+    typename Mainloop::WideGrad dk, dv;
+    dk.fill(0.f);
+    dv.fill(0.f);
+    shared.kv_full.wait(0);
+    mainloop.prepare_wide_tf32();
+    tile::PipelineState<kStages> pipe;
+    int step = 0;
+    int heads_left = args.group;  // a do-while, as consume_keys
+    do {
+      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
+        mainloop.step_wide_tf32(pipe, m, keys, step % 2, dk, dv);
+        pipe.advance();
+      }
+    } while (--heads_left > 0);
+    using G = typename Mainloop::WideGrad;
+    const int64_t start = block_start(params, shared).k;
+    const int kv_head = block_kv_head(params);
+    const int d0 = warpgroup * kConsumerRows;
+#pragma unroll
+    for (int j = 0; j < G::kCols; ++j) {
+      const int64_t key = keys.begin + G::col(j, thread);
+      if (key >= keys.end) continue;
+      T* dk_row = args.dk.at<T>(start, key, kv_head);
+      T* dv_row = args.dv.at<T>(start, key, kv_head);
+#pragma unroll
+      for (int i = 0; i < G::kRows; ++i) {
+        const int d = d0 + G::row(i, thread);
+        if (d < args.head_dim) dk_row[d] = dk(i, j) * args.scale;
+        if (d < args.head_dim_v) dv_row[d] = dv(i, j);
       }
     }
   }

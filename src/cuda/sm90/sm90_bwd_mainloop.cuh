@@ -81,7 +81,9 @@ struct BwdShared {
   static constexpr int kChunkCols = wg::kChunkCols<T>;  // columns per swizzled chunk: 64, fp32 32
   static constexpr int kChunks = kHeadDimPadded / kChunkCols;
   static constexpr int kTransposedChunkBytes = kHeadDimPadded * wg::kSwizzleBytes;  // one [HDP, 32] chunk
-  static_assert(!kTf32 || padded_head_dim(HD) <= kTf32BwdMaxHeadDim, "the tf32 backward's tiles fit at head dim 64");
+  static_assert(!kTf32 || padded_head_dim(HD) <= kTf32BwdMaxHeadDim, "the tf32 backward's tiles fit up to head dim 128");
+  // The wide tf32 backward (head dims 96, 128): no transposed copies (load_transposed_a_tf32).
+  static constexpr bool kWideTf32 = kTf32 && kConfig.split_head_dim;
   static_assert(!kTf32 || kRows == kBwdRows, "the tf32 backward's transposes are of 64 query rows");
   static constexpr int kKVChunkBytes = kKeys * wg::kSwizzleBytes;      // one [keys, 64] chunk
   static constexpr int kRowChunkBytes = kRows * wg::kSwizzleBytes;  // one [rows, 64] chunk
@@ -94,12 +96,13 @@ struct BwdShared {
   alignas(wg::kSwizzleAtomBytes) T v[kKeys * kHeadDimPadded];               // [chunks][keys, 64]
   alignas(wg::kSwizzleAtomBytes) T q[kStages][kRows * kHeadDimPadded];   // [chunks][rows, 64]
   alignas(wg::kSwizzleAtomBytes) T dout[kStages][kRows * kHeadDimPadded];
-  [[no_unique_address]] BwdTransposed<kHeadDimPadded, kKeys, kTf32> transposed;
+  [[no_unique_address]] BwdTransposed<kHeadDimPadded, kKeys, kTf32 && !kWideTf32> transposed;
   // [buffer][0]: dS [rows, keys]. Up to 128: chunk w from warpgroup w; two buffers, alternating
   // per query tile, so a warpgroup may store the next dS while the other still multiplies the
   // previous one. Split: one chunk, rows [32 w, 32 w + 32) from warpgroup w, and [buffer][1] P
-  // stored the same way; one buffer (the ds_free barrier guards it).
-  static constexpr int kScoreTiles = kConfig.split_head_dim ? 2 : 1;  // dS, then P
+  // stored the same way; one buffer (the ds_free barrier guards it). Wide tf32: [0] dS and [1] P
+  // as [keys, rows] (query columns [32 w, 32 w + 32) from warpgroup w), [2] dS as [rows, keys].
+  static constexpr int kScoreTiles = kConfig.split_head_dim ? (kWideTf32 ? 3 : 2) : 1;  // dS, P (, dS transposed)
   static constexpr int kScoreTileBytes = kRows * kKeys * int(sizeof(T));
   alignas(wg::kSwizzleAtomBytes) T ds[kConfig.ds_buffers][kScoreTiles][kRows * kKeys];
   // dQ of one query tile [rows, kDqStride] fp32 on its way to the global accumulator, warpgroup w
@@ -534,6 +537,156 @@ struct BwdMainloop {
     wg::wait<0>();
     wg::fence_operand(dq);
     stage_dq(dq, dq_parity, col0);
+  }
+
+  // ---- The wide tf32 backward (fp32 storage, head dims 96 and 128; sm90_config.h) ----
+  // Per step, warpgroup w: Sᵀ and dPᵀ of query columns [32 w, 32 w + 32) (SS, as the split above),
+  // then the head-dim rows [64 w, 64 w + 64) of dVᵀ += dOᵀ·P, dKᵀ += Qᵀ·dS and dQᵀ = Kᵀ·dSᵀ, each
+  // A from registers loaded transposed from the landed tile (load_transposed_a_tf32), each B a
+  // tile the consumers store: P and dS as [keys, rows] (Pᵀ's and dSᵀ's fragments where they are),
+  // dS as [rows, keys] (dSᵀ's transposed). Every k order is the natural one.
+  static constexpr bool kWideTf32 = Shared::kWideTf32;
+  static constexpr int kKeySteps = kKeys / kK;  // k steps over the block's keys
+  static constexpr int kRowSteps = kRows / kK;  // k steps over a step's query rows
+  using KeyFragments = uint32_t[kKeySteps][4];  // Kᵀ [this warpgroup's 64 head-dim rows, keys], register A
+  using WideGrad = wg::Accumulator<kKeys>;       // dKᵀ or dVᵀ [64 head-dim rows, keys], fp32
+  using WideQueryGrad = wg::Accumulator<kRows>;  // dQᵀ [64 head-dim rows, rows]
+  static constexpr int kScoreChunkBytes = kKeys * wg::kSwizzleBytes;  // a [keys, 32] chunk of P or dS
+  static constexpr int kScoreTChunkBytes = kRows * wg::kSwizzleBytes;  // a [rows, 32] chunk of dS transposed
+
+  __device__ __forceinline__ static uint32_t smem(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  }
+
+  // Once K and V have landed: V rounded to tf32 in place by both warpgroups (dPᵀ reads it as the
+  // other tf32 tiers round it).
+  __device__ __forceinline__ void prepare_wide_tf32() {
+    static_assert(kWideTf32, "the wide tf32 backward's");
+    const int index = warpgroup * wg::kThreads + thread;
+    wg::round_to_tf32<kKeys * kHeadDimPadded>(shared.v, index, kConsumerThreads);
+    tile::fence_async_shared();  // wgmma reads V through the async proxy
+    tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
+  }
+
+  // The thread's index as the compiler cannot see through: the shared-memory addresses of the
+  // step's fragment loads and stores are functions of it (the swizzle makes them 4 to 8 distinct
+  // bases an operand), and, hoisted out of the query-tile loop, they took the registers of the
+  // gradients (-Xptxas -v at head dim 128: 204 bytes of spills); recomputed a step, they cost a
+  // few integer instructions.
+  __device__ __forceinline__ int step_thread() const {
+    int t;
+    asm volatile("mov.b32 %0, %1;" : "=r"(t) : "r"(thread));
+    return t;
+  }
+
+  // One query tile m (rows [64 m, 64 m + 64) of one head of the group) against the block's keys.
+  // dq_parity alternates per step (the dQ hand-off).
+  __device__ void step_wide_tf32(const Pipeline& at, int m, Range keys, int dq_parity, WideGrad& dk, WideGrad& dv) {
+    constexpr int kQueries = kRows / kBwdConsumers;  // query columns of Sᵀ and dPᵀ per warpgroup
+    using Scores = wg::Accumulator<kQueries>;        // [64 keys, 32 q]
+    static_assert(kWideTf32 && Shared::kConfig.ds_buffers == 1 && Shared::kStages == 1, "one stage, one P/dS buffer");
+    static_assert(kQueries == Shared::kChunkCols, "a warpgroup's query columns are one chunk of P and dS");
+    const int64_t row0 = int64_t(m) * kRows;
+    const int q_col0 = warpgroup * kQueries;
+    const int stage = at.index;
+    shared.full[stage].wait(at.phase);
+    Scores s, dp;
+    issue_transposed_scores(s, shared.k, 0, shared.q[stage], q_col0);
+    // This warpgroup's dO rows rounded to tf32 in place under Sᵀ (Δ was formed from dO rounded so,
+    // and dPᵀ reads them as they are): rows [32 w, 32 w + 32) of each chunk, 4 KiB apiece.
+#pragma unroll
+    for (int c = 0; c < Shared::kChunks; ++c)
+      wg::round_to_tf32<kQueries * Shared::kChunkCols>(
+          shared.dout[stage] + c * (kRows * Shared::kChunkCols) + q_col0 * Shared::kChunkCols,
+          thread, wg::kThreads);
+    tile::fence_async_shared();
+    tile::named_sync(int(NamedBarrier::epilogue_first) + warpgroup, wg::kThreads);  // unused by the backward otherwise
+    issue_transposed_scores(dp, shared.v, 0, shared.dout[stage], q_col0);
+
+    // Pᵀ = 2^(Sᵀ · scale · log2 e − LSE), masked where the tile is cut; dSᵀ = Pᵀ ∘ (dPᵀ − Δ).
+    wg::wait<1>();
+    wg::fence_operand(s.d);
+    mask_scores(s, keys.begin, row0 + q_col0);
+#pragma unroll
+    for (int j = 0; j < Scores::kCols; ++j) {
+      const float lse = shared.lse[stage][q_col0 + Scores::col(j, thread)];
+#pragma unroll
+      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
+    }
+    wg::wait<0>();
+    wg::fence_operand(dp.d);
+#pragma unroll
+    for (int j = 0; j < Scores::kCols; ++j) {
+      const float delta = shared.delta[stage][q_col0 + Scores::col(j, thread)];
+#pragma unroll
+      for (int i = 0; i < Scores::kRows; ++i) dp(i, j) = s(i, j) * (dp(i, j) - delta);
+    }
+
+    // P and dS [keys, rows] (chunk w: this warpgroup's query columns) and dS [rows, keys] (rows
+    // [32 w, 32 w + 32)), rounded to tf32, once both warpgroups are done with the previous step's.
+    T* ds_tile = shared.ds[0][0];
+    T* p_tile = shared.ds[0][1];
+    T* ds_rows = shared.ds[0][2];
+    tile::named_sync(int(NamedBarrier::ds_free), kConsumerThreads);
+    const int t = step_thread();
+    const float one[2] = {1.f, 1.f};
+    wg::store_swizzled<T, kQueries, true>(s, one, smem(p_tile) + warpgroup * kScoreChunkBytes, kScoreChunkBytes, t);
+    wg::store_swizzled<T, kQueries, true>(dp, one, smem(ds_tile) + warpgroup * kScoreChunkBytes, kScoreChunkBytes, t);
+    wg::store_transposed_acc_tf32(dp, smem(ds_rows), q_col0, kScoreTChunkBytes, t);
+    tile::fence_async_shared();
+    tile::named_sync(int(NamedBarrier::ds_ready), kConsumerThreads);
+
+    // dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS (this warpgroup's head-dim rows), A from the stage's tiles;
+    // then the stage is free (Q, dO, LSE and Δ read); dQᵀ = Kᵀ·dSᵀ queued behind them.
+    uint32_t a_dout[kRowSteps][4], a_q[kRowSteps][4];
+    const int d0 = warpgroup * kConsumerRows;
+    wg::load_transposed_a_tf32(a_dout, smem(shared.dout[stage]), d0, Shared::kRowChunkBytes, t);
+    wg::load_transposed_a_tf32(a_q, smem(shared.q[stage]), d0, Shared::kRowChunkBytes, t);
+    release(shared.empty[stage]);
+    WideQueryGrad dq;
+    wg::fence_operand(dv.d);
+    wg::fence_operand(dk.d);
+    wg::fence();
+    const uint64_t b_p = wg::k_major_desc<T, kK>(p_tile, 0, 0, kScoreChunkBytes);
+    const uint64_t b_ds = wg::k_major_desc<T, kK>(ds_tile, 0, 0, kScoreChunkBytes);
+#pragma unroll
+    for (int kb = 0; kb < kRowSteps; ++kb)
+      wg::Wgmma<T, kKeys>::template rs<0>(dv.d, a_dout[kb], b_p + wg::k_major_step<T>(kb * kK, kScoreChunkBytes), 1);
+#pragma unroll
+    for (int kb = 0; kb < kRowSteps; ++kb)
+      wg::Wgmma<T, kKeys>::template rs<0>(dk.d, a_q[kb], b_ds + wg::k_major_step<T>(kb * kK, kScoreChunkBytes), 1);
+    KeyFragments kt;  // Kᵀ, this warpgroup's head-dim rows (a step's load: kept, it crowded the registers)
+    wg::load_transposed_a_tf32(kt, smem(shared.k), d0, Shared::kKVChunkBytes, t);
+    const uint64_t b_dst = wg::k_major_desc<T, kK>(ds_rows, 0, 0, kScoreTChunkBytes);
+#pragma unroll
+    for (int kb = 0; kb < kKeySteps; ++kb)
+      wg::Wgmma<T, kRows>::template rs<0>(dq.d, kt[kb], b_dst + wg::k_major_step<T>(kb * kK, kScoreTChunkBytes),
+                                          kb > 0 ? 1 : 0);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operand(dv.d);
+    wg::fence_operand(dk.d);
+    wg::fence_operand(dq.d);
+    wg::fence_operand(a_dout);
+    wg::fence_operand(a_q);
+    wg::fence_operand(kt);
+    stage_wide_dq(dq, dq_parity, t);
+  }
+
+  // dQᵀ [this warpgroup's head-dim rows, rows] into the dQ tile [rows, kDqStride] transposed, for
+  // the step's dQ warp (as stage_dq).
+  __device__ __forceinline__ void stage_wide_dq(const WideQueryGrad& dq, int parity, int t) {
+    using Q = WideQueryGrad;
+    shared.dq_empty.wait(parity ^ 1);
+    const int d0 = warpgroup * kConsumerRows;
+#pragma unroll
+    for (int i = 0; i < Q::kRows; ++i)
+#pragma unroll
+      for (int j = 0; j < Q::kCols; ++j)
+        shared.dq[Q::col(j, t) * Shared::kDqStride + d0 + Q::row(i, t)] = dq(i, j);
+    tile::fence_async_shared();  // the bulk reductions read through the async proxy
+    __syncwarp();
+    if (thread % 32 == 0) shared.dq_full[kDqWarps == 2 ? parity : 0].arrive();
   }
 
   // A step's dQ share into shared memory for the step's dQ warp, once the previous step's has been

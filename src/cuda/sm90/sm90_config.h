@@ -252,14 +252,26 @@ constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2)
 // Registers (240 per consumer thread): dK + dV 128, dQ share 64, Sᵀ and dPᵀ 16 each (dead before
 // dQ is issued), their 16-bit fragments 8 each.
 //
-// fp32 storage (precision tf32), head dim 64 only: tf32 wgmma reads both operands K-major, so
+// fp32 storage (precision tf32), head dim 64: tf32 wgmma reads both operands K-major, so
 // besides the tiles TMA brings, dK += dSᵀ·Q and dV += Pᵀ·dO need Qᵀ and dOᵀ ([HDP, 64 q], query
 // rows contiguous, permuted as the register fragments of Pᵀ and dSᵀ are) and dQ = dS·K needs Kᵀ
 // ([HDP, keys]); the consumers transpose them in shared memory (sm90_bwd_mainloop.cuh). Shared
 // memory (bytes, D = 64): K, V, Kᵀ 32,768 each; Q, dO, Qᵀ, dOᵀ 16,384 each (one stage); dS [64 q,
 // 128 keys] 32,768 (one buffer); dQ 18,432: 210.5 KiB. A second Q/dO stage (+32 KiB) does not
-// fit; at head dim 128 neither does one (K, V and Kᵀ alone take 192 KiB at 128 keys): larger head
-// dims run on the sm80 tier.
+// fit; at head dim 128 neither does one (K, V and Kᵀ alone take 192 KiB at 128 keys).
+// fp32 storage at head dims 96 and 128 (the wide tf32 backward): 64 keys a block and the split
+// above — warpgroup w takes query columns [32 w, 32 w + 32) of Sᵀ and dPᵀ (SS, K/V and Q/dO as they
+// land, dO rounded to tf32 in place first), then head-dim rows [64 w, 64 w + 64) of the
+// transposed gradients, each from a register A operand loaded transposed from a landed tile
+// (load_transposed_a_tf32), so that no transposed copy of Q, dO or K is kept:
+//   dVᵀ += dOᵀ·P   B = P [keys, q]  (Pᵀ's fragments stored as they are, rounded to tf32)
+//   dKᵀ += Qᵀ·dS   B = dS [keys, q] likewise
+//   dQᵀ  = Kᵀ·dSᵀ  B = dS [q, keys] (dSᵀ stored transposed); Kᵀ's fragments loaded once a block
+// dQᵀ is staged transposed into the dQ tile; dK and dV are written transposed from registers.
+// Shared memory (bytes, D = 128): K, V 32,768 each; Q, dO 32,768 each (one stage); P, dS, dS
+// transposed 16,384 each; dQ 64 × 136 × 4 = 34,816; LSE, Δ 512: 210.5 KiB. Registers per consumer
+// thread: dKᵀ, dVᵀ 32 each; Kᵀ's fragments 32; Sᵀ, dPᵀ 16 each (dead before the gradients); two
+// sets of A fragments 64; dQᵀ 32.
 //
 // 16-bit storage at head dims up to 64 takes kBwdWideRows (128) query rows a step instead of 64:
 // a step's fixed costs (its full/empty barriers, the dS barrier, one dQ hand-off and bulk
@@ -277,15 +289,19 @@ struct BwdConfig {
 };
 inline constexpr int kBwdConsumers = 2;
 inline constexpr int kBwdSplitMinHeadDim = 192;
-inline constexpr int kTf32BwdMaxHeadDim = 64;
+inline constexpr int kTf32BwdMaxHeadDim = 128;
+inline constexpr int kTf32BwdTransposingMaxHeadDim = 64;  // the transposing tf32 backward; above, the wide one
 inline constexpr int kBwdWideRowsMaxHeadDim = 64;  // 16-bit head dims that take kBwdWideRows a step
-// The head dims the tf32 backward (fp32 storage) takes: padded to 64.
+// The head dims the tf32 backward (fp32 storage) takes: padded to 64 (the transposing kernel)
+// or to 128 (the wide one).
 constexpr bool tf32_backward_head_dim(int head_dim) {
   return head_dim >= 64 && padded_head_dim(head_dim) <= kTf32BwdMaxHeadDim;
 }
 constexpr BwdConfig bwd_config(int head_dim, int element_bytes = 2) {
   const int d = padded_head_dim(head_dim);
-  if (element_bytes == 4) return BwdConfig{kBwdConsumers * kConsumerRows, 1, false, 1, kBwdRows};
+  if (element_bytes == 4)
+    return d <= kTf32BwdTransposingMaxHeadDim ? BwdConfig{kBwdConsumers * kConsumerRows, 1, false, 1, kBwdRows}
+                                               : BwdConfig{kConsumerRows, 1, true, 1, kBwdRows};
   if (d < kBwdSplitMinHeadDim)
     return BwdConfig{kBwdConsumers * kConsumerRows, 2, false, 2, d <= kBwdWideRowsMaxHeadDim ? kBwdWideRows : kBwdRows};
   return BwdConfig{kConsumerRows, d <= 192 ? 2 : 1, true, 1, kBwdRows};

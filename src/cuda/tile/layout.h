@@ -85,4 +85,19 @@ FMHA_HOST_DEVICE constexpr int transposed_fragment_offset(int n, int t, int kb, 
   return swizzled_offset(8 * kb + 2 * (t % 4) + e / 2, col0 + tf32_a_row(t, e), n * kSwizzleBytes, 4);
 }
 
+// load_transposed_a_tf32: the register A operand Xᵀ [M, K] of a tf32 wgmma taken from an fp32
+// tile X [K rows, M columns] as TMA lands it (chunks of [K rows, 32], chunk_bytes apart), k in
+// order: register e of k step kb of thread t holds X[8 kb + tf32_a_k(t, e)][m0 + tf32_a_row(t, e)]
+// (dO as dOᵀ, Q as Qᵀ, K as Kᵀ in the wide tf32 backward). B's k rows are then in order too.
+FMHA_HOST_DEVICE constexpr int transposed_a_offset(int t, int kb, int e, int m0, int chunk_bytes) {
+  return swizzled_offset(8 * kb + tf32_a_k(t, e), m0 + tf32_a_row(t, e), chunk_bytes, 4);
+}
+
+// store_transposed_acc_tf32: a warpgroup's [64, N] fp32 accumulator transposed into a tile in
+// chunks of chunk_bytes: element (acc_row(t, i), acc_col(t, j)) goes to row row0 + acc_col(t, j),
+// column acc_row(t, i) (dS [q, keys] from dSᵀ [keys, q] in the wide tf32 backward).
+FMHA_HOST_DEVICE constexpr int transposed_acc_offset(int t, int i, int j, int row0, int chunk_bytes) {
+  return swizzled_offset(row0 + acc_col(t, j), acc_row(t, i), chunk_bytes, 4);
+}
+
 }  // namespace fmha::cuda::tile::layout

@@ -338,6 +338,46 @@ __device__ __forceinline__ void store_transposed_tf32(const uint32_t (&frags)[N 
     }
 }
 
+// The register A fragments of Xᵀ for tf32 wgmma, KSTEPS k steps of 8, from an fp32 tile X [K
+// rows, M columns] in chunks of chunk_bytes at the shared-window address `tile` (TMA's layout),
+// this warpgroup's M rows from m0 (layout::transposed_a_offset), rounded to tf32 (nearest): A
+// from registers may take any layout, so the product needs no transposed copy of X in shared
+// memory. Bank conflicts: a warp's load of one register reads 4 rows of X (t % 4) × 8 adjacent
+// columns (two 16-byte units); rows r and r ^ 1 swap those units under the swizzle, so the 8
+// (row, unit) pairs fall on 4 units: 2 wavefronts a load.
+template <int KSTEPS>
+__device__ __forceinline__ void load_transposed_a_tf32(uint32_t (&a)[KSTEPS][4], uint32_t tile, int m0,
+                                                       int chunk_bytes, int thread) {
+#pragma unroll
+  for (int kb = 0; kb < KSTEPS; ++kb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x;
+      asm volatile("ld.shared.f32 %0, [%1];\n"
+                   : "=f"(x)
+                   : "r"(tile + uint32_t(layout::transposed_a_offset(thread, kb, e, m0, chunk_bytes))));
+      a[kb][e] = tile::to_tf32(x);
+    }
+}
+
+// A warpgroup's [64, N] fp32 accumulator, rounded to tf32, transposed into a tile in chunks of
+// chunk_bytes at the shared-window address `tile`: element (r, c) to row row0 + c, column r
+// (layout::transposed_acc_offset). One 4-byte store per element (2 wavefronts a warp's store, as
+// load_transposed_a_tf32's loads).
+template <int N>
+__device__ __forceinline__ void store_transposed_acc_tf32(const Accumulator<N>& acc, uint32_t tile, int row0,
+                                                          int chunk_bytes, int thread) {
+  using A = Accumulator<N>;
+#pragma unroll
+  for (int i = 0; i < A::kRows; ++i)
+#pragma unroll
+    for (int j = 0; j < A::kCols; ++j)
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + uint32_t(layout::transposed_acc_offset(
+                                                                   thread, i, j, row0, chunk_bytes))),
+                   "r"(tile::to_tf32(acc(i, j)))
+                   : "memory");
+}
+
 // stmatrix (sm_90): four 8×8 16-bit matrices from a warp's registers into shared memory. Lane l
 // gives the shared-window address of row l % 8 of matrix l / 8; register i of every lane holds
 // matrix i as an mma fragment (row l / 4, columns 2(l % 4) and 2(l % 4) + 1). cuda::ptx has no
@@ -356,9 +396,10 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
 // address rows 0-7 / 8-15 of the block's first 8 columns, then of its second 8. A lane's row is
 // fixed, so its swizzle term takes 4 values (16-column blocks modulo 64 columns); the chunk
 // offset is a constant per block. The register packing is a_from_acc's.
-template <class T, int N>
+template <class T, int N, bool TF32_ROUND = false>
 __device__ __forceinline__ void store_swizzled(const Accumulator<N>& acc, const float (&row_scale)[2], uint32_t tile,
                                                int chunk_bytes, int thread) {
+  static_assert(!TF32_ROUND || sizeof(T) == 4, "tf32 rounding is of fp32 tiles (a tf32 wgmma's operand)");
   if constexpr (sizeof(T) == 4) {
     // fp32: no stmatrix; each thread stores its column pairs as 8-byte units at their swizzled
     // places (half warps of 4 rows × 4 pairs: rows r and r ^ 1 share units, a 2-way conflict in
@@ -371,7 +412,8 @@ __device__ __forceinline__ void store_swizzled(const Accumulator<N>& acc, const 
       for (int g = 0; g < N / 8; ++g) {
         const int col = 8 * g + 2 * (thread % 4);
         const uint32_t addr = tile + uint32_t(swizzled_offset<float>(row, col, chunk_bytes));
-        const float x = acc.d[4 * g + 2 * i] * row_scale[i], y = acc.d[4 * g + 2 * i + 1] * row_scale[i];
+        float x = acc.d[4 * g + 2 * i] * row_scale[i], y = acc.d[4 * g + 2 * i + 1] * row_scale[i];
+        if constexpr (TF32_ROUND) x = __uint_as_float(tile::to_tf32(x)), y = __uint_as_float(tile::to_tf32(y));
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
       }
     }
