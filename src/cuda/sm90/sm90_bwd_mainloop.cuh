@@ -636,12 +636,16 @@ struct BwdMainloop {
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::ds_ready), kConsumerThreads);
 
-    // dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS (this warpgroup's head-dim rows), A from the stage's tiles;
-    // then the stage is free (Q, dO, LSE and Δ read); dQᵀ = Kᵀ·dSᵀ queued behind them.
+    // dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS (this warpgroup's head-dim rows), A from the stage's tiles, and
+    // dQᵀ = Kᵀ·dSᵀ queued behind them; every A fragment is loaded before the wgmma fence (which
+    // orders the registers' writes before the wgmmas' reads), and the stage is free once they are
+    // (Q, dO, LSE and Δ read).
     uint32_t a_dout[kRowSteps][4], a_q[kRowSteps][4];
     const int d0 = warpgroup * kConsumerRows;
     wg::load_transposed_a_tf32(a_dout, smem(shared.dout[stage]), d0, Shared::kRowChunkBytes, t);
     wg::load_transposed_a_tf32(a_q, smem(shared.q[stage]), d0, Shared::kRowChunkBytes, t);
+    KeyFragments kt;  // Kᵀ, this warpgroup's head-dim rows (a step's load: kept, it crowded the registers)
+    wg::load_transposed_a_tf32(kt, smem(shared.k), d0, Shared::kKVChunkBytes, t);
     release(shared.empty[stage]);
     WideQueryGrad dq;
     wg::fence_operand(dv.d);
@@ -655,8 +659,6 @@ struct BwdMainloop {
 #pragma unroll
     for (int kb = 0; kb < kRowSteps; ++kb)
       wg::Wgmma<T, kKeys>::template rs<0>(dk.d, a_q[kb], b_ds + wg::k_major_step<T>(kb * kK, kScoreChunkBytes), 1);
-    KeyFragments kt;  // Kᵀ, this warpgroup's head-dim rows (a step's load: kept, it crowded the registers)
-    wg::load_transposed_a_tf32(kt, smem(shared.k), d0, Shared::kKVChunkBytes, t);
     const uint64_t b_dst = wg::k_major_desc<T, kK>(ds_rows, 0, 0, kScoreTChunkBytes);
 #pragma unroll
     for (int kb = 0; kb < kKeySteps; ++kb)
