@@ -644,7 +644,7 @@ struct BwdMainloop {
     const int d0 = warpgroup * kConsumerRows;
     wg::load_transposed_a_tf32(a_dout, smem(shared.dout[stage]), d0, Shared::kRowChunkBytes, t);
     wg::load_transposed_a_tf32(a_q, smem(shared.q[stage]), d0, Shared::kRowChunkBytes, t);
-    KeyFragments kt;  // Kᵀ, this warpgroup's head-dim rows (a step's load: kept, it crowded the registers)
+    KeyFragments kt;  // Kᵀ, this warpgroup's head-dim rows: loaded each step (kept across steps, it crowded the registers)
     wg::load_transposed_a_tf32(kt, smem(shared.k), d0, Shared::kKVChunkBytes, t);
     release(shared.empty[stage]);
     WideQueryGrad dq;
