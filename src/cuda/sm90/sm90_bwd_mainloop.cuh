@@ -467,6 +467,38 @@ struct BwdMainloop {
   // Split (head dims 192, 256): one query tile m against the block's 64 keys, this warpgroup
   // taking query columns [32 w, 32 w + 32) of Sᵀ and dPᵀ, then its COLS head-dim columns from
   // col0 of dK, dV and dQ. dq_parity alternates per step (the dQ hand-off).
+  // Split and wide tf32 steps: Pᵀ = 2^(Sᵀ · scale · log2 e − LSE) of a warpgroup's query columns
+  // from q_col0 of the step's rows (from row0), masked where the tile is cut, once the issued Sᵀ
+  // is complete (dPᵀ, issued after it, may still run).
+  template <int N>
+  __device__ __forceinline__ void column_probabilities(wg::Accumulator<N>& s, int stage, Range keys, int64_t row0,
+                                                       int q_col0) {
+    using Scores = wg::Accumulator<N>;
+    wg::wait<1>();
+    wg::fence_operand(s.d);
+    mask_scores(s, keys.begin, row0 + q_col0);
+#pragma unroll
+    for (int j = 0; j < Scores::kCols; ++j) {
+      const float lse = shared.lse[stage][q_col0 + Scores::col(j, thread)];
+#pragma unroll
+      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
+    }
+  }
+  // Then dSᵀ = Pᵀ ∘ (dPᵀ − Δ) into dp, once dPᵀ is complete.
+  template <int N>
+  __device__ __forceinline__ void column_score_grads(const wg::Accumulator<N>& p, wg::Accumulator<N>& dp, int stage,
+                                                     int q_col0) {
+    using Scores = wg::Accumulator<N>;
+    wg::wait<0>();
+    wg::fence_operand(dp.d);
+#pragma unroll
+    for (int j = 0; j < Scores::kCols; ++j) {
+      const float delta = shared.delta[stage][q_col0 + Scores::col(j, thread)];
+#pragma unroll
+      for (int i = 0; i < Scores::kRows; ++i) dp(i, j) = p(i, j) * (dp(i, j) - delta);
+    }
+  }
+
   template <int COLS>
   __device__ void step_split(const Pipeline& at, int m, Range keys, int dq_parity, int col0,
                              wg::Accumulator<COLS>& dk, wg::Accumulator<COLS>& dv) {
@@ -482,28 +514,10 @@ struct BwdMainloop {
     issue_transposed_scores(s, shared.k, 0, shared.q[stage], q_col0);
     issue_transposed_scores(dp, shared.v, 0, shared.dout[stage], q_col0);
 
-    // Pᵀ = 2^(Sᵀ · scale · log2 e − LSE), masked where the tile is cut.
-    wg::wait<1>();
-    wg::fence_operand(s.d);
-    mask_scores(s, keys.begin, row0 + q_col0);
-#pragma unroll
-    for (int j = 0; j < Scores::kCols; ++j) {
-      const float lse = shared.lse[stage][q_col0 + Scores::col(j, thread)];
-#pragma unroll
-      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
-    }
+    column_probabilities(s, stage, keys, row0, q_col0);  // Pᵀ
     typename SplitTiles::Fragments p, ds;
     wg::a_from_acc<T>(p, s);
-
-    // dSᵀ = Pᵀ ∘ (dPᵀ − Δ).
-    wg::wait<0>();
-    wg::fence_operand(dp.d);
-#pragma unroll
-    for (int j = 0; j < Scores::kCols; ++j) {
-      const float delta = shared.delta[stage][q_col0 + Scores::col(j, thread)];
-#pragma unroll
-      for (int i = 0; i < Scores::kRows; ++i) dp(i, j) = s(i, j) * (dp(i, j) - delta);
-    }
+    column_score_grads(s, dp, stage, q_col0);  // dSᵀ
     wg::a_from_acc<T>(ds, dp);
 
     // P and dS [64 q, 64 keys] into shared memory, this warpgroup's rows, once both warpgroups
@@ -603,24 +617,8 @@ struct BwdMainloop {
     tile::named_sync(int(NamedBarrier::epilogue_first) + warpgroup, wg::kThreads);  // unused by the backward otherwise
     issue_transposed_scores(dp, shared.v, 0, shared.dout[stage], q_col0);
 
-    // Pᵀ = 2^(Sᵀ · scale · log2 e − LSE), masked where the tile is cut; dSᵀ = Pᵀ ∘ (dPᵀ − Δ).
-    wg::wait<1>();
-    wg::fence_operand(s.d);
-    mask_scores(s, keys.begin, row0 + q_col0);
-#pragma unroll
-    for (int j = 0; j < Scores::kCols; ++j) {
-      const float lse = shared.lse[stage][q_col0 + Scores::col(j, thread)];
-#pragma unroll
-      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
-    }
-    wg::wait<0>();
-    wg::fence_operand(dp.d);
-#pragma unroll
-    for (int j = 0; j < Scores::kCols; ++j) {
-      const float delta = shared.delta[stage][q_col0 + Scores::col(j, thread)];
-#pragma unroll
-      for (int i = 0; i < Scores::kRows; ++i) dp(i, j) = s(i, j) * (dp(i, j) - delta);
-    }
+    column_probabilities(s, stage, keys, row0, q_col0);  // Pᵀ
+    column_score_grads(s, dp, stage, q_col0);            // dSᵀ
 
     // P and dS [keys, rows] (chunk w: this warpgroup's query columns) and dS [rows, keys] (rows
     // [32 w, 32 w + 32)), rounded to tf32, once both warpgroups are done with the previous step's.
