@@ -275,24 +275,28 @@ TEST(TileLayout, WideTf32GradientsFromTransposedFragments) {
           }
         }
       }
-    for (int m = 0; m < 64; ++m)
-      for (int n = 0; n < kKeys; ++n) {  // dVᵀ[m][n]: B(k = q, n = key) at P's row n, column k
-        float got = 0, want = 0;
-        for (int q = 0; q < kRows; ++q) {
-          got += a_dout[size_t(m) * kRows + q] * p_tile.at(uint32_t(swizzled_offset(n, q, kChunk, 4)));
-          want += dout[size_t(q) * kHead + 64 * w + m] * p[size_t(q) * kKeys + n];
+    // D[m][n] = Σ_k A[m][k] · B(k, n), B K-major at the tile's row n, column k (the wgmma's reading),
+    // against the plain product `want`.
+    auto check_product = [&](const char* name, const std::vector<float>& a, Smem& b, int n_count, int k_count,
+                             auto want) {
+      for (int m = 0; m < 64; ++m)
+        for (int n = 0; n < n_count; ++n) {
+          float got = 0;
+          for (int kk = 0; kk < k_count; ++kk)
+            got += a[size_t(m) * k_count + kk] * b.at(uint32_t(swizzled_offset(n, kk, kChunk, 4)));
+          ASSERT_EQ(got, want(m, n)) << name << ", warpgroup " << w << " at " << m << ", " << n;
         }
-        ASSERT_EQ(got, want) << "dVᵀ, warpgroup " << w << " at " << m << ", " << n;
-      }
-    for (int m = 0; m < 64; ++m)
-      for (int n = 0; n < kRows; ++n) {  // dQᵀ[m][n]: B(k = key, n = q) at dS's row n, column k
-        float got = 0, want = 0;
-        for (int key = 0; key < kKeys; ++key) {
-          got += a_k[size_t(m) * kKeys + key] * ds_rows.at(uint32_t(swizzled_offset(n, key, kChunk, 4)));
-          want += k[size_t(key) * kHead + 64 * w + m] * ds[size_t(n) * kKeys + key];
-        }
-        ASSERT_EQ(got, want) << "dQᵀ, warpgroup " << w << " at " << m << ", " << n;
-      }
+    };
+    check_product("dVᵀ", a_dout, p_tile, kKeys, kRows, [&](int m, int key) {  // Σ_q dO[q][d] P[q][key]
+      float sum = 0;
+      for (int q = 0; q < kRows; ++q) sum += dout[size_t(q) * kHead + 64 * w + m] * p[size_t(q) * kKeys + key];
+      return sum;
+    });
+    check_product("dQᵀ", a_k, ds_rows, kRows, kKeys, [&](int m, int q) {  // Σ_key K[key][d] dS[q][key]
+      float sum = 0;
+      for (int key = 0; key < kKeys; ++key) sum += k[size_t(key) * kHead + 64 * w + m] * ds[size_t(q) * kKeys + key];
+      return sum;
+    });
   }
 }
 
