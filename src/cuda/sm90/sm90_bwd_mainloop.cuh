@@ -582,14 +582,14 @@ struct BwdMainloop {
     tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
   }
 
-  // The thread's index as the compiler cannot see through: the shared-memory addresses of the
-  // step's fragment loads and stores are functions of it (the swizzle makes them 4 to 8 distinct
-  // bases an operand), and, hoisted out of the query-tile loop, they took the registers of the
-  // gradients (-Xptxas -v at head dim 128: 204 bytes of spills); recomputed a step, they cost a
-  // few integer instructions.
+  // The thread's index as the compiler cannot see through (tile::opaque): the shared-memory
+  // addresses of the step's fragment loads and stores are functions of it (the swizzle makes them
+  // 4 to 8 distinct bases an operand), and, hoisted out of the query-tile loop, they took the
+  // registers of the gradients (-Xptxas -v at head dim 128: 204 bytes of spills); recomputed a
+  // step, they cost a few integer instructions.
   __device__ __forceinline__ int step_thread() const {
-    int t;
-    asm volatile("mov.b32 %0, %1;" : "=r"(t) : "r"(thread));
+    int t = thread;
+    tile::opaque(t);
     return t;
   }
 

@@ -44,4 +44,15 @@ struct RegTile {
   }
 };
 
+// Makes `indices` opaque to the compiler where called: what is derived from them afterwards is
+// computed again there rather than taken from before. At the top of a mainloop's step, the
+// shared-memory addresses a step derives from its thread's indices are then recomputed each step
+// instead of hoisted out of the loop and kept in registers beside its accumulators, where ptxas
+// spills them (the sm80 and sm90 backwards, the sm90 packed forward: docs/PERF.md, 2026-12-06).
+__device__ __forceinline__ void opaque_one(int& index) { asm volatile("" : "+r"(index)); }
+template <class... I>
+__device__ __forceinline__ void opaque(I&... indices) {
+  (opaque_one(indices), ...);
+}
+
 }  // namespace fmha::cuda::tile
