@@ -35,10 +35,10 @@ bool tier_available(Backend b) {
 
 // The sm90 backward covers every head dim the tier takes (64 to 256: up to 128 one warpgroup per
 // 64 keys, above the split of the head dim over both warpgroups); its tf32 backward (fp32
-// storage) head dim 64 only (larger ones run on sm80; refusal tested below); its split tf32
+// storage) head dims 64 to 128 (larger ones run on sm80; refusal tested below); its split tf32
 // (tf32x3) is forward only (sm80 runs the backward).
 constexpr int kSm90MaxBackwardHeadDim = 256;
-constexpr int kSm90MaxTf32BackwardHeadDim = 64;
+constexpr int kSm90MaxTf32BackwardHeadDim = 128;
 bool has_backward(const Case& c) {
   const int64_t d = std::max(c.head_dim, c.head_dim_v);
   if (c.backend == Backend::cuda_sm90 && c.dtype == DType::fp32)
@@ -740,7 +740,7 @@ TEST(Refuse, SmallTierLimits) {
       EXPECT_TRUE(mentions(s, word)) << s.message;
     };
     {
-      // fp32: ieee is refused; tf32 runs forward at head dims 64 to 128 and backward at 64; tf32x3
+      // fp32: ieee is refused; tf32 runs forward and backward at head dims 64 to 128; tf32x3
       // (split) forward at 64; larger calls and split backwards go to sm80.
       Refusal r = tiny_call(Backend::cuda_sm90, DType::fp32, big);
       refused(r, Direction::forward, "precision");
@@ -773,7 +773,7 @@ TEST(Refuse, SmallTierLimits) {
         } else {
           refused(t, Direction::backward, "head_dim");
         }
-        // auto: the tf32 forward runs here, its backward too where this tier has it (head dim 64).
+        // auto: the tf32 forward runs here, its backward too where this tier has it (up to 128).
         expect_auto(t, Backend::cuda_sm90, backward_here ? Backend::cuda_sm90 : Backend::cuda_sm80);
       }
     }
