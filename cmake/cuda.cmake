@@ -248,11 +248,14 @@ if(_fmha_sm90)
       _fmha_instance(_fmha_sm90_sources "sm90_fwd_fp32_hd${hd}_default" "cuda/sm90/sm90_launch.cuh"
         "template fmha::Status fmha::cuda::sm90::forward<${t}, ${hd}, fmha::cuda::sm90::kFwdDefault>(const fmha::cuda::sm90::FwdParams&, int, cudaStream_t);\ntemplate size_t fmha::cuda::sm90::forward_shared_bytes<${t}, ${hd}, fmha::cuda::sm90::kFwdDefault>();")
     endif()
-    # The split-tf32 forward (fp32 storage, tf32x3): head dim 64 only (kTf32x3MaxHeadDim).
+    # The split-tf32 forward and backward (fp32 storage, tf32x3): head dim 64 only
+    # (kTf32x3MaxHeadDim, kTf32x3BwdMaxHeadDim).
     if(hd EQUAL 64)
       set(t "fmha::cuda::sm90::tf32x3_t")
       _fmha_instance(_fmha_sm90_sources "sm90_fwd_tf32x3_hd${hd}_default" "cuda/sm90/sm90_launch.cuh"
         "template fmha::Status fmha::cuda::sm90::forward<${t}, ${hd}, fmha::cuda::sm90::kFwdDefault>(const fmha::cuda::sm90::FwdParams&, int, cudaStream_t);\ntemplate size_t fmha::cuda::sm90::forward_shared_bytes<${t}, ${hd}, fmha::cuda::sm90::kFwdDefault>();")
+      _fmha_instance(_fmha_sm90_sources "sm90_bwd_tf32x3_hd${hd}" "cuda/sm90/sm90_launch.cuh"
+        "template fmha::Status fmha::cuda::sm90::backward<${t}, ${hd}>(const fmha::cuda::sm90::BwdParams&, cudaStream_t);\ntemplate size_t fmha::cuda::sm90::backward_shared_bytes<${t}, ${hd}>();")
     endif()
     # The tf32 backward (fp32 storage): head dims up to kTf32BwdMaxHeadDim (128; BwdConfig).
     if(hd LESS_EQUAL 128)

@@ -142,21 +142,31 @@ INSTANTIATE_TEST_SUITE_P(Fuzz, GpuFuzz,
 // backward that recovered P from the fp32 LSE failed this on dV (~15x) and on dQ/dK (2-4x).
 class GpuPeakedSoftmax : public ::testing::TestWithParam<Backend> {};
 
+// The fp32 precisions a tier's backward runs (the fuzz's sm90 tier draws 16-bit calls alone: its
+// fp32 head dims are fewer than the tier's).
+std::vector<Precision> fp32_precisions(const Tier& tier) {
+  if (tier.backend == Backend::cuda_sm90) return {Precision::tf32, Precision::tf32x3};
+  std::vector<Precision> precisions;
+  for (const Tier::Flavor& flavor : tier.flavors)
+    if (flavor.dtype == DType::fp32 && std::find(precisions.begin(), precisions.end(), flavor.precision) == precisions.end())
+      precisions.push_back(flavor.precision);
+  return precisions;
+}
+
 TEST_P(GpuPeakedSoftmax, BackwardWithinTwiceNaiveFp32Error) {
   const Backend backend = GetParam();
   SKIP_UNLESS_RUNNABLE(backend);
   const Tier tier = gpu_tier(backend, compiled_head_dims());
   if (!tier.backward) GTEST_SKIP() << "the tier has no backward";
   int64_t ran = 0;
-  for (const Tier::Flavor& flavor : tier.flavors) {
-    if (flavor.dtype != DType::fp32) continue;
+  for (Precision precision : fp32_precisions(tier)) {
     for (int64_t head_dim : {int64_t(64), int64_t(128)}) {
       if (std::find(tier.head_dims.begin(), tier.head_dims.end(), head_dim) == tier.head_dims.end()) continue;
       for (Causal causal : {Causal::none, Causal::bottom_right})
         for (int64_t group : {1, 4})
           for (bool deterministic : {false, true}) {
             const uint64_t seed = 20261203 + uint64_t(group) + uint64_t(causal == Causal::none ? 0 : 1);
-            const Config c = peaked_config(seed, backend, flavor.precision, causal, group, head_dim, deterministic);
+            const Config c = peaked_config(seed, backend, precision, causal, group, head_dim, deterministic);
             const Outcome o = check(c, run_on_device);
             if (o.refused) continue;
             ++ran;
@@ -174,9 +184,10 @@ TEST_P(GpuPeakedSoftmax, BackwardWithinTwiceNaiveFp32Error) {
 // one such row sees is that row's dO, exactly where the backward computes in fp32 (simt, every
 // precision) and to the operand rounding on tensor cores (tf32: 2^-11; split tf32: 2^-20 of |dO|,
 // the residual the split drops). Where the backward forms P from its own softmax statistics
-// (simt; sm80 split tf32) dQ and dK of such rows and keys are exactly 0: dS = P·(dP - Δ) with
-// Δ = rowsum(P∘dP) of the same dP bits (on sm80 this needs the main kernel's S^T and dP^T to
-// equal the statistics kernel's S and dP bit for bit: tile::warp::mma_transposed). A backward
+// (simt; sm80 and sm90 split tf32) dQ and dK of such rows and keys are exactly 0: dS = P·(dP - Δ)
+// with Δ = rowsum(P∘dP) of the same dP bits (on sm80 this needs the main kernel's S^T and dP^T to
+// equal the statistics kernel's S and dP bit for bit: tile::warp::mma_transposed; on sm90 both
+// kernels form them with issue_split_products). A backward
 // whose P is off 1 by the forward's rounding of the score (simt's own-softmax test of the LSE,
 // fooled where the score's products cancel; P recovered from the LSE) misses by ~1e-5 of dO. Masks: causal top-left with a
 // window of 0 (row i sees key i; keys past the rows are seen by none), and causal bottom-right
@@ -186,10 +197,7 @@ TEST_P(GpuPeakedSoftmax, OneKeyRowsTakePExactlyOne) {
   SKIP_UNLESS_RUNNABLE(backend);
   const Tier tier = gpu_tier(backend, compiled_head_dims());
   if (!tier.backward) GTEST_SKIP() << "the tier has no backward";
-  std::vector<Precision> precisions;
-  for (const Tier::Flavor& flavor : tier.flavors)
-    if (flavor.dtype == DType::fp32 && std::find(precisions.begin(), precisions.end(), flavor.precision) == precisions.end())
-      precisions.push_back(flavor.precision);
+  const std::vector<Precision> precisions = fp32_precisions(tier);
   struct MaskCase {
     Causal causal;
     int64_t seqlen_q, seqlen_k, window_left;
@@ -337,7 +345,13 @@ TEST(SplitTf32Backward, GivenLseLargerThanItsOwnScalesP) {
   expect_given_lse_scales_p(Backend::cuda_sm80, Precision::tf32x3, 4e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fuzz, GpuPeakedSoftmax, ::testing::Values(Backend::cuda_simt, Backend::cuda_sm80),
+TEST(SplitTf32Backward, Sm90GivenLseLargerThanItsOwnScalesP) {
+  SKIP_UNLESS_RUNNABLE(Backend::cuda_sm90);
+  expect_given_lse_scales_p(Backend::cuda_sm90, Precision::tf32x3, 4e-5);  // head dim 64 (others refused)
+}
+
+INSTANTIATE_TEST_SUITE_P(Fuzz, GpuPeakedSoftmax,
+                         ::testing::Values(Backend::cuda_simt, Backend::cuda_sm80, Backend::cuda_sm90),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
 // Split tf32 against exact fp32, class by class: the fuzz's fp32 calls drawn for the sm80 tier at

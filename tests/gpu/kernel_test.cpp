@@ -36,13 +36,14 @@ bool tier_available(Backend b) {
 // The sm90 backward covers every head dim the tier takes (64 to 256: up to 128 one warpgroup per
 // 64 keys, above the split of the head dim over both warpgroups); its tf32 backward (fp32
 // storage) head dims 64 to 128 (larger ones run on sm80; refusal tested below); its split tf32
-// (tf32x3) is forward only (sm80 runs the backward).
+// (tf32x3) backward head dim 64.
 constexpr int kSm90MaxBackwardHeadDim = 256;
 constexpr int kSm90MaxTf32BackwardHeadDim = 128;
+constexpr int kSm90MaxTf32x3BackwardHeadDim = 64;
 bool has_backward(const Case& c) {
   const int64_t d = std::max(c.head_dim, c.head_dim_v);
   if (c.backend == Backend::cuda_sm90 && c.dtype == DType::fp32)
-    return c.precision == Precision::tf32 && d <= kSm90MaxTf32BackwardHeadDim;
+    return d <= (c.precision == Precision::tf32x3 ? kSm90MaxTf32x3BackwardHeadDim : kSm90MaxTf32BackwardHeadDim);
   return c.backend != Backend::cuda_sm90 || d <= kSm90MaxBackwardHeadDim;
 }
 // Head dims below 64 run on sm80 (sm90 refuses them, tested below); its tf32 forward takes 64 to
@@ -494,10 +495,11 @@ TEST(SplitTf32, SmallAsAccurateAsFp32FarBelowTf32) {
     }
 }
 
-// The sm90 split-tf32 forward (head dim 64), the same way: its O against simt's exact fp32 and
+// The sm90 split tf32 (head dim 64), the same way: O, dQ, dK and dV against simt's exact fp32 and
 // sm90's tf32, on the shape above and on 4,096 keys, where each key tile's P·V is added to O in
-// fp32 (the tensor cores' own additions along the keys would lose more).
-TEST(SplitTf32, Sm90ForwardAsAccurateAsFp32FarBelowTf32) {
+// fp32 (the tensor cores' own additions along the keys would lose more), and 256 query rows'
+// parts of dK and dV likewise.
+TEST(SplitTf32, Sm90AsAccurateAsFp32FarBelowTf32) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   if (!tier_available(Backend::cuda_sm90) || !tier_available(Backend::cuda_simt)) GTEST_SKIP() << "no sm90/simt";
   const std::vector<int> dims = compiled_head_dims();
@@ -513,17 +515,26 @@ TEST(SplitTf32, Sm90ForwardAsAccurateAsFp32FarBelowTf32) {
       c.batch = 1, c.seqlen_q = 256, c.seqlen_k = 4096, c.heads = 2, c.kv_heads = 1;
     }
     const uint64_t seed = test_seed();
-    const OutputErrors split = output_errors(c, seed, false);
+    const OutputErrors split = output_errors(c, seed);
     c.backend = Backend::cuda_simt, c.precision = Precision::ieee;
-    const OutputErrors exact = output_errors(c, seed, false);
+    const OutputErrors exact = output_errors(c, seed);
     c.backend = Backend::cuda_sm90, c.precision = Precision::tf32;
-    const OutputErrors tf32 = output_errors(c, seed, false);
+    const OutputErrors tf32 = output_errors(c, seed);
     ASSERT_TRUE(split.error.empty() && exact.error.empty() && tf32.error.empty())
         << split.error << exact.error << tf32.error;
-    EXPECT_LE(split.o, kFp32Factor * exact.o + kRoundingUnits * unit * split.o_max)
-        << c.name() << ": tf32x3 " << split.o << ", simt " << exact.o << " (seed " << seed << ")";
-    EXPECT_LT(kTf32Margin * split.o, tf32.o) << c.name() << ": tf32x3 " << split.o << ", tf32 " << tf32.o << " (seed "
-                                             << seed << ")";
+    const struct {
+      const char* name;
+      double split, exact, tf32, ref_max;
+    } outputs[] = {{"o", split.o, exact.o, tf32.o, split.o_max},
+                   {"dq", split.dq, exact.dq, tf32.dq, split.dq_max},
+                   {"dk", split.dk, exact.dk, tf32.dk, split.dk_max},
+                   {"dv", split.dv, exact.dv, tf32.dv, split.dv_max}};
+    for (const auto& x : outputs) {
+      EXPECT_LE(x.split, kFp32Factor * x.exact + kRoundingUnits * unit * x.ref_max)
+          << c.name() << " " << x.name << ": tf32x3 " << x.split << ", simt " << x.exact << " (seed " << seed << ")";
+      EXPECT_LT(kTf32Margin * x.split, x.tf32)
+          << c.name() << " " << x.name << ": tf32x3 " << x.split << ", tf32 " << x.tf32 << " (seed " << seed << ")";
+    }
   }
 }
 
@@ -741,7 +752,7 @@ TEST(Refuse, SmallTierLimits) {
     };
     {
       // fp32: ieee is refused; tf32 runs forward and backward at head dims 64 to 128; tf32x3
-      // (split) forward at 64; larger calls and split backwards go to sm80.
+      // (split) forward and backward at 64; larger calls go to sm80.
       Refusal r = tiny_call(Backend::cuda_sm90, DType::fp32, big);
       refused(r, Direction::forward, "precision");
       r.params.precision = Precision::tf32x3;
@@ -752,9 +763,17 @@ TEST(Refuse, SmallTierLimits) {
         t.params.precision = Precision::tf32x3;
         EXPECT_TRUE(supports(t.params, Direction::forward).ok()) << supports(t.params, Direction::forward).message;
         add_backward_tensors(t, DType::fp32, d);
-        refused(t, Direction::backward, "precision");
-        // auto: the split forward here, its backward on sm80.
-        expect_auto(t, Backend::cuda_sm90, Backend::cuda_sm80);
+        const bool backward_here = d <= kSm90MaxTf32x3BackwardHeadDim;
+        if (backward_here) {
+          EXPECT_TRUE(supports(t.params, Direction::backward).ok()) << supports(t.params, Direction::backward).message;
+          t.params.deterministic = true;
+          EXPECT_TRUE(supports(t.params, Direction::backward).ok()) << supports(t.params, Direction::backward).message;
+          t.params.deterministic = false;
+        } else {
+          refused(t, Direction::backward, "head_dim");
+        }
+        // auto: the split forward here, its backward too where this tier has it (head dim 64).
+        expect_auto(t, Backend::cuda_sm90, backward_here ? Backend::cuda_sm90 : Backend::cuda_sm80);
       }
       r.params.precision = Precision::tf32;
       if (big > 128) refused(r, Direction::forward, "head_dim");

@@ -63,10 +63,12 @@ const Flavor kFlavors[] = {{Backend::cuda_simt, DType::fp32, Precision::ieee},
                            {Backend::cuda_sm90, DType::fp16, Precision::ieee},
                            {Backend::cuda_sm90, DType::bf16, Precision::ieee},
                            {Backend::cuda_sm80, DType::fp32, Precision::tf32x3},
-                           {Backend::cuda_sm90, DType::fp32, Precision::tf32}};
+                           {Backend::cuda_sm90, DType::fp32, Precision::tf32},
+                           {Backend::cuda_sm90, DType::fp32, Precision::tf32x3}};
 
-// The sm90 tf32 tier (fp32 storage): head dims 64 to 128, forward and backward.
+// The sm90 tf32 tier (fp32 storage): head dims 64 to 128 (split tf32: 64), forward and backward.
 bool sm90_tf32(Backend backend, DType dtype) { return backend == Backend::cuda_sm90 && dtype == DType::fp32; }
+int64_t sm90_fp32_max_head_dim(Precision precision) { return precision == Precision::tf32x3 ? 64 : 128; }
 
 // Lengths 0 and 1 on either side, queries longer and shorter than keys, tiles split unevenly.
 const std::vector<int64_t> kMixedQ = {37, 0, 1, 130, 64, 5, 1, 90};
@@ -83,7 +85,7 @@ std::vector<VarlenCase> all_cases() {
   std::vector<VarlenCase> out;
   const int64_t dim = main_head_dim();
   for (const Flavor& f : kFlavors) {
-    if (sm90_tf32(f.backend, f.dtype) && (dim < 64 || dim > 128)) continue;
+    if (sm90_tf32(f.backend, f.dtype) && (dim < 64 || dim > sm90_fp32_max_head_dim(f.precision))) continue;
     VarlenCase base;
     base.base.backend = f.backend;
     base.base.dtype = f.dtype;

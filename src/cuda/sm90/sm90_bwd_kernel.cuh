@@ -121,7 +121,12 @@ struct BwdKernel {
           for (int r = lane; r < kRows; r += 32) {
             const bool inside = row0 + r < mask.seqlen_q;
             const int64_t stat = args.stat_index(block_start(params, shared).q, head, row0 + r);
-            shared.lse[pipe.index][r] = inside ? args.lse_log2[stat] : INFINITY;
+            if constexpr (Shared::kSplitTf32) {  // the row's own max and 1/sum
+              shared.lse[pipe.index][r] = inside ? args.row_max[stat] : INFINITY;
+              shared.residual.inv_sum[pipe.index][r] = inside ? args.row_inv_sum[stat] : 0.f;
+            } else {
+              shared.lse[pipe.index][r] = inside ? args.lse_log2[stat] : INFINITY;
+            }
             shared.delta[pipe.index][r] = inside ? args.delta[stat] : 0.f;
           }
           __threadfence_block();
@@ -134,11 +139,16 @@ struct BwdKernel {
           }
         } else {
           const int64_t stat = args.stat_index(block_start(params, shared).q, head, row0);
-          full.arrive_expect_tx(2 * Shared::kRowBytes + 2 * Shared::kStatBytes);
+          constexpr int kStats = Shared::kSplitTf32 ? 3 : 2;  // split: the row's own max and 1/sum for LSE
+          full.arrive_expect_tx(2 * Shared::kRowBytes + kStats * Shared::kStatBytes);
           load_tile(shared.q[pipe.index], &params.q, kRows, row0, head, full);
           load_tile(shared.dout[pipe.index], &params.dout, kRows, row0, head, full);
-          tile::tma::load_bytes(shared.lse[pipe.index], args.lse_log2 + stat, Shared::kStatBytes, full);
+          tile::tma::load_bytes(shared.lse[pipe.index], (Shared::kSplitTf32 ? args.row_max : args.lse_log2) + stat,
+                                Shared::kStatBytes, full);
           tile::tma::load_bytes(shared.delta[pipe.index], args.delta + stat, Shared::kStatBytes, full);
+          if constexpr (Shared::kSplitTf32)
+            tile::tma::load_bytes(shared.residual.inv_sum[pipe.index], args.row_inv_sum + stat, Shared::kStatBytes,
+                                  full);
         }
         pipe.advance();
       }
@@ -214,7 +224,9 @@ struct BwdKernel {
     const Range tiles = bwd_query_tiles<kRows>(mask, keys);
     Mainloop mainloop{shared, args, warpgroup, thread};
     if constexpr (PACKED) mainloop.find_visible(keys);
-    if constexpr (Mainloop::kWideTf32) {
+    if constexpr (Mainloop::kSplitTf32) {
+      consume_split_tf32(mainloop, params, shared, keys, tiles);
+    } else if constexpr (Mainloop::kWideTf32) {
       consume_wide_tf32(mainloop, params, shared, keys, tiles);
     } else if constexpr (kConfig.split_head_dim) {
       // Each warpgroup's share of the columns is a compile-time width (one code path when the
@@ -339,6 +351,46 @@ struct BwdKernel {
         const int d = d0 + G::row(i, thread);
         if (d < args.head_dim) dk_row[d] = dk(i, j) * args.scale;
         if (d < args.head_dim_v) dv_row[d] = dv(i, j);
+      }
+    }
+  }
+
+  // The split-tf32 backward (head dim 64): warpgroup 0's dVᵀ or warpgroup 1's dKᵀ ([64 head-dim
+  // rows, 64 keys] fp32) across the query tiles, then written transposed, one element a store (dK
+  // scaled; rows past seqlen_k and columns past the head dims dropped).
+  __device__ __forceinline__ static void consume_split_tf32(Mainloop& mainloop, const BwdParams& params, Shared& shared,
+                                                            Range keys, Range tiles) {
+    const AttentionArgs& args = params.args;
+    const int warpgroup = mainloop.warpgroup, thread = mainloop.thread;
+    typename Mainloop::WideGrad grad;
+    grad.fill(0.f);
+    shared.kv_full.wait(0);
+    mainloop.prepare_split_tf32();
+    tile::PipelineState<kStages> pipe;
+    int step = 0;
+    int heads_left = args.group;  // a do-while, as consume_keys
+    do {
+      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
+        mainloop.step_split_tf32(pipe, m, keys, step % 2, grad);
+        pipe.advance();
+      }
+    } while (--heads_left > 0);
+    using G = typename Mainloop::WideGrad;
+    const int64_t start = block_start(params, shared).k;
+    const int kv_head = block_kv_head(params);
+    const bool values = warpgroup == 0;
+    const View4& out = values ? args.dv : args.dk;
+    const int64_t head_dim = values ? args.head_dim_v : args.head_dim;
+    const float scale = values ? 1.f : args.scale;
+#pragma unroll
+    for (int j = 0; j < G::kCols; ++j) {
+      const int64_t key = keys.begin + G::col(j, thread);
+      if (key >= keys.end) continue;
+      float* row = out.at<float>(start, key, kv_head);  // fp32 storage
+#pragma unroll
+      for (int i = 0; i < G::kRows; ++i) {
+        const int d = G::row(i, thread);
+        if (d < head_dim) row[d] = grad(i, j) * scale;
       }
     }
   }

@@ -45,7 +45,10 @@
 // (the tensor cores run Sᵀ meanwhile).
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/common/args.h"
+#include "cuda/common/own_softmax.cuh"
 #include "cuda/sm90/sm90_bwd_blocks.h"
 #include "cuda/sm90/sm90_config.h"
 #include "cuda/tile/atomic.cuh"
@@ -70,10 +73,27 @@ struct BwdTransposed {
 template <int HDP, int KEYS>
 struct BwdTransposed<HDP, KEYS, false> {};
 
+// Split tf32 (precision tf32x3): the residuals tf32(x − tf32(x)) of K and V (split once a block,
+// high parts in place) and of Q and dO (split per step); once both warpgroups have loaded their A
+// fragments from those of Q and dO, their space takes dS [rows, keys] (high parts where Q's
+// residuals were, residuals where dO's). And each row's 1/sum of its own softmax (LSE's place
+// holds its own max: cuda/common/own_softmax.cuh).
+template <int HDP, int KEYS, int STAGES, bool SPLIT>
+struct BwdResiduals {
+  alignas(wg::kSwizzleAtomBytes) float k[KEYS * HDP];
+  alignas(wg::kSwizzleAtomBytes) float v[KEYS * HDP];
+  alignas(wg::kSwizzleAtomBytes) float q[kBwdRows * HDP];
+  alignas(wg::kSwizzleAtomBytes) float dout[kBwdRows * HDP];
+  alignas(16) float inv_sum[STAGES][kBwdRows];  // row_inv_sum; 0 past seqlen_q
+};
+template <int HDP, int KEYS, int STAGES>
+struct BwdResiduals<HDP, KEYS, STAGES, false> {};
+
 template <class T, int HD>
 struct BwdShared {
   static constexpr bool kTf32 = sizeof(T) == 4;
-  static constexpr BwdConfig kConfig = bwd_config(HD, int(sizeof(T)));
+  static constexpr bool kSplitTf32 = std::is_same_v<T, tile::tf32x3>;  // precision tf32x3
+  static constexpr BwdConfig kConfig = bwd_config(HD, int(sizeof(T)), kSplitTf32);
   static constexpr int kKeys = kConfig.keys;  // keys per block
   static constexpr int kRows = kConfig.rows;  // query rows per step
   static constexpr int kStages = kConfig.stages;
@@ -83,7 +103,8 @@ struct BwdShared {
   static constexpr int kTransposedChunkBytes = kHeadDimPadded * wg::kSwizzleBytes;  // one [HDP, 32] chunk
   static_assert(!kTf32 || padded_head_dim(HD) <= kTf32BwdMaxHeadDim, "the tf32 backward's tiles fit up to head dim 128");
   // The wide tf32 backward (head dims 96, 128): no transposed copies (load_transposed_a_tf32).
-  static constexpr bool kWideTf32 = kTf32 && kConfig.split_head_dim;
+  static constexpr bool kWideTf32 = kTf32 && kConfig.split_head_dim && !kSplitTf32;
+  static_assert(!kSplitTf32 || padded_head_dim(HD) <= kTf32x3BwdMaxHeadDim, "the split backward's tiles fit head dim 64");
   static_assert(!kTf32 || kRows == kBwdRows, "the tf32 backward's transposes are of 64 query rows");
   static constexpr int kKVChunkBytes = kKeys * wg::kSwizzleBytes;      // one [keys, 64] chunk
   static constexpr int kRowChunkBytes = kRows * wg::kSwizzleBytes;  // one [rows, 64] chunk
@@ -96,13 +117,17 @@ struct BwdShared {
   alignas(wg::kSwizzleAtomBytes) T v[kKeys * kHeadDimPadded];               // [chunks][keys, 64]
   alignas(wg::kSwizzleAtomBytes) T q[kStages][kRows * kHeadDimPadded];   // [chunks][rows, 64]
   alignas(wg::kSwizzleAtomBytes) T dout[kStages][kRows * kHeadDimPadded];
-  [[no_unique_address]] BwdTransposed<kHeadDimPadded, kKeys, kTf32 && !kWideTf32> transposed;
+  [[no_unique_address]] BwdTransposed<kHeadDimPadded, kKeys, kTf32 && !kWideTf32 && !kSplitTf32> transposed;
+  [[no_unique_address]] BwdResiduals<kHeadDimPadded, kKeys, kStages, kSplitTf32> residual;
   // [buffer][0]: dS [rows, keys]. Up to 128: chunk w from warpgroup w; two buffers, alternating
   // per query tile, so a warpgroup may store the next dS while the other still multiplies the
   // previous one. Split: one chunk, rows [32 w, 32 w + 32) from warpgroup w, and [buffer][1] P
   // stored the same way; one buffer (the ds_free barrier guards it). Wide tf32: [0] dS and [1] P
   // as [keys, rows] (query columns [32 w, 32 w + 32) from warpgroup w), [2] dS as [rows, keys].
-  static constexpr int kScoreTiles = kConfig.split_head_dim ? (kWideTf32 ? 3 : 2) : 1;  // dS, P (, dS transposed)
+  // Split tf32: [0] dS and [1] P as the wide tf32's, [2] and [3] their residuals (dS [rows, keys]
+  // takes the residual tiles of Q and dO).
+  static constexpr int kScoreTiles =
+      kSplitTf32 ? 4 : kConfig.split_head_dim ? (kWideTf32 ? 3 : 2) : 1;  // dS, P (, dS transposed / residuals)
   static constexpr int kScoreTileBytes = kRows * kKeys * int(sizeof(T));
   alignas(wg::kSwizzleAtomBytes) T ds[kConfig.ds_buffers][kScoreTiles][kRows * kKeys];
   // dQ of one query tile [rows, kDqStride] fp32 on its way to the global accumulator, warpgroup w
@@ -151,6 +176,54 @@ struct BwdSplitTiles {
   using Fragments = uint32_t[kQueries / 16][4];  // [64 keys, 32 q] as 16-bit fragments
 };
 
+// Sᵀ (a warpgroup's [64 keys, N q] scores: keys as rows from key0, query rows as columns from q0)
+// with the elements that the mask hides set to -inf, where the tile is cut by the mask or by the
+// sequences' ends. (The split backward's main and statistics kernels mask with it, so that both
+// hide the same scores.)
+template <int N>
+__device__ __forceinline__ void mask_transposed_scores(wg::Accumulator<N>& s, const Mask& mask, int64_t key0,
+                                                       int64_t q0, int thread) {
+  using Scores = wg::Accumulator<N>;
+  const Range rows{q0, q0 + N < mask.seqlen_q ? q0 + N : mask.seqlen_q};
+  const Range keys{key0, key0 + kConsumerRows};
+  if (keys.end <= mask.seqlen_k && mask.tile_is_full(rows, keys)) return;
+  // Rows are keys here, columns query rows: key i is seen by the queries mask.queries(key).
+  tile::thread::mask_outside(
+      s,
+      [&](int i) {
+        const int64_t key = key0 + Scores::row(i, thread);
+        return key < mask.seqlen_k ? mask.queries(key) : Range{0, 0};
+      },
+      q0, [&](int j) { return Scores::col(j, thread); });
+}
+
+// Split tf32: acc = A·Bᵀ over HD columns as three tf32 products, A the 64 rows from a_row0 of a
+// key-side tile [keys, HDP] (chunks of a_chunk_bytes) and B the N rows from b_row0 of a query-side
+// tile [rows, HDP], each given as its high parts (hi) and residuals (lo, split_to_tf32): A·B_lo,
+// then A_lo·B, then A·B, each over the head dim in order (the small products first). Issued and
+// committed, not waited for. The split backward's main and statistics kernels form their scores
+// with it, from tiles split by the same function at the same places, so that their scores agree
+// bit for bit.
+template <int HD, int N>
+__device__ __forceinline__ void issue_split_products(wg::Accumulator<N>& acc, const float* a_hi, const float* a_lo,
+                                                     int a_row0, int a_chunk_bytes, const float* b_hi,
+                                                     const float* b_lo, int b_row0, int b_chunk_bytes) {
+  constexpr int kK = wg::Wgmma<float, N>::kK;
+  const float* const as[3] = {a_hi, a_lo, a_hi};
+  const float* const bs[3] = {b_lo, b_hi, b_hi};
+  wg::fence();
+#pragma unroll
+  for (int p = 0; p < 3; ++p) {
+    const uint64_t a0 = wg::k_major_desc<float, kK>(as[p], a_row0, 0, a_chunk_bytes);
+    const uint64_t b0 = wg::k_major_desc<float, kK>(bs[p], b_row0, 0, b_chunk_bytes);
+#pragma unroll
+    for (int k0 = 0; k0 < HD; k0 += kK)
+      wg::Wgmma<float, N>::ss(acc.d, a0 + wg::k_major_step<float>(k0, a_chunk_bytes),
+                              b0 + wg::k_major_step<float>(k0, b_chunk_bytes), p > 0 || k0 > 0 ? 1 : 0);
+  }
+  wg::commit();
+}
+
 // ORDERED_DQ: the deterministic mode (dQ added in descending key-tile order); a kernel of its
 // own, so that the default one carries none of its registers. PACKED: a variable-length call,
 // whose block's mask is its sequence's, in shared memory.
@@ -164,7 +237,9 @@ struct BwdMainloop {
   static constexpr bool kSplit = Shared::kConfig.split_head_dim;
   using Pipeline = tile::PipelineState<Shared::kStages>;
   static constexpr int kHeadDimPadded = Tiles::kHeadDimPadded;
-  static constexpr int kK = wg::Wgmma<T, kBwdRows>::kK;
+  static constexpr bool kSplitTf32 = Shared::kSplitTf32;
+  using Mma = std::conditional_t<kSplitTf32, float, T>;  // the tensor cores' operand type (split: tf32)
+  static constexpr int kK = wg::Wgmma<Mma, kBwdRows>::kK;
   static constexpr int kConsumerWarps = wg::kThreads / 32;
   static constexpr int kDqCols = Shared::kDqCols;  // dQ columns per warpgroup
   static constexpr uint32_t kDqWriters = kBwdConsumers * kConsumerWarps;  // arrivals on dq_full
@@ -297,19 +372,7 @@ struct BwdMainloop {
             s, [&](int i) { return Range{visible_begin[i], visible_end[i]}; }, q0,
             [&](int j) { return Scores::col(j, thread); });
     } else {
-      const Mask& mask = this->mask();
-      const Range rows{q0, q0 + N < mask.seqlen_q ? q0 + N : mask.seqlen_q};
-      const Range my_keys{key0, key0 + kConsumerRows};
-      if (!(my_keys.end <= mask.seqlen_k && mask.tile_is_full(rows, my_keys))) {
-        // Rows are keys here, columns query rows: key i is seen by the queries mask.queries(key).
-        tile::thread::mask_outside(
-            s,
-            [&](int i) {
-              const int64_t key = key0 + Scores::row(i, thread);
-              return key < mask.seqlen_k ? mask.queries(key) : Range{0, 0};
-            },
-            q0, [&](int j) { return Scores::col(j, thread); });
-      }
+      mask_transposed_scores(s, mask(), key0, q0, thread);
     }
   }
 
@@ -676,17 +739,180 @@ struct BwdMainloop {
   // dQᵀ [this warpgroup's head-dim rows, rows] into the dQ tile [rows, kDqStride] transposed, for
   // the step's dQ warp (as stage_dq).
   __device__ __forceinline__ void stage_wide_dq(const WideQueryGrad& dq, int parity, int t) {
-    using Q = WideQueryGrad;
+    stage_transposed_dq(dq, parity, warpgroup * kConsumerRows, 0, t);
+  }
+  // dQᵀ [64 head-dim rows from d0, N rows of the step from q0] into the dQ tile, transposed.
+  template <int N>
+  __device__ __forceinline__ void stage_transposed_dq(const wg::Accumulator<N>& dq, int parity, int d0, int q0,
+                                                      int t) {
+    using Q = wg::Accumulator<N>;
     shared.dq_empty.wait(parity ^ 1);
-    const int d0 = warpgroup * kConsumerRows;
 #pragma unroll
     for (int i = 0; i < Q::kRows; ++i)
 #pragma unroll
       for (int j = 0; j < Q::kCols; ++j)
-        shared.dq[Q::col(j, t) * Shared::kDqStride + d0 + Q::row(i, t)] = dq(i, j);
+        shared.dq[(q0 + Q::col(j, t)) * Shared::kDqStride + d0 + Q::row(i, t)] = dq(i, j);
     tile::fence_async_shared();  // the bulk reductions read through the async proxy
     __syncwarp();
     if (thread % 32 == 0) shared.dq_full[kDqWarps == 2 ? parity : 0].arrive();
+  }
+
+  // ---- The split-tf32 backward (precision tf32x3, head dim 64; sm90_config.h) ----
+  // Per step, warpgroup w: Sᵀ and dPᵀ of query columns [32 w, 32 w + 32) (issue_split_products),
+  // Pᵀ from the rows' own statistics, dSᵀ; then warpgroup 0 dVᵀ += dOᵀ·P and warpgroup 1 dKᵀ +=
+  // Qᵀ·dS (the step's part formed from zero, added in fp32), and each dQᵀ = Kᵀ·dSᵀ of its query
+  // columns; every A from registers loaded transposed from a landed tile and its residual tile,
+  // every B a tile the consumers store split.
+  using SplitQueryGrad = wg::Accumulator<kRows / kBwdConsumers>;  // dQᵀ [64 head-dim rows, 32 q]
+  static constexpr int kRowFloats = kRows * kHeadDimPadded;
+
+  __device__ __forceinline__ static float* floats(T* p) { return reinterpret_cast<float*>(p); }
+
+  // Once K and V have landed: both split (high parts in place, residuals beside) by both
+  // warpgroups, as the statistics kernel splits K.
+  __device__ __forceinline__ void prepare_split_tf32() {
+    static_assert(kSplitTf32, "the split backward's");
+    const int index = warpgroup * wg::kThreads + thread;
+    wg::split_to_tf32<kKeys * kHeadDimPadded>(floats(shared.k), shared.residual.k, index, kConsumerThreads);
+    wg::split_to_tf32<kKeys * kHeadDimPadded>(floats(shared.v), shared.residual.v, index, kConsumerThreads);
+    tile::fence_async_shared();  // wgmma reads them through the async proxy
+    tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
+  }
+
+  // Split: Pᵀ = 2^((x − row_max)·|scale_log2|)·row_inv_sum of a warpgroup's query columns from
+  // q_col0, x = sign(scale)·Sᵀ with the masked scores -inf (as the statistics kernel forms its x),
+  // once the issued Sᵀ is complete (dPᵀ, issued after it, may still run).
+  template <int N>
+  __device__ __forceinline__ void own_column_probabilities(wg::Accumulator<N>& s, int stage, Range keys,
+                                                           int64_t row0, int q_col0) {
+    using Scores = wg::Accumulator<N>;
+    wg::wait<1>();
+    wg::fence_operand(s.d);
+    const float sign = score_sign(args), abs_scale_log2 = fabsf(args.scale_log2);
+#pragma unroll
+    for (int r = 0; r < Scores::kRegs; ++r) s.d[r] *= sign;
+    mask_scores(s, keys.begin, row0 + q_col0);
+#pragma unroll
+    for (int j = 0; j < Scores::kCols; ++j) {
+      const int col = q_col0 + Scores::col(j, thread);
+      const float row_max = shared.lse[stage][col], inv_sum = shared.residual.inv_sum[stage][col];
+#pragma unroll
+      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = own_probability(s(i, j), row_max, inv_sum, abs_scale_log2);
+    }
+  }
+
+  // One query tile m (rows [64 m, 64 m + 64) of one head of the group) against the block's keys;
+  // grad is this warpgroup's gradient (0: dVᵀ, 1: dKᵀ; [64 head-dim rows, 64 keys]). dq_parity
+  // alternates per step (the dQ hand-off).
+  __device__ void step_split_tf32(const Pipeline& at, int m, Range keys, int dq_parity, WideGrad& grad) {
+    constexpr int kQueries = kRows / kBwdConsumers;  // query columns of Sᵀ and dPᵀ per warpgroup
+    using Scores = wg::Accumulator<kQueries>;        // [64 keys, 32 q]
+    static_assert(kSplitTf32 && Shared::kConfig.ds_buffers == 1 && Shared::kStages == 1, "one stage, one P/dS buffer");
+    static_assert(kQueries == Shared::kChunkCols, "a warpgroup's query columns are one chunk of P and dS");
+    static_assert(kKeys == kHeadDimPadded && kRows == kKeys, "dS [rows, keys] fits the residual tiles of Q and dO");
+    const int64_t row0 = int64_t(m) * kRows;
+    const int q_col0 = warpgroup * kQueries;
+    const int stage = at.index;
+    float* const q = floats(shared.q[stage]);
+    float* const dout = floats(shared.dout[stage]);
+    float* const q_lo = shared.residual.q;
+    float* const dout_lo = shared.residual.dout;
+    shared.full[stage].wait(at.phase);
+    // Both warpgroups are done with the previous step's products (which read the residual tiles
+    // as dS [rows, keys], and P and dS): this warpgroup's query rows of Q and dO split.
+    tile::named_sync(int(NamedBarrier::ds_free), kConsumerThreads);
+#pragma unroll
+    for (int c = 0; c < Shared::kChunks; ++c) {
+      const int at_rows = c * (kRows * Shared::kChunkCols) + q_col0 * Shared::kChunkCols;
+      wg::split_to_tf32<kQueries * Shared::kChunkCols>(q + at_rows, q_lo + at_rows, thread, wg::kThreads);
+      wg::split_to_tf32<kQueries * Shared::kChunkCols>(dout + at_rows, dout_lo + at_rows, thread, wg::kThreads);
+    }
+    tile::fence_async_shared();
+    tile::named_sync(int(NamedBarrier::epilogue_first) + warpgroup, wg::kThreads);  // unused by the backward otherwise
+    Scores s, dp;
+    issue_split_products<HD>(s, floats(shared.k), shared.residual.k, 0, Shared::kKVChunkBytes, q, q_lo, q_col0,
+                             Shared::kRowChunkBytes);
+    issue_split_products<HD>(dp, floats(shared.v), shared.residual.v, 0, Shared::kKVChunkBytes, dout, dout_lo, q_col0,
+                             Shared::kRowChunkBytes);
+    own_column_probabilities(s, stage, keys, row0, q_col0);  // Pᵀ
+    column_score_grads(s, dp, stage, q_col0);                // dSᵀ
+
+    // P and dS [keys, rows] split (chunk w: this warpgroup's query columns), for both warpgroups.
+    float* const ds_tile = floats(shared.ds[0][0]);
+    float* const p_tile = floats(shared.ds[0][1]);
+    float* const ds_lo = floats(shared.ds[0][2]);
+    float* const p_lo = floats(shared.ds[0][3]);
+    const int t = step_thread();
+    const uint32_t chunk = uint32_t(warpgroup * kScoreChunkBytes);
+    wg::store_swizzled_split(s, smem(p_tile) + chunk, smem(p_lo) + chunk, kScoreChunkBytes, t);
+    wg::store_swizzled_split(dp, smem(ds_tile) + chunk, smem(ds_lo) + chunk, kScoreChunkBytes, t);
+    tile::fence_async_shared();
+    tile::named_sync(int(NamedBarrier::ds_ready), kConsumerThreads);
+
+    // A of this warpgroup's gradient: dOᵀ (0) or Qᵀ (1) over the step's rows, high parts and
+    // residuals. Once both warpgroups have theirs, the residual tiles take dS [rows, keys] (this
+    // warpgroup's rows, which its dQᵀ alone reads).
+    uint32_t a_hi[kRowSteps][4], a_lo[kRowSteps][4];
+    const float* const a_tile = warpgroup == 0 ? dout : q;
+    const float* const a_tile_lo = warpgroup == 0 ? dout_lo : q_lo;
+    wg::load_transposed_a_tf32(a_hi, smem(a_tile), 0, Shared::kRowChunkBytes, t);
+    wg::load_transposed_a_tf32(a_lo, smem(a_tile_lo), 0, Shared::kRowChunkBytes, t);
+    tile::named_sync(int(NamedBarrier::residuals_read), kConsumerThreads);
+    float* const ds_rows = q_lo;        // dS [rows, keys], high parts
+    float* const ds_rows_lo = dout_lo;  // and residuals
+    wg::store_transposed_acc_split(dp, smem(ds_rows), smem(ds_rows_lo), q_col0, kScoreTChunkBytes, t);
+    tile::fence_async_shared();
+    tile::named_sync(int(NamedBarrier::epilogue_first) + warpgroup, wg::kThreads);
+    KeyFragments kt;  // Kᵀ [64 head-dim rows, keys]: its high parts, then its residuals
+    wg::load_transposed_a_tf32(kt, smem(shared.k), 0, Shared::kKVChunkBytes, t);
+
+    // The step's part of the gradient (B: P for dVᵀ, dS for dKᵀ) as A·B_lo + A_lo·B + A·B, and dQᵀ
+    // (B: dS [rows, keys], this warpgroup's rows) as Kᵀ·dS_lo + Kᵀ·dS, then + Kᵀ_lo·dS once the
+    // gradient's A fragments are free (all of them live at once crowded the registers: -Xptxas -v).
+    WideGrad part;
+    SplitQueryGrad dq;
+    const uint64_t b_hi = wg::k_major_desc<float, kK>(warpgroup == 0 ? p_tile : ds_tile, 0, 0, kScoreChunkBytes);
+    const uint64_t b_lo = wg::k_major_desc<float, kK>(warpgroup == 0 ? p_lo : ds_lo, 0, 0, kScoreChunkBytes);
+    const uint64_t rows_hi = wg::k_major_desc<float, kK>(ds_rows, q_col0, 0, kScoreTChunkBytes);
+    const uint64_t rows_lo = wg::k_major_desc<float, kK>(ds_rows_lo, q_col0, 0, kScoreTChunkBytes);
+    wg::fence();
+#pragma unroll
+    for (int kb = 0; kb < kRowSteps; ++kb)
+      wg::Wgmma<float, kKeys>::template rs<0>(part.d, a_hi[kb], b_lo + wg::k_major_step<float>(kb * kK, kScoreChunkBytes),
+                                              kb > 0 ? 1 : 0);
+#pragma unroll
+    for (int kb = 0; kb < kRowSteps; ++kb)
+      wg::Wgmma<float, kKeys>::template rs<0>(part.d, a_lo[kb], b_hi + wg::k_major_step<float>(kb * kK, kScoreChunkBytes), 1);
+#pragma unroll
+    for (int kb = 0; kb < kRowSteps; ++kb)
+      wg::Wgmma<float, kKeys>::template rs<0>(part.d, a_hi[kb], b_hi + wg::k_major_step<float>(kb * kK, kScoreChunkBytes), 1);
+#pragma unroll
+    for (int kb = 0; kb < kKeySteps; ++kb)
+      wg::Wgmma<float, kQueries>::template rs<0>(dq.d, kt[kb], rows_lo + wg::k_major_step<float>(kb * kK, kScoreTChunkBytes),
+                                                 kb > 0 ? 1 : 0);
+#pragma unroll
+    for (int kb = 0; kb < kKeySteps; ++kb)
+      wg::Wgmma<float, kQueries>::template rs<0>(dq.d, kt[kb], rows_hi + wg::k_major_step<float>(kb * kK, kScoreTChunkBytes), 1);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operand(part.d);
+    wg::fence_operand(dq.d);
+    wg::fence_operand(a_hi);
+    wg::fence_operand(a_lo);
+    wg::fence_operand(kt);
+#pragma unroll
+    for (int r = 0; r < WideGrad::kRegs; ++r) grad.d[r] += part.d[r];
+    wg::load_transposed_a_tf32(kt, smem(shared.residual.k), 0, Shared::kKVChunkBytes, t);
+    release(shared.empty[stage]);  // Q, dO and the row statistics are read
+    wg::fence();
+#pragma unroll
+    for (int kb = 0; kb < kKeySteps; ++kb)
+      wg::Wgmma<float, kQueries>::template rs<0>(dq.d, kt[kb], rows_hi + wg::k_major_step<float>(kb * kK, kScoreTChunkBytes), 1);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operand(dq.d);
+    wg::fence_operand(kt);
+    stage_transposed_dq(dq, dq_parity, 0, q_col0, t);
   }
 
   // A step's dQ share into shared memory for the step's dQ warp, once the previous step's has been

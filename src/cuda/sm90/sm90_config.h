@@ -273,6 +273,22 @@ constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2)
 // thread: dKᵀ, dVᵀ 32 each; Kᵀ's fragments 32; Sᵀ, dPᵀ 16 each (dead before the gradients); two
 // sets of A fragments 64; dQᵀ 32.
 //
+// Split tf32 (precision tf32x3, fp32 storage) at head dim 64 (the split backward): the wide tf32
+// backward's shape — 64 keys a block, 64 query rows a step, warpgroup w taking query columns
+// [32 w, 32 w + 32) of Sᵀ and dPᵀ — with every product formed as three tf32 ones (A·B_lo + A_lo·B +
+// A·B, the small products first, from tiles split into high parts in place and residuals beside,
+// split_to_tf32) and its P from the rows' own statistics (cuda/common/own_softmax.cuh; the
+// statistics kernel forms its scores with the same products). At head dim 64 a warpgroup's M of
+// 64 head-dim rows is the whole head dim, so the gradients split by product instead: warpgroup 0
+// keeps dVᵀ += dOᵀ·P, warpgroup 1 dKᵀ += Qᵀ·dS (each step's part formed from zero and added in
+// fp32: the tensor cores' own additions along the query tiles would lose more), and each
+// warpgroup forms dQᵀ = Kᵀ·dSᵀ of its 32 query columns. Shared memory (bytes): K, V, Q, dO and
+// their residuals 16,384 each; P and dS [keys, q], high parts and residuals, 16,384 each; dS [q,
+// keys] takes the residual tiles of Q and dO once both warpgroups have loaded their A fragments
+// from them; dQ 64 × 72 × 4 = 18,432; LSE (the rows' own max), Δ and the rows' 1/sum 768: 210.8
+// KiB. Registers per consumer thread: the gradient 32 and the step's part 32; A fragments 128
+// (dOᵀ or Qᵀ and Kᵀ, high parts and residuals); dQᵀ 16.
+//
 // 16-bit storage at head dims up to 64 takes kBwdWideRows (128) query rows a step instead of 64:
 // a step's fixed costs (its full/empty barriers, the dS barrier, one dQ hand-off and bulk
 // reduction, the LSE and Δ reads) then meet twice the products, whose shapes there are the
@@ -297,8 +313,15 @@ inline constexpr int kBwdWideRowsMaxHeadDim = 64;  // 16-bit head dims that take
 constexpr bool tf32_backward_head_dim(int head_dim) {
   return head_dim >= 64 && padded_head_dim(head_dim) <= kTf32BwdMaxHeadDim;
 }
-constexpr BwdConfig bwd_config(int head_dim, int element_bytes = 2) {
+// The split-tf32 backward's head dims (padded to 64).
+inline constexpr int kTf32x3BwdMaxHeadDim = 64;
+constexpr bool tf32x3_backward_head_dim(int head_dim) {
+  return head_dim >= 64 && padded_head_dim(head_dim) <= kTf32x3BwdMaxHeadDim;
+}
+// split_tf32: precision tf32x3 (fp32 storage).
+constexpr BwdConfig bwd_config(int head_dim, int element_bytes = 2, bool split_tf32 = false) {
   const int d = padded_head_dim(head_dim);
+  if (split_tf32) return BwdConfig{kConsumerRows, 1, true, 1, kBwdRows};
   if (element_bytes == 4)
     return d <= kTf32BwdTransposingMaxHeadDim ? BwdConfig{kBwdConsumers * kConsumerRows, 1, false, 1, kBwdRows}
                                                : BwdConfig{kConsumerRows, 1, true, 1, kBwdRows};
@@ -338,14 +361,23 @@ constexpr int bwd_consumer_registers(bool wide) { return wide ? kBwdWideConsumer
 // issue matrix work under pingpong.
 // The backward uses ds_ready: both consumer warpgroups have stored their share of dS; and, with
 // one P/dS buffer (split_head_dim, tf32), ds_free: both have finished reading the previous step's;
-// tf32: operands_ready, both have written their share of the transposed operands.
+// tf32: operands_ready, both have written their share of the transposed operands; split tf32:
+// residuals_read, both have loaded their A fragments from the residual tiles of Q and dO.
 // The forward's epilogue and turn barriers (one per consumer), the backward's dS barriers.
-enum class NamedBarrier : int { epilogue_first = 1, ds_ready = 4, turn_first = 5, ds_free = 8, operands_ready = 9 };
+enum class NamedBarrier : int {
+  epilogue_first = 1,
+  ds_ready = 4,
+  turn_first = 5,
+  ds_free = 8,
+  operands_ready = 9,
+  residuals_read = 10
+};
 inline constexpr int kMaxConsumers = 3;
 static_assert(int(NamedBarrier::epilogue_first) + kMaxConsumers <= int(NamedBarrier::ds_ready) &&
                   int(NamedBarrier::turn_first) + kMaxConsumers <= int(NamedBarrier::ds_free) &&
                   int(NamedBarrier::ds_free) < int(NamedBarrier::operands_ready) &&
-                  int(NamedBarrier::operands_ready) < 16,
+                  int(NamedBarrier::operands_ready) < int(NamedBarrier::residuals_read) &&
+                  int(NamedBarrier::residuals_read) < 16,
               "a block has 16 named barriers");
 
 }  // namespace fmha::cuda::sm90

@@ -2,10 +2,10 @@
 // for fp16 and bf16 storage on sm_90 (H100/H200), head dims 64 to 256, and for fp32 storage with
 // precision tf32 at head dims 64 to 128 (one configuration, the default) and with tf32x3 (split
 // tf32) at head dim 64; the backward (wgmma + TMA, warp-specialised) for fp16 and bf16 at head
-// dims 64 to 256 and for fp32 with precision tf32 at head dim 64, deterministic on request (dQ
-// added in descending key-tile order). Calls it cannot take (another GPU, exact fp32, a split
-// backward, head dims below 64 or above a precision's largest, views TMA cannot address) are
-// refused with the reason, and auto-selection moves on to the sm80 tier.
+// dims 64 to 256, for fp32 with precision tf32 at head dims 64 to 128 and with tf32x3 at head dim
+// 64, deterministic on request (dQ added in descending key-tile order). Calls it cannot take
+// (another GPU, exact fp32, head dims below 64 or above a precision's largest, views TMA cannot
+// address) are refused with the reason, and auto-selection moves on to the sm80 tier.
 //
 // FMHA_SM90_FWD_CONFIG=<name> picks the forward's configuration (sm90_config.h) at the head dims
 // compiled in every variant (FMHA_TUNED_HEAD_DIMS); elsewhere the default runs. Read once;
@@ -126,20 +126,27 @@ Status with_dtype(DType dtype, F&& f) {
   if (dtype == DType::fp16) return f(fp16_t{});
   return f(bf16_t{});
 }
-// The backward's storage types at HD: fp32 where tf32_backward_head_dim.
+// The backward's storage types at HD: fp32 where tf32_backward_head_dim, split tf32 (tf32x3_t)
+// where tf32x3_backward_head_dim.
 template <int HD, class F>
-Status with_backward_dtype(DType dtype, F&& f) {
-  if (dtype == DType::fp32) {
+Status with_backward_dtype(const Params& p, F&& f) {
+  if (split_tf32(p)) {
+    if constexpr (tf32x3_backward_head_dim(HD)) return f(tf32x3_t{});
+    return unsupported("precision: no sm90 split-tf32 (tf32x3) backward kernel at head dim " + std::to_string(HD));
+  }
+  if (p.q.dtype == DType::fp32) {
     if constexpr (tf32_backward_head_dim(HD)) return f(fp32_t{});
     return unsupported("precision: no sm90 tf32 backward kernel at head dim " + std::to_string(HD));
   }
-  return with_dtype(dtype, f);
+  return with_dtype(p.q.dtype, f);
 }
-// Shared memory of the backward kernel a call of storage `dtype` runs at HD.
+// Shared memory of the backward's kernels a call runs at HD.
 template <int HD>
-size_t backward_shared_bytes_of(DType dtype) {
+size_t backward_shared_bytes_of(const Params& p) {
+  if constexpr (tf32x3_backward_head_dim(HD))
+    if (split_tf32(p)) return backward_shared_bytes<tf32x3_t, HD>();
   if constexpr (tf32_backward_head_dim(HD))
-    if (dtype == DType::fp32) return backward_shared_bytes<fp32_t, HD>();
+    if (p.q.dtype == DType::fp32) return backward_shared_bytes<fp32_t, HD>();
   return backward_shared_bytes<bf16_t, HD>();
 }
 // The forward's storage types at (HD, V): fp32 where has_tf32_forward, split tf32 (tf32x3_t)
@@ -214,10 +221,12 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
     return unsupported(std::string("precision: fp32 storage with precision ") + to_string(p.precision) +
                        " is not on the sm90 tier (it runs tf32, and tf32x3 forward at head dim 64); the simt tier runs "
                        "exact fp32");
-  if (split && backward)
-    return unsupported("precision: the sm90 tier's split tf32 (tf32x3) is forward only; the sm80 tier runs its "
-                       "backward");
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
+  if (split && backward && bucket >= kMinHeadDim && !tf32x3_backward_head_dim(bucket))
+    return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
+                       " is above the sm90 split-tf32 backward's largest head dim (" +
+                       std::to_string(kTf32x3BwdMaxHeadDim) + ": its residual tiles fill shared memory); the sm80 "
+                       "tier runs it");
   if (split && bucket >= kMinHeadDim && !tf32x3_head_dim(bucket))
     return unsupported("head_dim: " + std::to_string(std::max(s.head_dim, s.head_dim_v)) +
                        " is above the sm90 split-tf32 forward's largest head dim (" + std::to_string(kTf32x3MaxHeadDim) +
@@ -257,7 +266,7 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   if (backward) {
     if (Status st = check_grid_limits(s); !st.ok()) return st;
     const int64_t blocks =
-        ceil_div(s.seqlen_k, int64_t(bwd_config(bucket, int(dtype_size(s.dtype))).keys)) * s.batch * s.kv_heads;
+        ceil_div(s.seqlen_k, int64_t(bwd_config(bucket, int(dtype_size(s.dtype)), split).keys)) * s.batch * s.kv_heads;
     if (p.deterministic && blocks > int64_t(INT32_MAX))
       return unsupported("deterministic: " + std::to_string(blocks) +
                          " blocks (key tiles · KV heads · batch) exceed the sm90 deterministic backward's grid "
@@ -271,7 +280,7 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
     constexpr int HD = decltype(hd)::value;
     if (backward) {
       if constexpr (HD <= kBwdMaxHeadDim)
-        return check_shared_memory("sm90", direction, HD, backward_shared_bytes_of<HD>(p.q.dtype), props);
+        return check_shared_memory("sm90", direction, HD, backward_shared_bytes_of<HD>(p), props);
       return unsupported("head_dim: no sm90 backward kernel at head dim " + std::to_string(HD));
     }
     return with_config_variant<HD>(p, props, [&](auto v) {
@@ -344,14 +353,14 @@ Status launch_backward(const Params& p, const AttentionArgs& args, cudaStream_t 
       if (s.seqlen_k == 0 || s.total_k == 0) keys.data = values.data = p.q.data;
       // Boxes of one swizzled chunk's columns (64 16-bit, 32 fp32) by the kernel's rows.
       const int box_cols = chunk_cols(size_t(element_bytes));
-      const BwdConfig config = bwd_config(HD, int(element_bytes));
+      const BwdConfig config = bwd_config(HD, int(element_bytes), split_tf32(p));
       if (Status st = encode_tile_map(&params.q, queries, box_cols, config.rows, "q"); !st.ok()) return st;
       const int keys_per_block = config.keys;
       params.order = backward_block_order(s, args, keys_per_block, args.dq_turns != nullptr);
       if (Status st = encode_tile_map(&params.k, keys, box_cols, keys_per_block, "k"); !st.ok()) return st;
       if (Status st = encode_tile_map(&params.v, values, box_cols, keys_per_block, "v"); !st.ok()) return st;
       if (Status st = encode_tile_map(&params.dout, grads, box_cols, config.rows, "dout"); !st.ok()) return st;
-      return with_backward_dtype<HD>(p.q.dtype, [&](auto type) {
+      return with_backward_dtype<HD>(p, [&](auto type) {
         using T = decltype(type);
         return backward<T, HD>(params, stream);
       });

@@ -7,6 +7,7 @@
 #include "cuda/common/bwd_common.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/sm90/sm90_bwd_kernel.cuh"
+#include "cuda/sm90/sm90_bwd_stats.cuh"
 #include "cuda/sm90/sm90_fwd_kernel.cuh"
 #include "cuda/sm90/sm90_launch.h"
 
@@ -31,11 +32,21 @@ Status forward(const FwdParams& params, int grid, cudaStream_t stream) {
   });
 }
 
+// Split tf32 (precision tf32x3): the backward forms P from each row's own statistics, which a
+// kernel of its own finds first (sm90_bwd_stats.cuh).
+template <class T>
+inline constexpr bool kSplitTf32Bwd = std::is_same_v<T, tf32x3_t>;
+
 template <class T, int HD>
 size_t backward_shared_bytes() {
   static_assert(BwdKernel<T, HD, true, false>::kSharedBytes == BwdKernel<T, HD, false, false>::kSharedBytes &&
                 BwdKernel<T, HD, false, true>::kSharedBytes == BwdKernel<T, HD, false, false>::kSharedBytes);
-  return BwdKernel<T, HD, false, false>::kSharedBytes;
+  const size_t main = BwdKernel<T, HD, false, false>::kSharedBytes;
+  if constexpr (kSplitTf32Bwd<T>) {
+    const size_t stats = BwdStatsKernel<HD, false>::kSharedBytes;
+    return stats > main ? stats : main;
+  }
+  return main;
 }
 
 // The main kernel, in its deterministic form when the workspace carries turn counters, dense or
@@ -64,8 +75,25 @@ Status backward(const BwdParams& params, cudaStream_t stream) {
   // Preprocess and convert run over every (query row, head) pair, packed calls' included.
   const AttentionArgs row_args = row_kernel_args(args);
   const int64_t rows = int64_t(row_args.batch) * row_args.heads * row_args.seqlen_q;
-  // fp32 (tf32): Δ from dO rounded to tf32, as the kernel rounds it for dPᵀ.
-  if (Status s = launch_bwd_preprocess<T, sizeof(T) == 4>(row_args, stream, "sm90"); !s.ok()) return s;
+  // fp32 (tf32): Δ from dO rounded to tf32, as the kernel rounds it for dPᵀ. Split tf32 carries dO
+  // to within 2^-22 into dPᵀ, as exact fp32 does: Δ from dO as stored.
+  constexpr bool kRoundedDout = sizeof(T) == 4 && !kSplitTf32Bwd<T>;
+  if (Status s = launch_bwd_preprocess<T, kRoundedDout>(row_args, stream, "sm90"); !s.ok()) return s;
+  // Split tf32: each row's own softmax max and sum, and Δ on peaked query tiles, before the main
+  // kernel forms P from them: a block per (64 query rows, head, batch or sequence).
+  if constexpr (kSplitTf32Bwd<T>) {
+    const dim3 grid(unsigned(ceil_div(args.seqlen_q, int64_t(kBwdRows))), unsigned(args.heads), unsigned(args.batch));
+    if (grid.x > 0 && grid.y > 0 && grid.z > 0) {
+      const Status s = with_packing(args, [&](auto packed) {
+        using K = BwdStatsKernel<HD, decltype(packed)::value>;
+        auto kernel = bwd_stats_kernel<HD, decltype(packed)::value>;
+        if (Status st = prepare_kernel(kernel, K::kSharedBytes, "sm90 backward statistics"); !st.ok()) return st;
+        kernel<<<grid, K::kThreads, K::kSharedBytes, stream>>>(params);
+        return check_launch("sm90 backward statistics kernel launch");
+      });
+      if (!s.ok()) return s;
+    }
+  }
   if (args.dq_turns != nullptr && rows > 0) {
     const size_t counters = size_t(args.batch) * size_t(args.heads) * size_t(args.dq_turn_tiles) * kBwdTurnParts;
     if (Status s = cuda_status(cudaMemsetAsync(args.dq_turns, 0, counters * sizeof(int), stream),

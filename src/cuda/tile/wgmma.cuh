@@ -297,6 +297,13 @@ __device__ __forceinline__ void round_to_tf32(float* tile, int index, int thread
   }
 }
 
+// Split tf32: x as its tf32 high part and residual, hi = tf32(x) and lo = tf32(x − hi) (x − hi
+// is exact: split_to_tf32's and set_operand's split), each in a 32-bit register.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = tile::to_tf32(x);
+  lo = tile::to_tf32(x - __uint_as_float(hi));
+}
+
 // Every element x of an fp32 tile of FLOATS elements (any layout) split for tf32 products: hi
 // takes tf32(x) in place and lo, a tile of the same layout, tf32(x − tf32(x)); in 16-byte units,
 // by `threads` threads of which this is `index`.
@@ -307,14 +314,12 @@ __device__ __forceinline__ void split_to_tf32(float* hi, float* lo, int index, i
   float4* residuals = reinterpret_cast<float4*>(lo);
   for (int u = index; u < FLOATS / 4; u += threads) {
     const float x[4] = {units[u].x, units[u].y, units[u].z, units[u].w};
-    float h[4], l[4];
+    uint32_t h[4], l[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      h[i] = __uint_as_float(tile::to_tf32(x[i]));
-      l[i] = __uint_as_float(tile::to_tf32(x[i] - h[i]));
-    }
-    units[u] = make_float4(h[0], h[1], h[2], h[3]);
-    residuals[u] = make_float4(l[0], l[1], l[2], l[3]);
+    for (int i = 0; i < 4; ++i) split_tf32(x[i], h[i], l[i]);
+    units[u] = make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));
+    residuals[u] =
+        make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));
   }
 }
 
@@ -376,6 +381,45 @@ __device__ __forceinline__ void store_transposed_acc_tf32(const Accumulator<N>& 
                                                                    thread, i, j, row0, chunk_bytes))),
                    "r"(tile::to_tf32(acc(i, j)))
                    : "memory");
+}
+
+// Split tf32: a warpgroup's [64, N] fp32 accumulator stored as store_swizzled<float, N> places it
+// (column chunks of chunk_bytes), its high parts into the tile at `hi` and its residuals at the
+// same offsets of the tile at `lo` (P and dS as the split backward's B operands).
+template <int N>
+__device__ __forceinline__ void store_swizzled_split(const Accumulator<N>& acc, uint32_t hi, uint32_t lo,
+                                                     int chunk_bytes, int thread) {
+  const int r0 = 16 * (thread / 32) + (thread % 32) / 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int g = 0; g < N / 8; ++g) {
+      const uint32_t at = uint32_t(swizzled_offset<float>(r0 + 8 * i, 8 * g + 2 * (thread % 4), chunk_bytes));
+      uint32_t xh, xl, yh, yl;
+      split_tf32(acc.d[4 * g + 2 * i], xh, xl);
+      split_tf32(acc.d[4 * g + 2 * i + 1], yh, yl);
+      asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(hi + at), "r"(xh), "r"(yh) : "memory");
+      asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(lo + at), "r"(xl), "r"(yl) : "memory");
+    }
+  }
+}
+
+// Split tf32: store_transposed_acc_tf32's transpose, high parts into the tile at `hi` and
+// residuals at the same offsets of the tile at `lo` (dS [q, keys] from dSᵀ in the split backward).
+template <int N>
+__device__ __forceinline__ void store_transposed_acc_split(const Accumulator<N>& acc, uint32_t hi, uint32_t lo,
+                                                           int row0, int chunk_bytes, int thread) {
+  using A = Accumulator<N>;
+#pragma unroll
+  for (int i = 0; i < A::kRows; ++i)
+#pragma unroll
+    for (int j = 0; j < A::kCols; ++j) {
+      const uint32_t at = uint32_t(layout::transposed_acc_offset(thread, i, j, row0, chunk_bytes));
+      uint32_t h, l;
+      split_tf32(acc(i, j), h, l);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(hi + at), "r"(h) : "memory");
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(lo + at), "r"(l) : "memory");
+    }
 }
 
 // stmatrix (sm_90): four 8×8 16-bit matrices from a warp's registers into shared memory. Lane l
