@@ -154,5 +154,38 @@ TEST(Sm90BwdConfig, WideTf32At96And128WithOneStage) {
   EXPECT_EQ(padded_head_dim(128) / kBwdConsumers, kConsumerRows);
 }
 
+// Split tf32 (tf32x3) at head dim 64 (sm90_config.h's table): the wide shape (64 keys, the two
+// warpgroups splitting the scores' query columns, one Q/dO stage, one score buffer) with every
+// operand tile beside its residual tile: K, V, Q, dO and their residuals; P and dS [keys, q] and
+// their residuals (dS [q, keys] takes the residual tiles of Q and dO); the dQ staging tile; the
+// rows' own max, Δ and 1/sum.
+size_t split_tf32_shared_bytes(int d, int stages) {
+  const BwdConfig c = bwd_config(d, 4, true);
+  const size_t keys_side = 4 * size_t(c.keys) * d * 4;
+  const size_t query_side = size_t(stages) * 2 * kBwdRows * d * 4 + 2 * size_t(kBwdRows) * d * 4;
+  const size_t scores = 4 * size_t(c.ds_buffers) * kBwdRows * c.keys * 4;
+  const size_t dq = size_t(kBwdRows) * (d + kBwdDqPad) * 4;
+  const size_t stats = size_t(stages) * 3 * kBwdRows * 4;
+  return keys_side + query_side + scores + dq + stats;
+}
+
+TEST(Sm90BwdConfig, SplitTf32AtHeadDim64WithOneStage) {
+  EXPECT_TRUE(tf32x3_backward_head_dim(64));
+  for (int d : {32, 48, 96, 128, 192, 256}) EXPECT_FALSE(tf32x3_backward_head_dim(d)) << d;
+  const BwdConfig c = bwd_config(64, 4, true);
+  EXPECT_EQ(c.keys, kConsumerRows);
+  EXPECT_TRUE(c.split_head_dim);
+  EXPECT_EQ(c.stages, 1);
+  EXPECT_EQ(c.ds_buffers, 1);
+  EXPECT_EQ(c.rows, kBwdRows);
+  EXPECT_EQ(split_tf32_shared_bytes(64, 1), 215808u);              // 210.75 KiB
+  EXPECT_LE(split_tf32_shared_bytes(64, 1) + 2048, kSharedLimit);  // barriers, alignment
+  EXPECT_GT(split_tf32_shared_bytes(64, 2), kSharedLimit);         // a second Q/dO stage does not fit
+  // dS [q, keys] fits the residual tiles of Q and dO ([q, head dim]): at head dim 64 alone.
+  EXPECT_EQ(kBwdRows * c.keys, kBwdRows * padded_head_dim(64));
+  // The flag leaves plain tf32 as it was.
+  EXPECT_EQ(bwd_config(64, 4).keys, kBwdConsumers * kConsumerRows);
+}
+
 }  // namespace
 }  // namespace fmha::cuda::sm90
