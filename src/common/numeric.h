@@ -79,6 +79,10 @@ inline float round_to_tf32(float x) {
   return bits_float((u + 0x1000u) & 0xffffe000u);
 }
 
+// tf32 by truncation: the top 19 bits of x (what the tensor cores take from an fp32 operand that
+// was not rounded first).
+inline float truncate_to_tf32(float x) { return bits_float(float_bits(x) & 0xffffe000u); }
+
 // Round-trip a value through the storage format (what writing then reading it gives).
 inline float round_to(DType dtype, float x) {
   switch (dtype) {

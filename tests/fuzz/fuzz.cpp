@@ -268,15 +268,20 @@ struct NaiveMath {
   const Config& c;
   fmha::Problem s;
   bool tf32;
+  // The sm90 tier's tf32 scores read Q and K as they land, which the tensor cores truncate to
+  // tf32 (its other operands it rounds first).
+  bool truncated_scores;
   bool reverse;  // sum the dot products over the head dim last to first
 
   NaiveMath(const Problem& problem, bool reverse_order)
       : pr(problem), c(problem.config), s(fmha::Problem::of(problem.params())),
-        tf32(problem.config.precision == Precision::tf32), reverse(reverse_order) {}
+        tf32(problem.config.precision == Precision::tf32),
+        truncated_scores(tf32 && problem.config.backend == Backend::cuda_sm90), reverse(reverse_order) {}
 
   int64_t dim(int64_t step, int64_t n) const { return reverse ? n - 1 - step : step; }
 
   float in(float x) const { return tf32 ? round_to_tf32(x) : x; }
+  float in_scores(float x) const { return truncated_scores ? truncate_to_tf32(x) : in(x); }
   // The format the matmuls' P and dS operands are rounded to.
   float matmul(float x) const { return tf32 ? round_to_tf32(x) : round_to(c.dtype, x); }
 
@@ -292,7 +297,7 @@ struct NaiveMath {
       float dot = 0.f;
       for (int64_t t = 0; t < c.head_dim; ++t) {
         const int64_t d = dim(t, c.head_dim);
-        dot = std::fma(in(at(pr.q.view, b, i, h, d)), in(at(pr.k.view, b, j, kvh, d)), dot);
+        dot = std::fma(in_scores(at(pr.q.view, b, i, h, d)), in_scores(at(pr.k.view, b, j, kvh, d)), dot);
       }
       const float score = dot * s.scale;
       p[size_t(j - keys.begin)] = score;

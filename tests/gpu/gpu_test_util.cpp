@@ -36,14 +36,7 @@ double unit_roundoff(DType d) {
 
 // The sm90 tier's tf32 Q·Kᵀ (the forward's S, the backward's Sᵀ = K·Qᵀ) reads Q and K straight
 // from TMA's tiles: the tensor cores use the top 19 bits of each fp32 operand (truncation to
-// tf32, not rounding). Its other products take operands it rounded (to nearest).
-float truncate_to_tf32(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  bits &= 0xFFFFE000u;
-  std::memcpy(&x, &bits, sizeof bits);
-  return x;
-}
+// tf32, not rounding; truncate_to_tf32). Its other products take operands it rounded (to nearest).
 bool truncates_scores(const Case& c) { return c.precision == Precision::tf32 && c.backend == Backend::cuda_sm90; }
 
 // The rounding the tier applies to matmul operands (P, dS; and inputs for tf32).
