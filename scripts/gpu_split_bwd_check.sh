@@ -4,8 +4,8 @@
 # kernel. STEPS picks the steps (default all; the build is kept between calls on one machine):
 #   build     the CLI and GPU tests, arch 90, head dims $AB_HEAD_DIMS (default 64;96;128) -> build.log
 #   tests     the sm90 tile layer's GPU tests; every sm90 tf32 and tf32x3 case (kernel sweep forward
-#             and backward, packed, deterministic, few keys), the split-tf32 accuracy and peaked-
-#             softmax tests, the refusals, in four shards                             -> tests.log
+#             and backward, packed, deterministic, few keys), the split-tf32 accuracy tests (beside
+#             simt, by fuzz class) and peaked-softmax tests, the refusals, in four shards -> tests.log
 #   sanitize  memcheck, racecheck and synccheck on the small sm90 fp32 backward cases  -> sanitize.log
 #   bench     seed shape (B4 H4 S4096) backward: tf32 at 64, 96, 128 on sm90 and sm80; split tf32
 #             at 64 on sm90 and sm80 and exact fp32 on simt; causal and not          -> bench.txt
@@ -25,7 +25,7 @@ if step tests; then
   timeout 120 "$B/tests/gpu/fmha_tile_sm90_tests" --gtest_color=no --gtest_brief=1 > "$OUT/tile_tests.log" 2>&1
   echo "tile tests rc=$?"; grep -E "tests? from .* ran|PASSED|FAILED" "$OUT/tile_tests.log" | head -5
   echo "== tests $(date +%T)"
-  sm90_sharded_tests "$T" '*sm90_tf32*:Sm90Tf32*:Sm90BwdConfig.*:SplitTf32*:*GpuPeakedSoftmax*sm90*:Refuse.*:Edge.*' \
+  sm90_sharded_tests "$T" '*sm90_tf32*:Sm90Tf32*:Sm90BwdConfig.*:SplitTf32*:*GpuPeakedSoftmax*sm90*:GpuSplitTf32.Sm90*:Refuse.*:Edge.*' \
     4 300 tests.log
 fi
 if step sanitize; then

@@ -354,21 +354,20 @@ INSTANTIATE_TEST_SUITE_P(Fuzz, GpuPeakedSoftmax,
                          ::testing::Values(Backend::cuda_simt, Backend::cuda_sm80, Backend::cuda_sm90),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
-// Split tf32 against exact fp32, class by class: the fuzz's fp32 calls drawn for the sm80 tier at
-// precision tf32x3, each run there and on simt (exact fp32, the same inputs), and each output's
+// Split tf32 against exact fp32, class by class: the fuzz's fp32 calls drawn for a tier (sm80; sm90
+// at its split head dim, 64) at precision tf32x3, each run there and on simt (exact fp32, the same
+// inputs), and each output's
 // error relative to the oracle's norm averaged over a class. Split tf32 is to stay within 2x of
 // fp32's error (plus a few fp32 units) on every class and output; the table it prints says
 // where it is also at least as accurate as simt, the condition for making it fp32's default.
 // Classes, in this order: peaked (typical scores |scale|·magnitude²·sqrt(D) of 20 or more),
 // few keys (seqlen_k <= 8), masked (causal or a window), plain.
-TEST(GpuSplitTf32, WithinTwiceExactFp32ErrorOnEveryFuzzClass) {
-  SKIP_UNLESS_RUNNABLE(Backend::cuda_sm80);
-  SKIP_UNLESS_RUNNABLE(Backend::cuda_simt);
+void expect_split_tf32_within_twice_fp32_by_class(Backend backend, const std::vector<int64_t>& head_dims) {
   constexpr double kFp32Factor = 2.0;
   constexpr double kUnits = 4.0 * 5.96e-8;  // 4 fp32 units, relative to the output's norm
   constexpr int64_t kCases = 500;
   constexpr int kMinCalls = 5;               // classes with fewer calls are printed, not checked
-  Tier tier = gpu_tier(Backend::cuda_sm80, compiled_head_dims());
+  Tier tier = gpu_tier(backend, head_dims);
   tier.flavors = {{DType::fp32, Precision::tf32x3}};
   const char* kClasses[] = {"peaked", "few keys", "masked", "plain"};
   auto class_of = [](const Config& c) {
@@ -407,8 +406,8 @@ TEST(GpuSplitTf32, WithinTwiceExactFp32ErrorOnEveryFuzzClass) {
     }
   }
   if (compared == 0) GTEST_SKIP() << "no call ran on both tiers";
-  std::printf("split tf32 (sm80) against exact fp32 (simt), %lld calls: mean error / |ref| by class\n",
-              (long long)compared);
+  std::printf("split tf32 (%s) against exact fp32 (simt), %lld calls: mean error / |ref| by class\n",
+              to_string(backend), (long long)compared);
   std::printf("%-9s %-4s %6s %12s %12s %7s %9s\n", "class", "out", "calls", "tf32x3", "fp32", "ratio", "worst");
   bool every_class_at_most_fp32 = true;
   for (int k = 0; k < 4; ++k)
@@ -424,6 +423,20 @@ TEST(GpuSplitTf32, WithinTwiceExactFp32ErrorOnEveryFuzzClass) {
           << kClasses[k] << " " << names[i] << ": split tf32's mean relative error " << split << " against fp32's " << exact;
     }
   std::printf("at least as accurate as exact fp32 on every class: %s\n", every_class_at_most_fp32 ? "yes" : "no");
+}
+
+TEST(GpuSplitTf32, WithinTwiceExactFp32ErrorOnEveryFuzzClass) {
+  SKIP_UNLESS_RUNNABLE(Backend::cuda_sm80);
+  SKIP_UNLESS_RUNNABLE(Backend::cuda_simt);
+  expect_split_tf32_within_twice_fp32_by_class(Backend::cuda_sm80, compiled_head_dims());
+}
+
+TEST(GpuSplitTf32, Sm90WithinTwiceExactFp32ErrorOnEveryFuzzClass) {
+  SKIP_UNLESS_RUNNABLE(Backend::cuda_sm90);
+  SKIP_UNLESS_RUNNABLE(Backend::cuda_simt);
+  const std::vector<int64_t> dims = compiled_head_dims();
+  if (std::find(dims.begin(), dims.end(), int64_t(64)) == dims.end()) GTEST_SKIP() << "no head dim 64";
+  expect_split_tf32_within_twice_fp32_by_class(Backend::cuda_sm90, {64});  // sm90's split head dim
 }
 
 // `auto` on fp32 calls asking for exact fp32 (the simt tier's fuzz draws, run under `auto`): split
