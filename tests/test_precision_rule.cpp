@@ -27,12 +27,18 @@ Params dense_call(int64_t seqlen_q, int64_t head_dim, int64_t seqlen_k = 4096) {
   return p;
 }
 
-TEST(SplitTf32Rule, ForwardAtEveryHeadDimBackwardAbove128OnHopper) {
-  for (int64_t d : {32, 64, 96, 128, 192, 256}) {
+TEST(SplitTf32Rule, ForwardAtEveryHeadDimBackwardAt64AndAbove128OnHopper) {
+  for (int64_t d : {32, 48, 64, 96, 128, 192, 256}) {
     const Params p = dense_call(4096, d);
     EXPECT_TRUE(split_tf32_meets_ieee(p, Direction::forward, kHopper)) << d;
-    EXPECT_EQ(split_tf32_meets_ieee(p, Direction::backward, kHopper), d > kSplitTf32BackwardAboveHeadDim) << d;
+    EXPECT_EQ(split_tf32_meets_ieee(p, Direction::backward, kHopper), d == 64 || d > 128) << d;
   }
+  // The larger head dim decides: D 64 with Dv 128 is a head-dim-128 backward.
+  Params wide_v = dense_call(4096, 64);
+  wide_v.v.shape[3] = wide_v.o.shape[3] = 128;
+  EXPECT_FALSE(split_tf32_meets_ieee(wide_v, Direction::backward, kHopper));
+  wide_v.v.shape[3] = wide_v.o.shape[3] = 256;
+  EXPECT_TRUE(split_tf32_meets_ieee(wide_v, Direction::backward, kHopper));
 }
 
 TEST(SplitTf32Rule, ExactFp32OnGpusWhereItWasNotMeasuredFaster) {

@@ -284,7 +284,7 @@ def attention(
     query row 0. precision: None/'ieee', 'tf32' or 'tf32x3' (float32 only; 'tf32x3' is split tf32:
     fp32 accuracy from tf32 tensor cores on the sm80 and sm90 tiers, exact fp32 elsewhere; under
     backend='auto' an 'ieee' call runs as split tf32 where that is measured faster, on H100/H200:
-    every forward and the backward above head dim 128; backend='simt' keeps exact fp32 arithmetic). backend: 'auto' or a name from
+    every forward and the backward at head dim 64 and above 128; backend='simt' keeps exact fp32 arithmetic). backend: 'auto' or a name from
     fmha.info()['backends']. return_lse: also return the float32 log-sum-exp [batch, heads,
     seqlen_q]. out: write the result there. stream: CUDA stream to run on (int or stream object;
     default: the framework's current stream). num_threads: CPU backends, 0 = all.

@@ -6,11 +6,14 @@
 // Accuracy: over the GPU fuzz's classes (plain, masked, few keys, peaked softmax), split tf32's
 // mean error against fp64 is at most the simt tier's in every class and output (forward O and
 // LSE, backward dQ, dK, dV; GpuSplitTf32.WithinTwiceExactFp32ErrorOnEveryFuzzClass, docs/PERF.md
-// run 61). Speed: measured on compute capability 9.0 only (H100, docs/PERF.md run 62): the
-// forward is faster at every head dim, the backward only above head dim 128. Elsewhere (other
-// GPUs, KV caches, calls of a few query rows, the backward at small head dims) exact fp32 stays.
+// run 61; the sm90 tier's split backward at head dim 64 likewise, run 81). Speed: measured on
+// compute capability 9.0 only (H100, docs/PERF.md run 62; H200, run 81): the forward is faster at
+// every head dim, the backward at head dim 64 (the sm90 tier's split backward: 1.6× simt's on
+// the seed shape) and above head dim 128. Elsewhere (other GPUs, KV caches, calls of a few query
+// rows, the backward at head dims 96 and 128 and below 64) exact fp32 stays.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/decode.h"
@@ -21,8 +24,10 @@ namespace fmha {
 
 // The compute capability on which split tf32 was measured faster than the simt tier.
 inline constexpr int kSplitTf32FasterComputeCapability = 90;
-// The backward by split tf32 is faster than simt's only above this head dim (at 64 and 128 its
-// five GEMMs' three products each outweigh what the tensor cores save).
+// The backward by split tf32 is faster than simt's at this head dim (the sm90 tier's split
+// backward; sm80's is not) and above the next (on sm80 at 96 and 128 its five GEMMs' three
+// products each outweigh what the tensor cores save).
+inline constexpr int64_t kSplitTf32BackwardHeadDim = 64;
 inline constexpr int64_t kSplitTf32BackwardAboveHeadDim = 128;
 
 // Whether `auto` runs this call, fp32 storage asking for exact fp32, as split tf32 on a CUDA
@@ -34,8 +39,10 @@ inline bool split_tf32_meets_ieee(const Params& p, Direction direction, int comp
   const bool packed = p.cu_seqlens_q.defined();
   const int64_t rows = packed ? p.max_seqlen_q : p.q.shape[1];
   if (rows <= decode::kMaxSeqlenQ) return false;  // a few query rows: not measured
-  const int64_t head_dim = p.q.shape[p.q.rank - 1];
-  return direction == Direction::forward || head_dim > kSplitTf32BackwardAboveHeadDim;
+  // The larger of the two head dims (the kernels' tiles are sized by it).
+  const int64_t head_dim = std::max(p.q.shape[p.q.rank - 1], p.v.shape[p.v.rank - 1]);
+  return direction == Direction::forward || head_dim == kSplitTf32BackwardHeadDim ||
+         head_dim > kSplitTf32BackwardAboveHeadDim;
 }
 
 }  // namespace fmha

@@ -9,8 +9,10 @@
 // columns of the scores and the head-dim columns of dK, dV and dQ instead (BwdConfig); with fp32
 // storage (tf32) at head dim 64 the consumers also make the transposed operands tf32 wgmma needs,
 // and at 96 and 128 they split a 64-key block that way and take those operands as register A
-// fragments loaded transposed from the landed tiles (sm90_bwd_mainloop.cuh). In the deterministic kernels the dQ warps also find each query tile's
-// turn. Between the shared preprocess (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and
+// fragments loaded transposed from the landed tiles (sm90_bwd_mainloop.cuh); split tf32 (head dim
+// 64) runs that shape with every product as three tf32 ones and its P from the rows' own
+// statistics, which its statistics kernel finds first (sm90_bwd_stats.cuh). In the deterministic
+// kernels the dQ warps also find each query tile's turn. Between the shared preprocess (Δ, LSE in the exp2 domain, dQ accumulator zeroed) and
 // convert kernels (cuda/common).
 //
 // PACKED: a variable-length call, a kernel of its own. Block (n, kv head, b) takes key tile n of

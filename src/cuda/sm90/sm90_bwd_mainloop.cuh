@@ -42,7 +42,9 @@
 //   dQ  = dS·K        SS, dS [64 q, 128 keys] stored transposed from the dSᵀ fragments and
 //                     B = Kᵀ [D, 128 keys], both with the keys in order
 // Kᵀ is made once per block; Qᵀ and dOᵀ per step, by both warpgroups between their Sᵀ and dPᵀ
-// (the tensor cores run Sᵀ meanwhile).
+// (the tensor cores run Sᵀ meanwhile). At head dims 96 and 128 (the wide tf32 backward) and with
+// split tf32 at 64 (step_wide_tf32, step_split_tf32 below) no transposed copy is made: the
+// operands that need one are register A fragments loaded transposed from the landed tiles.
 #pragma once
 
 #include <type_traits>
