@@ -43,12 +43,13 @@ sm90_build_tree_and_base() {
 # `fmha bench --backend sm90 --mode $1 --dtype bf16` at 16k tokens a call, hidden 2048, causal
 # none and bottom-right, for: mode $1 (fwd, bwd), label $2, CLI $3, forward variant $4 (empty: the
 # call's default), head dim $5, round $6, lengths $7, iterations $8. One line per case: label
-# round head_dim length causal, then the bench line.
+# round head_dim length causal, then the bench line. BENCH_EXTRA: more `fmha bench` arguments
+# (`--deterministic`).
 sm90_bench() {
   local h=$((2048 / $5)) c s
   for c in none bottom-right; do for s in $7; do
     env ${4:+FMHA_SM90_FWD_CONFIG=$4} timeout 30 "$3" bench --backend sm90 --mode "$1" --dtype bf16 --head-dim "$5" \
-      --heads $h --batch $((16384 / s)) --seqlen-q $s --causal $c --iters "$8" --no-progress 2>&1 | tail -1 |
+      --heads $h --batch $((16384 / s)) --seqlen-q $s --causal $c --iters "$8" --no-progress ${BENCH_EXTRA:-} 2>&1 | tail -1 |
       awk -v l="$2" -v r="$6" -v d="$5" -v s=$s -v c=$c '{print l, r, d, s, c, $0}'
   done; done
 }
