@@ -388,9 +388,6 @@ struct BwdMainloop {
   static constexpr uint32_t kEmptyArrivals = kBwdConsumers * wg::kThreads;
   __device__ __forceinline__ void release(tile::MBarrier& empty) { empty.arrive(); }
 
-  // One query tile m (rows [R m, R m + R) of one head of the group, R = kRows) against this warpgroup's keys.
-  // `keys` is the block's key tile (clamped to seqlen_k); dq_buffer alternates per step (the dS
-  // buffer, and the parity of the step's dQ hand-off).
   // The thread's index (and, in the dense deterministic kernel, the warpgroup's) made opaque to the
   // compiler at each step: the shared-memory addresses a step derives from them (swizzled
   // fragment stores, the dQ staging, the statistics' columns) are then recomputed every step
@@ -403,6 +400,9 @@ struct BwdMainloop {
     if constexpr (ORDERED_DQ && !PACKED) asm volatile("mov.b32 %0, %0;" : "+r"(warpgroup));
   }
 
+  // One query tile m (rows [R m, R m + R) of one head of the group, R = kRows) against this warpgroup's keys.
+  // `keys` is the block's key tile (clamped to seqlen_k); dq_buffer alternates per step (the dS
+  // buffer, and the parity of the step's dQ hand-off).
   __device__ void step(const Pipeline& at, int m, Range keys, int dq_buffer,
                        typename Tiles::KeyGrad& dk, typename Tiles::KeyGrad& dv) {
     typename Tiles::QueryGrad dq;
