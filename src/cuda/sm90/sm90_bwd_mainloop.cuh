@@ -389,15 +389,15 @@ struct BwdMainloop {
   __device__ __forceinline__ void release(tile::MBarrier& empty) { empty.arrive(); }
 
   // The thread's index (and, in the dense deterministic kernel, the warpgroup's) made opaque to the
-  // compiler at each step: the shared-memory addresses a step derives from them (swizzled
+  // compiler at each step (tile::opaque): the shared-memory addresses a step derives from them (swizzled
   // fragment stores, the dQ staging, the statistics' columns) are then recomputed every step
   // instead of hoisted out of the query-tile loop and kept in registers beside the step's
   // accumulators. -Xptxas -v, bf16 at head dim 64 (bytes of spill stores): default 44 → 0,
   // deterministic 76 → 0, packed and packed deterministic 88 → 48 (with the warpgroup's index
   // opaque as well, the default kernel spilled 12 and the packed ones 44: hence only there).
   __device__ __forceinline__ void opaque_indices() {
-    asm volatile("mov.b32 %0, %0;" : "+r"(thread));
-    if constexpr (ORDERED_DQ && !PACKED) asm volatile("mov.b32 %0, %0;" : "+r"(warpgroup));
+    if constexpr (ORDERED_DQ && !PACKED) tile::opaque(thread, warpgroup);
+    else tile::opaque(thread);
   }
 
   // One query tile m (rows [R m, R m + R) of one head of the group, R = kRows) against this warpgroup's keys.
