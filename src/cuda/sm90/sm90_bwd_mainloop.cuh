@@ -395,8 +395,10 @@ struct BwdMainloop {
   // accumulators. -Xptxas -v, bf16 at head dim 64 (bytes of spill stores): default 44 → 0,
   // deterministic 76 → 0, packed and packed deterministic 88 → 48 (with the warpgroup's index
   // opaque as well, the default kernel spilled 12 and the packed ones 44: hence only there).
+  // 16-bit storage only: the tf32 kernel at head dim 64 spills nothing without it.
   __device__ __forceinline__ void opaque_indices() {
-    if constexpr (ORDERED_DQ && !PACKED) tile::opaque(thread, warpgroup);
+    if constexpr (kTf32) return;
+    else if constexpr (ORDERED_DQ && !PACKED) tile::opaque(thread, warpgroup);
     else tile::opaque(thread);
   }
 
