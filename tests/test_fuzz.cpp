@@ -5,6 +5,7 @@
 // FMHA_FUZZ_BASE_SEED=clock draws fresh cases instead of CI's fixed set.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,39 @@ TEST(CpuPeakedSoftmax, BackwardWithinTwiceNaiveFp32Error) {
         EXPECT_TRUE(peaked.empty()) << c.describe() << " (path " << path << ")\n" << peaked;
       }
   }
+}
+
+// The GPU tiers' generators (run on the GPU by fuzz_gpu_test.cpp): the sm90 tier draws its fp32
+// flavors too, each at the head dims its kernels take (tf32 up to 128, split tf32 64), and drops
+// a flavor that no compiled head dim serves.
+TEST(FuzzGenerator, Sm90Fp32FlavorsDrawTheirHeadDims) {
+  const Tier tier = gpu_tier(Backend::cuda_sm90, {32, 64, 96, 128, 192, 256});
+  ASSERT_EQ(tier.flavors.size(), 4u);
+  EXPECT_EQ(flavor_head_dims(tier, tier.flavors[0]), (std::vector<int64_t>{64, 96, 128, 192, 256}));
+  int64_t drawn[3] = {0, 0, 0};  // 16-bit, tf32, tf32x3
+  for (uint64_t seed = 1; seed <= 2000; ++seed) {
+    const Config c = generate(seed, tier);
+    const int64_t d = std::max(c.head_dim, c.head_dim_v);
+    EXPECT_GE(std::min(c.head_dim, c.head_dim_v), 64) << c.describe();
+    if (c.dtype != DType::fp32) {
+      ++drawn[0];
+    } else if (c.precision == Precision::tf32) {
+      ++drawn[1];
+      EXPECT_LE(d, kSm90Tf32MaxHeadDim) << c.describe();
+    } else {
+      ++drawn[2];
+      EXPECT_EQ(c.precision, Precision::tf32x3);
+      EXPECT_EQ(d, kSm90Tf32x3MaxHeadDim) << c.describe();
+    }
+  }
+  for (int64_t n : drawn) EXPECT_GT(n, 300);
+  // Without head dim 64 the split flavor has nothing to draw, and only the tiers' own remain.
+  const Tier wide = gpu_tier(Backend::cuda_sm90, {128, 256});
+  ASSERT_EQ(wide.flavors.size(), 3u);
+  EXPECT_EQ(wide.flavors[2].precision, Precision::tf32);
+  // The other tiers are as they were: no limits of their own.
+  for (Backend b : {Backend::cuda_simt, Backend::cuda_sm80})
+    for (const Tier::Flavor& f : gpu_tier(b, {64, 128}).flavors) EXPECT_EQ(f.max_head_dim, 0) << to_string(b);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fuzz, CpuFuzz, ::testing::Range(0, kShards),

@@ -102,13 +102,23 @@ Tier gpu_tier(Backend backend, const std::vector<int64_t>& compiled_head_dims) {
       t.flavors = {{DType::fp16, Precision::ieee}, {DType::bf16, Precision::ieee}, {DType::fp32, Precision::tf32},
                    {DType::fp32, Precision::tf32x3}};
       break;
-    default:  // sm90: fp16 and bf16, forward and backward at head dims 64-256
+    default:  // sm90: fp16 and bf16 at head dims 64-256, tf32 at 64-128, split tf32 at 64
       t.flavors = {{DType::fp16, Precision::ieee}, {DType::bf16, Precision::ieee}};
       t.head_dims.erase(std::remove_if(t.head_dims.begin(), t.head_dims.end(), [](int64_t d) { return d < 64; }),
                         t.head_dims.end());
+      for (const Tier::Flavor fp32 : {Tier::Flavor{DType::fp32, Precision::tf32, kSm90Tf32MaxHeadDim},
+                                      Tier::Flavor{DType::fp32, Precision::tf32x3, kSm90Tf32x3MaxHeadDim}})
+        if (!flavor_head_dims(t, fp32).empty()) t.flavors.push_back(fp32);
       break;
   }
   return t;
+}
+
+std::vector<int64_t> flavor_head_dims(const Tier& tier, const Tier::Flavor& flavor) {
+  std::vector<int64_t> out;
+  for (int64_t d : tier.head_dims)
+    if (flavor.max_head_dim == 0 || d <= flavor.max_head_dim) out.push_back(d);
+  return out;
 }
 
 Config generate(uint64_t seed, const Tier& tier) {
@@ -120,6 +130,7 @@ Config generate(uint64_t seed, const Tier& tier) {
   c.dtype = flavor.dtype;
   c.precision = flavor.precision;
   c.backward = tier.backward;
+  const std::vector<int64_t> head_dims = flavor_head_dims(tier, flavor);
 
   c.kv_heads = d.uniform(1, 3);
   const std::vector<int64_t> groups = {1, 1, 2, 3, 4, 8};
@@ -132,8 +143,8 @@ Config generate(uint64_t seed, const Tier& tier) {
     c.head_dim = d.chance(0.5) ? d.pick(usual) : d.uniform(1, kMaxHeadDim);
     c.head_dim_v = d.chance(0.7) ? c.head_dim : d.uniform(1, kMaxHeadDim);
   } else {
-    c.head_dim = d.pick(tier.head_dims);
-    c.head_dim_v = d.chance(0.8) ? c.head_dim : d.pick(tier.head_dims);
+    c.head_dim = d.pick(head_dims);
+    c.head_dim_v = d.chance(0.8) ? c.head_dim : d.pick(head_dims);
   }
 
   const Causal causals[] = {Causal::none, Causal::none, Causal::top_left, Causal::bottom_right};

@@ -66,6 +66,7 @@ struct Tier {
   struct Flavor {
     DType dtype;
     Precision precision;
+    int64_t max_head_dim = 0;  // 0: any of the tier's head dims; else those up to it (and at least one)
   };
   std::vector<Flavor> flavors;
   std::vector<int64_t> head_dims;  // empty: any head dim from 1 to kMaxHeadDim, odd ones included
@@ -84,6 +85,13 @@ inline constexpr int64_t kMaxHeadDim = 160;
 // The tier description of each backend (the GPU tiers take the head dims this build compiled).
 Tier cpu_tier();
 Tier gpu_tier(Backend backend, const std::vector<int64_t>& compiled_head_dims);
+
+// The sm90 tier's largest head dims of fp32 storage: tf32 and split tf32 (tf32x3).
+inline constexpr int64_t kSm90Tf32MaxHeadDim = 128, kSm90Tf32x3MaxHeadDim = 64;
+
+// The tier's head dims a flavor may draw (all where it has no limit; empty for the CPU tier's
+// free head dims).
+std::vector<int64_t> flavor_head_dims(const Tier& tier, const Tier::Flavor& flavor);
 
 Config generate(uint64_t seed, const Tier& tier);
 

@@ -142,10 +142,8 @@ INSTANTIATE_TEST_SUITE_P(Fuzz, GpuFuzz,
 // backward that recovered P from the fp32 LSE failed this on dV (~15x) and on dQ/dK (2-4x).
 class GpuPeakedSoftmax : public ::testing::TestWithParam<Backend> {};
 
-// The fp32 precisions a tier's backward runs (the fuzz's sm90 tier draws 16-bit calls alone: its
-// fp32 head dims are fewer than the tier's).
+// The fp32 precisions a tier's backward runs.
 std::vector<Precision> fp32_precisions(const Tier& tier) {
-  if (tier.backend == Backend::cuda_sm90) return {Precision::tf32, Precision::tf32x3};
   std::vector<Precision> precisions;
   for (const Tier::Flavor& flavor : tier.flavors)
     if (flavor.dtype == DType::fp32 && std::find(precisions.begin(), precisions.end(), flavor.precision) == precisions.end())
