@@ -461,37 +461,45 @@ INSTANTIATE_TEST_SUITE_P(Tiers, FewKeys, ::testing::ValuesIn(kFlavors),
 // within 2× of exact fp32's plus 8 fp32 units of the largest result (the split-tf32 target, against
 // PyTorch in fp32), and at least 16× below tf32's.
 
+// One case through its tier's split tf32, simt's exact fp32 and the same tier's tf32, on the same
+// inputs: split tf32's O, dQ, dK and dV errors against the criteria above.
+void expect_split_tf32_between_fp32_and_tf32(Case c) {
+  constexpr double kFp32Factor = 2.0, kRoundingUnits = 8.0, kTf32Margin = 16.0;
+  const double unit = std::ldexp(1.0, -24);
+  const Backend tier = c.backend;
+  const uint64_t seed = test_seed();
+  c.precision = Precision::tf32x3;
+  const OutputErrors split = output_errors(c, seed);
+  c.backend = Backend::cuda_simt, c.precision = Precision::ieee;
+  const OutputErrors exact = output_errors(c, seed);
+  c.backend = tier, c.precision = Precision::tf32;
+  const OutputErrors tf32 = output_errors(c, seed);
+  ASSERT_TRUE(split.error.empty() && exact.error.empty() && tf32.error.empty())
+      << split.error << exact.error << tf32.error;
+  const struct {
+    const char* name;
+    double split, exact, tf32, ref_max;
+  } outputs[] = {{"o", split.o, exact.o, tf32.o, split.o_max},
+                 {"dq", split.dq, exact.dq, tf32.dq, split.dq_max},
+                 {"dk", split.dk, exact.dk, tf32.dk, split.dk_max},
+                 {"dv", split.dv, exact.dv, tf32.dv, split.dv_max}};
+  for (const auto& x : outputs) {
+    EXPECT_LE(x.split, kFp32Factor * x.exact + kRoundingUnits * unit * x.ref_max)
+        << c.name() << " " << x.name << ": tf32x3 " << x.split << ", simt " << x.exact << " (seed " << seed << ")";
+    EXPECT_LT(kTf32Margin * x.split, x.tf32)
+        << c.name() << " " << x.name << ": tf32x3 " << x.split << ", tf32 " << x.tf32 << " (seed " << seed << ")";
+  }
+}
+
 TEST(SplitTf32, SmallAsAccurateAsFp32FarBelowTf32) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   if (!tier_available(Backend::cuda_sm80) || !tier_available(Backend::cuda_simt)) GTEST_SKIP() << "no sm80/simt";
-  constexpr double kFp32Factor = 2.0, kRoundingUnits = 8.0, kTf32Margin = 16.0;
-  const double unit = std::ldexp(1.0, -24);
   const std::vector<int> dims = compiled_head_dims();
   for (int hd : {dims.front(), dims.back()})
     for (Causal causal : {Causal::none, Causal::bottom_right}) {
       Case c = base({Backend::cuda_sm80, DType::fp32, Precision::tf32x3}, hd);
       c.batch = 2, c.seqlen_q = 200, c.seqlen_k = 333, c.heads = 4, c.kv_heads = 2, c.causal = causal;
-      const uint64_t seed = test_seed();
-      const OutputErrors split = output_errors(c, seed);
-      c.backend = Backend::cuda_simt, c.precision = Precision::ieee;
-      const OutputErrors exact = output_errors(c, seed);
-      c.backend = Backend::cuda_sm80, c.precision = Precision::tf32;
-      const OutputErrors tf32 = output_errors(c, seed);
-      ASSERT_TRUE(split.error.empty() && exact.error.empty() && tf32.error.empty())
-          << split.error << exact.error << tf32.error;
-      const struct {
-        const char* name;
-        double split, exact, tf32, ref_max;
-      } outputs[] = {{"o", split.o, exact.o, tf32.o, split.o_max},
-                     {"dq", split.dq, exact.dq, tf32.dq, split.dq_max},
-                     {"dk", split.dk, exact.dk, tf32.dk, split.dk_max},
-                     {"dv", split.dv, exact.dv, tf32.dv, split.dv_max}};
-      for (const auto& x : outputs) {
-        EXPECT_LE(x.split, kFp32Factor * x.exact + kRoundingUnits * unit * x.ref_max)
-            << c.name() << " " << x.name << ": tf32x3 " << x.split << ", simt " << x.exact << " (seed " << seed << ")";
-        EXPECT_LT(kTf32Margin * x.split, x.tf32)
-            << c.name() << " " << x.name << ": tf32x3 " << x.split << ", tf32 " << x.tf32 << " (seed " << seed << ")";
-      }
+      expect_split_tf32_between_fp32_and_tf32(c);
     }
 }
 
@@ -504,8 +512,6 @@ TEST(SplitTf32, Sm90AsAccurateAsFp32FarBelowTf32) {
   if (!tier_available(Backend::cuda_sm90) || !tier_available(Backend::cuda_simt)) GTEST_SKIP() << "no sm90/simt";
   const std::vector<int> dims = compiled_head_dims();
   if (std::find(dims.begin(), dims.end(), kSm90MaxTf32x3HeadDim) == dims.end()) GTEST_SKIP() << "no head dim 64";
-  constexpr double kFp32Factor = 2.0, kRoundingUnits = 8.0, kTf32Margin = 16.0;
-  const double unit = std::ldexp(1.0, -24);
   for (int shape = 0; shape < 3; ++shape) {
     Case c = base({Backend::cuda_sm90, DType::fp32, Precision::tf32x3}, kSm90MaxTf32x3HeadDim);
     if (shape < 2) {
@@ -514,27 +520,7 @@ TEST(SplitTf32, Sm90AsAccurateAsFp32FarBelowTf32) {
     } else {
       c.batch = 1, c.seqlen_q = 256, c.seqlen_k = 4096, c.heads = 2, c.kv_heads = 1;
     }
-    const uint64_t seed = test_seed();
-    const OutputErrors split = output_errors(c, seed);
-    c.backend = Backend::cuda_simt, c.precision = Precision::ieee;
-    const OutputErrors exact = output_errors(c, seed);
-    c.backend = Backend::cuda_sm90, c.precision = Precision::tf32;
-    const OutputErrors tf32 = output_errors(c, seed);
-    ASSERT_TRUE(split.error.empty() && exact.error.empty() && tf32.error.empty())
-        << split.error << exact.error << tf32.error;
-    const struct {
-      const char* name;
-      double split, exact, tf32, ref_max;
-    } outputs[] = {{"o", split.o, exact.o, tf32.o, split.o_max},
-                   {"dq", split.dq, exact.dq, tf32.dq, split.dq_max},
-                   {"dk", split.dk, exact.dk, tf32.dk, split.dk_max},
-                   {"dv", split.dv, exact.dv, tf32.dv, split.dv_max}};
-    for (const auto& x : outputs) {
-      EXPECT_LE(x.split, kFp32Factor * x.exact + kRoundingUnits * unit * x.ref_max)
-          << c.name() << " " << x.name << ": tf32x3 " << x.split << ", simt " << x.exact << " (seed " << seed << ")";
-      EXPECT_LT(kTf32Margin * x.split, x.tf32)
-          << c.name() << " " << x.name << ": tf32x3 " << x.split << ", tf32 " << x.tf32 << " (seed " << seed << ")";
-    }
+    expect_split_tf32_between_fp32_and_tf32(c);
   }
 }
 
@@ -757,13 +743,14 @@ TEST(Refuse, SmallTierLimits) {
       refused(r, Direction::forward, "precision");
       r.params.precision = Precision::tf32x3;
       if (big > kSm90MaxTf32x3HeadDim) refused(r, Direction::forward, "head_dim");
-      for (int d : compiled_head_dims()) {
-        if (!takes_head_dim(Backend::cuda_sm90, d, DType::fp32, Precision::tf32x3)) continue;
+      // A tiny call of `precision` at head dim d: the forward here, the backward (atomic and
+      // deterministic) here up to max_backward and refused above, and auto's choice of each.
+      auto expect_fp32 = [&](int d, Precision precision, int max_backward) {
         Refusal t = tiny_call(Backend::cuda_sm90, DType::fp32, d, 32);
-        t.params.precision = Precision::tf32x3;
+        t.params.precision = precision;
         EXPECT_TRUE(supports(t.params, Direction::forward).ok()) << supports(t.params, Direction::forward).message;
         add_backward_tensors(t, DType::fp32, d);
-        const bool backward_here = d <= kSm90MaxTf32x3BackwardHeadDim;
+        const bool backward_here = d <= max_backward;
         if (backward_here) {
           EXPECT_TRUE(supports(t.params, Direction::backward).ok()) << supports(t.params, Direction::backward).message;
           t.params.deterministic = true;
@@ -772,29 +759,15 @@ TEST(Refuse, SmallTierLimits) {
         } else {
           refused(t, Direction::backward, "head_dim");
         }
-        // auto: the split forward here, its backward too where this tier has it (head dim 64).
         expect_auto(t, Backend::cuda_sm90, backward_here ? Backend::cuda_sm90 : Backend::cuda_sm80);
-      }
+      };
+      for (int d : compiled_head_dims())
+        if (takes_head_dim(Backend::cuda_sm90, d, DType::fp32, Precision::tf32x3))
+          expect_fp32(d, Precision::tf32x3, kSm90MaxTf32x3BackwardHeadDim);
       r.params.precision = Precision::tf32;
       if (big > 128) refused(r, Direction::forward, "head_dim");
-      for (int d : compiled_head_dims()) {
-        if (d < 64 || d > 128) continue;
-        Refusal t = tiny_call(Backend::cuda_sm90, DType::fp32, d, 32);
-        t.params.precision = Precision::tf32;
-        EXPECT_TRUE(supports(t.params, Direction::forward).ok()) << supports(t.params, Direction::forward).message;
-        add_backward_tensors(t, DType::fp32, d);
-        const bool backward_here = d <= kSm90MaxTf32BackwardHeadDim;
-        if (backward_here) {
-          EXPECT_TRUE(supports(t.params, Direction::backward).ok()) << supports(t.params, Direction::backward).message;
-          t.params.deterministic = true;
-          EXPECT_TRUE(supports(t.params, Direction::backward).ok()) << supports(t.params, Direction::backward).message;
-          t.params.deterministic = false;
-        } else {
-          refused(t, Direction::backward, "head_dim");
-        }
-        // auto: the tf32 forward runs here, its backward too where this tier has it (up to 128).
-        expect_auto(t, Backend::cuda_sm90, backward_here ? Backend::cuda_sm90 : Backend::cuda_sm80);
-      }
+      for (int d : compiled_head_dims())
+        if (d >= 64 && d <= 128) expect_fp32(d, Precision::tf32, kSm90MaxTf32BackwardHeadDim);
     }
     const auto dims = compiled_head_dims();
     if (std::find(dims.begin(), dims.end(), 128) != dims.end()) {

@@ -317,31 +317,63 @@ struct BwdKernel {
     }
   }
 
+  // Every query tile of every head of the GQA group (at least one), in the producer's order:
+  // step(pipe, m, parity), the parity alternating per step (the dQ hand-off). A do-while, as
+  // consume_keys.
+  template <class Step>
+  __device__ __forceinline__ static void each_step(const AttentionArgs& args, Range tiles, Step&& step) {
+    tile::PipelineState<kStages> pipe;
+    int n = 0;
+    int heads_left = args.group;
+    do {
+      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++n) {
+        step(pipe, m, n % 2);
+        pipe.advance();
+      }
+    } while (--heads_left > 0);
+  }
+
+  // A transposed key gradient [64 head-dim rows from d0, 64 keys] fp32 into `out` (fp32 storage)
+  // times `scale`, one element a store; keys past the block's and rows past head_dim dropped (the
+  // split backward's; the wide one stores its dK and dV together).
+  __device__ __forceinline__ static void store_transposed_key_grad(const View4& out, const BwdParams& params,
+                                                                   Shared& shared, Range keys, int d0,
+                                                                   int64_t head_dim, float scale,
+                                                                   const typename Mainloop::WideGrad& grad,
+                                                                   int thread) {
+    using G = typename Mainloop::WideGrad;
+    const int64_t start = block_start(params, shared).k;
+    const int kv_head = block_kv_head(params);
+#pragma unroll
+    for (int j = 0; j < G::kCols; ++j) {
+      const int64_t key = keys.begin + G::col(j, thread);
+      if (key >= keys.end) continue;
+      float* row = out.at<float>(start, key, kv_head);
+#pragma unroll
+      for (int i = 0; i < G::kRows; ++i) {
+        const int d = d0 + G::row(i, thread);
+        if (d < head_dim) row[d] = grad(i, j) * scale;
+      }
+    }
+  }
+
   // The wide tf32 backward (head dims 96 and 128): this warpgroup's head-dim rows [64 w, 64 w + 64)
-  // of dKᵀ and dVᵀ ([rows, 64 keys] fp32 each) across the query tiles, then written transposed,
-  // one element a store (dK scaled; rows past seqlen_k and columns past the head dims dropped).
+  // of dKᵀ and dVᵀ ([rows, 64 keys] fp32 each) across the query tiles, then written transposed
+  // (dK scaled).
   __device__ __forceinline__ static void consume_wide_tf32(Mainloop& mainloop, const BwdParams& params, Shared& shared,
                                                            Range keys, Range tiles) {
     const AttentionArgs& args = params.args;
-    const int warpgroup = mainloop.warpgroup, thread = mainloop.thread;
     typename Mainloop::WideGrad dk, dv;
     dk.fill(0.f);
     dv.fill(0.f);
     shared.kv_full.wait(0);
     mainloop.prepare_wide_tf32();
-    tile::PipelineState<kStages> pipe;
-    int step = 0;
-    int heads_left = args.group;  // a do-while, as consume_keys
-    do {
-      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
-        mainloop.step_wide_tf32(pipe, m, keys, step % 2, dk, dv);
-        pipe.advance();
-      }
-    } while (--heads_left > 0);
+    each_step(args, tiles, [&](const auto& pipe, int m, int parity) { mainloop.step_wide_tf32(pipe, m, keys, parity, dk, dv); });
+    // dK and dV of a key together (one element pair a step; kept so: this kernel was measured so).
     using G = typename Mainloop::WideGrad;
     const int64_t start = block_start(params, shared).k;
     const int kv_head = block_kv_head(params);
-    const int d0 = warpgroup * kConsumerRows;
+    const int d0 = mainloop.warpgroup * kConsumerRows, thread = mainloop.thread;
 #pragma unroll
     for (int j = 0; j < G::kCols; ++j) {
       const int64_t key = keys.begin + G::col(j, thread);
@@ -358,43 +390,19 @@ struct BwdKernel {
   }
 
   // The split-tf32 backward (head dim 64): warpgroup 0's dVᵀ or warpgroup 1's dKᵀ ([64 head-dim
-  // rows, 64 keys] fp32) across the query tiles, then written transposed, one element a store (dK
-  // scaled; rows past seqlen_k and columns past the head dims dropped).
+  // rows, 64 keys] fp32) across the query tiles, then written transposed (dK scaled).
   __device__ __forceinline__ static void consume_split_tf32(Mainloop& mainloop, const BwdParams& params, Shared& shared,
                                                             Range keys, Range tiles) {
     const AttentionArgs& args = params.args;
-    const int warpgroup = mainloop.warpgroup, thread = mainloop.thread;
     typename Mainloop::WideGrad grad;
     grad.fill(0.f);
     shared.kv_full.wait(0);
     mainloop.prepare_split_tf32();
-    tile::PipelineState<kStages> pipe;
-    int step = 0;
-    int heads_left = args.group;  // a do-while, as consume_keys
-    do {
-      for (int m = int(tiles.begin); m < int(tiles.end); ++m, ++step) {
-        mainloop.step_split_tf32(pipe, m, keys, step % 2, grad);
-        pipe.advance();
-      }
-    } while (--heads_left > 0);
-    using G = typename Mainloop::WideGrad;
-    const int64_t start = block_start(params, shared).k;
-    const int kv_head = block_kv_head(params);
-    const bool values = warpgroup == 0;
-    const View4& out = values ? args.dv : args.dk;
-    const int64_t head_dim = values ? args.head_dim_v : args.head_dim;
-    const float scale = values ? 1.f : args.scale;
-#pragma unroll
-    for (int j = 0; j < G::kCols; ++j) {
-      const int64_t key = keys.begin + G::col(j, thread);
-      if (key >= keys.end) continue;
-      float* row = out.at<float>(start, key, kv_head);  // fp32 storage
-#pragma unroll
-      for (int i = 0; i < G::kRows; ++i) {
-        const int d = G::row(i, thread);
-        if (d < head_dim) row[d] = grad(i, j) * scale;
-      }
-    }
+    each_step(args, tiles, [&](const auto& pipe, int m, int parity) { mainloop.step_split_tf32(pipe, m, keys, parity, grad); });
+    const bool values = mainloop.warpgroup == 0;
+    store_transposed_key_grad(values ? args.dv : args.dk, params, shared, keys, 0,
+                              values ? args.head_dim_v : args.head_dim, values ? 1.f : args.scale, grad,
+                              mainloop.thread);
   }
 
   // The key gradients through shared memory (params.vector_key_grads): once both consumer

@@ -731,17 +731,10 @@ struct BwdMainloop {
     wg::fence();
     const uint64_t b_p = wg::k_major_desc<T, kK>(p_tile, 0, 0, kScoreChunkBytes);
     const uint64_t b_ds = wg::k_major_desc<T, kK>(ds_tile, 0, 0, kScoreChunkBytes);
-#pragma unroll
-    for (int kb = 0; kb < kRowSteps; ++kb)
-      wg::Wgmma<T, kKeys>::template rs<0>(dv.d, a_dout[kb], b_p + wg::k_major_step<T>(kb * kK, kScoreChunkBytes), 1);
-#pragma unroll
-    for (int kb = 0; kb < kRowSteps; ++kb)
-      wg::Wgmma<T, kKeys>::template rs<0>(dk.d, a_q[kb], b_ds + wg::k_major_step<T>(kb * kK, kScoreChunkBytes), 1);
+    issue_rs_tf32(dv, a_dout, b_p, kScoreChunkBytes, true);
+    issue_rs_tf32(dk, a_q, b_ds, kScoreChunkBytes, true);
     const uint64_t b_dst = wg::k_major_desc<T, kK>(ds_rows, 0, 0, kScoreTChunkBytes);
-#pragma unroll
-    for (int kb = 0; kb < kKeySteps; ++kb)
-      wg::Wgmma<T, kRows>::template rs<0>(dq.d, kt[kb], b_dst + wg::k_major_step<T>(kb * kK, kScoreTChunkBytes),
-                                          kb > 0 ? 1 : 0);
+    issue_rs_tf32(dq, kt, b_dst, kScoreTChunkBytes, false);
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(dv.d);
@@ -893,23 +886,11 @@ struct BwdMainloop {
     const uint64_t rows_hi = wg::k_major_desc<float, kK>(ds_rows, q_col0, 0, kScoreTChunkBytes);
     const uint64_t rows_lo = wg::k_major_desc<float, kK>(ds_rows_lo, q_col0, 0, kScoreTChunkBytes);
     wg::fence();
-#pragma unroll
-    for (int kb = 0; kb < kRowSteps; ++kb)
-      wg::Wgmma<float, kKeys>::template rs<0>(part.d, a_hi[kb], b_lo + wg::k_major_step<float>(kb * kK, kScoreChunkBytes),
-                                              kb > 0 ? 1 : 0);
-#pragma unroll
-    for (int kb = 0; kb < kRowSteps; ++kb)
-      wg::Wgmma<float, kKeys>::template rs<0>(part.d, a_lo[kb], b_hi + wg::k_major_step<float>(kb * kK, kScoreChunkBytes), 1);
-#pragma unroll
-    for (int kb = 0; kb < kRowSteps; ++kb)
-      wg::Wgmma<float, kKeys>::template rs<0>(part.d, a_hi[kb], b_hi + wg::k_major_step<float>(kb * kK, kScoreChunkBytes), 1);
-#pragma unroll
-    for (int kb = 0; kb < kKeySteps; ++kb)
-      wg::Wgmma<float, kQueries>::template rs<0>(dq.d, kt[kb], rows_lo + wg::k_major_step<float>(kb * kK, kScoreTChunkBytes),
-                                                 kb > 0 ? 1 : 0);
-#pragma unroll
-    for (int kb = 0; kb < kKeySteps; ++kb)
-      wg::Wgmma<float, kQueries>::template rs<0>(dq.d, kt[kb], rows_hi + wg::k_major_step<float>(kb * kK, kScoreTChunkBytes), 1);
+    issue_rs_tf32(part, a_hi, b_lo, kScoreChunkBytes, false);
+    issue_rs_tf32(part, a_lo, b_hi, kScoreChunkBytes, true);
+    issue_rs_tf32(part, a_hi, b_hi, kScoreChunkBytes, true);
+    issue_rs_tf32(dq, kt, rows_lo, kScoreTChunkBytes, false);
+    issue_rs_tf32(dq, kt, rows_hi, kScoreTChunkBytes, true);
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(part.d);
@@ -922,14 +903,24 @@ struct BwdMainloop {
     wg::load_transposed_a_tf32(kt, smem(shared.residual.k), 0, Shared::kKVChunkBytes, t);
     release(shared.empty[stage]);  // Q, dO and the row statistics are read
     wg::fence();
-#pragma unroll
-    for (int kb = 0; kb < kKeySteps; ++kb)
-      wg::Wgmma<float, kQueries>::template rs<0>(dq.d, kt[kb], rows_hi + wg::k_major_step<float>(kb * kK, kScoreTChunkBytes), 1);
+    issue_rs_tf32(dq, kt, rows_hi, kScoreTChunkBytes, true);
     wg::commit();
     wg::wait<0>();
     wg::fence_operand(dq.d);
     wg::fence_operand(kt);
     stage_transposed_dq(dq, dq_parity, 0, q_col0, t);
+  }
+
+  // acc (+)= A·B over STEPS k steps of 8 on tf32 wgmma, A register fragments in the natural k
+  // order, B K-major from the descriptor b0 (chunks of chunk_bytes); from zero unless
+  // `accumulate`. Issued, not committed.
+  template <int N, int STEPS>
+  __device__ __forceinline__ static void issue_rs_tf32(wg::Accumulator<N>& acc, const uint32_t (&a)[STEPS][4],
+                                                       uint64_t b0, int chunk_bytes, bool accumulate) {
+#pragma unroll
+    for (int kb = 0; kb < STEPS; ++kb)
+      wg::Wgmma<float, N>::template rs<0>(acc.d, a[kb], b0 + wg::k_major_step<float>(kb * kK, chunk_bytes),
+                                          accumulate || kb > 0 ? 1 : 0);
   }
 
   // A step's dQ share into shared memory for the step's dQ warp, once the previous step's has been
