@@ -97,8 +97,8 @@ TEST(SplitTf32Rule, PackedCallsByTheirLongestSequence) {
 }
 
 // The choice itself (detail::choose_among) over stand-in tiers, which accept by precision and head
-// dim as the real ones do (sm90: split tf32 at head dim 64 forward only; sm80: split tf32 at any
-// head dim; simt: exact fp32 only), and stand-in devices: 0 a Hopper, 1 an Ampere.
+// dim as the real ones do (sm90: split tf32 at head dim 64, forward and backward; sm80: split tf32
+// at any head dim; simt: exact fp32 only), and stand-in devices: 0 a Hopper, 1 an Ampere.
 namespace stand_in {
 Status unused_run(const Params&, Direction) { return {Code::internal, "not run"}; }
 Status no_workspace(const Params&, Direction, size_t* bytes) {
@@ -108,7 +108,7 @@ Status no_workspace(const Params&, Direction, size_t* bytes) {
 bool split(const Params& p) { return p.precision == Precision::tf32x3; }
 Status sm90(const Params& p, Direction d) {
   if (!split(p)) return {Code::unsupported, "sm90 stand-in: split tf32 only"};
-  if (d != Direction::forward || p.q.shape[3] != 64) return {Code::unsupported, "sm90 stand-in: forward at 64 only"};
+  if (p.q.shape[3] != 64) return {Code::unsupported, "sm90 stand-in: head dim 64 only"};
   return Status::success();
 }
 Status sm80(const Params& p, Direction) {
@@ -176,6 +176,10 @@ TEST(SplitTf32Choice, AutoRunsTheFirstTensorCoreTierThatTakesSplitTf32) {
   ASSERT_TRUE(fwd128.status.ok()) << fwd128.status.message;
   EXPECT_EQ(fwd128.backend, Backend::cuda_sm80);
   EXPECT_EQ(fwd128.precision, Precision::tf32x3);
+  const Choice bwd64 = choose(whole_call(64), Direction::backward);
+  ASSERT_TRUE(bwd64.status.ok()) << bwd64.status.message;
+  EXPECT_EQ(bwd64.backend, Backend::cuda_sm90);
+  EXPECT_EQ(bwd64.precision, Precision::tf32x3);
   const Choice bwd256 = choose(whole_call(256), Direction::backward);
   ASSERT_TRUE(bwd256.status.ok()) << bwd256.status.message;
   EXPECT_EQ(bwd256.backend, Backend::cuda_sm80);
@@ -183,8 +187,8 @@ TEST(SplitTf32Choice, AutoRunsTheFirstTensorCoreTierThatTakesSplitTf32) {
 }
 
 TEST(SplitTf32Choice, ExactFp32WhereTheRuleSaysNo) {
-  // The backward at head dim 64 and 128 (rule: not faster), every call on the Ampere.
-  for (int64_t d : {64, 128}) {
+  // The backward at head dims 96 and 128 (rule: not faster), every call on the Ampere.
+  for (int64_t d : {96, 128}) {
     const Choice c = choose(whole_call(d), Direction::backward);
     ASSERT_TRUE(c.status.ok()) << c.status.message;
     EXPECT_EQ(c.backend, Backend::cuda_simt) << d;
