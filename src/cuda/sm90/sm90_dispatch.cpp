@@ -219,7 +219,7 @@ Status check_call(const Params& p, Direction direction, DeviceProps& props) {
   const bool split = split_tf32(p);
   if (fp32 && p.precision != Precision::tf32 && !split)
     return unsupported(std::string("precision: fp32 storage with precision ") + to_string(p.precision) +
-                       " is not on the sm90 tier (it runs tf32, and tf32x3 forward at head dim 64); the simt tier runs "
+                       " is not on the sm90 tier (it runs tf32, and tf32x3 at head dim 64); the simt tier runs "
                        "exact fp32");
   if (Status st = head_dim_of(s, &bucket); !st.ok()) return st;
   if (split && backward && bucket >= kMinHeadDim && !tf32x3_backward_head_dim(bucket))

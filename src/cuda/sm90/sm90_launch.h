@@ -20,11 +20,13 @@ Status forward(const FwdParams& params, int grid, cudaStream_t stream);
 template <class T, int HD, int VARIANT>
 size_t forward_shared_bytes();
 
-// The backward at head-dim bucket HD (at most kBwdMaxHeadDim): the shared preprocess, the main
-// kernel on ceil(seqlen_k / bwd_config(HD).keys) × kv_heads × batch blocks, then the dQ convert.
-// params.args carries the bound workspace (dq_accum set: the backward here is the atomic one).
+// The backward at head-dim bucket HD (at most kBwdMaxHeadDim): the shared preprocess, (split tf32,
+// T = tf32x3_t: the rows' own statistics kernel,) the main kernel on ceil(seqlen_k / keys) ×
+// kv_heads × batch blocks (keys: BwdConfig's), then the dQ convert. params.args carries the bound
+// workspace (dq_accum set: the backward here is the atomic one).
 template <class T, int HD>
 Status backward(const BwdParams& params, cudaStream_t stream);
+// The most shared memory one of those kernels takes.
 template <class T, int HD>
 size_t backward_shared_bytes();
 
