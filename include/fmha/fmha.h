@@ -74,18 +74,19 @@ enum class Causal : int { none, top_left, bottom_right };
 // For fp32 storage: `ieee` computes in exact fp32 (FMA) arithmetic; `tf32` lets GPU tiers use
 // tf32 tensor cores (the CPU path emulates it by rounding the matmul operands to tf32; the sm90
 // tier's forward rounds P and V but truncates Q and K, whose tiles its tensor cores read as they
-// are stored: the top 19 bits of each fp32 value; its backward, head dim 64, truncates Q and K in
-// the scores and rounds the rest).
+// are stored: the top 19 bits of each fp32 value; its backward, head dims 64 to 128, truncates Q
+// and K in the scores and rounds the rest).
 // `tf32x3` ("split tf32") keeps fp32 accuracy on tf32 tensor cores: every matmul operand x is
 // split into hi = tf32(x) and lo = tf32(x - hi), and each product is hi·hi + hi·lo + lo·hi (three
 // tensor-core products, fp32 accumulation; the lo·lo term, below 2^-22 of the product, is
-// dropped). The softmax stays fp32. The sm80 tier runs it, the sm90 tier its forward at head
-// dim 64 (elsewhere supports() says why not); the CPU backends and the simt tier compute it in
-// exact fp32, which is what it approximates. Split tf32 is as accurate as exact fp32 (its mean
-// error at most the simt tier's on every class of the GPU fuzz), so `auto` also meets an `ieee`
-// call with it on a GPU where it is measured faster: compute capability 9.0, every forward and the
-// backward above head dim 128 (not for KV caches or calls of at most 16 query rows); elsewhere,
-// and with Backend::cuda_simt named, `ieee` runs in exact fp32 (src/common/precision.h).
+// dropped). The softmax stays fp32. The sm80 tier runs it, the sm90 tier its forward and backward
+// at head dim 64 (elsewhere supports() says why not); the CPU backends and the simt tier compute
+// it in exact fp32, which is what it approximates. Split tf32 is as accurate as exact fp32 (its
+// mean error at most the simt tier's on every class of the GPU fuzz), so `auto` also meets an
+// `ieee` call with it on a GPU where it is measured faster: compute capability 9.0, every forward
+// and the backward at head dim 64 and above 128 (not for KV caches or calls of at most 16 query
+// rows); elsewhere, and with Backend::cuda_simt named, `ieee` runs in exact fp32
+// (src/common/precision.h).
 // fp16 and bf16 storage always multiply in their own format with fp32 accumulation; `tf32` and
 // `tf32x3` are errors for them.
 enum class Precision : int { ieee, tf32, tf32x3 };
