@@ -371,6 +371,13 @@ TEST(Numeric, RoundingIsToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.0f + 3.0f / 256.0f), 0x3f82);
   EXPECT_EQ(round_to_tf32(1.0f + 1.0f / 2048.0f), 1.0f + 1.0f / 1024.0f);  // tf32: ties away
   EXPECT_EQ(round_to_tf32(1.0f + 1.0f / 4096.0f), 1.0f);
+  // tf32 by truncation (what tensor cores take from an unrounded fp32 operand: the sm90 tier's
+  // tf32 scores, modelled so by the tests): the top 19 bits, toward zero for either sign.
+  EXPECT_EQ(truncate_to_tf32(1.0f + 1023.0f / 1024.0f + 1.0f / 2048.0f), 1.0f + 1023.0f / 1024.0f);
+  EXPECT_EQ(truncate_to_tf32(-(1.0f + 3.0f / 2048.0f)), -(1.0f + 1.0f / 1024.0f));
+  EXPECT_EQ(truncate_to_tf32(1.0f + 1.0f / 1024.0f), 1.0f + 1.0f / 1024.0f);  // tf32 values stay
+  EXPECT_TRUE(std::isinf(truncate_to_tf32(INFINITY)));
+  EXPECT_TRUE(std::isnan(truncate_to_tf32(NAN)));
 }
 
 // The benchmark harness draws its inputs and the fuzz its case seeds from splitmix64: the

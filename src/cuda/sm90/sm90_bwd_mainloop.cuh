@@ -94,7 +94,7 @@ struct BwdResiduals<HDP, KEYS, STAGES, false> {};
 template <class T, int HD>
 struct BwdShared {
   static constexpr bool kTf32 = sizeof(T) == 4;
-  static constexpr bool kSplitTf32 = std::is_same_v<T, tile::tf32x3>;  // precision tf32x3
+  static constexpr bool kSplitTf32 = is_split_tf32<T>;  // precision tf32x3
   static constexpr BwdConfig kConfig = bwd_config(HD, int(sizeof(T)), kSplitTf32);
   static constexpr int kKeys = kConfig.keys;  // keys per block
   static constexpr int kRows = kConfig.rows;  // query rows per step

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/sm90/sm90_bwd_blocks.h"
 #include "cuda/tile/split_tf32.h"
@@ -29,6 +30,9 @@ using fp16_t = __half;
 using bf16_t = __nv_bfloat16;
 using fp32_t = float;
 using tf32x3_t = tile::tf32x3;  // fp32 storage, split-tf32 products (Precision::tf32x3)
+// Whether storage type T runs split tf32 (the kernels' residual tiles, the backward's own statistics).
+template <class T>
+inline constexpr bool is_split_tf32 = std::is_same_v<T, tf32x3_t>;
 
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kConsumerRows = 64;  // query rows per consumer warpgroup (wgmma M)

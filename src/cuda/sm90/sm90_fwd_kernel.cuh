@@ -39,7 +39,7 @@ namespace fmha::cuda::sm90 {
 
 template <class T, int HD, int VARIANT, bool PACKED>
 struct FwdKernel {
-  static constexpr bool kSplit = std::is_same_v<T, tile::tf32x3>;
+  static constexpr bool kSplit = is_split_tf32<T>;
   static constexpr FwdConfig kConfig = kSplit ? tf32x3_fwd_config() : fwd_config(HD, VARIANT, int(sizeof(T)));
   static constexpr bool kTransposeV = sizeof(T) == 4;
   static constexpr int kTransposeWarps = wg::kThreads / 32 - 1;  // the producer warpgroup's warps 1..3

@@ -120,7 +120,7 @@ struct FwdShared {
   static constexpr int kLoadStages = fwd_landing_stages<T, HD, BM, BN, STAGES, SEPARATE_O, LOAD_STAGES>();
   static constexpr int kVtChunkBytes = kHeadDimPadded * wg::kSwizzleBytes;  // one [HDP, 32] Vᵀ chunk
   static_assert(!kTransposeV || BN % kChunkCols == 0, "Vᵀ is whole chunks of 32 keys");
-  static constexpr bool kSplit = std::is_same_v<T, tile::tf32x3>;  // split tf32: the residual tiles
+  static constexpr bool kSplit = is_split_tf32<T>;  // split tf32: the residual tiles
 
   static constexpr int kQBuffers = fwd_query_buffers<T, HD, BM, BN, STAGES, SEPARATE_O, Q_BUFFERS>();
   static_assert(kQBuffers == 1 || SEPARATE_O, "O staged over Q takes the one query tile");
@@ -177,7 +177,7 @@ struct FwdShared {
 template <class T, int HD, int BN>
 struct ConsumerTiles {
   static constexpr int kHeadDimPadded = padded_head_dim(HD);
-  static constexpr bool kSplit = std::is_same_v<T, tile::tf32x3>;
+  static constexpr bool kSplit = is_split_tf32<T>;
   using Scores = wg::Accumulator<BN>;              // [64, BN] S, then P, fp32
   using Output = wg::Accumulator<kHeadDimPadded>;  // [64, HDP] unnormalised O, fp32
   using Softmax = tile::OnlineSoftmax<Scores::kRows, 4>;

@@ -32,17 +32,12 @@ Status forward(const FwdParams& params, int grid, cudaStream_t stream) {
   });
 }
 
-// Split tf32 (precision tf32x3): the backward forms P from each row's own statistics, which a
-// kernel of its own finds first (sm90_bwd_stats.cuh).
-template <class T>
-inline constexpr bool kSplitTf32Bwd = std::is_same_v<T, tf32x3_t>;
-
 template <class T, int HD>
 size_t backward_shared_bytes() {
   static_assert(BwdKernel<T, HD, true, false>::kSharedBytes == BwdKernel<T, HD, false, false>::kSharedBytes &&
                 BwdKernel<T, HD, false, true>::kSharedBytes == BwdKernel<T, HD, false, false>::kSharedBytes);
   const size_t main = BwdKernel<T, HD, false, false>::kSharedBytes;
-  if constexpr (kSplitTf32Bwd<T>) {
+  if constexpr (is_split_tf32<T>) {  // and its statistics kernel (sm90_bwd_stats.cuh)
     const size_t stats = BwdStatsKernel<HD, false>::kSharedBytes;
     return stats > main ? stats : main;
   }
@@ -77,11 +72,11 @@ Status backward(const BwdParams& params, cudaStream_t stream) {
   const int64_t rows = int64_t(row_args.batch) * row_args.heads * row_args.seqlen_q;
   // fp32 (tf32): Δ from dO rounded to tf32, as the kernel rounds it for dPᵀ. Split tf32 carries dO
   // to within 2^-22 into dPᵀ, as exact fp32 does: Δ from dO as stored.
-  constexpr bool kRoundedDout = sizeof(T) == 4 && !kSplitTf32Bwd<T>;
+  constexpr bool kRoundedDout = sizeof(T) == 4 && !is_split_tf32<T>;
   if (Status s = launch_bwd_preprocess<T, kRoundedDout>(row_args, stream, "sm90"); !s.ok()) return s;
   // Split tf32: each row's own softmax max and sum, and Δ on peaked query tiles, before the main
   // kernel forms P from them: a block per (64 query rows, head, batch or sequence).
-  if constexpr (kSplitTf32Bwd<T>) {
+  if constexpr (is_split_tf32<T>) {
     const dim3 grid(unsigned(ceil_div(args.seqlen_q, int64_t(kBwdRows))), unsigned(args.heads), unsigned(args.batch));
     if (grid.x > 0 && grid.y > 0 && grid.z > 0) {
       const Status s = with_packing(args, [&](auto packed) {
