@@ -193,6 +193,28 @@ inline constexpr int kStepK = sizeof(T) == 4 ? 8 : 16;
 // a2/a3 column 2(l%4) + 1, so k step position p holds column tf32_key_of(p) — and B's rows must
 // be permuted the same way (transpose_k_major below writes Vᵀ so). Rounded to nearest (rna).
 using layout::tf32_position_of;  // column → k position in its 8 (layout.h)
+// fp32 → tf32 rounded to nearest, ties to even (cvt.rn.tf32.f32, sm_90: one instruction,
+// F2FP.TF32; cvt.rna, tile::to_tf32, has none there and takes four). The split-tf32 kernels of this
+// tier round with it; its tf32 ones keep tile::to_tf32, which the shared preprocess's Δ matches.
+__device__ __forceinline__ uint32_t to_tf32_rn(float x) {
+  uint32_t out;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(out) : "f"(x));
+#else
+  out = tile::to_tf32(x);  // never runs: this header's kernels are sm_90a's
+#endif
+  return out;
+}
+
+// Split tf32: x as its tf32 high part and residual, hi = tf32(x) and lo = tf32(x − hi), rounded
+// to nearest even (x − hi is exact, so hi + lo carries x to within 2^-22 of |x|), each in a 32-bit
+// register. Every split of this tier's split-tf32 kernels goes through it (the backward's main
+// and statistics kernels must split alike).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = to_tf32_rn(x);
+  lo = to_tf32_rn(x - __uint_as_float(hi));
+}
+
 // Split tf32 (T = tile::tf32x3): the tf32 fragments above twice, a[0] the high parts tf32(x) and
 // a[1] the residuals tf32(x − high), in the same k order.
 template <class T, int N>
@@ -202,9 +224,7 @@ __device__ __forceinline__ void a_from_acc(uint32_t (&a)[2][N / 8][4], const Acc
   for (int kb = 0; kb < N / 8; ++kb)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float x = acc.d[4 * kb + layout::acc_register_of(e)];
-      a[0][kb][e] = tile::to_tf32(x);
-      a[1][kb][e] = tile::to_tf32(x - __uint_as_float(a[0][kb][e]));
+      split_tf32(acc.d[4 * kb + layout::acc_register_of(e)], a[0][kb][e], a[1][kb][e]);
     }
 }
 template <class T, int N>
@@ -262,11 +282,11 @@ __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, in
 #pragma unroll
     for (uint32_t i = 0; i < uint32_t(layout::kFp32UnitCols); ++i) {
       const uint32_t to = L::destination(item, place, i);
-      const uint32_t hi = tile::to_tf32(x[i]);
+      uint32_t hi, lo = 0;
+      if constexpr (RESIDUAL) split_tf32(x[i], hi, lo);
+      else hi = tile::to_tf32(x[i]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + to), "r"(hi) : "memory");
-      if constexpr (RESIDUAL)
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst_lo + to), "r"(tile::to_tf32(x[i] - __uint_as_float(hi)))
-                     : "memory");
+      if constexpr (RESIDUAL) asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst_lo + to), "r"(lo) : "memory");
     }
   }
 }
@@ -295,13 +315,6 @@ __device__ __forceinline__ void round_to_tf32(float* tile, int index, int thread
     units[u] = make_float4(__uint_as_float(tile::to_tf32(x.x)), __uint_as_float(tile::to_tf32(x.y)),
                            __uint_as_float(tile::to_tf32(x.z)), __uint_as_float(tile::to_tf32(x.w)));
   }
-}
-
-// Split tf32: x as its tf32 high part and residual, hi = tf32(x) and lo = tf32(x − hi) (x − hi
-// is exact: split_to_tf32's and set_operand's split), each in a 32-bit register.
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = tile::to_tf32(x);
-  lo = tile::to_tf32(x - __uint_as_float(hi));
 }
 
 // Every element x of an fp32 tile of FLOATS elements (any layout) split for tf32 products: hi
