@@ -735,6 +735,67 @@ TEST(Sm90Tile, RoundToTf32InPlace) {
   cudaFree(dv);
 }
 
+// ---- split_tf32: the split-tf32 kernels' split, rounded to nearest even (cvt.rn.tf32.f32) ---------
+__global__ void split_tf32_kernel(const float* x, uint32_t* hi, uint32_t* lo, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) wg::split_tf32(x[i], hi[i], lo[i]);
+}
+
+// Round to nearest, ties to even, keeping 10 mantissa bits (inf and NaN as they are).
+float tf32_rn(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  const uint32_t keep_lsb = (u >> 13) & 1u;
+  u = (u + 0xfffu + keep_lsb) & 0xffffe000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
+TEST(Sm90Tile, SplitTf32RoundsToNearestEvenInFp32Layout) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  std::vector<float> v(4096);
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-100.f, 100.f);
+  for (auto& x : v) x = u(rng);
+  // Ties both ways (1 + 2^-11 rounds down to even, 1 + 3·2^-11 up), signs, denormals, zero,
+  // infinities, the largest finite value (rounds to infinity) and a NaN.
+  const float special[] = {1.f + 0x1p-11f, 1.f + 3 * 0x1p-11f, -(1.f + 0x1p-11f), -(1.f + 3 * 0x1p-11f),
+                           0x1p-140f, -0x1.8p-130f, 0.f, -0.f, INFINITY, -INFINITY, 3.4028235e38f};
+  for (size_t i = 0; i < std::size(special); ++i) v[i] = special[i];
+  v[std::size(special)] = std::nanf("");
+  float* dx = to_device(v);
+  uint32_t *dhi = nullptr, *dlo = nullptr;
+  cudaMalloc(&dhi, v.size() * 4);
+  cudaMalloc(&dlo, v.size() * 4);
+  split_tf32_kernel<<<1, 128>>>(dx, dhi, dlo, int(v.size()));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint32_t> hi(v.size()), lo(v.size());
+  cudaMemcpy(hi.data(), dhi, v.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(lo.data(), dlo, v.size() * 4, cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < v.size(); ++i) {
+    float h, l;
+    std::memcpy(&h, &hi[i], 4);
+    std::memcpy(&l, &lo[i], 4);
+    if (std::isnan(v[i])) {
+      EXPECT_TRUE(std::isnan(h)) << i;
+      continue;
+    }
+    // fp32 layout, the 13 low bits zero: the value wgmma reads as tf32.
+    EXPECT_EQ(hi[i] & 0x1fffu, 0u) << i;
+    EXPECT_EQ(h, tf32_rn(v[i])) << i << ": " << v[i];
+    if (std::isinf(h)) continue;
+    EXPECT_EQ(lo[i] & 0x1fffu, 0u) << i;
+    EXPECT_EQ(l, tf32_rn(v[i] - h)) << i;
+    EXPECT_LE(std::abs(double(v[i]) - double(h) - double(l)), std::ldexp(std::abs(double(v[i])), -21)) << i;
+  }
+  EXPECT_EQ(tf32_rn(1.f + 0x1p-11f), 1.f);  // the model's own ties
+  EXPECT_EQ(tf32_rn(1.f + 3 * 0x1p-11f), 1.f + 0x1p-9f);
+  cudaFree(dx);
+  cudaFree(dhi);
+  cudaFree(dlo);
+}
+
 // ---- fp32 store of an accumulator into a swizzled [64, N] tile (the tf32 forward's epilogue) -----
 template <int N>
 __global__ void store_swizzled_fp32_kernel(const float* values, float* raw) {
