@@ -552,6 +552,18 @@ float tf32_rna(float x) {
   return x;
 }
 
+// Round to nearest, ties to even, keeping 10 mantissa bits (inf and NaN as they are).
+float tf32_rn(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  const uint32_t keep_lsb = (u >> 13) & 1u;
+  u = (u + 0xfffu + keep_lsb) & 0xffffe000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
 TEST(Sm90Tile, Tf32OperandsTransposedInOrder) {
   if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
   std::vector<float> x(size_t(kOpK) * kOpM), y(size_t(kOpK) * kOpN);
@@ -696,7 +708,7 @@ TEST(Sm90Tile, SplitTf32OperandsFp32Accurate) {
     std::memcpy(&lb, &lo[e], 4);
     ASSERT_EQ(hb & 0x1FFFu, 0u) << e;
     ASSERT_EQ(lb & 0x1FFFu, 0u) << e;
-    ASSERT_EQ(hi[e], tf32_rna(y[e])) << e;
+    ASSERT_EQ(hi[e], tf32_rn(y[e])) << e;  // the split rounds to nearest even (wg::split_tf32)
     ASSERT_LE(std::fabs(double(hi[e]) + lo[e] - y[e]), std::ldexp(std::fabs(double(y[e])), -22)) << e;
   }
   cudaFree(dp);
@@ -738,18 +750,6 @@ TEST(Sm90Tile, RoundToTf32InPlace) {
 // ---- split_tf32: the split-tf32 kernels' split, rounded to nearest even (cvt.rn.tf32.f32) ---------
 __global__ void split_tf32_kernel(const float* x, uint32_t* hi, uint32_t* lo, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) wg::split_tf32(x[i], hi[i], lo[i]);
-}
-
-// Round to nearest, ties to even, keeping 10 mantissa bits (inf and NaN as they are).
-float tf32_rn(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7f800000u) == 0x7f800000u) return x;
-  const uint32_t keep_lsb = (u >> 13) & 1u;
-  u = (u + 0xfffu + keep_lsb) & 0xffffe000u;
-  float r;
-  std::memcpy(&r, &u, 4);
-  return r;
 }
 
 TEST(Sm90Tile, SplitTf32RoundsToNearestEvenInFp32Layout) {
