@@ -870,8 +870,10 @@ struct BwdMainloop {
     uint32_t a_hi[kRowSteps][4], a_lo[kRowSteps][4];
     const float* const a_tile = warpgroup == 0 ? dout : q;
     const float* const a_tile_lo = warpgroup == 0 ? dout_lo : q_lo;
-    wg::load_transposed_a_tf32(a_hi, smem(a_tile), 0, Shared::kRowChunkBytes, t);
-    wg::load_transposed_a_tf32(a_lo, smem(a_tile_lo), 0, Shared::kRowChunkBytes, t);
+    // (Split tiles hold tf32 values: loaded without rounding. Kᵀ's loads below keep theirs:
+    // without it the default kernel spilled 16 bytes, -Xptxas -v.)
+    wg::load_transposed_a_tf32<kRowSteps, false>(a_hi, smem(a_tile), 0, Shared::kRowChunkBytes, t);
+    wg::load_transposed_a_tf32<kRowSteps, false>(a_lo, smem(a_tile_lo), 0, Shared::kRowChunkBytes, t);
     tile::named_sync(int(NamedBarrier::residuals_read), kConsumerThreads);
     float* const ds_rows = q_lo;        // dS [rows, keys], high parts
     float* const ds_rows_lo = dout_lo;  // and residuals

@@ -363,7 +363,10 @@ __device__ __forceinline__ void store_transposed_tf32(const uint32_t (&frags)[N 
 // memory. Bank conflicts: a warp's load of one register reads 4 rows of X (t % 4) × 8 adjacent
 // columns (two 16-byte units); rows r and r ^ 1 swap those units under the swizzle, so the 8
 // (row, unit) pairs fall on 4 units: 2 wavefronts a load.
-template <int KSTEPS>
+// ROUND = false: the tile holds tf32 values already (split_to_tf32's high parts and residuals,
+// a tile rounded in place), loaded as they are — the rounding is four instructions a value
+// (cvt.rna.tf32.f32 has no SASS instruction of its own on sm_90) and changes no tf32 value.
+template <int KSTEPS, bool ROUND = true>
 __device__ __forceinline__ void load_transposed_a_tf32(uint32_t (&a)[KSTEPS][4], uint32_t tile, int m0,
                                                        int chunk_bytes, int thread) {
 #pragma unroll
@@ -374,7 +377,7 @@ __device__ __forceinline__ void load_transposed_a_tf32(uint32_t (&a)[KSTEPS][4],
       asm volatile("ld.shared.f32 %0, [%1];\n"
                    : "=f"(x)
                    : "r"(tile + uint32_t(layout::transposed_a_offset(thread, kb, e, m0, chunk_bytes))));
-      a[kb][e] = tile::to_tf32(x);
+      a[kb][e] = ROUND ? tile::to_tf32(x) : __float_as_uint(x);
     }
 }
 
