@@ -103,6 +103,18 @@ struct BwdStatsKernel {
     tile::named_sync(int(NamedBarrier::epilogue_first) + warpgroup, wg::kThreads);  // partial is rewritten next
   }
 
+  // |x|² of row r of an fp32 tile in swizzled chunks of chunk_bytes (TMA's layout), by the
+  // kNormLanes adjacent lanes of the row: lane `part` sums the dims d ≡ part (mod kNormLanes).
+  __device__ __forceinline__ static float row_norm2(const float* tile, int r, int chunk_bytes, int part) {
+    float n2 = 0.f;
+#pragma unroll 8
+    for (int d = part; d < Shared::kHeadDimPadded; d += kNormLanes) {
+      const float x = tile[wg::swizzled_offset<float>(r, d, chunk_bytes) / 4];
+      n2 = fmaf(x, x, n2);
+    }
+    return tile::warp::row_sum<kNormLanes>(n2);
+  }
+
   __device__ static void run(const BwdParams& params, Shared& shared) {
     const AttentionArgs& args = params.args;
     const int index = int(threadIdx.x);
@@ -176,15 +188,9 @@ struct BwdStatsKernel {
       // |q| of rows index / 4 and 64 + index / 4, dims d ≡ index (mod 4), before the split.
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int r = index / kNormLanes + i * (kThreads / kNormLanes), part = index % kNormLanes;
-        float n2 = 0.f;
-#pragma unroll 8
-        for (int d = part; d < Shared::kHeadDimPadded; d += kNormLanes) {
-          const float x = shared.q[wg::swizzled_offset<float>(r, d, Shared::kRowChunkBytes) / 4];
-          n2 = fmaf(x, x, n2);
-        }
-        n2 = tile::warp::row_sum<kNormLanes>(n2);
-        if (part == 0) shared.q_norm[r] = sqrtf(n2);
+        const int r = index / kNormLanes + i * (kThreads / kNormLanes);
+        const float n2 = row_norm2(shared.q, r, Shared::kRowChunkBytes, index % kNormLanes);
+        if (index % kNormLanes == 0) shared.q_norm[r] = sqrtf(n2);
       }
       __syncthreads();  // the norms read Q before its split
       split_rows(shared.q, shared.q_lo);
@@ -197,14 +203,8 @@ struct BwdStatsKernel {
       shared.kv_full[stage].wait((n / Shared::kStages) & 1);
       {
         // |k|² of key index / 4 of the tile (keys of the rows' range only), before the split.
-        const int key = index / kNormLanes, part = index % kNormLanes;
-        float n2 = 0.f;
-#pragma unroll 8
-        for (int d = part; d < Shared::kHeadDimPadded; d += kNormLanes) {
-          const float x = k[wg::swizzled_offset<float>(key, d, Shared::kKVChunkBytes) / 4];
-          n2 = fmaf(x, x, n2);
-        }
-        n2 = tile::warp::row_sum<kNormLanes>(n2);
+        const int key = index / kNormLanes;
+        const float n2 = row_norm2(k, key, Shared::kKVChunkBytes, index % kNormLanes);
         if (key0 + key >= keys.begin && key0 + key < keys.end) key_norm2_max = fmaxf(key_norm2_max, n2);
       }
       __syncthreads();  // the norms read K before its split
