@@ -75,9 +75,10 @@ Status backward(const BwdParams& params, cudaStream_t stream) {
   constexpr bool kRoundedDout = sizeof(T) == 4 && !is_split_tf32<T>;
   if (Status s = launch_bwd_preprocess<T, kRoundedDout>(row_args, stream, "sm90"); !s.ok()) return s;
   // Split tf32: each row's own softmax max and sum, and Δ on peaked query tiles, before the main
-  // kernel forms P from them: a block per (64 query rows, head, batch or sequence).
+  // kernel forms P from them: a block per (128 query rows, head, batch or sequence).
   if constexpr (is_split_tf32<T>) {
-    const dim3 grid(unsigned(ceil_div(args.seqlen_q, int64_t(kBwdRows))), unsigned(args.heads), unsigned(args.batch));
+    constexpr int64_t kStatsRows = BwdStatsKernel<HD, false>::kRows;
+    const dim3 grid(unsigned(ceil_div(args.seqlen_q, kStatsRows)), unsigned(args.heads), unsigned(args.batch));
     if (grid.x > 0 && grid.y > 0 && grid.z > 0) {
       const Status s = with_packing(args, [&](auto packed) {
         using K = BwdStatsKernel<HD, decltype(packed)::value>;
