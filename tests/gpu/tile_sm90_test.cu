@@ -594,7 +594,7 @@ TEST(Sm90Tile, Tf32OperandsTransposedInOrder) {
   int changed = 0;  // values that rounding changes: most of them
   for (int k = 0; k < kOpK; ++k)
     for (int n = 0; n < kOpN; ++n) {
-      const float want = tf32_rna(y[size_t(k * kOpN + n)]);
+      const float want = tf32_rn(y[size_t(k * kOpN + n)]);  // the tier rounds to nearest even
       changed += want != y[size_t(k * kOpN + n)];
       ASSERT_EQ(y_raw[size_t(offset(k, n, kOpK))], want) << "Y rounded in place at " << k << ", " << n;
       ASSERT_EQ(yt_raw[size_t(offset(n, k, kOpN))], want) << "Yᵀ at " << n << ", " << k;
@@ -604,7 +604,7 @@ TEST(Sm90Tile, Tf32OperandsTransposedInOrder) {
     for (int n = 0; n < kOpN; ++n) {
       double want = 0, magnitude = 0;
       for (int k = 0; k < kOpK; ++k) {
-        const double term = double(x[size_t(k * kOpM + m)]) * tf32_rna(y[size_t(k * kOpN + n)]);
+        const double term = double(x[size_t(k * kOpM + m)]) * tf32_rn(y[size_t(k * kOpN + n)]);
         want += term;
         magnitude += std::fabs(term);
       }
@@ -735,15 +735,17 @@ TEST(Sm90Tile, RoundToTf32InPlace) {
   std::mt19937 rng(13);
   std::uniform_real_distribution<float> u(-100.f, 100.f);
   for (auto& x : v) x = u(rng);
-  v[0] = 1.f + 0x1p-11f;  // a tie: away from zero
+  v[0] = 1.f + 0x1p-11f;  // a tie: to even (down)
   v[1] = -(1.f + 0x1p-11f);
+  v[2] = 1.f + 3 * 0x1p-11f;  // a tie: to even (up)
   float* dv = to_device(v);
   round_to_tf32_kernel<<<1, 96>>>(dv);  // not a divisor of the 256 units: the last thread takes fewer
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto out = to_host(dv, v.size());
-  EXPECT_EQ(out[0], 1.f + 0x1p-10f);
-  EXPECT_EQ(out[1], -(1.f + 0x1p-10f));
-  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(out[i], tf32_rna(v[i])) << i;
+  EXPECT_EQ(out[0], 1.f);
+  EXPECT_EQ(out[1], -1.f);
+  EXPECT_EQ(out[2], 1.f + 0x1p-9f);
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(out[i], tf32_rn(v[i])) << i;
   cudaFree(dv);
 }
 

@@ -54,6 +54,20 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
   return out;
 }
 
+// fp32 → tf32 rounded to nearest, ties to even (cvt.rn.tf32.f32: sm_90 and later, one SASS
+// instruction, F2FP.TF32; cvt.rna above has none there and takes four). The sm90 tier's kernels
+// round with it, and the preprocess's Δ where it runs for them; below sm_90 it falls back to
+// to_tf32 (no kernel built for those GPUs calls it).
+__device__ __forceinline__ uint32_t to_tf32_rn(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t out;
+  asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(out) : "f"(x));
+  return out;
+#else
+  return to_tf32(x);
+#endif
+}
+
 // x as element i of an mma operand fragment of N registers for fp32 storage T: tf32 (T = float)
 // in r[i]; split tf32 (T = tf32x3) as hi = tf32(x) in r[i] and lo = tf32(x - hi) in r[i + N/2]:
 // a split fragment is the high fragment followed by the residual one (mma.cuh). x - hi is exact

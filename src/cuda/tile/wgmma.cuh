@@ -191,21 +191,8 @@ inline constexpr int kStepK = sizeof(T) == 4 ? 8 : 16;
 // a3 = A[r0+8][l%4 + 4], while the accumulator holds columns 2(l%4) and 2(l%4) + 1 of each 8.
 // Rather than move values between lanes, the k index is permuted: a0/a1 take column 2(l%4),
 // a2/a3 column 2(l%4) + 1, so k step position p holds column tf32_key_of(p) — and B's rows must
-// be permuted the same way (transpose_k_major below writes Vᵀ so). Rounded to nearest (rna).
+// be permuted the same way (transpose_k_major below writes Vᵀ so). Rounded to nearest even (tile::to_tf32_rn, as every tf32 rounding of this tier).
 using layout::tf32_position_of;  // column → k position in its 8 (layout.h)
-// fp32 → tf32 rounded to nearest, ties to even (cvt.rn.tf32.f32, sm_90: one instruction,
-// F2FP.TF32; cvt.rna, tile::to_tf32, has none there and takes four). The split-tf32 kernels of this
-// tier round with it; its tf32 ones keep tile::to_tf32, which the shared preprocess's Δ matches.
-__device__ __forceinline__ uint32_t to_tf32_rn(float x) {
-  uint32_t out;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(out) : "f"(x));
-#else
-  out = tile::to_tf32(x);  // never runs: this header's kernels are sm_90a's
-#endif
-  return out;
-}
-
 // Split tf32: x as its tf32 high part and residual, hi = tf32(x) and lo = tf32(x − hi), rounded
 // to nearest even (x − hi is exact, so hi + lo carries x to within 2^-22 of |x|), each in a 32-bit
 // register. Every split of this tier's split-tf32 kernels goes through it (the backward's main
@@ -234,7 +221,7 @@ __device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / kStepK<T>][4], cons
     for (int kb = 0; kb < N / 8; ++kb)
 #pragma unroll
       for (int e = 0; e < 4; ++e)  // rows r0, r0 + 8 of column 2(l%4), then of column 2(l%4) + 1
-        a[kb][e] = tile::to_tf32(acc.d[4 * kb + layout::acc_register_of(e)]);
+        a[kb][e] = tile::to_tf32_rn(acc.d[4 * kb + layout::acc_register_of(e)]);
   } else {
 #pragma unroll
     for (int kb = 0; kb < N / 16; ++kb) {
@@ -276,15 +263,15 @@ __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, in
                  : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
                  : "r"(from));
     if constexpr (ROUND_SOURCE)
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(from), "r"(tile::to_tf32(x[0])),
-                   "r"(tile::to_tf32(x[1])), "r"(tile::to_tf32(x[2])), "r"(tile::to_tf32(x[3]))
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(from), "r"(tile::to_tf32_rn(x[0])),
+                   "r"(tile::to_tf32_rn(x[1])), "r"(tile::to_tf32_rn(x[2])), "r"(tile::to_tf32_rn(x[3]))
                    : "memory");
 #pragma unroll
     for (uint32_t i = 0; i < uint32_t(layout::kFp32UnitCols); ++i) {
       const uint32_t to = L::destination(item, place, i);
       uint32_t hi, lo = 0;
       if constexpr (RESIDUAL) split_tf32(x[i], hi, lo);
-      else hi = tile::to_tf32(x[i]);
+      else hi = tile::to_tf32_rn(x[i]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + to), "r"(hi) : "memory");
       if constexpr (RESIDUAL) asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst_lo + to), "r"(lo) : "memory");
     }
@@ -312,8 +299,8 @@ __device__ __forceinline__ void round_to_tf32(float* tile, int index, int thread
   float4* units = reinterpret_cast<float4*>(tile);
   for (int u = index; u < FLOATS / 4; u += threads) {
     const float4 x = units[u];
-    units[u] = make_float4(__uint_as_float(tile::to_tf32(x.x)), __uint_as_float(tile::to_tf32(x.y)),
-                           __uint_as_float(tile::to_tf32(x.z)), __uint_as_float(tile::to_tf32(x.w)));
+    units[u] = make_float4(__uint_as_float(tile::to_tf32_rn(x.x)), __uint_as_float(tile::to_tf32_rn(x.y)),
+                           __uint_as_float(tile::to_tf32_rn(x.z)), __uint_as_float(tile::to_tf32_rn(x.w)));
   }
 }
 
@@ -377,6 +364,8 @@ __device__ __forceinline__ void load_transposed_a_tf32(uint32_t (&a)[KSTEPS][4],
       asm volatile("ld.shared.f32 %0, [%1];\n"
                    : "=f"(x)
                    : "r"(tile + uint32_t(layout::transposed_a_offset(thread, kb, e, m0, chunk_bytes))));
+      // cvt.rna (to_tf32), not cvt.rn: with the one-instruction rounding here the split backward's
+      // default kernel spilled 16 bytes (-Xptxas -v); the values it rounds feed products only.
       a[kb][e] = ROUND ? tile::to_tf32(x) : __float_as_uint(x);
     }
 }
@@ -395,7 +384,7 @@ __device__ __forceinline__ void store_transposed_acc_tf32(const Accumulator<N>& 
     for (int j = 0; j < A::kCols; ++j)
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + uint32_t(layout::transposed_acc_offset(
                                                                    thread, i, j, row0, chunk_bytes))),
-                   "r"(tile::to_tf32(acc(i, j)))
+                   "r"(tile::to_tf32_rn(acc(i, j)))
                    : "memory");
 }
 
@@ -473,7 +462,7 @@ __device__ __forceinline__ void store_swizzled(const Accumulator<N>& acc, const 
         const int col = 8 * g + 2 * (thread % 4);
         const uint32_t addr = tile + uint32_t(swizzled_offset<float>(row, col, chunk_bytes));
         float x = acc.d[4 * g + 2 * i] * row_scale[i], y = acc.d[4 * g + 2 * i + 1] * row_scale[i];
-        if constexpr (TF32_ROUND) x = __uint_as_float(tile::to_tf32(x)), y = __uint_as_float(tile::to_tf32(y));
+        if constexpr (TF32_ROUND) x = __uint_as_float(tile::to_tf32_rn(x)), y = __uint_as_float(tile::to_tf32_rn(y));
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
       }
     }
