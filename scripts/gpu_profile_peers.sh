@@ -8,7 +8,8 @@
 #   $OUT/peers.tar.gz        the details page of each case and provider (peers_<case>_<provider>.txt)
 #                            and the profiled runs' output (peers_<case>_<provider>_run.log)
 # CASES (default "fwd256 decode fwd64c bwd64") picks the cases below, in that order; fwd64s,
-# fwd64sc and fwd128s are the 512-key forwards (16k tokens, hidden 2048) where fmha trails cuDNN.
+# fwd64sc and fwd128s are the 512-key forwards (16k tokens, hidden 2048) where fmha trails cuDNN;
+# decode1 is decoding one sequence of 8k keys (decode: 16 of them).
 # SOURCE=1 adds each report's source page (per SASS instruction: executions, stall samples by
 # reason; `ncu --page source --csv --print-source sass`) as peers_<case>_<provider>_source.csv.
 set -u -o pipefail
@@ -27,18 +28,20 @@ declare -A FMHA=(
   [fwd256]="--mode fwd --head-dim 256 --heads 8 --batch 8 --seqlen-q 2048"
   [fwd64c]="--mode fwd --head-dim 64 --heads 32 --batch 8 --seqlen-q 2048 --causal bottom-right"
   [decode]="--mode fwd --head-dim 128 --heads 32 --kv-heads 8 --batch 16 --seqlen-q 1 --seqlen-k 8192"
+  [decode1]="--mode fwd --head-dim 128 --heads 32 --kv-heads 8 --batch 1 --seqlen-q 1 --seqlen-k 8192"
   [bwd64]="--mode bwd --head-dim 64 --heads 32 --batch 4 --seqlen-q 4096"
   [fwd64s]="--mode fwd --head-dim 64 --heads 32 --batch 32 --seqlen-q 512"
   [fwd64sc]="--mode fwd --head-dim 64 --heads 32 --batch 32 --seqlen-q 512 --causal bottom-right"
   [fwd128s]="--mode fwd --head-dim 128 --heads 16 --batch 32 --seqlen-q 512"
 )
 declare -A FILTER=([fwd256]="regex:^fwd_kernel" [fwd64c]="regex:^fwd_kernel"
-                   [decode]="regex:^(decode_kernel|merge_splits_kernel)" [bwd64]="regex:^bwd_"
+                   [decode]="regex:^(decode_kernel|merge_splits_kernel)"
+                   [decode1]="regex:^(decode_kernel|merge_splits_kernel)" [bwd64]="regex:^bwd_"
                    [fwd64s]="regex:^fwd_kernel" [fwd64sc]="regex:^fwd_kernel" [fwd128s]="regex:^fwd_kernel")
-declare -A SKIP=([fwd256]="2 1" [fwd64c]="2 1" [decode]="2 2" [bwd64]="6 3" [fwd64s]="2 1" [fwd64sc]="2 1" [fwd128s]="2 1")
+declare -A SKIP=([fwd256]="2 1" [fwd64c]="2 1" [decode]="2 2" [decode1]="2 2" [bwd64]="6 3" [fwd64s]="2 1" [fwd64sc]="2 1" [fwd128s]="2 1")
 # torch: batch heads kv_heads seqlen_q seqlen_k head_dim causal direction
 declare -A TORCH=([fwd256]="8 8 8 2048 2048 256 0 fwd" [fwd64c]="8 32 32 2048 2048 64 1 fwd"
-                  [decode]="16 32 8 1 8192 128 0 fwd" [bwd64]="4 32 32 4096 4096 64 0 bwd"
+                  [decode]="16 32 8 1 8192 128 0 fwd" [decode1]="1 32 8 1 8192 128 0 fwd" [bwd64]="4 32 32 4096 4096 64 0 bwd"
                   [fwd64s]="32 32 32 512 512 64 0 fwd" [fwd64sc]="32 32 32 512 512 64 1 fwd"
                   [fwd128s]="32 16 16 512 512 128 0 fwd")
 cat > /tmp/peers_torch.py <<'EOF'
