@@ -60,8 +60,8 @@ fi
 if want tests; then
   F='*sm90_tf32*:*sm80_tf32*:Sm90Tf32*:Sm90BwdConfig.*:SplitTf32*:*GpuPeakedSoftmax*:GpuSplitTf32.Sm90*'
   F+=':Refuse.*:Edge.*:Tiers/FewKeys.*sm90*:Tiers/Deterministic.*sm90*'
-  sm90_sharded_tests "$T" "$F" 6 280 tests.log
+  sm90_sharded_tests "$T" "$F" 6 "${TEST_LIMIT:-280}" tests.log
 fi
 if want fuzz; then
-  sm90_sharded_tests "$T" 'Fuzz/GpuFuzz.*sm90*:GpuSplitTf32.Auto*' 6 280 fuzz.log
+  sm90_sharded_tests "$T" 'Fuzz/GpuFuzz.*sm90*:GpuSplitTf32.Auto*' 6 "${TEST_LIMIT:-280}" fuzz.log
 fi
