@@ -4,7 +4,7 @@
 # sources come from `bash scripts/gpu_fp32_ab.sh prepare <commit>` (into .base-src; carry it).
 # STEPS (default "build tile bench tests fuzz") picks the parts; the builds are kept between calls:
 #   build   this tree's CLI, GPU tests and tile tests (arch 90, head dims $AB_HEAD_DIMS, default
-#           64;96;128;256) into $BUILD, the base's CLI (64;128;256) into $BASE_BUILD            -> build.log
+#           64;96;128;256) into $BUILD, the base's CLI ($BASE_HEAD_DIMS, default 64;128;256) into $BASE_BUILD            -> build.log
 #   tile    the sm90 tile layer's tests (the split's rounding first) and the tile layer's
 #           tf32 tests                                                            -> tile.log
 #   bench   the seed shape (B4 H4 S4096, fp32), base and tree in $ROUNDS interleaved rounds:
@@ -29,7 +29,7 @@ if want build; then
   t0=$(date +%s)
   [[ -f "$BASE_SRC/CMakeLists.txt" ]] || { echo "no base sources in $BASE_SRC (<script> prepare <commit>)"; exit 1; }
   # The base's CLI at the benchmarked head dims only.
-  { sm90_configure . "$B" && AB_HEAD_DIMS="64;128;256" sm90_configure "$BASE_SRC" "$BB"; } > "$OUT/build.log" 2>&1 &&
+  { sm90_configure . "$B" && AB_HEAD_DIMS="${BASE_HEAD_DIMS:-64;128;256}" sm90_configure "$BASE_SRC" "$BB"; } > "$OUT/build.log" 2>&1 &&
     timeout 400 ninja -C "$B" -j"$(nproc)" fmha_cli fmha_gpu_tests fmha_tile_tests fmha_tile_sm90_tests >> "$OUT/build.log" 2>&1 &&
     timeout 300 ninja -C "$BB" -j"$(nproc)" fmha_cli >> "$OUT/build.log" 2>&1 ||
     { grep -E "error|FAILED" "$OUT/build.log" | head -20; tail -5 "$OUT/build.log"; exit 1; }
@@ -51,6 +51,7 @@ if want bench; then
   for r in $(seq 1 "${ROUNDS:-3}"); do
     for c in "sm90 fwd tf32x3 64" "sm90 bwd tf32x3 64" "sm90 fwd tf32 64" "sm90 bwd tf32 64" "sm90 fwd tf32 128" \
              "sm90 bwd tf32 128" "sm80 fwd tf32x3 128" "sm80 bwd tf32x3 128" "sm80 fwd tf32x3 256" "sm80 bwd tf32x3 256"; do
+      [[ ";$AB_HEAD_DIMS;" == *";${c##* };"* ]] || continue  # head dims built only
       [[ $r -gt 1 && $c == sm80*256 ]] && continue  # one round at D256 (each call ~40 ms)
       seed base "$BB/fmha" $r $c
       seed tree "$B/fmha" $r $c
