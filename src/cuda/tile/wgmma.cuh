@@ -356,6 +356,10 @@ __device__ __forceinline__ void store_transposed_tf32(const uint32_t (&frags)[N 
 template <int KSTEPS, bool ROUND = true>
 __device__ __forceinline__ void load_transposed_a_tf32(uint32_t (&a)[KSTEPS][4], uint32_t tile, int m0,
                                                        int chunk_bytes, int thread) {
+  // One address per register e; every k step's is it plus an immediate (kTransposedAStepBytes).
+  uint32_t base[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) base[e] = tile + uint32_t(layout::transposed_a_offset(thread, 0, e, m0, chunk_bytes));
 #pragma unroll
   for (int kb = 0; kb < KSTEPS; ++kb)
 #pragma unroll
@@ -363,7 +367,7 @@ __device__ __forceinline__ void load_transposed_a_tf32(uint32_t (&a)[KSTEPS][4],
       float x;
       asm volatile("ld.shared.f32 %0, [%1];\n"
                    : "=f"(x)
-                   : "r"(tile + uint32_t(layout::transposed_a_offset(thread, kb, e, m0, chunk_bytes))));
+                   : "r"(base[e] + uint32_t(kb * layout::kTransposedAStepBytes)));
       // cvt.rna (to_tf32), not cvt.rn: with the one-instruction rounding here the split backward's
       // default kernel spilled 16 bytes (-Xptxas -v); the values it rounds feed products only.
       a[kb][e] = ROUND ? tile::to_tf32(x) : __float_as_uint(x);
@@ -378,12 +382,18 @@ template <int N>
 __device__ __forceinline__ void store_transposed_acc_tf32(const Accumulator<N>& acc, uint32_t tile, int row0,
                                                           int chunk_bytes, int thread) {
   using A = Accumulator<N>;
+  // One address per (i, j < 2); column pair g's is an immediate on (layout::kTransposedAccStepBytes).
+  uint32_t base[A::kRows][2];
+#pragma unroll
+  for (int i = 0; i < A::kRows; ++i)
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      base[i][c] = tile + uint32_t(layout::transposed_acc_offset(thread, i, c, row0, chunk_bytes));
 #pragma unroll
   for (int i = 0; i < A::kRows; ++i)
 #pragma unroll
     for (int j = 0; j < A::kCols; ++j)
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + uint32_t(layout::transposed_acc_offset(
-                                                                   thread, i, j, row0, chunk_bytes))),
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base[i][j % 2] + uint32_t((j / 2) * layout::kTransposedAccStepBytes)),
                    "r"(tile::to_tf32_rn(acc(i, j)))
                    : "memory");
 }
@@ -415,11 +425,16 @@ template <int N>
 __device__ __forceinline__ void store_transposed_acc_split(const Accumulator<N>& acc, uint32_t hi, uint32_t lo,
                                                            int row0, int chunk_bytes, int thread) {
   using A = Accumulator<N>;
+  uint32_t base[A::kRows][2];  // as store_transposed_acc_tf32's
+#pragma unroll
+  for (int i = 0; i < A::kRows; ++i)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) base[i][c] = uint32_t(layout::transposed_acc_offset(thread, i, c, row0, chunk_bytes));
 #pragma unroll
   for (int i = 0; i < A::kRows; ++i)
 #pragma unroll
     for (int j = 0; j < A::kCols; ++j) {
-      const uint32_t at = uint32_t(layout::transposed_acc_offset(thread, i, j, row0, chunk_bytes));
+      const uint32_t at = base[i][j % 2] + uint32_t((j / 2) * layout::kTransposedAccStepBytes);
       uint32_t h, l;
       split_tf32(acc(i, j), h, l);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(hi + at), "r"(h) : "memory");
