@@ -118,8 +118,7 @@ struct BwdStatsKernel {
   __device__ static void run(const BwdParams& params, Shared& shared) {
     const AttentionArgs& args = params.args;
     const int index = int(threadIdx.x);
-    // The warpgroup index known warp-uniform (a shuffle from lane 0), as the main kernel's.
-    const int warpgroup = __shfl_sync(0xffffffffu, index / wg::kThreads, 0), thread = index % wg::kThreads;
+    const int warpgroup = wg::uniform_index(), thread = index % wg::kThreads;
     const int tile_row0 = warpgroup * Shared::kTileRows;  // this warpgroup's query tile within the block
     const Mask& mask = PACKED ? shared.sequence.mask : args.mask;
     const SequenceStart seq = PACKED ? shared.sequence.start : SequenceStart{int64_t(blockIdx.z), int64_t(blockIdx.z)};
