@@ -809,8 +809,8 @@ struct BwdMainloop {
   __device__ __forceinline__ void prepare_split_tf32() {
     static_assert(kSplitTf32, "the split backward's");
     const int index = warpgroup * wg::kThreads + thread;
-    wg::split_to_tf32<kKeys * kHeadDimPadded>(floats(shared.k), shared.residual.k, index, kConsumerThreads);
-    wg::split_to_tf32<kKeys * kHeadDimPadded>(floats(shared.v), shared.residual.v, index, kConsumerThreads);
+    wg::split_to_tf32<kKeys * kHeadDimPadded, kConsumerThreads>(floats(shared.k), shared.residual.k, index);
+    wg::split_to_tf32<kKeys * kHeadDimPadded, kConsumerThreads>(floats(shared.v), shared.residual.v, index);
     tile::fence_async_shared();  // wgmma reads them through the async proxy
     tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
   }
@@ -865,8 +865,8 @@ struct BwdMainloop {
 #pragma unroll
     for (int c = 0; c < Shared::kChunks; ++c) {
       const int at_rows = c * (kRows * Shared::kChunkCols) + q_col0 * Shared::kChunkCols;
-      wg::split_to_tf32<kQueries * Shared::kChunkCols>(q + at_rows, q_lo + at_rows, thread, wg::kThreads);
-      wg::split_to_tf32<kQueries * Shared::kChunkCols>(dout + at_rows, dout_lo + at_rows, thread, wg::kThreads);
+      wg::split_to_tf32<kQueries * Shared::kChunkCols, wg::kThreads>(q + at_rows, q_lo + at_rows, thread);
+      wg::split_to_tf32<kQueries * Shared::kChunkCols, wg::kThreads>(dout + at_rows, dout_lo + at_rows, thread);
     }
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::epilogue_first) + warpgroup, wg::kThreads);  // unused by the backward otherwise

@@ -162,9 +162,9 @@ struct BwdStatsKernel {
     };
     // Split for tf32 products as the main kernel splits (high parts in place), by the block: a key
     // tile, or the block's query-side tile.
-    auto split_keys = [&](float* hi, float* lo) { wg::split_to_tf32<Shared::kTileFloats>(hi, lo, index, kThreads); };
+    auto split_keys = [&](float* hi, float* lo) { wg::split_to_tf32<Shared::kTileFloats, kThreads>(hi, lo, index); };
     auto split_rows = [&](float* hi, float* lo) {
-      wg::split_to_tf32<kRows * Shared::kHeadDimPadded>(hi, lo, index, kThreads);
+      wg::split_to_tf32<kRows * Shared::kHeadDimPadded, kThreads>(hi, lo, index);
     };
 
     if (index == 0 && tiles > 0) {

@@ -239,9 +239,9 @@ struct FwdKernel {
           ahead = kNoMoreKeys;
           return;
         }
-        wg::split_to_tf32<BN * Shared::kHeadDimPadded>(reinterpret_cast<float*>(shared.k[keys.index]),
-                                                       reinterpret_cast<float*>(shared.residual.k[keys.index]),
-                                                       warp * 32 + lane, kTransposeWarps * 32);
+        wg::split_to_tf32<BN * Shared::kHeadDimPadded, kTransposeWarps * 32>(
+            reinterpret_cast<float*>(shared.k[keys.index]), reinterpret_cast<float*>(shared.residual.k[keys.index]),
+            warp * 32 + lane);
         tile::fence_async_shared();
         __syncwarp();
         if (lane == 0) shared.residual.k_split[keys.index].arrive();

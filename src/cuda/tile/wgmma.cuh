@@ -313,13 +313,20 @@ __device__ __forceinline__ void round_to_tf32(float* tile, int index, int thread
 
 // Every element x of an fp32 tile of FLOATS elements (any layout) split for tf32 products: hi
 // takes tf32(x) in place and lo, a tile of the same layout, tf32(x − tf32(x)); in 16-byte units,
-// by `threads` threads of which this is `index`.
-template <int FLOATS>
-__device__ __forceinline__ void split_to_tf32(float* hi, float* lo, int index, int threads) {
+// by THREADS threads of which this is `index` (< THREADS). The thread count a compile-time
+// constant, each thread's units are a loop of known length (no remainder loop, no trip count
+// formed from the index at run time).
+template <int FLOATS, int THREADS>
+__device__ __forceinline__ void split_to_tf32(float* hi, float* lo, int index) {
   static_assert(FLOATS % 4 == 0, "whole 16-byte units");
+  constexpr int kUnits = FLOATS / 4;
+  constexpr int kSteps = (kUnits + THREADS - 1) / THREADS;
   float4* units = reinterpret_cast<float4*>(hi);
   float4* residuals = reinterpret_cast<float4*>(lo);
-  for (int u = index; u < FLOATS / 4; u += threads) {
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int u = index + step * THREADS;
+    if (kUnits % THREADS != 0 && u >= kUnits) break;
     const float x[4] = {units[u].x, units[u].y, units[u].z, units[u].w};
     uint32_t h[4], l[4];
 #pragma unroll
