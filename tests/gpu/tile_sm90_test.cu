@@ -664,7 +664,7 @@ __global__ void tf32_split_kernel(const float* p, const float* v, float* o, floa
   __syncthreads();
   for (int e = t; e < kSplitK * kSplitN; e += blockDim.x) v_smem[e] = y[e];
   __syncthreads();
-  wg::split_to_tf32<kSplitK * kSplitN>(v_smem, vt_smem, t, wg::kThreads);
+  wg::split_to_tf32<kSplitK * kSplitN, wg::kThreads>(v_smem, vt_smem, t);
   __syncthreads();
   for (int e = t; e < kSplitK * kSplitN; e += blockDim.x) {
     y[e] = v_smem[e];
