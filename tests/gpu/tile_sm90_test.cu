@@ -719,12 +719,13 @@ TEST(Sm90Tile, SplitTf32OperandsFp32Accurate) {
 }
 
 // ---- round_to_tf32: a tile rounded in place -----------------------------------------------------
+constexpr int kRoundThreads = 96;  // not a divisor of the tile's 256 units
 __global__ void round_to_tf32_kernel(float* values) {
   constexpr int kFloats = 1024;
   __shared__ alignas(16) float tile_smem[kFloats];
   for (int e = threadIdx.x; e < kFloats; e += blockDim.x) tile_smem[e] = values[e];
   __syncthreads();
-  wg::round_to_tf32<kFloats>(tile_smem, int(threadIdx.x), int(blockDim.x));
+  wg::round_to_tf32<kFloats, kRoundThreads>(tile_smem, int(threadIdx.x));
   __syncthreads();
   for (int e = threadIdx.x; e < kFloats; e += blockDim.x) values[e] = tile_smem[e];
 }
@@ -739,7 +740,7 @@ TEST(Sm90Tile, RoundToTf32InPlace) {
   v[1] = -(1.f + 0x1p-11f);
   v[2] = 1.f + 3 * 0x1p-11f;  // a tie: to even (up)
   float* dv = to_device(v);
-  round_to_tf32_kernel<<<1, 96>>>(dv);  // not a divisor of the 256 units: the last thread takes fewer
+  round_to_tf32_kernel<<<1, kRoundThreads>>>(dv);  // not a divisor of the 256 units: the last thread takes fewer
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto out = to_host(dv, v.size());
   EXPECT_EQ(out[0], 1.f);

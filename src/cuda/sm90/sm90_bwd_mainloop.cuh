@@ -438,7 +438,7 @@ struct BwdMainloop {
     const int index = warpgroup * wg::kThreads + thread;
     wg::transpose_k_major<kKeys, kHeadDimPadded, kConsumerThreads / 32, false>(shared.k, shared.transposed.kt,
                                                                               index / 32, index % 32);
-    wg::round_to_tf32<kKeys * kHeadDimPadded>(shared.v, index, kConsumerThreads);
+    wg::round_to_tf32<kKeys * kHeadDimPadded, kConsumerThreads>(shared.v, index);
     tile::fence_async_shared();  // wgmma reads them through the async proxy
     tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
   }
@@ -674,7 +674,7 @@ struct BwdMainloop {
   __device__ __forceinline__ void prepare_wide_tf32() {
     static_assert(kWideTf32, "the wide tf32 backward's");
     const int index = warpgroup * wg::kThreads + thread;
-    wg::round_to_tf32<kKeys * kHeadDimPadded>(shared.v, index, kConsumerThreads);
+    wg::round_to_tf32<kKeys * kHeadDimPadded, kConsumerThreads>(shared.v, index);
     tile::fence_async_shared();  // wgmma reads V through the async proxy
     tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
   }
@@ -707,9 +707,8 @@ struct BwdMainloop {
     // and dPᵀ reads them as they are): rows [32 w, 32 w + 32) of each chunk, 4 KiB apiece.
 #pragma unroll
     for (int c = 0; c < Shared::kChunks; ++c)
-      wg::round_to_tf32<kQueries * Shared::kChunkCols>(
-          shared.dout[stage] + c * (kRows * Shared::kChunkCols) + q_col0 * Shared::kChunkCols,
-          thread, wg::kThreads);
+      wg::round_to_tf32<kQueries * Shared::kChunkCols, wg::kThreads>(
+          shared.dout[stage] + c * (kRows * Shared::kChunkCols) + q_col0 * Shared::kChunkCols, thread);
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::epilogue_first) + warpgroup, wg::kThreads);  // unused by the backward otherwise
     // dPᵀ over the head dim in two halves, each from zero, added in fp32 once complete: the tensor

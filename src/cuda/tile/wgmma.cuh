@@ -298,35 +298,43 @@ __device__ __forceinline__ void transpose_k_major_split(float* src, float* dst, 
       lane, static_cast<uint32_t>(__cvta_generic_to_shared(dst_lo)));
 }
 
+// f(u) for the 16-byte units u of a tile of UNITS units that thread `index` (< THREADS) of
+// THREADS takes: index, index + THREADS, ... The thread count a compile-time constant, each
+// thread's units are a loop of known length (no remainder loop, no trip count formed from the
+// index at run time).
+template <int UNITS, int THREADS, class F>
+__device__ __forceinline__ void for_each_unit(int index, F&& f) {
+  constexpr int kSteps = (UNITS + THREADS - 1) / THREADS;
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int u = index + step * THREADS;
+    if (UNITS % THREADS != 0 && u >= UNITS) break;
+    f(u);
+  }
+}
+
 // Every element of an fp32 tile of FLOATS elements (any layout) rounded to tf32 in place, in
-// 16-byte units, by `threads` threads of which this is `index`.
-template <int FLOATS>
-__device__ __forceinline__ void round_to_tf32(float* tile, int index, int threads) {
+// 16-byte units, by THREADS threads of which this is `index` (for_each_unit).
+template <int FLOATS, int THREADS>
+__device__ __forceinline__ void round_to_tf32(float* tile, int index) {
   static_assert(FLOATS % 4 == 0, "whole 16-byte units");
   float4* units = reinterpret_cast<float4*>(tile);
-  for (int u = index; u < FLOATS / 4; u += threads) {
+  for_each_unit<FLOATS / 4, THREADS>(index, [&](int u) {
     const float4 x = units[u];
     units[u] = make_float4(__uint_as_float(tile::to_tf32_rn(x.x)), __uint_as_float(tile::to_tf32_rn(x.y)),
                            __uint_as_float(tile::to_tf32_rn(x.z)), __uint_as_float(tile::to_tf32_rn(x.w)));
-  }
+  });
 }
 
 // Every element x of an fp32 tile of FLOATS elements (any layout) split for tf32 products: hi
 // takes tf32(x) in place and lo, a tile of the same layout, tf32(x − tf32(x)); in 16-byte units,
-// by THREADS threads of which this is `index` (< THREADS). The thread count a compile-time
-// constant, each thread's units are a loop of known length (no remainder loop, no trip count
-// formed from the index at run time).
+// by THREADS threads of which this is `index` (for_each_unit).
 template <int FLOATS, int THREADS>
 __device__ __forceinline__ void split_to_tf32(float* hi, float* lo, int index) {
   static_assert(FLOATS % 4 == 0, "whole 16-byte units");
-  constexpr int kUnits = FLOATS / 4;
-  constexpr int kSteps = (kUnits + THREADS - 1) / THREADS;
   float4* units = reinterpret_cast<float4*>(hi);
   float4* residuals = reinterpret_cast<float4*>(lo);
-#pragma unroll
-  for (int step = 0; step < kSteps; ++step) {
-    const int u = index + step * THREADS;
-    if (kUnits % THREADS != 0 && u >= kUnits) break;
+  for_each_unit<FLOATS / 4, THREADS>(index, [&](int u) {
     const float x[4] = {units[u].x, units[u].y, units[u].z, units[u].w};
     uint32_t h[4], l[4];
 #pragma unroll
@@ -334,7 +342,7 @@ __device__ __forceinline__ void split_to_tf32(float* hi, float* lo, int index) {
     units[u] = make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));
     residuals[u] =
         make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));
-  }
+  });
 }
 
 // The transpose of a warpgroup's [64, N] tile given as tf32 a_from_acc fragments (rounded
