@@ -322,9 +322,7 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1
   using K = FwdKernel<T, HD, VARIANT, PACKED>;
   extern __shared__ char shared_raw[];
   auto& shared = wg::shared_storage<typename K::Shared>(shared_raw);
-  // The warpgroup index through a shuffle from lane 0: known warp-uniform, so that what derives
-  // from it (tile addresses, wgmma descriptors, barrier ids) may live in uniform registers.
-  const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / wg::kThreads, 0);
+  const int warpgroup = wg::uniform_index();
   const int thread = int(threadIdx.x) % wg::kThreads;
   if (threadIdx.x == 0) {
     for (int b = 0; b < K::Shared::kQBuffers; ++b) {

@@ -31,6 +31,13 @@ inline constexpr int kRows = 64;           // M of every wgmma
 inline constexpr int kSwizzleBytes = 128;  // a row of a swizzled column chunk
 inline constexpr int kSwizzleAtomBytes = 1024;  // 8 rows × 128 B: the swizzle pattern's period
 
+// The block's warpgroup of this thread, through a shuffle from lane 0: the compiler then knows it
+// the same across the warp, so that what derives from it (tile addresses, wgmma descriptors) may
+// live in uniform registers rather than be moved there (R2UR) before each use.
+__device__ __forceinline__ int uniform_index() {
+  return __shfl_sync(0xffffffffu, int(threadIdx.x) / kThreads, 0);
+}
+
 // Elements of T in one 128-byte swizzled row: the width of a column chunk.
 template <class T>
 inline constexpr int kChunkCols = kSwizzleBytes / int(sizeof(T));
