@@ -26,14 +26,8 @@ B=${BUILD:-$PWD/build-fp32-ab}
 BB=${BASE_BUILD:-/tmp/fmha-fp32-base}
 T=$B/tests/gpu/fmha_gpu_tests
 if want build; then
-  t0=$(date +%s)
-  [[ -f "$BASE_SRC/CMakeLists.txt" ]] || { echo "no base sources in $BASE_SRC (<script> prepare <commit>)"; exit 1; }
-  # The base's CLI at the benchmarked head dims only.
-  { sm90_configure . "$B" && AB_HEAD_DIMS="${BASE_HEAD_DIMS:-64;128;256}" sm90_configure "$BASE_SRC" "$BB"; } > "$OUT/build.log" 2>&1 &&
-    timeout 400 ninja -C "$B" -j"$(nproc)" fmha_cli fmha_gpu_tests fmha_tile_tests fmha_tile_sm90_tests >> "$OUT/build.log" 2>&1 &&
-    timeout 300 ninja -C "$BB" -j"$(nproc)" fmha_cli >> "$OUT/build.log" 2>&1 ||
-    { grep -E "error|FAILED" "$OUT/build.log" | head -20; tail -5 "$OUT/build.log"; exit 1; }
-  echo "built the tree and base $(cat "$BASE_SRC/.commit") in $(( $(date +%s) - t0 )) s"
+  BASE_HEAD_DIMS=${BASE_HEAD_DIMS:-"64;128;256"} \
+    sm90_build_tree_and_base "fmha_cli fmha_gpu_tests fmha_tile_tests fmha_tile_sm90_tests" || exit 1
 fi
 if want tile; then
   {
