@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1
   using K = FwdKernel<T, HD, VARIANT, PACKED>;
   extern __shared__ char shared_raw[];
   auto& shared = wg::shared_storage<typename K::Shared>(shared_raw);
-  const int warpgroup = int(threadIdx.x) / wg::kThreads;
+  const int warpgroup = wg::uniform_index();
   const int thread = int(threadIdx.x) % wg::kThreads;
   if (threadIdx.x == 0) {
     for (int b = 0; b < K::Shared::kQBuffers; ++b) {
