@@ -552,6 +552,18 @@ float tf32_rna(float x) {
   return x;
 }
 
+// Round to nearest, ties to even, keeping 10 mantissa bits (inf and NaN as they are).
+float tf32_rn(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  const uint32_t keep_lsb = (u >> 13) & 1u;
+  u = (u + 0xfffu + keep_lsb) & 0xffffe000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
 TEST(Sm90Tile, Tf32OperandsTransposedInOrder) {
   if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
   std::vector<float> x(size_t(kOpK) * kOpM), y(size_t(kOpK) * kOpN);
@@ -582,7 +594,7 @@ TEST(Sm90Tile, Tf32OperandsTransposedInOrder) {
   int changed = 0;  // values that rounding changes: most of them
   for (int k = 0; k < kOpK; ++k)
     for (int n = 0; n < kOpN; ++n) {
-      const float want = tf32_rna(y[size_t(k * kOpN + n)]);
+      const float want = tf32_rn(y[size_t(k * kOpN + n)]);  // the tier rounds to nearest even
       changed += want != y[size_t(k * kOpN + n)];
       ASSERT_EQ(y_raw[size_t(offset(k, n, kOpK))], want) << "Y rounded in place at " << k << ", " << n;
       ASSERT_EQ(yt_raw[size_t(offset(n, k, kOpN))], want) << "Yᵀ at " << n << ", " << k;
@@ -592,7 +604,7 @@ TEST(Sm90Tile, Tf32OperandsTransposedInOrder) {
     for (int n = 0; n < kOpN; ++n) {
       double want = 0, magnitude = 0;
       for (int k = 0; k < kOpK; ++k) {
-        const double term = double(x[size_t(k * kOpM + m)]) * tf32_rna(y[size_t(k * kOpN + n)]);
+        const double term = double(x[size_t(k * kOpM + m)]) * tf32_rn(y[size_t(k * kOpN + n)]);
         want += term;
         magnitude += std::fabs(term);
       }
@@ -652,7 +664,7 @@ __global__ void tf32_split_kernel(const float* p, const float* v, float* o, floa
   __syncthreads();
   for (int e = t; e < kSplitK * kSplitN; e += blockDim.x) v_smem[e] = y[e];
   __syncthreads();
-  wg::split_to_tf32<kSplitK * kSplitN>(v_smem, vt_smem, t, wg::kThreads);
+  wg::split_to_tf32<kSplitK * kSplitN, wg::kThreads>(v_smem, vt_smem, t);
   __syncthreads();
   for (int e = t; e < kSplitK * kSplitN; e += blockDim.x) {
     y[e] = v_smem[e];
@@ -696,7 +708,7 @@ TEST(Sm90Tile, SplitTf32OperandsFp32Accurate) {
     std::memcpy(&lb, &lo[e], 4);
     ASSERT_EQ(hb & 0x1FFFu, 0u) << e;
     ASSERT_EQ(lb & 0x1FFFu, 0u) << e;
-    ASSERT_EQ(hi[e], tf32_rna(y[e])) << e;
+    ASSERT_EQ(hi[e], tf32_rn(y[e])) << e;  // the split rounds to nearest even (wg::split_tf32)
     ASSERT_LE(std::fabs(double(hi[e]) + lo[e] - y[e]), std::ldexp(std::fabs(double(y[e])), -22)) << e;
   }
   cudaFree(dp);
@@ -707,12 +719,13 @@ TEST(Sm90Tile, SplitTf32OperandsFp32Accurate) {
 }
 
 // ---- round_to_tf32: a tile rounded in place -----------------------------------------------------
+constexpr int kRoundThreads = 96;  // not a divisor of the tile's 256 units
 __global__ void round_to_tf32_kernel(float* values) {
   constexpr int kFloats = 1024;
   __shared__ alignas(16) float tile_smem[kFloats];
   for (int e = threadIdx.x; e < kFloats; e += blockDim.x) tile_smem[e] = values[e];
   __syncthreads();
-  wg::round_to_tf32<kFloats>(tile_smem, int(threadIdx.x), int(blockDim.x));
+  wg::round_to_tf32<kFloats, kRoundThreads>(tile_smem, int(threadIdx.x));
   __syncthreads();
   for (int e = threadIdx.x; e < kFloats; e += blockDim.x) values[e] = tile_smem[e];
 }
@@ -723,16 +736,69 @@ TEST(Sm90Tile, RoundToTf32InPlace) {
   std::mt19937 rng(13);
   std::uniform_real_distribution<float> u(-100.f, 100.f);
   for (auto& x : v) x = u(rng);
-  v[0] = 1.f + 0x1p-11f;  // a tie: away from zero
+  v[0] = 1.f + 0x1p-11f;  // a tie: to even (down)
   v[1] = -(1.f + 0x1p-11f);
+  v[2] = 1.f + 3 * 0x1p-11f;  // a tie: to even (up)
   float* dv = to_device(v);
-  round_to_tf32_kernel<<<1, 96>>>(dv);  // not a divisor of the 256 units: the last thread takes fewer
+  round_to_tf32_kernel<<<1, kRoundThreads>>>(dv);  // not a divisor of the 256 units: the last thread takes fewer
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto out = to_host(dv, v.size());
-  EXPECT_EQ(out[0], 1.f + 0x1p-10f);
-  EXPECT_EQ(out[1], -(1.f + 0x1p-10f));
-  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(out[i], tf32_rna(v[i])) << i;
+  EXPECT_EQ(out[0], 1.f);
+  EXPECT_EQ(out[1], -1.f);
+  EXPECT_EQ(out[2], 1.f + 0x1p-9f);
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(out[i], tf32_rn(v[i])) << i;
   cudaFree(dv);
+}
+
+// ---- split_tf32: the split-tf32 kernels' split, rounded to nearest even (cvt.rn.tf32.f32) ---------
+__global__ void split_tf32_kernel(const float* x, uint32_t* hi, uint32_t* lo, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) wg::split_tf32(x[i], hi[i], lo[i]);
+}
+
+TEST(Sm90Tile, SplitTf32RoundsToNearestEvenInFp32Layout) {
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 GPU";
+  std::vector<float> v(4096);
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-100.f, 100.f);
+  for (auto& x : v) x = u(rng);
+  // Ties both ways (1 + 2^-11 rounds down to even, 1 + 3·2^-11 up), signs, denormals, zero,
+  // infinities, the largest finite value (rounds to infinity) and a NaN.
+  const float special[] = {1.f + 0x1p-11f, 1.f + 3 * 0x1p-11f, -(1.f + 0x1p-11f), -(1.f + 3 * 0x1p-11f),
+                           0x1p-140f, -0x1.8p-130f, 0.f, -0.f, INFINITY, -INFINITY, 3.4028235e38f};
+  for (size_t i = 0; i < std::size(special); ++i) v[i] = special[i];
+  v[std::size(special)] = std::nanf("");
+  float* dx = to_device(v);
+  uint32_t *dhi = nullptr, *dlo = nullptr;
+  cudaMalloc(&dhi, v.size() * 4);
+  cudaMalloc(&dlo, v.size() * 4);
+  split_tf32_kernel<<<1, 128>>>(dx, dhi, dlo, int(v.size()));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint32_t> hi(v.size()), lo(v.size());
+  cudaMemcpy(hi.data(), dhi, v.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(lo.data(), dlo, v.size() * 4, cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < v.size(); ++i) {
+    float h, l;
+    std::memcpy(&h, &hi[i], 4);
+    std::memcpy(&l, &lo[i], 4);
+    if (std::isnan(v[i])) {
+      EXPECT_TRUE(std::isnan(h)) << i;
+      continue;
+    }
+    // fp32 layout, the 13 low bits zero: the value wgmma reads as tf32.
+    EXPECT_EQ(hi[i] & 0x1fffu, 0u) << i;
+    EXPECT_EQ(h, tf32_rn(v[i])) << i << ": " << v[i];
+    if (std::isinf(h)) continue;
+    EXPECT_EQ(lo[i] & 0x1fffu, 0u) << i;
+    EXPECT_EQ(l, tf32_rn(v[i] - h)) << i;
+    // Within 2^-21 of |x|, or of the tf32 grid where x is an fp32 denormal: a tf32 value in fp32
+    // layout has its 13 low bits zero, so denormals step by 2^-136 and the split of 2^-140 is 0 + 0.
+    EXPECT_LE(std::abs(double(v[i]) - double(h) - double(l)), std::ldexp(std::abs(double(v[i])), -21) + 0x1p-137) << i;
+  }
+  EXPECT_EQ(tf32_rn(1.f + 0x1p-11f), 1.f);  // the model's own ties
+  EXPECT_EQ(tf32_rn(1.f + 3 * 0x1p-11f), 1.f + 0x1p-9f);
+  cudaFree(dx);
+  cudaFree(dhi);
+  cudaFree(dlo);
 }
 
 // ---- fp32 store of an accumulator into a swizzled [64, N] tile (the tf32 forward's epilogue) -----

@@ -472,6 +472,57 @@ void check_packed_walk(const std::vector<int32_t>& table, int64_t total_q, int64
   EXPECT_LE(int64_t(tiles), sm90::packed_tile_bound(args, tile_m));
 }
 
+// set_operand's split tf32 (tf32x3): hi + lo of every value, in fp32's layout with the 13 low bits
+// zero (what the tensor cores read), rounded to nearest even on sm_90 (cvt.rn) and half away from
+// zero before (cvt.rna), against host models of both.
+__global__ void split_operand_kernel(const float* x, uint32_t* out, int n) {
+  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) {
+    uint32_t r[2];
+    tile::set_operand<tile::tf32x3>(r, 0, x[i]);
+    out[2 * i] = r[0];
+    out[2 * i + 1] = r[1];
+  }
+}
+
+float tf32_model(float x, bool ties_to_even) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  u = (u + (ties_to_even ? 0xfffu + ((u >> 13) & 1u) : 0x1000u)) & 0xffffe000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+TEST(TileOps, SplitTf32OperandRounding) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const bool even = arch() >= 90;  // the build's code for this GPU: sm_90's rounds ties to even
+  std::vector<float> v(2048);
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> u(-50.f, 50.f);
+  for (auto& x : v) x = u(rng);
+  const float special[] = {1.f + 0x1p-11f, 1.f + 3 * 0x1p-11f, -(1.f + 0x1p-11f), 0x1p-140f, 0.f, -0.f};
+  for (size_t i = 0; i < std::size(special); ++i) v[i] = special[i];
+  float* dx = to_device(v);
+  uint32_t* dout = nullptr;
+  cudaMalloc(&dout, v.size() * 8);
+  split_operand_kernel<<<1, 128>>>(dx, dout, int(v.size()));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint32_t> out = to_host(dout, 2 * v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    float h, l;
+    std::memcpy(&h, &out[2 * i], 4);
+    std::memcpy(&l, &out[2 * i + 1], 4);
+    EXPECT_EQ(out[2 * i] & 0x1fffu, 0u) << i;
+    EXPECT_EQ(out[2 * i + 1] & 0x1fffu, 0u) << i;
+    EXPECT_EQ(h, tf32_model(v[i], even)) << i << ": " << v[i];
+    EXPECT_EQ(l, tf32_model(v[i] - h, even)) << i;
+  }
+  EXPECT_EQ(tf32_model(1.f + 0x1p-11f, true), 1.f);
+  EXPECT_EQ(tf32_model(1.f + 0x1p-11f, false), 1.f + 0x1p-10f);
+  cudaFree(dx);
+  cudaFree(dout);
+}
+
 TEST(PackedTiles, EveryWorkTileOnce) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   fmha::test::for_each_packed_walk([](auto&&... c) { check_packed_walk(c...); });

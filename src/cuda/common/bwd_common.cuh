@@ -73,10 +73,10 @@ __device__ __forceinline__ void for_row_groups(int64_t total, int lanes, F&& f) 
 }
 
 // kTf32Operands: the tier forms dP = dO·V^T on tf32 tensor cores, so Δ is formed from dO rounded
-// the same way (cvt.rna). Where a row sees one key, O is that key's V as the tensor cores saw it
+// the same way (cvt.rna; kTiesToEven: cvt.rn, as the sm90 tier rounds). Where a row sees one key, O is that key's V as the tensor cores saw it
 // (P = 1), and Δ and dP are then sums of the same products, each exact in fp32: dS = P·(dP - Δ)
 // cancels to fp32 rounding instead of leaving tf32-sized residues in dQ and dK.
-template <class T, bool kTf32Operands = false>
+template <class T, bool kTf32Operands = false, bool kTiesToEven = false>
 __global__ void __launch_bounds__(kRowKernelThreads)
     bwd_preprocess_kernel(const AttentionArgs args, const RowKernelShape shape) {
   // Every row of the padded statistics: rows past seqlen_q get LSE = +inf and Δ = 0.
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kRowKernelThreads)
       const T* o = args.o.at<const T>(b, s, h);
       const T* dout = args.dout.at<const T>(b, s, h);
       auto add = [&](float ov, float g) {
-        if constexpr (kTf32Operands) g = __uint_as_float(tile::to_tf32(g));
+        if constexpr (kTf32Operands) g = __uint_as_float(kTiesToEven ? tile::to_tf32_rn(g) : tile::to_tf32(g));
         dot += ov * g;
       };
       if (shape.vectors) {
@@ -198,7 +198,7 @@ inline bool vector_accum(const AttentionArgs& args) {
 
 // Preprocess and convert of a call's rows (row_kernel_args: a packed call as one sequence),
 // launched on `stream`; `tier` names the launch in errors.
-template <class T, bool kTf32Operands = false>
+template <class T, bool kTf32Operands = false, bool kTiesToEven = false>
 Status launch_bwd_preprocess(const AttentionArgs& rows_args, cudaStream_t stream, const char* tier) {
   const AttentionArgs& a = rows_args;
   const int64_t rows = int64_t(a.batch) * a.heads * a.stat_rows;
@@ -214,7 +214,7 @@ Status launch_bwd_preprocess(const AttentionArgs& rows_args, cudaStream_t stream
   shape.accum_vectors = vector_accum(a);
   shape.lanes = row_lanes(a.head_dim_v, sizeof(T), shape.vectors);
   const int rows_per_block = kRowKernelThreads / kWarpSize * (kWarpSize / shape.lanes);
-  bwd_preprocess_kernel<T, kTf32Operands>
+  bwd_preprocess_kernel<T, kTf32Operands, kTiesToEven>
       <<<grid_stride_blocks(rows, rows_per_block), kRowKernelThreads, 0, stream>>>(a, shape);
   return check_launch((std::string(tier) + " backward preprocess launch").c_str());
 }

@@ -507,7 +507,9 @@ __global__ void __launch_bounds__(BwdKernel<T, HD, ORDERED_DQ, PACKED>::kThreads
   using K = BwdKernel<T, HD, ORDERED_DQ, PACKED>;
   extern __shared__ char shared_raw[];
   auto& shared = wg::shared_storage<typename K::Shared>(shared_raw);
-  const int warpgroup = int(threadIdx.x) / wg::kThreads;
+  // fp32 storage (tf32, split tf32): the index known warp-uniform. (16-bit storage keeps the plain
+  // index: with the uniform one its packed and deterministic kernels spilled more, -Xptxas -v.)
+  const int warpgroup = sizeof(T) == 4 ? wg::uniform_index() : int(threadIdx.x) / wg::kThreads;
   const int thread = int(threadIdx.x) % wg::kThreads;
   if (threadIdx.x == 0) {
     shared.kv_full.init(1);

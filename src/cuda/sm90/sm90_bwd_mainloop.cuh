@@ -280,6 +280,23 @@ struct BwdMainloop {
     }
   }
 
+  // The wide tf32 backward's dPᵀ: lo = A·Bᵀ over the head dim's first kHalfDim columns and hi over
+  // the rest (A the block's 64 keys of a key-side tile, B the N rows from query_row0 of a
+  // query-side tile), two chains from zero in one commit group; issued, not waited.
+  static constexpr int kHalfDim = (HD / 2 + kK - 1) / kK * kK;
+  template <int N>
+  __device__ __forceinline__ void issue_transposed_scores_half(wg::Accumulator<N>& lo, wg::Accumulator<N>& hi,
+                                                               const T* key_side, const T* query_side, int query_row0) {
+    const uint64_t a0 = wg::k_major_desc<T, kK>(key_side, 0, 0, Shared::kKVChunkBytes);
+    const uint64_t b0 = wg::k_major_desc<T, kK>(query_side, query_row0, 0, Shared::kRowChunkBytes);
+    wg::fence();
+#pragma unroll
+    for (int k0 = 0; k0 < HD; k0 += kK)
+      wg::Wgmma<T, N>::ss(k0 < kHalfDim ? lo.d : hi.d, a0 + wg::k_major_step<T>(k0, Shared::kKVChunkBytes),
+                          b0 + wg::k_major_step<T>(k0, Shared::kRowChunkBytes), k0 != 0 && k0 != kHalfDim ? 1 : 0);
+    wg::commit();
+  }
+
   // acc = A·Bᵀ for A = the 64 rows from key_row0 of a [keys, HDP] key-side tile and B the N rows
   // from query_row0 of a [64, HDP] query-side tile, both K-major; issued, committed, not waited.
   template <int N>
@@ -421,7 +438,7 @@ struct BwdMainloop {
     const int index = warpgroup * wg::kThreads + thread;
     wg::transpose_k_major<kKeys, kHeadDimPadded, kConsumerThreads / 32, false>(shared.k, shared.transposed.kt,
                                                                               index / 32, index % 32);
-    wg::round_to_tf32<kKeys * kHeadDimPadded>(shared.v, index, kConsumerThreads);
+    wg::round_to_tf32<kKeys * kHeadDimPadded, kConsumerThreads>(shared.v, index);
     tile::fence_async_shared();  // wgmma reads them through the async proxy
     tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
   }
@@ -657,7 +674,7 @@ struct BwdMainloop {
   __device__ __forceinline__ void prepare_wide_tf32() {
     static_assert(kWideTf32, "the wide tf32 backward's");
     const int index = warpgroup * wg::kThreads + thread;
-    wg::round_to_tf32<kKeys * kHeadDimPadded>(shared.v, index, kConsumerThreads);
+    wg::round_to_tf32<kKeys * kHeadDimPadded, kConsumerThreads>(shared.v, index);
     tile::fence_async_shared();  // wgmma reads V through the async proxy
     tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
   }
@@ -690,14 +707,22 @@ struct BwdMainloop {
     // and dPᵀ reads them as they are): rows [32 w, 32 w + 32) of each chunk, 4 KiB apiece.
 #pragma unroll
     for (int c = 0; c < Shared::kChunks; ++c)
-      wg::round_to_tf32<kQueries * Shared::kChunkCols>(
-          shared.dout[stage] + c * (kRows * Shared::kChunkCols) + q_col0 * Shared::kChunkCols,
-          thread, wg::kThreads);
+      wg::round_to_tf32<kQueries * Shared::kChunkCols, wg::kThreads>(
+          shared.dout[stage] + c * (kRows * Shared::kChunkCols) + q_col0 * Shared::kChunkCols, thread);
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::epilogue_first) + warpgroup, wg::kThreads);  // unused by the backward otherwise
-    issue_transposed_scores(dp, shared.v, 0, shared.dout[stage], q_col0);
+    // dPᵀ over the head dim in two halves, each from zero, added in fp32 once complete: the tensor
+    // cores truncate what they add, and over the 12-16 k steps of one chain dPᵀ drifted from Δ
+    // (fp32) on rows that see one key (dQ at 1.03× the peaked test's bound, run 81).
+    Scores dp_high;
+    issue_transposed_scores_half(dp, dp_high, shared.v, shared.dout[stage], q_col0);
 
     column_probabilities(s, stage, keys, row0, q_col0);  // Pᵀ
+    wg::wait<0>();
+    wg::fence_operand(dp.d);
+    wg::fence_operand(dp_high.d);
+#pragma unroll
+    for (int r = 0; r < Scores::kRegs; ++r) dp.d[r] += dp_high.d[r];
     column_score_grads(s, dp, stage, q_col0);            // dSᵀ
 
     // P and dS [keys, rows] (chunk w: this warpgroup's query columns) and dS [rows, keys] (rows
@@ -783,8 +808,8 @@ struct BwdMainloop {
   __device__ __forceinline__ void prepare_split_tf32() {
     static_assert(kSplitTf32, "the split backward's");
     const int index = warpgroup * wg::kThreads + thread;
-    wg::split_to_tf32<kKeys * kHeadDimPadded>(floats(shared.k), shared.residual.k, index, kConsumerThreads);
-    wg::split_to_tf32<kKeys * kHeadDimPadded>(floats(shared.v), shared.residual.v, index, kConsumerThreads);
+    wg::split_to_tf32<kKeys * kHeadDimPadded, kConsumerThreads>(floats(shared.k), shared.residual.k, index);
+    wg::split_to_tf32<kKeys * kHeadDimPadded, kConsumerThreads>(floats(shared.v), shared.residual.v, index);
     tile::fence_async_shared();  // wgmma reads them through the async proxy
     tile::named_sync(int(NamedBarrier::operands_ready), kConsumerThreads);
   }
@@ -839,8 +864,8 @@ struct BwdMainloop {
 #pragma unroll
     for (int c = 0; c < Shared::kChunks; ++c) {
       const int at_rows = c * (kRows * Shared::kChunkCols) + q_col0 * Shared::kChunkCols;
-      wg::split_to_tf32<kQueries * Shared::kChunkCols>(q + at_rows, q_lo + at_rows, thread, wg::kThreads);
-      wg::split_to_tf32<kQueries * Shared::kChunkCols>(dout + at_rows, dout_lo + at_rows, thread, wg::kThreads);
+      wg::split_to_tf32<kQueries * Shared::kChunkCols, wg::kThreads>(q + at_rows, q_lo + at_rows, thread);
+      wg::split_to_tf32<kQueries * Shared::kChunkCols, wg::kThreads>(dout + at_rows, dout_lo + at_rows, thread);
     }
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::epilogue_first) + warpgroup, wg::kThreads);  // unused by the backward otherwise
@@ -870,8 +895,10 @@ struct BwdMainloop {
     uint32_t a_hi[kRowSteps][4], a_lo[kRowSteps][4];
     const float* const a_tile = warpgroup == 0 ? dout : q;
     const float* const a_tile_lo = warpgroup == 0 ? dout_lo : q_lo;
-    wg::load_transposed_a_tf32(a_hi, smem(a_tile), 0, Shared::kRowChunkBytes, t);
-    wg::load_transposed_a_tf32(a_lo, smem(a_tile_lo), 0, Shared::kRowChunkBytes, t);
+    // (Split tiles hold tf32 values: loaded without rounding. Kᵀ's loads below keep theirs:
+    // without it the default kernel spilled 16 bytes, -Xptxas -v.)
+    wg::load_transposed_a_tf32<kRowSteps, false>(a_hi, smem(a_tile), 0, Shared::kRowChunkBytes, t);
+    wg::load_transposed_a_tf32<kRowSteps, false>(a_lo, smem(a_tile_lo), 0, Shared::kRowChunkBytes, t);
     tile::named_sync(int(NamedBarrier::residuals_read), kConsumerThreads);
     float* const ds_rows = q_lo;        // dS [rows, keys], high parts
     float* const ds_rows_lo = dout_lo;  // and residuals

@@ -239,9 +239,9 @@ struct FwdKernel {
           ahead = kNoMoreKeys;
           return;
         }
-        wg::split_to_tf32<BN * Shared::kHeadDimPadded>(reinterpret_cast<float*>(shared.k[keys.index]),
-                                                       reinterpret_cast<float*>(shared.residual.k[keys.index]),
-                                                       warp * 32 + lane, kTransposeWarps * 32);
+        wg::split_to_tf32<BN * Shared::kHeadDimPadded, kTransposeWarps * 32>(
+            reinterpret_cast<float*>(shared.k[keys.index]), reinterpret_cast<float*>(shared.residual.k[keys.index]),
+            warp * 32 + lane);
         tile::fence_async_shared();
         __syncwarp();
         if (lane == 0) shared.residual.k_split[keys.index].arrive();
@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(FwdKernel<T, HD, VARIANT, PACKED>::kThreads, 1
   using K = FwdKernel<T, HD, VARIANT, PACKED>;
   extern __shared__ char shared_raw[];
   auto& shared = wg::shared_storage<typename K::Shared>(shared_raw);
-  const int warpgroup = int(threadIdx.x) / wg::kThreads;
+  const int warpgroup = wg::uniform_index();
   const int thread = int(threadIdx.x) % wg::kThreads;
   if (threadIdx.x == 0) {
     for (int b = 0; b < K::Shared::kQBuffers; ++b) {

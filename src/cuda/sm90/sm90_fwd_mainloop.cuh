@@ -297,8 +297,8 @@ struct FwdMainloop {
 #pragma unroll
       for (int c = 0; c < Shared::kChunks; ++c) {
         const int at = c * (Shared::kQChunkBytes / int(sizeof(T))) + warpgroup * kRowFloats;
-        wg::split_to_tf32<kRowFloats>(reinterpret_cast<float*>(queries() + at),
-                                      reinterpret_cast<float*>(shared.residual.q + at), thread, wg::kThreads);
+        wg::split_to_tf32<kRowFloats, wg::kThreads>(reinterpret_cast<float*>(queries() + at),
+                                                    reinterpret_cast<float*>(shared.residual.q + at), thread);
       }
       tile::fence_async_shared();
       tile::named_sync(int(NamedBarrier::epilogue_first) + warpgroup, wg::kThreads);

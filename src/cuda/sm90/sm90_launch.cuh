@@ -70,14 +70,16 @@ Status backward(const BwdParams& params, cudaStream_t stream) {
   // Preprocess and convert run over every (query row, head) pair, packed calls' included.
   const AttentionArgs row_args = row_kernel_args(args);
   const int64_t rows = int64_t(row_args.batch) * row_args.heads * row_args.seqlen_q;
-  // fp32 (tf32): Δ from dO rounded to tf32, as the kernel rounds it for dPᵀ. Split tf32 carries dO
-  // to within 2^-22 into dPᵀ, as exact fp32 does: Δ from dO as stored.
+  // fp32 (tf32): Δ from dO rounded to tf32 as the kernel rounds it for dPᵀ (to nearest even,
+  // tile::to_tf32_rn). Split tf32 carries dO to within 2^-22 into dPᵀ, as exact fp32 does: Δ from
+  // dO as stored.
   constexpr bool kRoundedDout = sizeof(T) == 4 && !is_split_tf32<T>;
-  if (Status s = launch_bwd_preprocess<T, kRoundedDout>(row_args, stream, "sm90"); !s.ok()) return s;
+  if (Status s = launch_bwd_preprocess<T, kRoundedDout, true>(row_args, stream, "sm90"); !s.ok()) return s;
   // Split tf32: each row's own softmax max and sum, and Δ on peaked query tiles, before the main
-  // kernel forms P from them: a block per (64 query rows, head, batch or sequence).
+  // kernel forms P from them: a block per (128 query rows, head, batch or sequence).
   if constexpr (is_split_tf32<T>) {
-    const dim3 grid(unsigned(ceil_div(args.seqlen_q, int64_t(kBwdRows))), unsigned(args.heads), unsigned(args.batch));
+    constexpr int64_t kStatsRows = BwdStatsKernel<HD, false>::kRows;
+    const dim3 grid(unsigned(ceil_div(args.seqlen_q, kStatsRows)), unsigned(args.heads), unsigned(args.batch));
     if (grid.x > 0 && grid.y > 0 && grid.z > 0) {
       const Status s = with_packing(args, [&](auto packed) {
         using K = BwdStatsKernel<HD, decltype(packed)::value>;

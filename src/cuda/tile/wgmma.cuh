@@ -31,6 +31,13 @@ inline constexpr int kRows = 64;           // M of every wgmma
 inline constexpr int kSwizzleBytes = 128;  // a row of a swizzled column chunk
 inline constexpr int kSwizzleAtomBytes = 1024;  // 8 rows × 128 B: the swizzle pattern's period
 
+// The block's warpgroup of this thread, through a shuffle from lane 0: the compiler then knows it
+// the same across the warp, so that what derives from it (tile addresses, wgmma descriptors) may
+// live in uniform registers rather than be moved there (R2UR) before each use.
+__device__ __forceinline__ int uniform_index() {
+  return __shfl_sync(0xffffffffu, int(threadIdx.x) / kThreads, 0);
+}
+
 // Elements of T in one 128-byte swizzled row: the width of a column chunk.
 template <class T>
 inline constexpr int kChunkCols = kSwizzleBytes / int(sizeof(T));
@@ -191,8 +198,17 @@ inline constexpr int kStepK = sizeof(T) == 4 ? 8 : 16;
 // a3 = A[r0+8][l%4 + 4], while the accumulator holds columns 2(l%4) and 2(l%4) + 1 of each 8.
 // Rather than move values between lanes, the k index is permuted: a0/a1 take column 2(l%4),
 // a2/a3 column 2(l%4) + 1, so k step position p holds column tf32_key_of(p) — and B's rows must
-// be permuted the same way (transpose_k_major below writes Vᵀ so). Rounded to nearest (rna).
+// be permuted the same way (transpose_k_major below writes Vᵀ so). Rounded to nearest even (tile::to_tf32_rn, as every tf32 rounding of this tier).
 using layout::tf32_position_of;  // column → k position in its 8 (layout.h)
+// Split tf32: x as its tf32 high part and residual, hi = tf32(x) and lo = tf32(x − hi), rounded
+// to nearest even (x − hi is exact, so hi + lo carries x to within 2^-22 of |x|), each in a 32-bit
+// register. Every split of this tier's split-tf32 kernels goes through it (the backward's main
+// and statistics kernels must split alike).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = to_tf32_rn(x);
+  lo = to_tf32_rn(x - __uint_as_float(hi));
+}
+
 // Split tf32 (T = tile::tf32x3): the tf32 fragments above twice, a[0] the high parts tf32(x) and
 // a[1] the residuals tf32(x − high), in the same k order.
 template <class T, int N>
@@ -202,9 +218,7 @@ __device__ __forceinline__ void a_from_acc(uint32_t (&a)[2][N / 8][4], const Acc
   for (int kb = 0; kb < N / 8; ++kb)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float x = acc.d[4 * kb + layout::acc_register_of(e)];
-      a[0][kb][e] = tile::to_tf32(x);
-      a[1][kb][e] = tile::to_tf32(x - __uint_as_float(a[0][kb][e]));
+      split_tf32(acc.d[4 * kb + layout::acc_register_of(e)], a[0][kb][e], a[1][kb][e]);
     }
 }
 template <class T, int N>
@@ -214,7 +228,7 @@ __device__ __forceinline__ void a_from_acc(uint32_t (&a)[N / kStepK<T>][4], cons
     for (int kb = 0; kb < N / 8; ++kb)
 #pragma unroll
       for (int e = 0; e < 4; ++e)  // rows r0, r0 + 8 of column 2(l%4), then of column 2(l%4) + 1
-        a[kb][e] = tile::to_tf32(acc.d[4 * kb + layout::acc_register_of(e)]);
+        a[kb][e] = tile::to_tf32_rn(acc.d[4 * kb + layout::acc_register_of(e)]);
   } else {
 #pragma unroll
     for (int kb = 0; kb < N / 16; ++kb) {
@@ -256,17 +270,17 @@ __device__ __forceinline__ void transpose_k_major(uint32_t src, uint32_t dst, in
                  : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
                  : "r"(from));
     if constexpr (ROUND_SOURCE)
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(from), "r"(tile::to_tf32(x[0])),
-                   "r"(tile::to_tf32(x[1])), "r"(tile::to_tf32(x[2])), "r"(tile::to_tf32(x[3]))
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(from), "r"(tile::to_tf32_rn(x[0])),
+                   "r"(tile::to_tf32_rn(x[1])), "r"(tile::to_tf32_rn(x[2])), "r"(tile::to_tf32_rn(x[3]))
                    : "memory");
 #pragma unroll
     for (uint32_t i = 0; i < uint32_t(layout::kFp32UnitCols); ++i) {
       const uint32_t to = L::destination(item, place, i);
-      const uint32_t hi = tile::to_tf32(x[i]);
+      uint32_t hi, lo = 0;
+      if constexpr (RESIDUAL) split_tf32(x[i], hi, lo);
+      else hi = tile::to_tf32_rn(x[i]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + to), "r"(hi) : "memory");
-      if constexpr (RESIDUAL)
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst_lo + to), "r"(tile::to_tf32(x[i] - __uint_as_float(hi)))
-                     : "memory");
+      if constexpr (RESIDUAL) asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst_lo + to), "r"(lo) : "memory");
     }
   }
 }
@@ -284,35 +298,43 @@ __device__ __forceinline__ void transpose_k_major_split(float* src, float* dst, 
       lane, static_cast<uint32_t>(__cvta_generic_to_shared(dst_lo)));
 }
 
-// Every element of an fp32 tile of FLOATS elements (any layout) rounded to tf32 in place, in
-// 16-byte units, by `threads` threads of which this is `index`.
-template <int FLOATS>
-__device__ __forceinline__ void round_to_tf32(float* tile, int index, int threads) {
-  static_assert(FLOATS % 4 == 0, "whole 16-byte units");
-  float4* units = reinterpret_cast<float4*>(tile);
-  for (int u = index; u < FLOATS / 4; u += threads) {
-    const float4 x = units[u];
-    units[u] = make_float4(__uint_as_float(tile::to_tf32(x.x)), __uint_as_float(tile::to_tf32(x.y)),
-                           __uint_as_float(tile::to_tf32(x.z)), __uint_as_float(tile::to_tf32(x.w)));
+// f(u) for the 16-byte units u of a tile of UNITS units that thread `index` (< THREADS) of
+// THREADS takes: index, index + THREADS, ... The thread count a compile-time constant, each
+// thread's units are a loop of known length (no remainder loop, no trip count formed from the
+// index at run time).
+template <int UNITS, int THREADS, class F>
+__device__ __forceinline__ void for_each_unit(int index, F&& f) {
+  constexpr int kSteps = (UNITS + THREADS - 1) / THREADS;
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int u = index + step * THREADS;
+    if (UNITS % THREADS != 0 && u >= UNITS) break;
+    f(u);
   }
 }
 
-// Split tf32: x as its tf32 high part and residual, hi = tf32(x) and lo = tf32(x − hi) (x − hi
-// is exact: split_to_tf32's and set_operand's split), each in a 32-bit register.
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = tile::to_tf32(x);
-  lo = tile::to_tf32(x - __uint_as_float(hi));
+// Every element of an fp32 tile of FLOATS elements (any layout) rounded to tf32 in place, in
+// 16-byte units, by THREADS threads of which this is `index` (for_each_unit).
+template <int FLOATS, int THREADS>
+__device__ __forceinline__ void round_to_tf32(float* tile, int index) {
+  static_assert(FLOATS % 4 == 0, "whole 16-byte units");
+  float4* units = reinterpret_cast<float4*>(tile);
+  for_each_unit<FLOATS / 4, THREADS>(index, [&](int u) {
+    const float4 x = units[u];
+    units[u] = make_float4(__uint_as_float(tile::to_tf32_rn(x.x)), __uint_as_float(tile::to_tf32_rn(x.y)),
+                           __uint_as_float(tile::to_tf32_rn(x.z)), __uint_as_float(tile::to_tf32_rn(x.w)));
+  });
 }
 
 // Every element x of an fp32 tile of FLOATS elements (any layout) split for tf32 products: hi
 // takes tf32(x) in place and lo, a tile of the same layout, tf32(x − tf32(x)); in 16-byte units,
-// by `threads` threads of which this is `index`.
-template <int FLOATS>
-__device__ __forceinline__ void split_to_tf32(float* hi, float* lo, int index, int threads) {
+// by THREADS threads of which this is `index` (for_each_unit).
+template <int FLOATS, int THREADS>
+__device__ __forceinline__ void split_to_tf32(float* hi, float* lo, int index) {
   static_assert(FLOATS % 4 == 0, "whole 16-byte units");
   float4* units = reinterpret_cast<float4*>(hi);
   float4* residuals = reinterpret_cast<float4*>(lo);
-  for (int u = index; u < FLOATS / 4; u += threads) {
+  for_each_unit<FLOATS / 4, THREADS>(index, [&](int u) {
     const float x[4] = {units[u].x, units[u].y, units[u].z, units[u].w};
     uint32_t h[4], l[4];
 #pragma unroll
@@ -320,7 +342,7 @@ __device__ __forceinline__ void split_to_tf32(float* hi, float* lo, int index, i
     units[u] = make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));
     residuals[u] =
         make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));
-  }
+  });
 }
 
 // The transpose of a warpgroup's [64, N] tile given as tf32 a_from_acc fragments (rounded
@@ -350,9 +372,16 @@ __device__ __forceinline__ void store_transposed_tf32(const uint32_t (&frags)[N 
 // memory. Bank conflicts: a warp's load of one register reads 4 rows of X (t % 4) × 8 adjacent
 // columns (two 16-byte units); rows r and r ^ 1 swap those units under the swizzle, so the 8
 // (row, unit) pairs fall on 4 units: 2 wavefronts a load.
-template <int KSTEPS>
+// ROUND = false: the tile holds tf32 values already (split_to_tf32's high parts and residuals,
+// a tile rounded in place), loaded as they are — the rounding is four instructions a value
+// (cvt.rna.tf32.f32 has no SASS instruction of its own on sm_90) and changes no tf32 value.
+template <int KSTEPS, bool ROUND = true>
 __device__ __forceinline__ void load_transposed_a_tf32(uint32_t (&a)[KSTEPS][4], uint32_t tile, int m0,
                                                        int chunk_bytes, int thread) {
+  // One address per register e; every k step's is it plus an immediate (kTransposedAStepBytes).
+  uint32_t base[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) base[e] = tile + uint32_t(layout::transposed_a_offset(thread, 0, e, m0, chunk_bytes));
 #pragma unroll
   for (int kb = 0; kb < KSTEPS; ++kb)
 #pragma unroll
@@ -360,8 +389,10 @@ __device__ __forceinline__ void load_transposed_a_tf32(uint32_t (&a)[KSTEPS][4],
       float x;
       asm volatile("ld.shared.f32 %0, [%1];\n"
                    : "=f"(x)
-                   : "r"(tile + uint32_t(layout::transposed_a_offset(thread, kb, e, m0, chunk_bytes))));
-      a[kb][e] = tile::to_tf32(x);
+                   : "r"(base[e] + uint32_t(kb * layout::kTransposedAStepBytes)));
+      // cvt.rna (to_tf32), not cvt.rn: with the one-instruction rounding here the split backward's
+      // default kernel spilled 16 bytes (-Xptxas -v); the values it rounds feed products only.
+      a[kb][e] = ROUND ? tile::to_tf32(x) : __float_as_uint(x);
     }
 }
 
@@ -373,13 +404,19 @@ template <int N>
 __device__ __forceinline__ void store_transposed_acc_tf32(const Accumulator<N>& acc, uint32_t tile, int row0,
                                                           int chunk_bytes, int thread) {
   using A = Accumulator<N>;
+  // One address per (i, j < 2); column pair g's is an immediate on (layout::kTransposedAccStepBytes).
+  uint32_t base[A::kRows][2];
+#pragma unroll
+  for (int i = 0; i < A::kRows; ++i)
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      base[i][c] = tile + uint32_t(layout::transposed_acc_offset(thread, i, c, row0, chunk_bytes));
 #pragma unroll
   for (int i = 0; i < A::kRows; ++i)
 #pragma unroll
     for (int j = 0; j < A::kCols; ++j)
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + uint32_t(layout::transposed_acc_offset(
-                                                                   thread, i, j, row0, chunk_bytes))),
-                   "r"(tile::to_tf32(acc(i, j)))
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base[i][j % 2] + uint32_t((j / 2) * layout::kTransposedAccStepBytes)),
+                   "r"(tile::to_tf32_rn(acc(i, j)))
                    : "memory");
 }
 
@@ -410,11 +447,16 @@ template <int N>
 __device__ __forceinline__ void store_transposed_acc_split(const Accumulator<N>& acc, uint32_t hi, uint32_t lo,
                                                            int row0, int chunk_bytes, int thread) {
   using A = Accumulator<N>;
+  uint32_t base[A::kRows][2];  // as store_transposed_acc_tf32's
+#pragma unroll
+  for (int i = 0; i < A::kRows; ++i)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) base[i][c] = uint32_t(layout::transposed_acc_offset(thread, i, c, row0, chunk_bytes));
 #pragma unroll
   for (int i = 0; i < A::kRows; ++i)
 #pragma unroll
     for (int j = 0; j < A::kCols; ++j) {
-      const uint32_t at = uint32_t(layout::transposed_acc_offset(thread, i, j, row0, chunk_bytes));
+      const uint32_t at = base[i][j % 2] + uint32_t((j / 2) * layout::kTransposedAccStepBytes);
       uint32_t h, l;
       split_tf32(acc(i, j), h, l);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(hi + at), "r"(h) : "memory");
@@ -457,7 +499,7 @@ __device__ __forceinline__ void store_swizzled(const Accumulator<N>& acc, const 
         const int col = 8 * g + 2 * (thread % 4);
         const uint32_t addr = tile + uint32_t(swizzled_offset<float>(row, col, chunk_bytes));
         float x = acc.d[4 * g + 2 * i] * row_scale[i], y = acc.d[4 * g + 2 * i + 1] * row_scale[i];
-        if constexpr (TF32_ROUND) x = __uint_as_float(tile::to_tf32(x)), y = __uint_as_float(tile::to_tf32(y));
+        if constexpr (TF32_ROUND) x = __uint_as_float(tile::to_tf32_rn(x)), y = __uint_as_float(tile::to_tf32_rn(y));
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
       }
     }
