@@ -56,8 +56,8 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
 
 // fp32 → tf32 rounded to nearest, ties to even (cvt.rn.tf32.f32: sm_90 and later, one SASS
 // instruction, F2FP.TF32; cvt.rna above has none there and takes four). The sm90 tier's kernels
-// round with it, and the preprocess's Δ where it runs for them; below sm_90 it falls back to
-// to_tf32 (no kernel built for those GPUs calls it).
+// round with it, and the preprocess's Δ where it runs for them, and every split of split tf32
+// (set_operand below); below sm_90 it is to_tf32, the one tf32 rounding there.
 __device__ __forceinline__ uint32_t to_tf32_rn(float x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t out;
@@ -72,27 +72,17 @@ __device__ __forceinline__ uint32_t to_tf32_rn(float x) {
 // in r[i]; split tf32 (T = tf32x3) as hi = tf32(x) in r[i] and lo = tf32(x - hi) in r[i + N/2]:
 // a split fragment is the high fragment followed by the residual one (mma.cuh). x - hi is exact
 // in fp32 (hi is x rounded to its top 11 bits), so hi + lo carries x to within 2^-22 of |x|.
-// Split tf32 rounds to nearest even where the GPU has an instruction for it (cvt.rn.tf32.f32,
-// sm_90: one instruction, where cvt.rna takes four) and half away from zero before (sm_80, sm_86,
+// Split tf32 rounds with to_tf32_rn: to nearest even where the GPU has an instruction for it
+// (sm_90: one instruction, where cvt.rna takes four) and half away from zero before (sm_80, sm_86,
 // sm_89: cvt.rna alone exists); every split of one kernel build rounds alike, so a kernel and the
 // statistics kernel that must form its scores bit for bit agree.
-__device__ __forceinline__ uint32_t to_tf32_split(float x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t out;
-  asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(out) : "f"(x));
-  return out;
-#else
-  return to_tf32(x);
-#endif
-}
-
 template <class T, int N>
 __device__ __forceinline__ void set_operand(uint32_t (&r)[N], int i, float x) {
   if constexpr (std::is_same_v<T, tf32x3>) {
     static_assert(N % 2 == 0, "a split fragment holds a high and a residual half");
-    const uint32_t hi = to_tf32_split(x);
+    const uint32_t hi = to_tf32_rn(x);
     r[i] = hi;
-    r[i + N / 2] = to_tf32_split(x - __uint_as_float(hi));
+    r[i + N / 2] = to_tf32_rn(x - __uint_as_float(hi));
   } else {
     static_assert(std::is_same_v<T, float>, "tf32 operands come from fp32 storage");
     r[i] = to_tf32(x);
