@@ -301,22 +301,22 @@ TEST(TileLayout, WideTf32GradientsFromTransposedFragments) {
 }
 
 // The transposed loads and stores take one address a thread per register and add immediates for
-// the rest (wgmma.cuh): every offset equals its base's plus the step constant, at every thread,
+// the rest (wgmma.cuh): every offset equals its base's plus whole swizzle periods, at every thread,
 // head dim and chunk size the kernels use (8 rows on, the swizzle's row phase is the same).
-TEST(TileLayout, TransposedOffsetsStepByConstants) {
+TEST(TileLayout, TransposedOffsetsStepByThePeriod) {
   for (int chunk : {32 * kSwizzleBytes, 64 * kSwizzleBytes, 128 * kSwizzleBytes})
     for (int t = 0; t < 128; ++t) {
       for (int m0 : {0, 32, 64, 96})
         for (int kb = 0; kb < 16; ++kb)
           for (int e = 0; e < 4; ++e)
             ASSERT_EQ(transposed_a_offset(t, kb, e, m0, chunk),
-                      transposed_a_offset(t, 0, e, m0, chunk) + kb * kTransposedAStepBytes)
+                      transposed_a_offset(t, 0, e, m0, chunk) + kb * kSwizzlePeriodBytes)
                 << "t " << t << " kb " << kb << " e " << e << " m0 " << m0 << " chunk " << chunk;
       for (int row0 : {0, 4, 32, 64})
         for (int i = 0; i < 2; ++i)
           for (int j = 0; j < 32; ++j)
             ASSERT_EQ(transposed_acc_offset(t, i, j, row0, chunk),
-                      transposed_acc_offset(t, i, j % 2, row0, chunk) + (j / 2) * kTransposedAccStepBytes)
+                      transposed_acc_offset(t, i, j % 2, row0, chunk) + (j / 2) * kSwizzlePeriodBytes)
                 << "t " << t << " i " << i << " j " << j << " row0 " << row0 << " chunk " << chunk;
     }
 }

@@ -16,6 +16,7 @@ inline constexpr int kUnitBytes = 16;                          // the swizzle pe
 inline constexpr int kUnitsPerRow = kSwizzleBytes / kUnitBytes;  // 8: also its period in rows
 inline constexpr int kFp32ChunkCols = kSwizzleBytes / 4;       // fp32 columns of a chunk
 inline constexpr int kFp32UnitCols = kUnitBytes / 4;           // fp32 columns of a unit
+inline constexpr int kSwizzlePeriodBytes = kUnitsPerRow * kSwizzleBytes;  // 1,024: 8 rows, the pattern's period
 
 // Byte offset of element (row, col) of a tile stored as column chunks of chunk_bytes ([rows, 128
 // bytes] each), elements of elem_bytes, each row's 16-byte units XOR-ed by row % 8 (SWIZZLE_128B).
@@ -92,11 +93,10 @@ FMHA_HOST_DEVICE constexpr int transposed_fragment_offset(int n, int t, int kb, 
 FMHA_HOST_DEVICE constexpr int transposed_a_offset(int t, int kb, int e, int m0, int chunk_bytes) {
   return swizzled_offset(8 * kb + tf32_a_k(t, e), m0 + tf32_a_row(t, e), chunk_bytes, 4);
 }
-// k step kb's offsets are k step 0's plus kb · kTransposedAStepBytes: its rows are 8 kb on, and
+// k step kb's offsets are k step 0's plus kb · kSwizzlePeriodBytes: its rows are 8 kb on, and
 // the swizzle's row phase (row % 8) repeats every 8 rows. So four base addresses a thread (one
 // per register e) serve every k step, the rest being immediates (CPU test
-// TileLayout.TransposedOffsetsStepByConstants).
-inline constexpr int kTransposedAStepBytes = 8 * kSwizzleBytes;
+// TileLayout.TransposedOffsetsStepByThePeriod).
 
 // store_transposed_acc_tf32: a warpgroup's [64, N] fp32 accumulator transposed into a tile in
 // chunks of chunk_bytes: element (acc_row(t, i), acc_col(t, j)) goes to row row0 + acc_col(t, j),
@@ -104,8 +104,7 @@ inline constexpr int kTransposedAStepBytes = 8 * kSwizzleBytes;
 FMHA_HOST_DEVICE constexpr int transposed_acc_offset(int t, int i, int j, int row0, int chunk_bytes) {
   return swizzled_offset(row0 + acc_col(t, j), acc_row(t, i), chunk_bytes, 4);
 }
-// Columns j and j + 2 g land kTransposedAccStepBytes · g apart (rows 8 g on, the same row phase):
+// Columns j and j + 2 g land kSwizzlePeriodBytes · g apart (rows 8 g on, the same row phase):
 // four base addresses a thread (i, j < 2) serve every column pair (same test).
-inline constexpr int kTransposedAccStepBytes = 8 * kSwizzleBytes;
 
 }  // namespace fmha::cuda::tile::layout

@@ -28,8 +28,8 @@ namespace fmha::cuda::tile::warpgroup {
 
 inline constexpr int kThreads = 128;
 inline constexpr int kRows = 64;           // M of every wgmma
-inline constexpr int kSwizzleBytes = 128;  // a row of a swizzled column chunk
-inline constexpr int kSwizzleAtomBytes = 1024;  // 8 rows × 128 B: the swizzle pattern's period
+inline constexpr int kSwizzleBytes = layout::kSwizzleBytes;            // a row of a swizzled column chunk
+inline constexpr int kSwizzleAtomBytes = layout::kSwizzlePeriodBytes;  // 8 rows × 128 B: the swizzle pattern's period
 
 // The block's warpgroup of this thread, through a shuffle from lane 0: the compiler then knows it
 // the same across the warp, so that what derives from it (tile addresses, wgmma descriptors) may
@@ -378,7 +378,7 @@ __device__ __forceinline__ void store_transposed_tf32(const uint32_t (&frags)[N 
 template <int KSTEPS, bool ROUND = true>
 __device__ __forceinline__ void load_transposed_a_tf32(uint32_t (&a)[KSTEPS][4], uint32_t tile, int m0,
                                                        int chunk_bytes, int thread) {
-  // One address per register e; every k step's is it plus an immediate (kTransposedAStepBytes).
+  // One address per register e; every k step's is it plus an immediate (layout.h).
   uint32_t base[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) base[e] = tile + uint32_t(layout::transposed_a_offset(thread, 0, e, m0, chunk_bytes));
@@ -389,12 +389,31 @@ __device__ __forceinline__ void load_transposed_a_tf32(uint32_t (&a)[KSTEPS][4],
       float x;
       asm volatile("ld.shared.f32 %0, [%1];\n"
                    : "=f"(x)
-                   : "r"(base[e] + uint32_t(kb * layout::kTransposedAStepBytes)));
+                   : "r"(base[e] + uint32_t(kb * kSwizzleAtomBytes)));
       // cvt.rna (to_tf32), not cvt.rn: with the one-instruction rounding here the split backward's
       // default kernel spilled 16 bytes (-Xptxas -v); the values it rounds feed products only.
       a[kb][e] = ROUND ? tile::to_tf32(x) : __float_as_uint(x);
     }
 }
+
+// The addresses origin + layout::transposed_acc_offset of a thread's accumulator elements (i, j)
+// in a transposed tile, from one base a row i and column parity: column pair j / 2 is an
+// immediate of j / 2 swizzle periods on (layout.h), so the stores need no per-element arithmetic.
+// (origin 0: offsets, for stores into two tiles at once.)
+template <int ROWS>
+struct TransposedAccAddresses {
+  uint32_t base[ROWS][2];
+  __device__ __forceinline__ TransposedAccAddresses(uint32_t origin, int thread, int row0, int chunk_bytes) {
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        base[i][c] = origin + uint32_t(layout::transposed_acc_offset(thread, i, c, row0, chunk_bytes));
+  }
+  __device__ __forceinline__ uint32_t operator()(int i, int j) const {
+    return base[i][j % 2] + uint32_t((j / 2) * kSwizzleAtomBytes);
+  }
+};
 
 // A warpgroup's [64, N] fp32 accumulator, rounded to tf32, transposed into a tile in chunks of
 // chunk_bytes at the shared-window address `tile`: element (r, c) to row row0 + c, column r
@@ -404,18 +423,12 @@ template <int N>
 __device__ __forceinline__ void store_transposed_acc_tf32(const Accumulator<N>& acc, uint32_t tile, int row0,
                                                           int chunk_bytes, int thread) {
   using A = Accumulator<N>;
-  // One address per (i, j < 2); column pair g's is an immediate on (layout::kTransposedAccStepBytes).
-  uint32_t base[A::kRows][2];
-#pragma unroll
-  for (int i = 0; i < A::kRows; ++i)
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-      base[i][c] = tile + uint32_t(layout::transposed_acc_offset(thread, i, c, row0, chunk_bytes));
+  const TransposedAccAddresses<A::kRows> at(tile, thread, row0, chunk_bytes);
 #pragma unroll
   for (int i = 0; i < A::kRows; ++i)
 #pragma unroll
     for (int j = 0; j < A::kCols; ++j)
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base[i][j % 2] + uint32_t((j / 2) * layout::kTransposedAccStepBytes)),
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at(i, j)),
                    "r"(tile::to_tf32_rn(acc(i, j)))
                    : "memory");
 }
@@ -447,20 +460,15 @@ template <int N>
 __device__ __forceinline__ void store_transposed_acc_split(const Accumulator<N>& acc, uint32_t hi, uint32_t lo,
                                                            int row0, int chunk_bytes, int thread) {
   using A = Accumulator<N>;
-  uint32_t base[A::kRows][2];  // as store_transposed_acc_tf32's
-#pragma unroll
-  for (int i = 0; i < A::kRows; ++i)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) base[i][c] = uint32_t(layout::transposed_acc_offset(thread, i, c, row0, chunk_bytes));
+  const TransposedAccAddresses<A::kRows> at(0, thread, row0, chunk_bytes);
 #pragma unroll
   for (int i = 0; i < A::kRows; ++i)
 #pragma unroll
     for (int j = 0; j < A::kCols; ++j) {
-      const uint32_t at = base[i][j % 2] + uint32_t((j / 2) * layout::kTransposedAccStepBytes);
       uint32_t h, l;
       split_tf32(acc(i, j), h, l);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(hi + at), "r"(h) : "memory");
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(lo + at), "r"(l) : "memory");
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(hi + at(i, j)), "r"(h) : "memory");
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(lo + at(i, j)), "r"(l) : "memory");
     }
 }
 
