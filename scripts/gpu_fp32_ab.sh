@@ -11,7 +11,7 @@
 #           sm90 split tf32 (D64) and tf32 (D64, D128) forward and backward, sm80 split tf32
 #           (D128, D256) forward and backward, causal none                        -> fp32_ab.txt
 #   tests   every sm90 and sm80 tf32/tf32x3 case, the split-tf32 accuracy tests, the peaked
-#           softmax tests, refusals and edges, in 6 shards                        -> tests.log
+#           softmax tests, refusals, edges and negative scales, in 6 shards    -> tests.log
 #   fuzz    the GPU fuzz's sm90 tier (its tf32 and split-tf32 calls among them) and auto's
 #           split-tf32 rule, in 6 shards                                          -> fuzz.log
 set -u
@@ -54,7 +54,7 @@ if want bench; then
 fi
 if want tests; then
   F='*sm90_tf32*:*sm80_tf32*:Sm90Tf32*:Sm90BwdConfig.*:SplitTf32*:*GpuPeakedSoftmax*:GpuSplitTf32.Sm90*'
-  F+=':Refuse.*:Edge.*:Tiers/FewKeys.*sm90*:Tiers/Deterministic.*sm90*'
+  F+=':Refuse.*:Edge.*:Tiers/FewKeys.*sm90*:Tiers/Deterministic.*sm90*:Fuzz/GpuNegativeScale.*'
   sm90_sharded_tests "$T" "$F" 6 "${TEST_LIMIT:-280}" tests.log
 fi
 if want fuzz; then

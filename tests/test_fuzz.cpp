@@ -62,6 +62,27 @@ TEST(CpuPeakedSoftmax, BackwardWithinTwiceNaiveFp32Error) {
   }
 }
 
+// Negative softmax scales (the API takes any finite scale): 240 of the fuzz's calls with their
+// scale negated, each against the oracle under the same rule, on the instruction-set paths this
+// CPU runs.
+TEST(CpuNegativeScale, MatchesOracleWithinNaiveError) {
+  const std::vector<std::string> paths = cpu_paths().runnable;
+  ASSERT_FALSE(paths.empty());
+  const Runner runner = [](const Params& p, Direction dir) { return dir == Direction::forward ? forward(p) : backward(p); };
+  int64_t ran = 0;
+  for (uint64_t seed : seeds(240, 0, 1)) {
+    const Config c = with_negative_scale(generate(seed, cpu_tier()));
+    ASSERT_LT(c.softmax_scale, 0.f);
+    const std::string& path = paths[seed % paths.size()];
+    const testing::ForceCpuPath force(path);
+    const Outcome o = check(c, runner);
+    ++ran;
+    EXPECT_FALSE(o.refused) << "the cpu backend refused " << c.describe();
+    EXPECT_TRUE(o.failure.empty()) << c.describe() << " (path " << path << ")\n" << o.failure;
+  }
+  EXPECT_GT(ran, 0);
+}
+
 // The GPU tiers' generators (run on the GPU by fuzz_gpu_test.cpp): the sm90 tier draws its fp32
 // flavors too, each at the head dims its kernels take (tf32 up to 128, split tf32 64), and drops
 // a flavor that no compiled head dim serves.

@@ -587,6 +587,12 @@ std::vector<uint64_t> seeds(int64_t count, int shard, int shards) {
   return out;
 }
 
+Config with_negative_scale(Config config) {
+  const float scale = config.softmax_scale != 0.f ? config.softmax_scale : float(1.0 / std::sqrt(double(config.head_dim)));
+  config.softmax_scale = -std::abs(scale);
+  return config;
+}
+
 Config peaked_config(uint64_t seed, Backend backend, Precision precision, Causal causal, int64_t group,
                      int64_t head_dim, bool deterministic) {
   Config c;

@@ -144,6 +144,11 @@ inline constexpr double kPeakedLogit = 100.0;  // the standard deviation of the 
 inline constexpr double kPeakedNaiveFactor = 2.0;
 inline constexpr double kPeakedRoundingFactor = 2.0;
 
+// The call with its softmax scale negated (the default 1/sqrt(head_dim) made explicit first):
+// P then favours the smallest scores, which every tier takes by the sign of its scale (the
+// kernels' score_sign and their plain, unfolded update). The generator draws positive scales only.
+Config with_negative_scale(Config config);
+
 // A peaked call: batch 1, one KV head with `group` query heads, 256 queries and 200 keys (so that
 // bottom_right leaves the first rows with no key), fp32 storage, head dims `head_dim`.
 Config peaked_config(uint64_t seed, Backend backend, Precision precision, Causal causal, int64_t group,

@@ -352,6 +352,31 @@ INSTANTIATE_TEST_SUITE_P(Fuzz, GpuPeakedSoftmax,
                          ::testing::Values(Backend::cuda_simt, Backend::cuda_sm80, Backend::cuda_sm90),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
+// Negative softmax scales on each GPU tier: 150 of its fuzz calls with their scale negated (every
+// flavor the tier draws, tf32 and split tf32 among them), under the fuzz's rule; the CPU suite's
+// CpuNegativeScale on the GPU.
+class GpuNegativeScale : public ::testing::TestWithParam<Backend> {};
+
+TEST_P(GpuNegativeScale, MatchesOracleWithinNaiveError) {
+  const Backend backend = GetParam();
+  SKIP_UNLESS_RUNNABLE(backend);
+  const Tier tier = gpu_tier(backend, compiled_head_dims());
+  int64_t ran = 0;
+  for (uint64_t seed : seeds(150, 0, 1)) {
+    const Config c = with_negative_scale(generate(seed, tier));
+    const Outcome o = check(c, run_on_device);
+    if (o.refused) continue;
+    ++ran;
+    EXPECT_TRUE(o.failure.empty()) << c.describe() << "\n" << o.failure << "  replay: FMHA_FUZZ_SEED=" << seed
+                                   << " fmha_gpu_tests --gtest_filter='Fuzz/GpuNegativeScale.*" << to_string(backend) << "'";
+  }
+  if (ran == 0) GTEST_SKIP() << "the tier refused every call";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fuzz, GpuNegativeScale,
+                         ::testing::Values(Backend::cuda_simt, Backend::cuda_sm80, Backend::cuda_sm90),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
 // Split tf32 against exact fp32, class by class: the fuzz's fp32 calls drawn for a tier (sm80; sm90
 // at its split head dim, 64) at precision tf32x3, each run there and on simt (exact fp32, the same
 // inputs), and each output's
