@@ -588,7 +588,8 @@ std::vector<uint64_t> seeds(int64_t count, int shard, int shards) {
 }
 
 Config with_negative_scale(Config config) {
-  const float scale = config.softmax_scale != 0.f ? config.softmax_scale : float(1.0 / std::sqrt(double(config.head_dim)));
+  const float scale =
+      config.softmax_scale != 0.f ? config.softmax_scale : float(1.0 / std::sqrt(double(config.head_dim)));
   config.softmax_scale = -std::abs(scale);
   return config;
 }

@@ -368,7 +368,8 @@ TEST_P(GpuNegativeScale, MatchesOracleWithinNaiveError) {
     if (o.refused) continue;
     ++ran;
     EXPECT_TRUE(o.failure.empty()) << c.describe() << "\n" << o.failure << "  replay: FMHA_FUZZ_SEED=" << seed
-                                   << " fmha_gpu_tests --gtest_filter='Fuzz/GpuNegativeScale.*" << to_string(backend) << "'";
+                                   << " fmha_gpu_tests --gtest_filter='Fuzz/GpuNegativeScale.*"
+                                   << to_string(backend) << "'";
   }
   if (ran == 0) GTEST_SKIP() << "the tier refused every call";
 }
