@@ -313,6 +313,55 @@ TEST(TileOps, Exp2PolynomialMatchesExp2) {
   cudaFree(dy);
 }
 
+// ---- the online softmax with scores scaled first: a row's largest score gives P = 1 exactly -----
+// Each thread one row of kScoreCols scores; P from update_scaled_first (scaled first) and from
+// update_scaled (the scale folded into the exponent's FMA), both lazy as the tf32 forward runs.
+constexpr int kScoreRows = 256, kScoreCols = 16;
+__global__ void scaled_first_kernel(const float* scores, float scale, float* p_first, float* p_folded) {
+  const int row = int(blockIdx.x * blockDim.x + threadIdx.x);
+  tile::RegTile<float, 1, kScoreCols> first, folded;
+  for (int j = 0; j < kScoreCols; ++j) first(0, j) = folded(0, j) = scores[row * kScoreCols + j];
+  tile::OnlineSoftmax<1, 1> a, b;
+  a.init();
+  b.init();
+  float rescale[1];
+  a.update_scaled_first<true, true>(first, scale, rescale);
+  b.update_scaled<true, true>(folded, scale, rescale);
+  for (int j = 0; j < kScoreCols; ++j) {
+    p_first[row * kScoreCols + j] = first(0, j);
+    p_folded[row * kScoreCols + j] = folded(0, j);
+  }
+}
+
+TEST(TileOps, ScoresScaledFirstGiveTheRowMaxPExactlyOne) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  std::vector<float> s = random(size_t(kScoreRows) * kScoreCols, 11);
+  for (auto& x : s) x *= 24.f;  // scores of tf32 attention at head dim 64 and unit inputs
+  const float scale = 0.125f * 1.4426950408889634f;  // 1/sqrt(64) in the exp2 domain
+  float* ds = to_device(s);
+  float *dfirst = nullptr, *dfolded = nullptr;
+  cudaMalloc(&dfirst, s.size() * sizeof(float));
+  cudaMalloc(&dfolded, s.size() * sizeof(float));
+  scaled_first_kernel<<<kScoreRows / 64, 64>>>(ds, scale, dfirst, dfolded);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto first = to_host(dfirst, s.size()), folded = to_host(dfolded, s.size());
+  int folded_off_one = 0;
+  for (int r = 0; r < kScoreRows; ++r) {
+    const float* row = &s[size_t(r) * kScoreCols];
+    const int arg = int(std::max_element(row, row + kScoreCols) - row);
+    ASSERT_EQ(first[size_t(r) * kScoreCols + arg], 1.f) << "row " << r;
+    folded_off_one += folded[size_t(r) * kScoreCols + arg] != 1.f;
+    for (int j = 0; j < kScoreCols; ++j) {  // and every P is 2^(scale·(s − max)) to ex2.approx's accuracy
+      const double want = std::exp2(double(scale) * (double(row[j]) - double(row[arg])));
+      EXPECT_NEAR(first[size_t(r) * kScoreCols + j], want, 1e-6 * want + 1e-30) << r << "," << j;
+    }
+  }
+  // The folded FMA keeps scale·max's rounding: most rows' max gives 2^ε ≠ 1 (why tf32 scales first).
+  EXPECT_GT(folded_off_one, 0);
+  std::printf("rows whose max gives P != 1: scaled first 0, folded %d of %d\n", folded_off_one, kScoreRows);
+  for (float* p : {ds, dfirst, dfolded}) cudaFree(p);
+}
+
 // ---- mma.sync through the sm80 fragment loads: C[16, N] = A[16, K]·B[N, K]^T, then D = P·V ------
 // with P = C from registers (a_from_acc) and V = B read as [K=N keys][K dims] via load_b_kn.
 template <class T, int N, int K>

@@ -198,6 +198,11 @@ struct FwdMainloop {
   // Split tf32 (T = tf32x3, Shared::kSplit): each product as three tf32 ones (issue_scores,
   // issue_pv); the tensor cores take its operands as tf32 (Mma).
   static constexpr bool kSplit = Shared::kSplit;
+  // tf32 scales its scores before the folded update (OnlineSoftmax::update_scaled_first): its
+  // P·V rounds P to tf32, which hides the folded FMA's 2^ε at a row's max from O but not from the
+  // row sum, and the backward's Δ then misses dP on rows that see one key. The 16-bit types round
+  // P further still and are tested to their own bound; split tf32's backward forms its own softmax.
+  static constexpr bool kScaleFirst = std::is_same_v<T, float>;
   using Mma = std::conditional_t<kSplit, float, T>;
   static constexpr int kK = wg::Wgmma<Mma, BN>::kK;
   static constexpr int kConsumerWarps = wg::kThreads / 32;
@@ -404,7 +409,8 @@ struct FwdMainloop {
 
   // Mask where the tile needs it, then the online-softmax update: s becomes P, rescale[i] is what
   // row i's output accumulated so far must be multiplied by. With FOLD_SCALE the scale is folded
-  // into the exponent (a negative softmax scale takes the plain path: scale, then update).
+  // into the exponent (a negative softmax scale takes the plain path: scale, then update; tf32
+  // scales first in both).
   // With SPECULATE, P also goes into `next` as register-A fragments, and where `speculate` is set
   // (every key tile but a work tile's first, whose rows have no base yet) the exponentials start
   // on the rows' current bases before the row max is known (OnlineSoftmax::update_speculative):
@@ -425,9 +431,12 @@ struct FwdMainloop {
           return;
         }
       }
-      softmax.template update_scaled<true, LAZY, POLY>(s, args.scale_log2, rescale);
+      if constexpr (kScaleFirst)
+        softmax.template update_scaled_first<true, LAZY, POLY>(s, args.scale_log2, rescale);
+      else
+        softmax.template update_scaled<true, LAZY, POLY>(s, args.scale_log2, rescale);
     } else {
-      tile::thread::scale(s, args.scale_log2);
+      tile::thread::scale_rounded(s, args.scale_log2);
       softmax.template update<true>(s, rescale);
     }
     if constexpr (SPECULATE) wg::a_from_acc<T>(next, s);

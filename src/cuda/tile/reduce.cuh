@@ -149,6 +149,16 @@ __device__ __forceinline__ void scale(Reg& s, float factor) {
     for (int j = 0; j < Reg::kCols; ++j) s(i, j) *= factor;
 }
 
+// scale() with each product rounded on its own (__fmul_rn): never contracted into the FMA of a
+// later subtraction, so that a score minus its own scaled row max is exactly 0.
+template <class Reg>
+__device__ __forceinline__ void scale_rounded(Reg& s, float factor) {
+#pragma unroll
+  for (int i = 0; i < Reg::kRows; ++i)
+#pragma unroll
+    for (int j = 0; j < Reg::kCols; ++j) s(i, j) = __fmul_rn(s(i, j), factor);
+}
+
 }  // namespace thread
 
 // The online softmax state of a thread's ROWS rows, each spread over LANES lanes: running max
@@ -224,6 +234,17 @@ struct OnlineSoftmax {
       sum[i] = sum[i] * rescale[i] + warp::thread_row_reduce(s, i, [](float a, float b) { return a + b; });
       max[i] = new_max;
     }
+  }
+
+  // update_scaled for scores scaled first, each product rounded (thread::scale_rounded), then the
+  // same update with scale 1: a row's largest score x gives 2^(x − x) = exactly 1, where the folded
+  // FMA gives 2^ε, ε the rounding of scale·x. A multiply more per score; for tf32, whose P·V sees
+  // tf32(2^ε) = 1 while O is divided by a sum holding 2^ε, this keeps a one-key row's output
+  // exactly V and the backward's Δ = rowsum(dO∘O) equal to its dP (dS = 0).
+  template <bool FAST, bool LAZY = false, int POLY = 0, class Reg>
+  __device__ __forceinline__ void update_scaled_first(Reg& s, float scale, float (&rescale)[ROWS]) {
+    thread::scale_rounded(s, scale);
+    update_scaled<FAST, LAZY, POLY>(s, 1.f, rescale);
   }
 
   // update_scaled<true, true> (lazy, ex2.approx) with the exponentials started on each row's
