@@ -280,23 +280,6 @@ struct BwdMainloop {
     }
   }
 
-  // The wide tf32 backward's dPᵀ: lo = A·Bᵀ over the head dim's first kHalfDim columns and hi over
-  // the rest (A the block's 64 keys of a key-side tile, B the N rows from query_row0 of a
-  // query-side tile), two chains from zero in one commit group; issued, not waited.
-  static constexpr int kHalfDim = (HD / 2 + kK - 1) / kK * kK;
-  template <int N>
-  __device__ __forceinline__ void issue_transposed_scores_half(wg::Accumulator<N>& lo, wg::Accumulator<N>& hi,
-                                                               const T* key_side, const T* query_side, int query_row0) {
-    const uint64_t a0 = wg::k_major_desc<T, kK>(key_side, 0, 0, Shared::kKVChunkBytes);
-    const uint64_t b0 = wg::k_major_desc<T, kK>(query_side, query_row0, 0, Shared::kRowChunkBytes);
-    wg::fence();
-#pragma unroll
-    for (int k0 = 0; k0 < HD; k0 += kK)
-      wg::Wgmma<T, N>::ss(k0 < kHalfDim ? lo.d : hi.d, a0 + wg::k_major_step<T>(k0, Shared::kKVChunkBytes),
-                          b0 + wg::k_major_step<T>(k0, Shared::kRowChunkBytes), k0 != 0 && k0 != kHalfDim ? 1 : 0);
-    wg::commit();
-  }
-
   // acc = A·Bᵀ for A = the 64 rows from key_row0 of a [keys, HDP] key-side tile and B the N rows
   // from query_row0 of a [64, HDP] query-side tile, both K-major; issued, committed, not waited.
   template <int N>
@@ -711,18 +694,9 @@ struct BwdMainloop {
           shared.dout[stage] + c * (kRows * Shared::kChunkCols) + q_col0 * Shared::kChunkCols, thread);
     tile::fence_async_shared();
     tile::named_sync(int(NamedBarrier::epilogue_first) + warpgroup, wg::kThreads);  // unused by the backward otherwise
-    // dPᵀ over the head dim in two halves, each from zero, added in fp32 once complete: the tensor
-    // cores truncate what they add, and over the 12-16 k steps of one chain dPᵀ drifted from Δ
-    // (fp32) on rows that see one key (dQ at 1.03× the peaked test's bound, run 81).
-    Scores dp_high;
-    issue_transposed_scores_half(dp, dp_high, shared.v, shared.dout[stage], q_col0);
+    issue_transposed_scores(dp, shared.v, 0, shared.dout[stage], q_col0);
 
     column_probabilities(s, stage, keys, row0, q_col0);  // Pᵀ
-    wg::wait<0>();
-    wg::fence_operand(dp.d);
-    wg::fence_operand(dp_high.d);
-#pragma unroll
-    for (int r = 0; r < Scores::kRegs; ++r) dp.d[r] += dp_high.d[r];
     column_score_grads(s, dp, stage, q_col0);            // dSᵀ
 
     // P and dS [keys, rows] (chunk w: this warpgroup's query columns) and dS [rows, keys] (rows
