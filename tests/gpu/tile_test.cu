@@ -360,6 +360,43 @@ TEST(TileOps, ScoresScaledFirstGiveTheRowMaxPExactlyOne) {
   EXPECT_GT(folded_off_one, 0);
   std::printf("rows whose max gives P != 1: scaled first 0, folded %d of %d\n", folded_off_one, kScoreRows);
   for (float* p : {ds, dfirst, dfolded}) cudaFree(p);
+// ---- ex2.approx.ftz against exp2f: the same bits on every normal result -----------------------
+__global__ void exp2_pair_kernel(const float* x, float* fast, float* exact, int n) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) fast[i] = tile::exp2_fast(x[i]), exact[i] = tile::exp2_exact(x[i]);
+}
+
+TEST(TileOps, Exp2FastIsExp2fAboveDenormals) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  // Every 2^-10 step of [-150, 128) and random points between: the own softmax's exponents
+  // (split tf32 backward, own_exp2<true>) lie in [-inf, 0].
+  std::vector<float> x;
+  for (int i = -150 * 1024; i < 128 * 1024; ++i) x.push_back(float(i) / 1024.f);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-150.f, 128.f);
+  for (int i = 0; i < 1 << 18; ++i) x.push_back(u(rng));
+  x.push_back(-std::numeric_limits<float>::infinity());
+  float* dx = to_device(x);
+  float *dfast = nullptr, *dexact = nullptr;
+  cudaMalloc(&dfast, x.size() * sizeof(float));
+  cudaMalloc(&dexact, x.size() * sizeof(float));
+  exp2_pair_kernel<<<unsigned((x.size() + 255) / 256), 256>>>(dx, dfast, dexact, int(x.size()));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto fast = to_host(dfast, x.size()), exact = to_host(dexact, x.size());
+  size_t normal = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (exact[i] >= std::numeric_limits<float>::min()) {
+      ++normal;
+      uint32_t a, b;
+      std::memcpy(&a, &fast[i], 4);
+      std::memcpy(&b, &exact[i], 4);
+      ASSERT_EQ(a, b) << "2^" << x[i] << ": ex2.approx.ftz " << fast[i] << ", exp2f " << exact[i];
+    } else {
+      ASSERT_EQ(fast[i], 0.f) << "2^" << x[i];  // flushed: below FLT_MIN
+    }
+  }
+  EXPECT_GT(normal, x.size() / 2);
+  for (float* p : {dx, dfast, dexact}) cudaFree(p);
 }
 
 // ---- mma.sync through the sm80 fragment loads: C[16, N] = A[16, K]·B[N, K]^T, then D = P·V ------

@@ -63,22 +63,42 @@ __device__ __forceinline__ float lse_factor(float row_max, float row_sum, float 
 // then (x - row_max)·|scale_log2|, where the difference is exact near the max (Sterbenz).
 __device__ __forceinline__ float score_sign(const AttentionArgs& args) { return args.scale_log2 < 0.f ? -1.f : 1.f; }
 
+// x = sign(scale)·s in place over a thread's scores: a negation, and only where the scale is
+// negative (a multiply by 1 per score otherwise).
+template <int N>
+__device__ __forceinline__ void apply_score_sign(const AttentionArgs& args, float (&x)[N]) {
+  if (args.scale_log2 < 0.f)
+#pragma unroll
+    for (int r = 0; r < N; ++r) x[r] = -x[r];
+}
+
+// 2^x of the own softmax: libdevice's exp2f, or with FTZ the single ex2.approx.ftz, which gives
+// exp2f's bits wherever the result is at least 2^-126 (FLT_MIN; TileOps.Exp2FastIsExp2fAboveDenormals)
+// and 0 below it, where exp2f's denormals weigh less than 2^-126 of a row's P = 1. A tier's
+// statistics and main kernels must take the same one: P's sums are formed in the one and used in
+// the other.
+template <bool FTZ>
+__device__ __forceinline__ float own_exp2(float x) {
+  return FTZ ? tile::exp2_fast(x) : tile::exp2_exact(x);
+}
+
 // P from the row statistics: 2^((x - row_max)·|scale_log2|)·row_inv_sum; 0 where row_max is +inf
 // (a row that sees no key, or padding).
+template <bool FTZ = false>
 __device__ __forceinline__ float own_probability(float x, float row_max, float row_inv_sum, float abs_scale_log2) {
-  return tile::exp2_exact((x - row_max) * abs_scale_log2) * row_inv_sum;
+  return own_exp2<FTZ>((x - row_max) * abs_scale_log2) * row_inv_sum;
 }
 
 // One key tile of the online max and sum: `max` is the row's running max (every lane of the row
 // holds it), `sum` this thread's share of sum 2^((x - max)·|scale_log2|); tile_max the row's max
 // over the tile (reduced over its lanes), part(base) this thread's sum of 2^((x - base)·|scale_log2|)
 // over its elements of the tile.
-template <class Part>
+template <bool FTZ = false, class Part>
 __device__ __forceinline__ void own_softmax_step(float& max, float& sum, float tile_max, float abs_scale_log2,
                                                  Part part) {
   const float new_max = fmaxf(max, tile_max);
   const float base = new_max == tile::kNegInf ? 0.f : new_max;  // nothing visible yet: 0, not NaN
-  sum = sum * tile::exp2_exact((max - base) * abs_scale_log2) + part(base);
+  sum = sum * own_exp2<FTZ>((max - base) * abs_scale_log2) + part(base);
   max = new_max;
 }
 

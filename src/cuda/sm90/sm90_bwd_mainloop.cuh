@@ -797,16 +797,15 @@ struct BwdMainloop {
     using Scores = wg::Accumulator<N>;
     wg::wait<1>();
     wg::fence_operand(s.d);
-    const float sign = score_sign(args), abs_scale_log2 = fabsf(args.scale_log2);
-#pragma unroll
-    for (int r = 0; r < Scores::kRegs; ++r) s.d[r] *= sign;
+    const float abs_scale_log2 = fabsf(args.scale_log2);
+    apply_score_sign(args, s.d);
     mask_scores(s, keys.begin, row0 + q_col0);
 #pragma unroll
     for (int j = 0; j < Scores::kCols; ++j) {
       const int col = q_col0 + Scores::col(j, thread);
       const float row_max = shared.lse[stage][col], inv_sum = shared.residual.inv_sum[stage][col];
 #pragma unroll
-      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = own_probability(s(i, j), row_max, inv_sum, abs_scale_log2);
+      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = own_probability<kSplitOwnFtz>(s(i, j), row_max, inv_sum, abs_scale_log2);
     }
   }
 

@@ -145,7 +145,7 @@ struct BwdStatsKernel {
                           int(r0 + part), head, batch, bar);
     };
     auto key_row = [&](int n) { return k_row0 + (first_tile + n) * kKeys; };  // the n-th key tile's first row
-    const float sign = score_sign(args), abs_scale_log2 = fabsf(args.scale_log2);
+    const float abs_scale_log2 = fabsf(args.scale_log2);
     // Sᵀ of this warpgroup's query tile against the key tile (k, k_lo), as the main kernel's two
     // consumer warpgroups form it, one product a query half (issued); then x = sign(scale)·Sᵀ with
     // the hidden scores -inf (the tile's keys from key0).
@@ -156,8 +156,7 @@ struct BwdStatsKernel {
                                  tile_row0 + hf * kQueries, Shared::kRowChunkBytes);
     };
     auto finish_scores = [&](Scores& s, int hf, int64_t key0) {
-#pragma unroll
-      for (int r = 0; r < Scores::kRegs; ++r) s.d[r] *= sign;
+      apply_score_sign(args, s.d);
       mask_transposed_scores(s, mask, key0, row0 + tile_row0 + hf * kQueries, thread);
     };
     // Split for tf32 products as the main kernel splits (high parts in place), by the block: a key
@@ -233,9 +232,9 @@ struct BwdStatsKernel {
       for (int hf = 0; hf < kHalves; ++hf)
 #pragma unroll
         for (int j = 0; j < kCols; ++j)
-          own_softmax_step(max[hf][j], sum[hf][j], tile_max[hf][j], abs_scale_log2, [&](float base) {
-            return tile::exp2_exact((s[hf](0, j) - base) * abs_scale_log2) +
-                   tile::exp2_exact((s[hf](1, j) - base) * abs_scale_log2);
+          own_softmax_step<kSplitOwnFtz>(max[hf][j], sum[hf][j], tile_max[hf][j], abs_scale_log2, [&](float base) {
+            return own_exp2<kSplitOwnFtz>((s[hf](0, j) - base) * abs_scale_log2) +
+                   own_exp2<kSplitOwnFtz>((s[hf](1, j) - base) * abs_scale_log2);
           });
     }
     reduce_columns(sum, shared, warpgroup, thread, [](float a, float b) { return a + b; });
@@ -326,7 +325,8 @@ struct BwdStatsKernel {
           const float base = max[hf][j] == tile::kNegInf ? 0.f : max[hf][j];
 #pragma unroll
           for (int i = 0; i < Scores::kRows; ++i)
-            delta[hf][j] = fmaf(tile::exp2_exact((s[hf](i, j) - base) * abs_scale_log2), dp[hf](i, j), delta[hf][j]);
+            delta[hf][j] =
+                fmaf(own_exp2<kSplitOwnFtz>((s[hf](i, j) - base) * abs_scale_log2), dp[hf](i, j), delta[hf][j]);
         }
       }
     }

@@ -340,6 +340,10 @@ constexpr int bwd_split_cols(int head_dim, int w) {
   const int first = (chunks + 1) / 2;
   return (w == 0 ? first : chunks - first) * kChunkCols;
 }
+// The split-tf32 backward's own softmax (statistics and main kernels) takes its exponentials as
+// ex2.approx.ftz (own_exp2<true>): exp2f's bits on every normal result, one MUFU instruction
+// without exp2f's denormal range reduction around it.
+inline constexpr bool kSplitOwnFtz = true;
 inline constexpr int kBwdDqPad = 8;  // floats padding each row of the dQ tile and accumulator
 // Deterministic: one turn counter per query tile (the dQ warp adds the tile whole).
 inline constexpr int kBwdTurnParts = 1;
