@@ -360,6 +360,8 @@ TEST(TileOps, ScoresScaledFirstGiveTheRowMaxPExactlyOne) {
   EXPECT_GT(folded_off_one, 0);
   std::printf("rows whose max gives P != 1: scaled first 0, folded %d of %d\n", folded_off_one, kScoreRows);
   for (float* p : {ds, dfirst, dfolded}) cudaFree(p);
+}
+
 // ---- ex2.approx.ftz against exp2f: the same bits on every normal result -----------------------
 __global__ void exp2_pair_kernel(const float* x, float* fast, float* exact, int n) {
   const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
