@@ -8,11 +8,13 @@ set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
 B=${BUILD:-$PWD/build-split-profile}
-t0=$(date +%s)
-cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS=64 \
-  -DFMHA_TUNED_HEAD_DIMS=64 -DFMHA_DECODE_HEAD_DIMS=64 > "$OUT/profile_build.log" 2>&1 &&
-  timeout 300 ninja -C "$B" fmha_cli >> "$OUT/profile_build.log" 2>&1 || { tail -20 "$OUT/profile_build.log"; exit 1; }
-echo "built in $(( $(date +%s) - t0 )) s"
+if [[ ! -x "$B/fmha" ]]; then  # a build of head dim 64 that $BUILD already holds is reused
+  t0=$(date +%s)
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS=64 \
+    -DFMHA_TUNED_HEAD_DIMS=64 -DFMHA_DECODE_HEAD_DIMS=64 > "$OUT/profile_build.log" 2>&1 &&
+    timeout 300 ninja -C "$B" fmha_cli >> "$OUT/profile_build.log" 2>&1 || { tail -20 "$OUT/profile_build.log"; exit 1; }
+  echo "built in $(( $(date +%s) - t0 )) s"
+fi
 SHAPE="--mode bwd --dtype fp32 --precision tf32x3 --batch 4 --heads 4 --seqlen-q 4096 --head-dim 64"
 for tier in sm90 sm80; do
   # One untimed and one timed call: the second call's kernels are profiled (preprocess,
