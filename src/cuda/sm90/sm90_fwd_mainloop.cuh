@@ -407,7 +407,8 @@ struct FwdMainloop {
     __device__ __forceinline__ bool need_mask(int j) const { return j < begin || j >= end; }
   };
 
-  // Mask where the tile needs it, then the online-softmax update: s becomes P, rescale[i] is what
+  // Mask where the tile needs it (the plain path after its multiply: a negative scale would turn
+  // -inf into +inf), then the online-softmax update: s becomes P, rescale[i] is what
   // row i's output accumulated so far must be multiplied by. With FOLD_SCALE the scale is folded
   // into the exponent (a negative softmax scale takes the plain path: scale, then update; tf32
   // scales first in both).
@@ -419,11 +420,13 @@ struct FwdMainloop {
                                                float (&rescale)[Tiles::Scores::kRows], const Mask& mask, Range rows,
                                                int64_t col0, bool need_mask, typename Tiles::PFragments& next,
                                                bool speculate) {
+    const bool fold = FOLD_SCALE && args.scale_log2 > 0.f;
+    if (!fold) tile::thread::scale_rounded(s, args.scale_log2);
     if (need_mask)
       tile::thread::mask_outside(
           s, [&](int i) { return mask.keys(rows.begin + Tiles::Scores::row(i, thread)); }, col0,
           [&](int j) { return Tiles::Scores::col(j, thread); });
-    if (FOLD_SCALE && args.scale_log2 > 0.f) {
+    if (fold) {
       if constexpr (SPECULATE) {
         if (speculate) {
           softmax.update_speculative(s, args.scale_log2, rescale,
@@ -436,7 +439,6 @@ struct FwdMainloop {
       else
         softmax.template update_scaled<true, LAZY, POLY>(s, args.scale_log2, rescale);
     } else {
-      tile::thread::scale_rounded(s, args.scale_log2);
       softmax.template update<true>(s, rescale);
     }
     if constexpr (SPECULATE) wg::a_from_acc<T>(next, s);
