@@ -179,12 +179,13 @@ struct BwdSplitTiles {
 };
 
 // Sᵀ (a warpgroup's [64 keys, N q] scores: keys as rows from key0, query rows as columns from q0)
-// with the elements that the mask hides set to -inf, where the tile is cut by the mask or by the
+// with the elements that the mask hides set to -inf (where `scale` is given, to -inf once
+// multiplied by it: tile::masked_before_scale), where the tile is cut by the mask or by the
 // sequences' ends. (The split backward's main and statistics kernels mask with it, so that both
 // hide the same scores.)
 template <int N>
 __device__ __forceinline__ void mask_transposed_scores(wg::Accumulator<N>& s, const Mask& mask, int64_t key0,
-                                                       int64_t q0, int thread) {
+                                                       int64_t q0, int thread, const float* scale = nullptr) {
   using Scores = wg::Accumulator<N>;
   const Range rows{q0, q0 + N < mask.seqlen_q ? q0 + N : mask.seqlen_q};
   const Range keys{key0, key0 + kConsumerRows};
@@ -196,7 +197,7 @@ __device__ __forceinline__ void mask_transposed_scores(wg::Accumulator<N>& s, co
         const int64_t key = key0 + Scores::row(i, thread);
         return key < mask.seqlen_k ? mask.queries(key) : Range{0, 0};
       },
-      q0, [&](int j) { return Scores::col(j, thread); });
+      q0, [&](int j) { return Scores::col(j, thread); }, scale ? tile::masked_before_scale(*scale) : tile::kNegInf);
 }
 
 // Split tf32: acc = A·Bᵀ over HD columns as three tf32 products, A the 64 rows from a_row0 of a
@@ -358,9 +359,11 @@ struct BwdMainloop {
       wg::Wgmma<T, N>::template ss<1, 1>(acc.d, a0 + wg::mn_major_step(k0), b0 + wg::mn_major_step(k0), 1);
   }
 
-  // Sᵀ (keys as rows, from key0; query rows as columns, from q0) masked where the tile is cut.
+  // Sᵀ (keys as rows, from key0; query rows as columns, from q0) masked where the tile is cut (to
+  // -inf once multiplied by *scale where given: mask_transposed_scores).
   template <int N>
-  __device__ __forceinline__ void mask_scores(wg::Accumulator<N>& s, int64_t key0, int64_t q0) {
+  __device__ __forceinline__ void mask_scores(wg::Accumulator<N>& s, int64_t key0, int64_t q0,
+                                              const float* scale = nullptr) {
     using Scores = wg::Accumulator<N>;
     if constexpr (PACKED) {
       // Masked where one of this thread's keys misses a row of the tile (rows past the sequence's
@@ -372,9 +375,9 @@ struct BwdMainloop {
       if (cut)
         tile::thread::mask_outside(
             s, [&](int i) { return Range{visible_begin[i], visible_end[i]}; }, q0,
-            [&](int j) { return Scores::col(j, thread); });
+            [&](int j) { return Scores::col(j, thread); }, scale ? tile::masked_before_scale(*scale) : tile::kNegInf);
     } else {
-      mask_transposed_scores(s, mask(), key0, q0, thread);
+      mask_transposed_scores(s, mask(), key0, q0, thread, scale);
     }
   }
 
@@ -490,7 +493,7 @@ struct BwdMainloop {
     using Scores = typename Tiles::Scores;
     wg::wait<1>();
     wg::fence_operand(s.d);
-    mask_scores(s, keys.begin + int64_t(warpgroup) * kConsumerRows, row0);
+    mask_scores(s, keys.begin + int64_t(warpgroup) * kConsumerRows, row0, &args.scale_log2);
 #pragma unroll
     for (int j = 0; j < Scores::kCols; ++j) {
       const float lse = shared.lse[stage][Scores::col(j, thread)];

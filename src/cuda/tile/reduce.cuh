@@ -13,6 +13,15 @@ namespace fmha::cuda::tile {
 inline constexpr float kNegInf = -__builtin_huge_valf();
 inline constexpr float kLn2 = 0.6931471805599453f;
 
+// The value a masked score takes where it is multiplied by `scale` afterwards: -inf once
+// multiplied under either sign (a negative softmax scale turns -inf into +inf). Formed where it
+// is used (opaque to the compiler), so that masking code inside a branch does not hoist it into a
+// register kept live across a mainloop.
+__device__ __forceinline__ float masked_before_scale(float scale) {
+  asm volatile("" : "+f"(scale));
+  return scale < 0.f ? __builtin_huge_valf() : kNegInf;
+}
+
 namespace warp {
 
 // x reduced (max or sum) over the LANES consecutive lanes (LANES a power of two, aligned) that
@@ -119,12 +128,13 @@ __device__ __forceinline__ void mask_scores(Reg& s, const Mask& mask, RowOf row_
   }
 }
 
-// s(i, j) = -inf unless column col0 + col_of(j) lies in visible_of(i) (a Range of absolute
-// indices), for 0 <= col_of(j) < 2^31. Each row's interval is made relative to col0 once, so the
+// s(i, j) = masked (-inf unless given) unless column col0 + col_of(j) lies in visible_of(i) (a
+// Range of absolute indices), for 0 <= col_of(j) < 2^31. Each row's interval is made relative to col0 once, so the
 // per-element test is two 32-bit compares against col_of(j), which the caller's layout knows up
 // to a lane offset: 64-bit indices per element cost registers that wgmma's wide tiles lack.
 template <class Reg, class VisibleOf, class ColOf>
-__device__ __forceinline__ void mask_outside(Reg& s, VisibleOf visible_of, int64_t col0, ColOf col_of) {
+__device__ __forceinline__ void mask_outside(Reg& s, VisibleOf visible_of, int64_t col0, ColOf col_of,
+                                             float masked = kNegInf) {
   auto relative = [col0](int64_t x) {
     const int64_t r = x - col0;
     return r < 0 ? 0 : (r > INT32_MAX ? INT32_MAX : int(r));
@@ -136,7 +146,7 @@ __device__ __forceinline__ void mask_outside(Reg& s, VisibleOf visible_of, int64
 #pragma unroll
     for (int j = 0; j < Reg::kCols; ++j) {
       const int col = col_of(j);
-      if (col < begin || col >= end) s(i, j) = kNegInf;
+      if (col < begin || col >= end) s(i, j) = masked;
     }
   }
 }
