@@ -810,7 +810,8 @@ struct BwdMainloop {
       const int col = q_col0 + Scores::col(j, thread);
       const float row_max = shared.lse[stage][col], inv_sum = shared.residual.inv_sum[stage][col];
 #pragma unroll
-      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = own_probability<kSplitOwnFtz>(s(i, j), row_max, inv_sum, abs_scale_log2);
+      for (int i = 0; i < Scores::kRows; ++i)
+        s(i, j) = own_probability<kSplitOwnFtz>(s(i, j), row_max, inv_sum, abs_scale_log2);
     }
   }
 

@@ -129,9 +129,10 @@ __device__ __forceinline__ void mask_scores(Reg& s, const Mask& mask, RowOf row_
 }
 
 // s(i, j) = masked (-inf unless given) unless column col0 + col_of(j) lies in visible_of(i) (a
-// Range of absolute indices), for 0 <= col_of(j) < 2^31. Each row's interval is made relative to col0 once, so the
-// per-element test is two 32-bit compares against col_of(j), which the caller's layout knows up
-// to a lane offset: 64-bit indices per element cost registers that wgmma's wide tiles lack.
+// Range of absolute indices), for 0 <= col_of(j) < 2^31. Each row's interval is made relative to
+// col0 once, so the per-element test is two 32-bit compares against col_of(j), which the caller's
+// layout knows up to a lane offset: 64-bit indices per element cost registers that wgmma's wide
+// tiles lack.
 template <class Reg, class VisibleOf, class ColOf>
 __device__ __forceinline__ void mask_outside(Reg& s, VisibleOf visible_of, int64_t col0, ColOf col_of,
                                              float masked = kNegInf) {
