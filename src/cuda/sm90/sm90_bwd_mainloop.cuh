@@ -493,12 +493,28 @@ struct BwdMainloop {
     using Scores = typename Tiles::Scores;
     wg::wait<1>();
     wg::fence_operand(s.d);
-    mask_scores(s, keys.begin + int64_t(warpgroup) * kConsumerRows, row0, &args.scale_log2);
+    // Masked scores must give P = 0 under either sign of the scale. Packed kernels mask the
+    // exponent S·scale − LSE (-inf), the others the score, to tile::masked_before_scale (+inf under a
+    // negative scale): what -Xptxas -v found spill-free (D64, bf16: packed 48 → 0 bytes of spill
+    // stores this way, the dense default kernel 0 → 4 the other way round).
+    if constexpr (PACKED) {
 #pragma unroll
-    for (int j = 0; j < Scores::kCols; ++j) {
-      const float lse = shared.lse[stage][Scores::col(j, thread)];
+      for (int j = 0; j < Scores::kCols; ++j) {
+        const float lse = shared.lse[stage][Scores::col(j, thread)];
 #pragma unroll
-      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
+        for (int i = 0; i < Scores::kRows; ++i) s(i, j) = s(i, j) * args.scale_log2 - lse;
+      }
+      mask_scores(s, keys.begin + int64_t(warpgroup) * kConsumerRows, row0);
+#pragma unroll
+      for (int r = 0; r < Scores::kRegs; ++r) s.d[r] = tile::exp2_fast(s.d[r]);
+    } else {
+      mask_scores(s, keys.begin + int64_t(warpgroup) * kConsumerRows, row0, &args.scale_log2);
+#pragma unroll
+      for (int j = 0; j < Scores::kCols; ++j) {
+        const float lse = shared.lse[stage][Scores::col(j, thread)];
+#pragma unroll
+        for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
+      }
     }
     if constexpr (!kLateFragments) wg::a_from_acc<T>(p, s);
     wg::wait<0>();
