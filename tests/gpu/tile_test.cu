@@ -314,8 +314,9 @@ TEST(TileOps, Exp2PolynomialMatchesExp2) {
 }
 
 // ---- the online softmax with scores scaled first: a row's largest score gives P = 1 exactly -----
-// Each thread one row of kScoreCols scores; P from update_scaled_first (scaled first) and from
-// update_scaled (the scale folded into the exponent's FMA), both lazy as the tf32 forward runs.
+// Each thread one row of kScoreCols scores; P scaled first (thread::scale_rounded, then the folded
+// update with scale 1, as the sm90 tf32 forward runs it) and with the scale folded into the
+// exponent's FMA (update_scaled with the scale), both lazy.
 constexpr int kScoreRows = 256, kScoreCols = 16;
 __global__ void scaled_first_kernel(const float* scores, float scale, float* p_first, float* p_folded) {
   const int row = int(blockIdx.x * blockDim.x + threadIdx.x);
@@ -325,7 +326,8 @@ __global__ void scaled_first_kernel(const float* scores, float scale, float* p_f
   a.init();
   b.init();
   float rescale[1];
-  a.update_scaled_first<true, true>(first, scale, rescale);
+  tile::thread::scale_rounded(first, scale);
+  a.update_scaled<true, true>(first, 1.f, rescale);
   b.update_scaled<true, true>(folded, scale, rescale);
   for (int j = 0; j < kScoreCols; ++j) {
     p_first[row * kScoreCols + j] = first(0, j);

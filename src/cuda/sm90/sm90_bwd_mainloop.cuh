@@ -359,8 +359,9 @@ struct BwdMainloop {
       wg::Wgmma<T, N>::template ss<1, 1>(acc.d, a0 + wg::mn_major_step(k0), b0 + wg::mn_major_step(k0), 1);
   }
 
-  // Sᵀ (keys as rows, from key0; query rows as columns, from q0) masked where the tile is cut (to
-  // -inf once multiplied by *scale where given: mask_transposed_scores).
+  // Sᵀ (keys as rows, from key0; query rows as columns, from q0) masked where the tile is cut (in
+  // the dense kernels, to -inf once multiplied by *scale where given: mask_transposed_scores; the
+  // packed ones mask to -inf, and their callers mask exponents, not scores, where a scale follows).
   template <int N>
   __device__ __forceinline__ void mask_scores(wg::Accumulator<N>& s, int64_t key0, int64_t q0,
                                               const float* scale = nullptr) {
@@ -375,7 +376,7 @@ struct BwdMainloop {
       if (cut)
         tile::thread::mask_outside(
             s, [&](int i) { return Range{visible_begin[i], visible_end[i]}; }, q0,
-            [&](int j) { return Scores::col(j, thread); }, scale ? tile::masked_before_scale(*scale) : tile::kNegInf);
+            [&](int j) { return Scores::col(j, thread); });
     } else {
       mask_transposed_scores(s, mask(), key0, q0, thread, scale);
     }
@@ -508,7 +509,7 @@ struct BwdMainloop {
 #pragma unroll
       for (int r = 0; r < Scores::kRegs; ++r) s.d[r] = tile::exp2_fast(s.d[r]);
     } else {
-      mask_scores(s, keys.begin + int64_t(warpgroup) * kConsumerRows, row0, &args.scale_log2);
+      mask_scores(s, keys.begin + int64_t(warpgroup) * kConsumerRows, row0, &args.scale_log2);  // dense
 #pragma unroll
       for (int j = 0; j < Scores::kCols; ++j) {
         const float lse = shared.lse[stage][Scores::col(j, thread)];

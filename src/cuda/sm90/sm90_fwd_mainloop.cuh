@@ -198,10 +198,13 @@ struct FwdMainloop {
   // Split tf32 (T = tf32x3, Shared::kSplit): each product as three tf32 ones (issue_scores,
   // issue_pv); the tensor cores take its operands as tf32 (Mma).
   static constexpr bool kSplit = Shared::kSplit;
-  // tf32 scales its scores before the folded update (OnlineSoftmax::update_scaled_first): its
-  // P·V rounds P to tf32, which hides the folded FMA's 2^ε at a row's max from O but not from the
-  // row sum, and the backward's Δ then misses dP on rows that see one key. The 16-bit types round
-  // P further still and are tested to their own bound; split tf32's backward forms its own softmax.
+  // tf32 scales its scores first, each product rounded (thread::scale_rounded), and runs the
+  // folded update with scale 1: a row's largest score x then gives 2^(x − x) = exactly 1, where the
+  // folded FMA gives 2^ε, ε the rounding of scale·x. tf32's P·V rounds P to tf32, which hides 2^ε
+  // from O but not from the row sum, so O was tf32(V)/(1 + ε) on a row that sees one key and the
+  // backward's Δ = rowsum(dO∘O) missed its dP (GPU tile test
+  // TileOps.ScoresScaledFirstGiveTheRowMaxPExactlyOne). The 16-bit types round P further still
+  // and are tested to their own bound; split tf32's backward forms its own softmax.
   static constexpr bool kScaleFirst = std::is_same_v<T, float>;
   using Mma = std::conditional_t<kSplit, float, T>;
   static constexpr int kK = wg::Wgmma<Mma, BN>::kK;
@@ -407,11 +410,11 @@ struct FwdMainloop {
     __device__ __forceinline__ bool need_mask(int j) const { return j < begin || j >= end; }
   };
 
-  // Mask where the tile needs it (the plain path after its multiply: a negative scale would turn
-  // -inf into +inf), then the online-softmax update: s becomes P, rescale[i] is what
+  // Mask where the tile needs it, then the online-softmax update: s becomes P, rescale[i] is what
   // row i's output accumulated so far must be multiplied by. With FOLD_SCALE the scale is folded
-  // into the exponent (a negative softmax scale takes the plain path: scale, then update; tf32
-  // scales first in both).
+  // into the exponent; a negative softmax scale takes the plain path (scale, then update), and tf32
+  // scales first on both (kScaleFirst). Scores scaled first are masked after their multiply: a
+  // negative scale would turn -inf into +inf.
   // With SPECULATE, P also goes into `next` as register-A fragments, and where `speculate` is set
   // (every key tile but a work tile's first, whose rows have no base yet) the exponentials start
   // on the rows' current bases before the row max is known (OnlineSoftmax::update_speculative):
@@ -421,7 +424,7 @@ struct FwdMainloop {
                                                int64_t col0, bool need_mask, typename Tiles::PFragments& next,
                                                bool speculate) {
     const bool fold = FOLD_SCALE && args.scale_log2 > 0.f;
-    if (!fold) tile::thread::scale_rounded(s, args.scale_log2);
+    if (kScaleFirst || !fold) tile::thread::scale_rounded(s, args.scale_log2);
     if (need_mask)
       tile::thread::mask_outside(
           s, [&](int i) { return mask.keys(rows.begin + Tiles::Scores::row(i, thread)); }, col0,
@@ -434,10 +437,7 @@ struct FwdMainloop {
           return;
         }
       }
-      if constexpr (kScaleFirst)
-        softmax.template update_scaled_first<true, LAZY, POLY>(s, args.scale_log2, rescale);
-      else
-        softmax.template update_scaled<true, LAZY, POLY>(s, args.scale_log2, rescale);
+      softmax.template update_scaled<true, LAZY, POLY>(s, kScaleFirst ? 1.f : args.scale_log2, rescale);
     } else {
       softmax.template update<true>(s, rescale);
     }

@@ -247,17 +247,6 @@ struct OnlineSoftmax {
     }
   }
 
-  // update_scaled for scores scaled first, each product rounded (thread::scale_rounded), then the
-  // same update with scale 1: a row's largest score x gives 2^(x − x) = exactly 1, where the folded
-  // FMA gives 2^ε, ε the rounding of scale·x. A multiply more per score; for tf32, whose P·V sees
-  // tf32(2^ε) = 1 while O is divided by a sum holding 2^ε, this keeps a one-key row's output
-  // exactly V and the backward's Δ = rowsum(dO∘O) equal to its dP (dS = 0).
-  template <bool FAST, bool LAZY = false, int POLY = 0, class Reg>
-  __device__ __forceinline__ void update_scaled_first(Reg& s, float scale, float (&rescale)[ROWS]) {
-    thread::scale_rounded(s, scale);
-    update_scaled<FAST, LAZY, POLY>(s, 1.f, rescale);
-  }
-
   // update_scaled<true, true> (lazy, ex2.approx) with the exponentials started on each row's
   // current base before the tile's row max is known: the row max no longer precedes them (its
   // in-thread reduction runs beside them and its lane shuffles are gone). x = scale·s − base is
