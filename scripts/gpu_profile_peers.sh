@@ -12,6 +12,7 @@
 # decode1 is decoding one sequence of 8k keys (decode: 16 of them).
 # SOURCE=1 adds each report's source page (per SASS instruction: executions, stall samples by
 # reason; `ncu --page source --csv --print-source sass`) as peers_<case>_<provider>_source.csv.
+# `python3 scripts/ncu_source_top.py <page>.csv` summarises one: samples by reason, opcode, instruction.
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH

@@ -279,27 +279,48 @@ struct SplitMergeArgs {
 // with every load independent of the others, kSplitBatch splits in flight at a time (a split of
 // weight 0 is read, in bounds, and not used: it may hold anything). Rounding differs from a fold
 // in split order (one normalisation instead of one per step); the function is the same.
+//
+// A row takes `row_warps` warps of a block (1, 2, 4 or 8: split_row_warps), warp w of them the
+// splits w, w + row_warps, ...; each forms the LSE phase itself (the LSEs are a few hundred bytes,
+// read again from L1) and its splits' weighted sum, and the row's warps add their sums through
+// shared memory. A decode call at 1 × 8k merges 32 rows of 31 splits: one warp a row would put
+// the whole merge on 4 SMs, each warp waiting on four batches of loads in turn; eight warps a row
+// spread it over 32 blocks, each warp's four splits in one batch.
 constexpr int kSplitsPerLane = int((decode::kMaxSplits + kWarpSize - 1) / kWarpSize);
-constexpr int kSplitBatch = 8;  // splits whose values are in flight together
+constexpr int kSplitBatch = 8;  // splits whose values are in flight together, per warp
+constexpr int kSplitsPerWarp = 4;  // a row's splits per warp that split_row_warps aims for
 constexpr int kDependentLaunchArch = 90;  // programmatic dependent launches: compute capability 9.0
 
-__global__ void __launch_bounds__(kThreadsPerBlock) merge_splits_kernel(const SplitMergeArgs a) {
+// Warps per row: the power of two (at most a block) that leaves each about kSplitsPerWarp splits.
+int split_row_warps(int64_t splits) {
+  int warps = 1;
+  while (warps < kWarpsPerBlock && int64_t(warps) * kSplitsPerWarp < splits) warps *= 2;
+  return warps;
+}
+
+__global__ void __launch_bounds__(kThreadsPerBlock) merge_splits_kernel(const SplitMergeArgs a, const int row_warps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();  // the decode kernel's parts written (a no-op without a programmatic launch)
 #endif
-  const int lane = int(threadIdx.x) % kWarpSize;
-  const int64_t warps = int64_t(gridDim.x) * kWarpsPerBlock;
+  __shared__ float sums[kWarpsPerBlock][kMaxSplitDim];  // each warp's weighted sum of its splits
+  const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
+  const int part = warp % row_warps;  // this warp's place among its row's warps
+  const int rows_per_block = kWarpsPerBlock / row_warps;
   const int chunks = int((a.splits + kWarpSize - 1) / kWarpSize);
-  for (int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize; r < a.rows; r += warps) {
-    const auto [b, s, h] = row_index<false>(r, a.seqlen, a.heads);
+  // Every thread of a block takes the same number of turns (the block's __syncthreads).
+  for (int64_t first = int64_t(blockIdx.x) * rows_per_block; first < a.rows;
+       first += int64_t(gridDim.x) * rows_per_block) {
+    const int64_t r = first + warp / row_warps;
+    const bool live = r < a.rows;
+    const auto [b, s, h] = row_index<false>(live ? r : 0, a.seqlen, a.heads);
     float lse[kSplitsPerLane];
     float hi = -INFINITY;
     bool nan = false;
 #pragma unroll
     for (int c = 0; c < kSplitsPerLane; ++c) {
       const int64_t split = int64_t(c) * kWarpSize + lane;
-      lse[c] = c < chunks && split < a.splits ? a.part_lse[((split * a.batch + b) * a.heads + h) * a.seqlen + s]
-                                              : -INFINITY;
+      lse[c] = live && c < chunks && split < a.splits ? a.part_lse[((split * a.batch + b) * a.heads + h) * a.seqlen + s]
+                                                      : -INFINITY;
       nan |= lse[c] != lse[c];
       hi = fmaxf(hi, lse[c]);
     }
@@ -316,44 +337,62 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_splits_kernel(const Sp
     for (int offset = kWarpSize / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     const float inv = hi == -INFINITY || nan ? 0.f : 1.f / sum;
     const float row_lse = nan ? NAN : (hi == -INFINITY ? -INFINITY : hi + logf(sum));
+    // This warp's splits part, part + row_warps, ..., kSplitBatch at a time: all their loads issued
+    // before any is used.
     float acc[kSplitValuesPerLane] = {};
-    for (int c = 0; c < chunks; ++c) {
-      const int in_chunk = int(a.splits - int64_t(c) * kWarpSize < kWarpSize ? a.splits - int64_t(c) * kWarpSize
-                                                                                : kWarpSize);
-      float mine = 0.f;
+    const int64_t mine = live ? (a.splits - part + row_warps - 1) / row_warps : 0;  // how many
+    for (int64_t k0 = 0; k0 < mine; k0 += kSplitBatch) {
+      float x[kSplitBatch][kSplitValuesPerLane];
 #pragma unroll
-      for (int k = 0; k < kSplitsPerLane; ++k)
-        if (k == c) mine = lse[k] * inv;
-      // kSplitBatch splits at a time: all their loads issued before any is used.
-      for (int j0 = 0; j0 < in_chunk; j0 += kSplitBatch) {
-        float x[kSplitBatch][kSplitValuesPerLane];
+      for (int u = 0; u < kSplitBatch; ++u) {
+        const int64_t k = k0 + u < mine ? k0 + u : mine - 1;
+        const int64_t split = part + k * row_warps;
+        const float* from = a.part_out + (((split * a.batch + b) * a.seqlen + s) * a.heads + h) * a.head_dim_v;
 #pragma unroll
-        for (int u = 0; u < kSplitBatch; ++u) {
-          const int64_t split = int64_t(c) * kWarpSize + (j0 + u < in_chunk ? j0 + u : in_chunk - 1);
-          const float* part = a.part_out + (((split * a.batch + b) * a.seqlen + s) * a.heads + h) * a.head_dim_v;
-#pragma unroll
-          for (int e = 0; e < kSplitValuesPerLane; ++e) {
-            const int64_t d = lane + int64_t(e) * kWarpSize;
-            x[u][e] = d < a.head_dim_v ? part[d] : 0.f;
-          }
+        for (int e = 0; e < kSplitValuesPerLane; ++e) {
+          const int64_t d = lane + int64_t(e) * kWarpSize;
+          x[u][e] = d < a.head_dim_v ? from[d] : 0.f;
         }
+      }
 #pragma unroll
-        for (int u = 0; u < kSplitBatch; ++u) {
-          const float w = __shfl_sync(0xffffffffu, mine, (j0 + u) % kWarpSize);
-          if (j0 + u < in_chunk && w != 0.f) {
+      for (int u = 0; u < kSplitBatch; ++u) {
+        const int64_t split = part + (k0 + u) * row_warps;
+        const int c = int(split / kWarpSize);
+        float weight = 0.f;
 #pragma unroll
-            for (int e = 0; e < kSplitValuesPerLane; ++e) acc[e] += w * x[u][e];
-          }
+        for (int j = 0; j < kSplitsPerLane; ++j)
+          if (j == c) weight = lse[j];
+        const float w = __shfl_sync(0xffffffffu, weight, int(split % kWarpSize)) * inv;
+        if (k0 + u < mine && w != 0.f) {
+#pragma unroll
+          for (int e = 0; e < kSplitValuesPerLane; ++e) acc[e] += w * x[u][e];
         }
       }
     }
-    const int64_t o = out_offset(a.out, b, s, h);
+    const int64_t o = live ? out_offset(a.out, b, s, h) : 0;
+    if (row_warps == 1) {  // the warp's sum is the row's
+      if (live) {
 #pragma unroll
-    for (int e = 0; e < kSplitValuesPerLane; ++e) {
-      const int64_t d = lane + int64_t(e) * kWarpSize;
-      if (d < a.head_dim_v) store(a.out, o + d, nan ? NAN : acc[e]);
+        for (int e = 0; e < kSplitValuesPerLane; ++e) {
+          const int64_t d = lane + int64_t(e) * kWarpSize;
+          if (d < a.head_dim_v) store(a.out, o + d, nan ? NAN : acc[e]);
+        }
+      }
+    } else {  // the row's warps' sums added in warp order, each column by one of the row's threads
+#pragma unroll
+      for (int e = 0; e < kSplitValuesPerLane; ++e) sums[warp][lane + e * kWarpSize] = acc[e];
+      __syncthreads();
+      const int first_warp = warp - part;
+      if (live)
+        for (int d = part * kWarpSize + lane; d < a.head_dim_v; d += row_warps * kWarpSize) {
+          float x = 0.f;
+          for (int w = 0; w < row_warps; ++w) x += sums[first_warp + w][d];
+          store(a.out, o + d, nan ? NAN : x);
+        }
+      __syncthreads();  // the sums read before the next turn's are written
     }
-    if (lane == 0 && a.lse.data != nullptr) static_cast<float*>(a.lse.data)[lse_offset(a.lse, b, s, h)] = row_lse;
+    if (live && part == 0 && lane == 0 && a.lse.data != nullptr)
+      static_cast<float*>(a.lse.data)[lse_offset(a.lse, b, s, h)] = row_lse;
   }
 }
 
@@ -398,7 +437,9 @@ Status cuda_merge_splits(const SplitParts& parts, const Tensor& out, const Tenso
   a.head_dim_v = parts.head_dim_v;
   a.rows = parts.batch * parts.seqlen * parts.heads;
   if (a.rows == 0) return Status::success();
-  const int64_t blocks = std::min<int64_t>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks);
+  const int row_warps = split_row_warps(a.splits);
+  const int64_t rows_per_block = kWarpsPerBlock / row_warps;
+  const int64_t blocks = std::min<int64_t>((a.rows + rows_per_block - 1) / rows_per_block, kMaxBlocks);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(unsigned(blocks));
   config.blockDim = dim3(kThreadsPerBlock);
@@ -410,7 +451,7 @@ Status cuda_merge_splits(const SplitParts& parts, const Tensor& out, const Tenso
     config.attrs = &dependent;
     config.numAttrs = 1;
   }
-  if (const cudaError_t err = cudaLaunchKernelEx(&config, merge_splits_kernel, a); err != cudaSuccess)
+  if (const cudaError_t err = cudaLaunchKernelEx(&config, merge_splits_kernel, a, row_warps); err != cudaSuccess)
     return {Code::cuda_error, std::string("merge_splits: kernel launch failed: ") + cudaGetErrorString(err)};
   return Status::success();
 }

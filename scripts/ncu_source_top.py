@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Where a kernel's warps wait, from an Nsight Compute source page (`ncu -i REPORT --page source
+--csv --print-source sass`, as scripts/gpu_profile_peers.sh SOURCE=1 writes it; .csv or .csv.gz).
+
+For each kernel in the file: its stall samples in total, by reason, by opcode (the mnemonic
+without modifiers), and the instructions with the most samples, each with its main reasons.
+
+    python3 scripts/ncu_source_top.py peers_fwd64s_fmha_source.csv [--top 25]
+"""
+import argparse
+import collections
+import csv
+import gzip
+import io
+import sys
+
+
+def open_text(path):
+    return io.TextIOWrapper(gzip.open(path), encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
+
+
+def kernels(rows):
+    """(kernel name, header, instruction rows) for each kernel section of the page."""
+    name, header, body = None, None, []
+    for row in rows:
+        if row and row[0] == "Kernel Name":
+            if header:
+                yield name, header, body
+            name, header, body = row[1] if len(row) > 1 else "?", None, []
+        elif header is None and row and row[0] == "Address":
+            header = row
+        elif header is not None and len(row) == len(header):
+            body.append(row)
+    if header:
+        yield name, header, body
+
+
+def number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
+def summarise(name, header, body, top, out):
+    col = {h: i for i, h in enumerate(header)}
+    reasons = [h for h in header if h.startswith("stall_") and "(Not Issued)" not in h]
+    samples = col.get("Warp Stall Sampling (All Samples)")
+    if samples is None:
+        print(f"{name}: no stall samples on this page", file=out)
+        return
+    total = sum(number(r[samples]) for r in body) or 1.0
+    by_reason = collections.Counter()
+    by_opcode = collections.Counter()
+    opcode_reasons = collections.defaultdict(collections.Counter)
+    for r in body:
+        text = r[col["Source"]].strip()
+        op = text.split()[0] if text else "?"
+        if op.startswith("@"):  # predicate guard
+            op = text.split()[1] if len(text.split()) > 1 else "?"
+        op = op.split(".")[0]
+        by_opcode[op] += number(r[samples])
+        for reason in reasons:
+            v = number(r[col[reason]])
+            by_reason[reason] += v
+            opcode_reasons[op][reason] += v
+    print(f"== {name[:160]}", file=out)
+    print(f"samples {int(total)}, instructions {len(body)}", file=out)
+    print("by reason: " + ", ".join(f"{k[6:]} {100 * v / total:.1f}%" for k, v in by_reason.most_common(10) if v), file=out)
+    print("by opcode:", file=out)
+    for op, v in by_opcode.most_common(top):
+        main = ", ".join(f"{k[6:]} {100 * x / total:.1f}" for k, x in opcode_reasons[op].most_common(3) if x)
+        print(f"  {op:<12} {100 * v / total:5.1f}%  ({main})", file=out)
+    print("by instruction:", file=out)
+    ranked = sorted(body, key=lambda r: -number(r[samples]))[:top]
+    for r in ranked:
+        v = number(r[samples])
+        main = sorted(((number(r[col[k]]), k[6:]) for k in reasons), reverse=True)[:2]
+        why = ", ".join(f"{k} {int(x)}" for x, k in main if x)
+        execs = r[col["Instructions Executed"]] if "Instructions Executed" in col else "?"
+        print(f"  {r[col['Address']][-5:]} {100 * v / total:5.1f}%  {r[col['Source']].strip()[:60]:<60} exec {execs} ({why})",
+              file=out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("csv")
+    ap.add_argument("--top", type=int, default=25)
+    a = ap.parse_args()
+    with open_text(a.csv) as f:
+        found = False
+        for name, header, body in kernels(csv.reader(f)):
+            found = True
+            summarise(name, header, body, a.top, sys.stdout)
+    if not found:
+        sys.exit(f"{a.csv}: no source page (no 'Address' header)")
+
+
+if __name__ == "__main__":
+    main()
