@@ -6,6 +6,7 @@ For each kernel in the file: its stall samples in total, by reason, by opcode (t
 without modifiers), and the instructions with the most samples, each with its main reasons.
 
     python3 scripts/ncu_source_top.py peers_fwd64s_fmha_source.csv [--top 25]
+    python3 scripts/ncu_source_top.py --self-test   # the parser on a made-up page (a CTest)
 """
 import argparse
 import collections
@@ -42,6 +43,14 @@ def number(text):
         return 0.0
 
 
+def opcode(text):
+    """The mnemonic of a SASS line without its predicate guard and modifiers."""
+    words = text.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else "?"
+
+
 def summarise(name, header, body, top, out):
     col = {h: i for i, h in enumerate(header)}
     reasons = [h for h in header if h.startswith("stall_") and "(Not Issued)" not in h]
@@ -54,11 +63,7 @@ def summarise(name, header, body, top, out):
     by_opcode = collections.Counter()
     opcode_reasons = collections.defaultdict(collections.Counter)
     for r in body:
-        text = r[col["Source"]].strip()
-        op = text.split()[0] if text else "?"
-        if op.startswith("@"):  # predicate guard
-            op = text.split()[1] if len(text.split()) > 1 else "?"
-        op = op.split(".")[0]
+        op = opcode(r[col["Source"]].strip())
         by_opcode[op] += number(r[samples])
         for reason in reasons:
             v = number(r[col[reason]])
@@ -82,11 +87,42 @@ def summarise(name, header, body, top, out):
               file=out)
 
 
+SELF_TEST_PAGE = """"Kernel Name","void k1(int)",
+"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_wait","stall_mio","stall_wait (Not Issued)"
+"0x10","      FFMA R1, R2, R3, R4 ;","2","64","2","0","1"
+"0x20","      MUFU.EX2 R5, R1 ;","6","64","1","5","0"
+"0x30","@!P0  MUFU.EX2 R6, R1 ;","2","32","0","2","0"
+"Kernel Name","void k2(int)",
+"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_wait"
+"0x40","      BRA 0x40 ;","1","8","1"
+"""
+
+
+def self_test():
+    found = list(kernels(csv.reader(io.StringIO(SELF_TEST_PAGE))))
+    assert [n for n, _, _ in found] == ["void k1(int)", "void k2(int)"], found
+    assert [len(b) for _, _, b in found] == [3, 1]
+    assert opcode("@!P0  MUFU.EX2 R6, R1 ;") == "MUFU" and opcode("FFMA R1, R2, R3, R4 ;") == "FFMA"
+    out = io.StringIO()
+    summarise(*found[0], top=5, out=out)
+    text = out.getvalue()
+    assert "samples 10, instructions 3" in text, text
+    assert "by reason: mio 70.0%, wait 30.0%" in text, text  # the Not Issued columns are left out
+    assert "MUFU          80.0%" in text, text
+    print("ncu_source_top self-test passed")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("csv")
+    ap.add_argument("csv", nargs="?")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--self-test", action="store_true", help="check the parser on a made-up page")
     a = ap.parse_args()
+    if a.self_test:
+        self_test()
+        return
+    if not a.csv:
+        ap.error("a source page (.csv or .csv.gz) is needed")
     with open_text(a.csv) as f:
         found = False
         for name, header, body in kernels(csv.reader(f)):
