@@ -412,9 +412,13 @@ struct FwdMainloop {
 
   // Mask where the tile needs it, then the online-softmax update: s becomes P, rescale[i] is what
   // row i's output accumulated so far must be multiplied by. With FOLD_SCALE the scale is folded
-  // into the exponent; a negative softmax scale takes the plain path (scale, then update), and tf32
-  // scales first on both (kScaleFirst). Scores scaled first are masked after their multiply: a
-  // negative scale would turn -inf into +inf.
+  // into the exponent (one FMA a score) where it is positive; tf32 (kScaleFirst) and scales of 0 or
+  // below multiply first (a rounded product a score) and run the same folded update with factor
+  // 1 — the row max of the scaled scores is right for either sign, and the update's state is in the
+  // scaled domain either way. Scores scaled first are masked after their multiply: a negative scale
+  // would turn -inf into +inf. (A second, unfolded update for non-positive scales was 1,456 of the
+  // bf16 D64 `spec` kernel's 6,832 SASS instructions; a larger kernel measured slower, docs/PERF.md
+  // run 89.)
   // With SPECULATE, P also goes into `next` as register-A fragments, and where `speculate` is set
   // (every key tile but a work tile's first, whose rows have no base yet) the exponentials start
   // on the rows' current bases before the row max is known (OnlineSoftmax::update_speculative):
@@ -423,21 +427,23 @@ struct FwdMainloop {
                                                float (&rescale)[Tiles::Scores::kRows], const Mask& mask, Range rows,
                                                int64_t col0, bool need_mask, typename Tiles::PFragments& next,
                                                bool speculate) {
-    const bool fold = FOLD_SCALE && args.scale_log2 > 0.f;
-    if (kScaleFirst || !fold) tile::thread::scale_rounded(s, args.scale_log2);
+    const float scale = args.scale_log2;
+    const bool scale_first = !FOLD_SCALE || kScaleFirst || !(scale > 0.f);
+    if (scale_first) tile::thread::scale_rounded(s, scale);
     if (need_mask)
       tile::thread::mask_outside(
           s, [&](int i) { return mask.keys(rows.begin + Tiles::Scores::row(i, thread)); }, col0,
           [&](int j) { return Tiles::Scores::col(j, thread); });
-    if (fold) {
+    if constexpr (FOLD_SCALE) {
+      const float factor = scale_first ? 1.f : scale;  // > 0 either way
       if constexpr (SPECULATE) {
         if (speculate) {
-          softmax.update_speculative(s, args.scale_log2, rescale,
+          softmax.update_speculative(s, factor, rescale,
                                      [&](const typename Tiles::Scores& p) { wg::a_from_acc<T>(next, p); });
           return;
         }
       }
-      softmax.template update_scaled<true, LAZY, POLY>(s, kScaleFirst ? 1.f : args.scale_log2, rescale);
+      softmax.template update_scaled<true, LAZY, POLY>(s, factor, rescale);
     } else {
       softmax.template update<true>(s, rescale);
     }
@@ -543,17 +549,17 @@ struct FwdMainloop {
         // buffer: the two alternate (two tiles per turn of the loop), so no copy from one to the
         // other sits between them (a copy that ptxas folds away makes the softmax write
         // registers that an in-flight wgmma reads, and it then serialises the wgmma).
-        int j = 1;
-        for (; j + 1 < num_tiles; j += 2) {
+        // Each buffer's step is written once (an odd last tile leaves the loop between them): a
+        // third copy of the step, for that tile, was 1,416 of the same kernel's instructions.
+        for (int j = 1; j < num_tiles; j += 2) {
           step(j, p, next);
+          if (j + 1 == num_tiles) {
+            last_pv(next);
+            return;
+          }
           step(j + 1, next, p);
         }
-        if (j < num_tiles) {
-          step(j, p, next);
-          last_pv(next);
-        } else {
-          last_pv(p);
-        }
+        last_pv(p);
       } else {
         for (int j = 1; j < num_tiles; ++j) step(j, p, p);
         last_pv(p);
