@@ -291,6 +291,7 @@ DeviceProblem upload(const HostProblem& hp, bool backward) {
   p.window_right = c.window_right;
   p.q_offset = c.q_offset;
   p.precision = c.precision;
+  p.softmax_scale = c.softmax_scale;
   p.deterministic = c.deterministic;
   p.backend = c.backend;
   if (backward) {
@@ -402,6 +403,8 @@ std::string Case::name() const {
   if (base_offset) out << "_at" << base_offset;
   if (grad_offset) out << "_grads_at" << grad_offset;
   if (key_ramp > 0) out << "_ramp" << key_ramp;
+  if (softmax_scale != 0.f)  // in thousandths (a test name holds letters, digits and underscores)
+    out << "_scale" << (softmax_scale < 0 ? "m" : "") << std::lround(std::abs(double(softmax_scale)) * 1000.0);
   return out.str();
 }
 
@@ -419,6 +422,7 @@ Params HostProblem::params() const {
   p.window_right = c.window_right;
   p.q_offset = c.q_offset;
   p.precision = c.precision;
+  p.softmax_scale = c.softmax_scale;
   return p;
 }
 
@@ -744,6 +748,7 @@ DevicePacked upload_packed(const VarlenCase& vc, const PackedProblem& pp, bool b
   p.window_right = c.window_right;
   p.q_offset = c.q_offset;
   p.precision = c.precision;
+  p.softmax_scale = c.softmax_scale;
   p.deterministic = c.deterministic;
   p.backend = c.backend;
   if (backward) {

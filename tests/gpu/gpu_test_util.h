@@ -66,6 +66,7 @@ struct Case {
   // j's is key_ramp · (j / seqlen_k)², so a row's max climbs slowly over the first key tiles and
   // steeply over the last (the online softmax's rescaling paths, lazy and not, all taken).
   double key_ramp = 0;
+  float softmax_scale = 0.f;  // Params::softmax_scale (0: 1/sqrt(head_dim)); negative ones too
   std::string name() const;
 };
 

@@ -1,9 +1,10 @@
 // Variable-length (packed) calls on the simt, sm80 and sm90 tiers, with the sequence tables in
 // device memory: every sequence against the fp64 oracle under the rule of gpu_test_util.h (mixed
 // lengths with 0 and 1, one sequence, 1,000 short ones, both causal alignments, windows,
-// q_offset, GQA/MQA, Dv != D, every dtype, forward and backward, atomic and deterministic dQ);
-// tables that break the caller's promise, which must neither fault nor write outside the
-// tensors; the backward workspace's size; and `auto`'s choice of tier for packed calls.
+// q_offset, GQA/MQA, Dv != D, negative softmax scales, every dtype, forward and backward, atomic
+// and deterministic dQ); tables that break the caller's promise, which must neither fault nor
+// write outside the tensors; the backward workspace's size; and `auto`'s choice of tier for packed
+// calls.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -161,6 +162,13 @@ std::vector<VarlenCase> all_cases() {
       c.base.causal = Causal::bottom_right;
       out.push_back(c);
     }
+    {  // a negative softmax scale under a causal mask and ragged ends: masked scores must stay
+       // hidden once multiplied by it (-inf · scale is +inf)
+      VarlenCase c = base;
+      c.base.causal = Causal::bottom_right;
+      c.base.softmax_scale = -0.125f;
+      out.push_back(c);
+    }
     if (f.backend == Backend::cuda_sm90) {
       {  // sequences of whole and partial 64-row boxes, past several query and key tiles: the
          // sm90 forward's TMA stores of full boxes beside its bounded stores of a sequence's tail
@@ -179,6 +187,8 @@ std::vector<VarlenCase> all_cases() {
         c.base.head_dim = c.base.head_dim_v = 128;
         c.base.causal = Causal::bottom_right;
         out.push_back(c);
+        c.base.softmax_scale = -0.125f;  // and a negative scale (tf32: the wide backward's packed kernel)
+        out.push_back(c);
       }
       // Head dims 192 and 256: the backward's split kernel (64-key tiles) on packed sequences,
       // causal, windowed with rows that see nothing, GQA with Dv != D, deterministic.
@@ -196,6 +206,8 @@ std::vector<VarlenCase> all_cases() {
         c.base.heads = 4, c.base.kv_heads = 2, c.base.head_dim_v = big / 2;
         out.push_back(c);
         c.base.head_dim_v = big, c.base.deterministic = true, c.base.causal = Causal::bottom_right;
+        out.push_back(c);
+        c.base.deterministic = false, c.base.softmax_scale = -0.0625f;  // a negative scale
         out.push_back(c);
       }
     }

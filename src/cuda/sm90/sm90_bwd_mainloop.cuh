@@ -576,14 +576,28 @@ struct BwdMainloop {
     using Scores = wg::Accumulator<N>;
     wg::wait<1>();
     wg::fence_operand(s.d);
-    // The score is masked, to tile::masked_before_scale (+inf under a negative scale), before the
-    // exponent is formed: masking the exponent instead cost the tf32 D128 backward 3 % (run 87).
-    mask_scores(s, keys.begin, row0 + q_col0, &args.scale_log2);
+    // Masked scores give P = 0 under either sign of the scale. Dense kernels mask the score, to
+    // tile::masked_before_scale (+inf under a negative scale), before the exponent is formed
+    // (masking the exponent cost the dense tf32 D128 backward 3 %: runs 87 and 91); packed
+    // kernels mask the exponent S·scale − LSE (-inf): their mask_scores takes no scale.
+    if constexpr (PACKED) {
 #pragma unroll
-    for (int j = 0; j < Scores::kCols; ++j) {
-      const float lse = shared.lse[stage][q_col0 + Scores::col(j, thread)];
+      for (int j = 0; j < Scores::kCols; ++j) {
+        const float lse = shared.lse[stage][q_col0 + Scores::col(j, thread)];
 #pragma unroll
-      for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
+        for (int i = 0; i < Scores::kRows; ++i) s(i, j) = s(i, j) * args.scale_log2 - lse;
+      }
+      mask_scores(s, keys.begin, row0 + q_col0);
+#pragma unroll
+      for (int r = 0; r < Scores::kRegs; ++r) s.d[r] = tile::exp2_fast(s.d[r]);
+    } else {
+      mask_scores(s, keys.begin, row0 + q_col0, &args.scale_log2);
+#pragma unroll
+      for (int j = 0; j < Scores::kCols; ++j) {
+        const float lse = shared.lse[stage][q_col0 + Scores::col(j, thread)];
+#pragma unroll
+        for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
+      }
     }
   }
   // Then dSᵀ = Pᵀ ∘ (dPᵀ − Δ) into dp, once dPᵀ is complete.
