@@ -1,7 +1,8 @@
 // Variable-length (packed) batches: every CPU backend against the fp64 oracle run one sequence at a
 // time (the harness's check), over tables with empty sequences, a single sequence, length-1
-// sequences and a thousand short ones; a packed batch of equal lengths against the dense call; and
-// bad sequence tables refused with an error that names them, writing nothing.
+// sequences and a thousand short ones, every mask, negative softmax scales; a packed batch of
+// equal lengths against the dense call; and bad sequence tables refused with an error that names
+// them, writing nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,8 +44,9 @@ std::string describe(const CaseSpec& c) {
       << c.dtype_name() << " --heads " << c.heads << " --kv-heads " << c.kv_heads << " --seqlens-q "
       << join(c.seqlens_q) << " --seqlens-k " << join(c.seqlens_k.empty() ? c.seqlens_q : c.seqlens_k)
       << " --head-dim " << c.head_dim << " --head-dim-v " << c.head_dim_v << " --causal " << to_string(c.causal)
-      << " --window " << c.window_left << "," << c.window_right << " --q-offset " << c.q_offset << " --seed "
-      << c.seed << " --check";
+      << " --window " << c.window_left << "," << c.window_right << " --q-offset " << c.q_offset;
+  if (c.softmax_scale != 0.f) out << " --scale " << c.softmax_scale;
+  out << " --seed " << c.seed << " --check";
   return out.str();
 }
 
@@ -101,6 +103,22 @@ TEST_P(VarlenBackend, MixedLengthsEveryMaskMatchOracle) {
       c.mode = mode;
       run_and_check(c);
     }
+}
+
+// A negative softmax scale (the dense fuzz's CpuNegativeScale draws no packed calls): masked keys
+// stay hidden once their scores are multiplied by it, in every sequence's causal and windowed cuts.
+TEST_P(VarlenBackend, NegativeScaleKeepsMaskedKeysHidden) {
+  for (Causal causal : {Causal::bottom_right, Causal::top_left})
+    for (DType dtype : {DType::fp32, DType::bf16})
+      for (Direction mode : {Direction::forward, Direction::backward}) {
+        CaseSpec c = varlen_case(backend(), kMixedQ, kMixedK);
+        c.causal = causal;
+        if (causal == Causal::top_left) c.window_left = 17;
+        c.dtype = dtype;
+        c.softmax_scale = -0.2f;
+        c.mode = mode;
+        run_and_check(c);
+      }
 }
 
 TEST_P(VarlenBackend, HalfPrecisionMqaAndDeterministic) {
