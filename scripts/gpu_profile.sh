@@ -4,6 +4,7 @@
 # case, one launch of the main kernel after the warm-up ones, the full section set, then
 #   $OUT/ncu_<case>.txt   the details page (speed of light, occupancy, warp states, pipes)
 #   $OUT/ncu_<case>_sass.csv  per-SASS-line samples (stall reasons) — where the warps wait
+#                             (summarised by `python3 scripts/ncu_source_top.py <file>`)
 # CASES (default "fwd128 fwd64 bwd128") picks the cases below.
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}

@@ -3,7 +3,8 @@
 --csv --print-source sass`, as scripts/gpu_profile_peers.sh SOURCE=1 writes it; .csv or .csv.gz).
 
 For each kernel in the file: its stall samples in total, by reason, by opcode (the mnemonic
-without modifiers), and the instructions with the most samples, each with its main reasons.
+without modifiers; with each opcode's samples and warp-level instructions executed), and the
+instructions with the most samples, each with its main reasons.
 
     python3 scripts/ncu_source_top.py peers_fwd64s_fmha_source.csv [--top 25]
     python3 scripts/ncu_source_top.py --self-test   # the parser on a made-up page (a CTest)
@@ -59,23 +60,29 @@ def summarise(name, header, body, top, out):
         print(f"{name}: no stall samples on this page", file=out)
         return
     total = sum(number(r[samples]) for r in body) or 1.0
+    executed = col.get("Instructions Executed")
     by_reason = collections.Counter()
     by_opcode = collections.Counter()
+    executed_by_opcode = collections.Counter()  # warp-level instructions executed
     opcode_reasons = collections.defaultdict(collections.Counter)
     for r in body:
         op = opcode(r[col["Source"]].strip())
         by_opcode[op] += number(r[samples])
+        if executed is not None:
+            executed_by_opcode[op] += number(r[executed])
         for reason in reasons:
             v = number(r[col[reason]])
             by_reason[reason] += v
             opcode_reasons[op][reason] += v
     print(f"== {name[:160]}", file=out)
-    print(f"samples {int(total)}, instructions {len(body)}", file=out)
+    print(f"samples {int(total)}, instructions {len(body)}, executed {int(sum(executed_by_opcode.values()))}",
+          file=out)
     print("by reason: " + ", ".join(f"{k[6:]} {100 * v / total:.1f}%" for k, v in by_reason.most_common(10) if v), file=out)
     print("by opcode:", file=out)
     for op, v in by_opcode.most_common(top):
         main = ", ".join(f"{k[6:]} {100 * x / total:.1f}" for k, x in opcode_reasons[op].most_common(3) if x)
-        print(f"  {op:<12} {100 * v / total:5.1f}%  ({main})", file=out)
+        print(f"  {op:<12} {100 * v / total:5.1f}%  {int(v):>7} samples  {int(executed_by_opcode[op]):>11} executed  ({main})",
+              file=out)
     print("by instruction:", file=out)
     ranked = sorted(body, key=lambda r: -number(r[samples]))[:top]
     for r in ranked:
@@ -106,9 +113,9 @@ def self_test():
     out = io.StringIO()
     summarise(*found[0], top=5, out=out)
     text = out.getvalue()
-    assert "samples 10, instructions 3" in text, text
+    assert "samples 10, instructions 3, executed 160" in text, text
     assert "by reason: mio 70.0%, wait 30.0%" in text, text  # the Not Issued columns are left out
-    assert "MUFU          80.0%" in text, text
+    assert "MUFU          80.0%        8 samples           96 executed" in text, text
     print("ncu_source_top self-test passed")
 
 

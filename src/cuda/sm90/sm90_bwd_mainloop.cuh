@@ -382,6 +382,38 @@ struct BwdMainloop {
     }
   }
 
+  // Sᵀ (keys as rows from key0, query rows as columns from q0) becomes Pᵀ = 2^(Sᵀ·scale − LSE),
+  // the LSEs of the stage's rows from column lse_col0, masked where the tile is cut. Masked scores
+  // give P = 0 under either sign of the scale: the dense kernels mask the score, to
+  // tile::masked_before_scale (+inf under a negative scale), before the exponent is formed
+  // (masking the exponent cost the dense tf32 D128 backward 3 %: docs/PERF.md runs 87 and 91); the
+  // packed ones mask the exponent (-inf), since their mask_scores takes no scale (the score-first
+  // form put 48 bytes of spill stores into the bf16 D64 packed kernels, -Xptxas -v).
+  template <int N>
+  __device__ __forceinline__ void probabilities(wg::Accumulator<N>& s, int stage, int64_t key0, int64_t q0,
+                                                int lse_col0) {
+    using Scores = wg::Accumulator<N>;
+    if constexpr (PACKED) {
+#pragma unroll
+      for (int j = 0; j < Scores::kCols; ++j) {
+        const float lse = shared.lse[stage][lse_col0 + Scores::col(j, thread)];
+#pragma unroll
+        for (int i = 0; i < Scores::kRows; ++i) s(i, j) = s(i, j) * args.scale_log2 - lse;
+      }
+      mask_scores(s, key0, q0);
+#pragma unroll
+      for (int r = 0; r < Scores::kRegs; ++r) s.d[r] = tile::exp2_fast(s.d[r]);
+    } else {
+      mask_scores(s, key0, q0, &args.scale_log2);
+#pragma unroll
+      for (int j = 0; j < Scores::kCols; ++j) {
+        const float lse = shared.lse[stage][lse_col0 + Scores::col(j, thread)];
+#pragma unroll
+        for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
+      }
+    }
+  }
+
   // The stage may be refilled once every consumer is done with it: one arrival per consumer
   // thread, each after its own reads of the stage (tf32 releases it right after the row
   // statistics are read, 16-bit once the step's products that read Q and dO are complete). An
@@ -494,29 +526,7 @@ struct BwdMainloop {
     using Scores = typename Tiles::Scores;
     wg::wait<1>();
     wg::fence_operand(s.d);
-    // Masked scores must give P = 0 under either sign of the scale. Packed kernels mask the
-    // exponent S·scale − LSE (-inf), the others the score, to tile::masked_before_scale (+inf under a
-    // negative scale): what -Xptxas -v found spill-free (D64, bf16: packed 48 → 0 bytes of spill
-    // stores this way, the dense default kernel 0 → 4 the other way round).
-    if constexpr (PACKED) {
-#pragma unroll
-      for (int j = 0; j < Scores::kCols; ++j) {
-        const float lse = shared.lse[stage][Scores::col(j, thread)];
-#pragma unroll
-        for (int i = 0; i < Scores::kRows; ++i) s(i, j) = s(i, j) * args.scale_log2 - lse;
-      }
-      mask_scores(s, keys.begin + int64_t(warpgroup) * kConsumerRows, row0);
-#pragma unroll
-      for (int r = 0; r < Scores::kRegs; ++r) s.d[r] = tile::exp2_fast(s.d[r]);
-    } else {
-      mask_scores(s, keys.begin + int64_t(warpgroup) * kConsumerRows, row0, &args.scale_log2);  // dense
-#pragma unroll
-      for (int j = 0; j < Scores::kCols; ++j) {
-        const float lse = shared.lse[stage][Scores::col(j, thread)];
-#pragma unroll
-        for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
-      }
-    }
+    probabilities(s, stage, keys.begin + int64_t(warpgroup) * kConsumerRows, row0, 0);
     if constexpr (!kLateFragments) wg::a_from_acc<T>(p, s);
     wg::wait<0>();
     wg::fence_operand(dp.d);
@@ -576,29 +586,7 @@ struct BwdMainloop {
     using Scores = wg::Accumulator<N>;
     wg::wait<1>();
     wg::fence_operand(s.d);
-    // Masked scores give P = 0 under either sign of the scale. Dense kernels mask the score, to
-    // tile::masked_before_scale (+inf under a negative scale), before the exponent is formed
-    // (masking the exponent cost the dense tf32 D128 backward 3 %: runs 87 and 91); packed
-    // kernels mask the exponent S·scale − LSE (-inf): their mask_scores takes no scale.
-    if constexpr (PACKED) {
-#pragma unroll
-      for (int j = 0; j < Scores::kCols; ++j) {
-        const float lse = shared.lse[stage][q_col0 + Scores::col(j, thread)];
-#pragma unroll
-        for (int i = 0; i < Scores::kRows; ++i) s(i, j) = s(i, j) * args.scale_log2 - lse;
-      }
-      mask_scores(s, keys.begin, row0 + q_col0);
-#pragma unroll
-      for (int r = 0; r < Scores::kRegs; ++r) s.d[r] = tile::exp2_fast(s.d[r]);
-    } else {
-      mask_scores(s, keys.begin, row0 + q_col0, &args.scale_log2);
-#pragma unroll
-      for (int j = 0; j < Scores::kCols; ++j) {
-        const float lse = shared.lse[stage][q_col0 + Scores::col(j, thread)];
-#pragma unroll
-        for (int i = 0; i < Scores::kRows; ++i) s(i, j) = tile::exp2_fast(s(i, j) * args.scale_log2 - lse);
-      }
-    }
+    probabilities(s, stage, keys.begin, row0 + q_col0, q_col0);
   }
   // Then dSᵀ = Pᵀ ∘ (dPᵀ − Δ) into dp, once dPᵀ is complete.
   template <int N>
