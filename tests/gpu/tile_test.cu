@@ -366,6 +366,101 @@ TEST(TileOps, ScoresScaledFirstGiveTheRowMaxPExactlyOne) {
   for (float* p : {ds, dfirst, dfolded}) cudaFree(p);
 }
 
+// ---- the speculative online softmax (sm90 `spec`) and the lazy one, tile by tile, against fp64 ----
+// A warp holds kSpecRows rows, each over kSpecLanes consecutive lanes of kSpecCols scores, and
+// walks kSpecTiles key tiles: the first with update_scaled<true, true>, the others with
+// update_speculative (as the sm90 forward's speculative kernel runs them) or update_scaled
+// (speculative = 0), each feeding o = o · rescale + Σ P·v. The rows take shapes that send the
+// speculative update down each of its ways: a max that never grows (the vote keeps every base), a
+// max that grows within the lazy bound while the row's share of the sum passes 2^8 (the vote fails,
+// the rows keep their bases), one that grows past the bound (rows rebase), rows whose first tiles
+// are fully masked (no base yet), a masked tile between others, one peaked score, and NaN-free
+// constant rows.
+constexpr int kSpecLanes = 4, kSpecCols = 16, kSpecTiles = 6, kSpecRows = 32 / kSpecLanes, kSpecWarps = 4;
+constexpr int kSpecAllRows = kSpecWarps * kSpecRows, kSpecKeys = kSpecTiles * kSpecLanes * kSpecCols;
+__global__ void speculative_kernel(const float* scores, const float* values, float scale, int speculative,
+                                   float* out, float* lse) {
+  const int lane = int(threadIdx.x) % 32, part = lane % kSpecLanes;
+  const int row = (int(threadIdx.x) / 32) * kSpecRows + lane / kSpecLanes;
+  tile::OnlineSoftmax<1, kSpecLanes> softmax;
+  softmax.init();
+  float o = 0.f;
+  for (int t = 0; t < kSpecTiles; ++t) {
+    tile::RegTile<float, 1, kSpecCols> s, p;
+    const int key0 = (t * kSpecLanes + part) * kSpecCols;
+    for (int j = 0; j < kSpecCols; ++j) s(0, j) = scores[row * kSpecKeys + key0 + j];
+    float rescale[1];
+    if (speculative && t > 0) {
+      softmax.update_speculative(s, scale, rescale, [&](const tile::RegTile<float, 1, kSpecCols>& q) { p = q; });
+    } else {
+      softmax.update_scaled<true, true>(s, scale, rescale);
+      p = s;
+    }
+    float add = 0.f;
+    for (int j = 0; j < kSpecCols; ++j) add += p(0, j) * values[key0 + j];
+    o = o * rescale[0] + add;
+  }
+  softmax.finish();
+  o = tile::warp::row_sum<kSpecLanes>(o);
+  if (part == 0) out[row] = o * softmax.inv_sum(0), lse[row] = softmax.lse(0);
+}
+
+TEST(TileOps, SpeculativeSoftmaxMatchesFp64OnEveryPath) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const float inf = std::numeric_limits<float>::infinity();
+  const float scale = 1.f;  // scores in the exp2 domain
+  std::vector<float> s = random(size_t(kSpecAllRows) * kSpecKeys, 21), v = random(kSpecKeys, 22);
+  constexpr int kTileKeys = kSpecKeys / kSpecTiles;
+  // Key k of tile t lies in [t·kTileKeys, (t + 1)·kTileKeys) of the row in the kernel's order
+  // (tile, lane, column), so a tile is a contiguous run of the row.
+  auto tile_of = [&](int row, int t) { return &s[size_t(row) * kSpecKeys + size_t(t) * kTileKeys]; };
+  for (int r = 0; r < kSpecAllRows; ++r) {
+    const int shape = r % 8;
+    for (int t = 0; t < kSpecTiles; ++t) {
+      float* x = tile_of(r, t);
+      for (int k = 0; k < kTileKeys; ++k) {
+        switch (shape) {
+          case 0: break;                                       // uniform(-1, 1): bases kept
+          case 1: x[k] = t == 0 ? x[k] : 5.5f * float(t); break;  // +5.5 a tile: sums past 2^8
+          case 2: x[k] += 12.f * float(t); break;                   // +12 a tile: rebased
+          case 3: if (t < 2) x[k] = -inf; break;                    // first tiles masked
+          case 4: if (t == 3) x[k] = -inf; break;                   // a masked tile between
+          case 5: if (t == 2 && k == 7) x[k] = 30.f; break;         // one peaked score
+          case 6: x[k] = 0.5f; break;                               // constant
+          case 7: x[k] += -10.f * float(t); break;                  // falling
+        }
+      }
+    }
+  }
+  float *ds = to_device(s), *dv = to_device(v), *dout = nullptr, *dlse = nullptr;
+  cudaMalloc(&dout, kSpecAllRows * sizeof(float));
+  cudaMalloc(&dlse, kSpecAllRows * sizeof(float));
+  double vmax = 0.0;
+  for (float x : v) vmax = std::max(vmax, double(std::abs(x)));
+  for (int speculative : {0, 1}) {
+    speculative_kernel<<<1, 32 * kSpecWarps>>>(ds, dv, scale, speculative, dout, dlse);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto out = to_host(dout, kSpecAllRows), lse = to_host(dlse, kSpecAllRows);
+    for (int r = 0; r < kSpecAllRows; ++r) {
+      const float* row = &s[size_t(r) * kSpecKeys];
+      double m = -inf;
+      for (int k = 0; k < kSpecKeys; ++k) m = std::max(m, double(scale) * row[k]);
+      double sum = 0.0, acc = 0.0;
+      for (int k = 0; k < kSpecKeys; ++k) {
+        const double p = std::exp2(double(scale) * row[k] - m);
+        sum += p;
+        acc += p * v[k];
+      }
+      const double want_lse = (m + std::log2(sum)) * std::log(2.0);
+      EXPECT_NEAR(out[r], acc / sum, 2e-5 * vmax) << "row " << r << " (shape " << r % 8 << "), speculative "
+                                                  << speculative;
+      EXPECT_NEAR(lse[r], want_lse, 2e-5 * std::max(1.0, std::abs(want_lse)))
+          << "row " << r << " (shape " << r % 8 << "), speculative " << speculative;
+    }
+  }
+  for (float* p : {ds, dv, dout, dlse}) cudaFree(p);
+}
+
 // ---- ex2.approx.ftz against exp2f: the same bits on every normal result -----------------------
 __global__ void exp2_pair_kernel(const float* x, float* fast, float* exact, int n) {
   const int i = int(blockIdx.x * blockDim.x + threadIdx.x);

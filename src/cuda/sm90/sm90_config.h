@@ -104,9 +104,9 @@ inline constexpr size_t kSharedLimit = 227 * 1024;
 //             24 bytes, outside it
 //   spec      pingpong whose exponentials start on each row's current base before the key
 //             tile's row max is known (OnlineSoftmax::update_speculative): one vote afterwards
-//             confirms that no row outgrew its base by more than the lazy bound, else the rows
-//             take the exact path from the kept exponents; the row max's shuffles leave the path
-//             from a tile's Q·Kᵀ to its P·V
+//             confirms that every exponential stayed within the lazy bound (each lane's share of
+//             each row's sum at most 2^8), else the rows take the exact path from the kept
+//             exponents; the row max leaves the path from a tile's Q·Kᵀ to its P·V
 // Measured on an H200 (docs/PERF.md, 2026-12-04): lazy rescaling +3-9 % at head dim 128 from 4k
 // keys, level at 1k and at head dim 64 (not measured at 192/256); a third K/V stage (O staged
 // over Q) lost 1-7 % at 128; carrying the turns across work tiles +3-7 % at head dim 128 from 2k

@@ -180,6 +180,8 @@ template <int ROWS, int LANES>
 struct OnlineSoftmax {
   // How far (log2 units) a LAZY update lets the row max outgrow the exponent base.
   static constexpr float kLazyRescaleLog2 = 8.f;
+  static constexpr float kLazyRescaleBound = 256.f;  // 2^kLazyRescaleLog2
+  static_assert(kLazyRescaleBound == 256.f && kLazyRescaleLog2 == 8.f, "the bound is 2^kLazyRescaleLog2");
   float max[ROWS];
   float sum[ROWS];
 
@@ -252,16 +254,19 @@ struct OnlineSoftmax {
   // in-thread reduction runs beside them and its lane shuffles are gone). x = scale·s − base is
   // kept in s; P = 2^x goes to emit(P) (the caller packs it into its own registers while P's
   // registers are still live, so that s and the packed P, not two fp32 tiles, cross the check).
-  // Then one vote: if every lane of the warp saw x ≤ kLazyRescaleLog2 in rows that had a base
-  // already, every row keeps its base (rescale 1) and P stands. Otherwise (a row's first key
-  // tile, or a max that grew by more than the lazy bound: rare after a row's first tiles) each
-  // row decides as update_scaled does from its max over the lanes, and P is formed again from x
-  // on the new base, 2^(x − (new base − base)), and emitted again. Needs scale > 0.
+  // Then one vote: if every lane of the warp saw its share of each row's sum at most
+  // 2^kLazyRescaleLog2 in rows that had a base already, every P of the tile is within the lazy
+  // bound (each is at most its share of the sum, P ≥ 0), every row keeps its base (rescale 1) and
+  // P stands. The sum is formed anyway, so the check costs no reduction of its own (a max over x,
+  // one FMNMX a score, did before). Otherwise (a row's first key tile, or a max that grew past
+  // the base, rare after a row's first tiles) each row decides as update_scaled does from its
+  // max over the lanes, and P is formed again from x on the new base, 2^(x − (new base − base)),
+  // and emitted again. Needs scale > 0.
   template <class Reg, class Emit>
   __device__ __forceinline__ void update_speculative(Reg& s, float scale, float (&rescale)[ROWS], Emit&& emit) {
     static_assert(Reg::kRows == ROWS, "one softmax row per tile row");
     Reg p;
-    float base[ROWS], over[ROWS], part[ROWS];
+    float base[ROWS], part[ROWS];
     bool keep_all = true;
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
@@ -272,9 +277,8 @@ struct OnlineSoftmax {
         s(i, j) = fmaf(s(i, j), scale, -base[i]);
         p(i, j) = exp2_fast(s(i, j));
       }
-      over[i] = warp::thread_row_reduce(s, i, [](float a, float b) { return fmaxf(a, b); });
       part[i] = warp::thread_row_reduce(p, i, [](float a, float b) { return a + b; });
-      keep_all &= over[i] <= kLazyRescaleLog2;
+      keep_all &= part[i] <= kLazyRescaleBound;  // false for NaN
     }
     emit(p);
     if (__all_sync(0xffffffffu, keep_all)) {
@@ -284,7 +288,9 @@ struct OnlineSoftmax {
     }
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
-      const float grown = warp::row_max<LANES>(over[i]);  // the tile's row max, less base[i]
+      // The tile's row max, less base[i].
+      const float grown =
+          warp::row_max<LANES>(warp::thread_row_reduce(s, i, [](float a, float b) { return fmaxf(a, b); }));
       // With -inf on both sides (a row with no visible key yet) the plain path, as update_scaled.
       const bool keep = max[i] != kNegInf && grown <= kLazyRescaleLog2;
       const float new_max = keep ? max[i] : fmaxf(max[i], base[i] + grown);
