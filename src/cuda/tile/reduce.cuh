@@ -180,8 +180,8 @@ template <int ROWS, int LANES>
 struct OnlineSoftmax {
   // How far (log2 units) a LAZY update lets the row max outgrow the exponent base.
   static constexpr float kLazyRescaleLog2 = 8.f;
-  static constexpr float kLazyRescaleBound = 256.f;  // 2^kLazyRescaleLog2
-  static_assert(kLazyRescaleBound == 256.f && kLazyRescaleLog2 == 8.f, "the bound is 2^kLazyRescaleLog2");
+  // The largest P a LAZY update leaves: 2^kLazyRescaleLog2.
+  static constexpr float kLazyRescaleBound = float(1 << int(kLazyRescaleLog2));
   float max[ROWS];
   float sum[ROWS];
 
@@ -258,10 +258,11 @@ struct OnlineSoftmax {
   // 2^kLazyRescaleLog2 in rows that had a base already, every P of the tile is within the lazy
   // bound (each is at most its share of the sum, P ≥ 0), every row keeps its base (rescale 1) and
   // P stands. The sum is formed anyway, so the check costs no reduction of its own (a max over x,
-  // one FMNMX a score, did before). Otherwise (a row's first key tile, or a max that grew past
-  // the base, rare after a row's first tiles) each row decides as update_scaled does from its
-  // max over the lanes, and P is formed again from x on the new base, 2^(x − (new base − base)),
-  // and emitted again. Needs scale > 0.
+  // one FMNMX a score, did before). Otherwise (a row's first key tile, or a share past 2^8: a max
+  // that grew past the lazy bound, or by 3 or more with many keys near it — rare after a row's
+  // first tiles) each row decides as update_scaled does from its max over the lanes, and P is
+  // formed again from x on the new base, 2^(x − (new base − base)), and emitted again (the same P
+  // where the row keeps its base). Needs scale > 0.
   template <class Reg, class Emit>
   __device__ __forceinline__ void update_speculative(Reg& s, float scale, float (&rescale)[ROWS], Emit&& emit) {
     static_assert(Reg::kRows == ROWS, "one softmax row per tile row");
