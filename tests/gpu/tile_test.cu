@@ -374,9 +374,12 @@ TEST(TileOps, ScoresScaledFirstGiveTheRowMaxPExactlyOne) {
 // speculative update down each of its ways: a max that never grows (the vote keeps every base), a
 // max that grows within the lazy bound while the row's share of the sum passes 2^8 (the vote fails,
 // the rows keep their bases), one that grows past the bound (rows rebase), rows whose first tiles
-// are fully masked (no base yet), a masked tile between others, one peaked score, and NaN-free
-// constant rows.
-constexpr int kSpecLanes = 4, kSpecCols = 16, kSpecTiles = 6, kSpecRows = 32 / kSpecLanes, kSpecWarps = 4;
+// are fully masked (no base yet), a masked tile between others, one peaked score, constant and
+// falling rows. The vote is the warp's: the first kSpecShapes warps hold rows of one shape each
+// (so the vote holds where that shape lets it), the others a row of every shape (where one row's
+// share passes 2^8 the warp's other rows take the fallback and keep their bases).
+constexpr int kSpecLanes = 4, kSpecCols = 16, kSpecTiles = 6, kSpecRows = 32 / kSpecLanes, kSpecShapes = 8;
+constexpr int kSpecWarps = 2 * kSpecShapes;  // warp w < kSpecShapes: rows of shape w; then rows of every shape
 constexpr int kSpecAllRows = kSpecWarps * kSpecRows, kSpecKeys = kSpecTiles * kSpecLanes * kSpecCols;
 __global__ void speculative_kernel(const float* scores, const float* values, float scale, int speculative,
                                    float* out, float* lse) {
@@ -415,7 +418,7 @@ TEST(TileOps, SpeculativeSoftmaxMatchesFp64OnEveryPath) {
   // (tile, lane, column), so a tile is a contiguous run of the row.
   auto tile_of = [&](int row, int t) { return &s[size_t(row) * kSpecKeys + size_t(t) * kTileKeys]; };
   for (int r = 0; r < kSpecAllRows; ++r) {
-    const int shape = r % 8;
+    const int warp = r / kSpecRows, shape = warp < kSpecShapes ? warp : r % kSpecShapes;
     for (int t = 0; t < kSpecTiles; ++t) {
       float* x = tile_of(r, t);
       for (int k = 0; k < kTileKeys; ++k) {
@@ -452,10 +455,9 @@ TEST(TileOps, SpeculativeSoftmaxMatchesFp64OnEveryPath) {
         acc += p * v[k];
       }
       const double want_lse = (m + std::log2(sum)) * std::log(2.0);
-      EXPECT_NEAR(out[r], acc / sum, 2e-5 * vmax) << "row " << r << " (shape " << r % 8 << "), speculative "
-                                                  << speculative;
+      EXPECT_NEAR(out[r], acc / sum, 2e-5 * vmax) << "row " << r << ", speculative " << speculative;
       EXPECT_NEAR(lse[r], want_lse, 2e-5 * std::max(1.0, std::abs(want_lse)))
-          << "row " << r << " (shape " << r % 8 << "), speculative " << speculative;
+          << "row " << r << ", speculative " << speculative;
     }
   }
   for (float* p : {ds, dv, dout, dlse}) cudaFree(p);
