@@ -8,11 +8,12 @@
 #                                                                              -> seed.log, seed/
 #   bench/compare_decode.py beside FlashAttention-2 and cuDNN, with the paged cache -> decode.log, decode/
 # then each sweep's fmha ÷ cuDNN table (`scripts/side_by_side_table.py`).
-# STEPS (default "install fa seed decode") picks the parts.
+# STEPS (default "install fa seed decode") picks the parts; empty, only the tables of the results
+# already in $OUT are printed.
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
-STEPS=${STEPS:-"install fa seed decode"}
+STEPS=${STEPS-"install fa seed decode"}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 ROOT=$PWD
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
