@@ -42,12 +42,15 @@ def tables(rows):
                         ratios.append((s, f / cu))
                         cells.append("%.0f / %s / %.0f (%.2f)" % (f, "%.0f" % fa2 if fa2 else "n/a", cu, f / cu))
                     out.append("| D%d%s | %s |" % (d, " causal" if causal == "1" else "", " | ".join(cells)))
-            below = [r for _, r in ratios if r < 1.0]
-            long_below = [r for s, r in ratios if s >= 2048 and r < 1.0]
             out.append("")
-            out.append("%s %s: fmha/cuDNN min %.2f max %.2f, below 1.0: %d of %d (%d of %d from 2k)" % (
-                dtype, direction, min(r for _, r in ratios), max(r for _, r in ratios), len(below), len(ratios),
-                len(long_below), sum(1 for s, _ in ratios if s >= 2048)))
+            if ratios:
+                below = [r for _, r in ratios if r < 1.0]
+                long_below = [r for s, r in ratios if s >= 2048 and r < 1.0]
+                out.append("%s %s: fmha/cuDNN min %.2f max %.2f, below 1.0: %d of %d (%d of %d from 2k)" % (
+                    dtype, direction, min(r for _, r in ratios), max(r for _, r in ratios), len(below),
+                    len(ratios), len(long_below), sum(1 for s, _ in ratios if s >= 2048)))
+            else:
+                out.append("%s %s: no point with both fmha and cuDNN" % (dtype, direction))
             out.append("")
     return "\n".join(out)
 
@@ -61,6 +64,9 @@ def self_test():
     text = tables(rows)
     assert "| D64 | 99 / 50 / 100 (0.99) | 101 / 52 / 102 (0.99) |" in text, text
     assert "below 1.0: 2 of 2 (1 of 1 from 2k)" in text, text
+    # A sweep without cuDNN (a provider left out, or refused): its cells and summary say so.
+    text = tables([r for r in rows if r["provider"] != "cudnn"])
+    assert "| D64 | n/a | n/a |" in text and "no point with both fmha and cuDNN" in text, text
     print("side_by_side_table self-test passed")
 
 
