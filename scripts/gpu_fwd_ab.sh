@@ -3,8 +3,9 @@
 # call on an H100/H200 (results under $OUT), from the repository root:
 #   build     this tree (arch 90, head dims 64 and 128) into $BUILD with its GPU tests, and the
 #             CLI of the base commit's sources in $BASE_SRC (default .base-src) into $BASE_BUILD
-#   tests     every forward variant against the oracle (FMHA_TEST_FWD_VARIANTS=$VARIANTS), the
-#             sm90 forward sweep, schedule, few-key and varlen tests                 -> tests.log
+#   tests     the tile layer's softmax tests (TILE_FILTER), every forward variant against the
+#             oracle (FMHA_TEST_FWD_VARIANTS=$VARIANTS), the sm90 forward sweep, schedule, few-key
+#             and varlen tests                                                        -> tests.log
 #   bench     `fmha bench --backend sm90 --mode fwd --dtype bf16` at 16k tokens a call, hidden 2048,
 #             head dims 64 and 128, lengths $LENGTHS, causal none and bottom-right: the base's
 #             default, this tree's default and each of $VARIANTS, $ROUNDS interleaved rounds
@@ -25,10 +26,13 @@ B=${BUILD:-$PWD/build-sm90}
 BB=${BASE_BUILD:-/tmp/fmha-base}
 VARIANTS=${VARIANTS-spec}
 LENGTHS=${LENGTHS:-512 1024 2048 16384}
-if want build; then sm90_build_tree_and_base "${TREE_TARGETS:-fmha_cli fmha_gpu_tests}" || exit 1; fi
+if want build; then sm90_build_tree_and_base "${TREE_TARGETS:-fmha_cli fmha_gpu_tests fmha_tile_tests}" || exit 1; fi
 if want tests; then
   T=$B/tests/gpu/fmha_gpu_tests
   {
+    # The tile layer's softmax tests (the online softmax the forward's kernels run), where built.
+    [[ -x $B/tests/gpu/fmha_tile_tests ]] && timeout 60 $B/tests/gpu/fmha_tile_tests --gtest_color=no \
+      --gtest_brief=1 --gtest_filter="${TILE_FILTER:-TileOps.*Softmax*:TileOps.ScoresScaled*:TileOps.Exp2*}"
     FMHA_TEST_FWD_VARIANTS=$(echo $VARIANTS | tr ' ' ',') timeout 200 $T --gtest_color=no --gtest_brief=1 \
       --gtest_filter='Sm90Variants.*'
     timeout 300 $T --gtest_color=no --gtest_brief=1 \
