@@ -455,7 +455,9 @@ TEST(TileOps, SpeculativeSoftmaxMatchesFp64OnEveryPath) {
         acc += p * v[k];
       }
       const double want_lse = (m + std::log2(sum)) * std::log(2.0);
-      EXPECT_NEAR(out[r], acc / sum, 2e-5 * vmax) << "row " << r << ", speculative " << speculative;
+      // fp32 sums of up to kSpecKeys terms and ex2.approx: ~1e-6 typically; a wrong base or rescale
+      // is off by a large fraction of vmax.
+      EXPECT_NEAR(out[r], acc / sum, 1e-4 * vmax) << "row " << r << ", speculative " << speculative;
       EXPECT_NEAR(lse[r], want_lse, 2e-5 * std::max(1.0, std::abs(want_lse)))
           << "row " << r << ", speculative " << speculative;
     }
