@@ -75,6 +75,10 @@ endif()
 # need more than those GPUs offer and the compact shapes fit.
 set(FMHA_SIMT_COMPACT_HEAD_DIMS 32 96 192)
 set(FMHA_SM80_COMPACT_HEAD_DIMS 96 192 256)
+# The sm90 forward's `spec` variant (the dense calls' default at these head dims:
+# sm90_config.h, default_fwd_variant) is compiled at them outside FMHA_TUNED_HEAD_DIMS too.
+set(FMHA_SM90_SPEC_HEAD_DIMS 64 128 256)
+math(EXPR FMHA_SM90_FWD_SPEC "${FMHA_SM90_FWD_VARIANTS} - 1")
 math(EXPR FMHA_SIMT_FWD_COMPACT "${FMHA_SIMT_FWD_VARIANTS} - 1")
 math(EXPR FMHA_SIMT_BWD_COMPACT "${FMHA_SIMT_BWD_VARIANTS} - 1")
 math(EXPR FMHA_SM80_FWD_COMPACT "${FMHA_SM80_FWD_VARIANTS} - 1")
@@ -93,6 +97,13 @@ foreach(tier SIMT SM80)
       string(APPEND FMHA_${tier}_COMPACT_HEAD_DIMS_X "X(${hd}) ")
     endif()
   endforeach()
+endforeach()
+
+set(FMHA_SM90_SPEC_HEAD_DIMS_X "")
+foreach(hd IN LISTS FMHA_SM90_SPEC_HEAD_DIMS)
+  if(hd IN_LIST FMHA_HEAD_DIMS AND NOT hd IN_LIST FMHA_TUNED_HEAD_DIMS)
+    string(APPEND FMHA_SM90_SPEC_HEAD_DIMS_X "X(${hd}) ")
+  endif()
 endforeach()
 
 set(FMHA_DECODE_HEAD_DIMS_X "")
@@ -219,7 +230,8 @@ if(_fmha_sm80_archs)
   endforeach()
 endif()
 
-# sm90 forward instances: every variant at the tuned head dims, the default elsewhere (fp16, bf16);
+# sm90 forward instances: every variant at the tuned head dims, the default elsewhere and `spec`
+# at FMHA_SM90_SPEC_HEAD_DIMS (fp16, bf16);
 # fp32 (tf32) in the default variant at head dims up to 128.
 if(_fmha_sm90)
   foreach(hd IN LISTS FMHA_HEAD_DIMS)
@@ -229,6 +241,12 @@ if(_fmha_sm90)
     set(sm90_variants "default:fmha::cuda::sm90::kFwdDefault")
     if(hd IN_LIST FMHA_TUNED_HEAD_DIMS)
       _fmha_all_variants(sm90_variants ${FMHA_SM90_FWD_VARIANTS})
+      # c3 (variant 3) does not compile above head dim 192 (sm90_config.h, fwd_variant_compiles).
+      if(hd GREATER 192)
+        list(REMOVE_ITEM sm90_variants "v3:3")
+      endif()
+    elseif(hd IN_LIST FMHA_SM90_SPEC_HEAD_DIMS)
+      list(APPEND sm90_variants "v${FMHA_SM90_FWD_SPEC}:${FMHA_SM90_FWD_SPEC}")
     endif()
     foreach(dtype fp16 bf16)
       set(t "fmha::cuda::sm90::${dtype}_t")

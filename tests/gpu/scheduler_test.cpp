@@ -212,13 +212,19 @@ TEST(Sm90Config, Tf32ForwardFitsAndTakesWholeKeyChunks) {
 }
 
 TEST(Sm90Config, DefaultVariantByShape) {
-  // spec for dense calls at head dims 64 and 128; pingpong for packed calls and at the others.
-  EXPECT_EQ(default_fwd_variant(64, false), kFwdSpeculate);
-  EXPECT_EQ(default_fwd_variant(128, false), kFwdSpeculate);
-  for (int head_dim : {64, 128}) EXPECT_EQ(default_fwd_variant(head_dim, true), kFwdDefault);
-  for (int head_dim : {96, 192, 256})
+  // spec for dense calls at head dims 64, 128 and 256; pingpong for packed calls and at the others.
+  for (int head_dim : {64, 128, 256}) {
+    EXPECT_EQ(default_fwd_variant(head_dim, false), kFwdSpeculate) << head_dim;
+    EXPECT_EQ(default_fwd_variant(head_dim, true), kFwdDefault) << head_dim;
+  }
+  for (int head_dim : {96, 192})
     for (bool packed : {false, true}) EXPECT_EQ(default_fwd_variant(head_dim, packed), kFwdDefault);
   EXPECT_TRUE(fwd_config(128, kFwdSpeculate).speculate && fwd_config(128, kFwdSpeculate).lazy_rescale);
+  // c3's output tile takes every register above 192; the other variants compile everywhere.
+  EXPECT_TRUE(fwd_variant_compiles(192, kFwdC3));
+  EXPECT_FALSE(fwd_variant_compiles(256, kFwdC3));
+  for (int v = 0; v < kFwdVariants; ++v)
+    if (v != kFwdC3) EXPECT_TRUE(fwd_variant_compiles(256, v)) << kFwdVariantNames[v];
   EXPECT_FALSE(fwd_config(128, kFwdDefault).speculate);
   for (int v = 0; v < kFwdVariants; ++v)
     EXPECT_TRUE(fwd_config(64, v).pingpong == (std::string(kFwdVariantNames[v]) != "overlap" &&

@@ -142,18 +142,28 @@ inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "over
 inline constexpr int kFwdDefault = 0;
 
 // The variant a call runs when FMHA_SM90_FWD_CONFIG names none: spec for dense calls at head dims
-// 64 and 128, at every length and mask (on an H200 against pingpong: +5-8 % at 128 from 4k keys,
-// -2 % at 1k causal; +4-15 % at 64, where it also passed c3 and poly8, the earlier defaults
-// there); pingpong for packed calls (spec's packed kernel keeps 128 bytes in local memory at 128,
-// and its speed there is not measured yet) and at the other head dims (spec is compiled at the
-// tuned head dims only; it spills 112-184 bytes at 192 and 256). docs/PERF.md, run 25.
+// 64, 128 and 256, at every length and mask (on an H200 against pingpong: +5-8 % at 128 from 4k
+// keys, -2 % at 1k causal; +4-15 % at 64, where it also passed c3 and poly8, the earlier defaults
+// there: docs/PERF.md, run 25; at 256 on an H100, once the vote on the row sum left it without
+// spills: +5.9-14.5 % from 2k keys, causal +1.8-9.4 %, level at 512: run 98); pingpong for packed
+// calls (spec's packed kernel keeps 128 bytes in local memory at 128, and its speed there is not
+// measured yet) and at 96 and 192 (not measured). spec is compiled at these three head dims in
+// every build (cmake/cuda.cmake, FMHA_SM90_SPEC_HEAD_DIMS), every variant at the tuned ones.
 inline constexpr int kFwdC3 = 3;
+// c3 up to head dim 192 only: a consumer thread's share of its 64 × 256 output tile alone is 128
+// fp32 registers, all that __launch_bounds__(512, 1) lets ptxas give it (setmaxnreg raises the
+// budget only at run time), so ptxas refuses the kernel (C7602). cmake/cuda.cmake leaves it out of
+// the tuned instances there; the dispatch refuses a request for it.
+inline constexpr int kC3MaxHeadDim = 192;
+constexpr bool fwd_variant_compiles(int head_dim, int variant) {
+  return variant != kFwdC3 || padded_head_dim(head_dim) <= kC3MaxHeadDim;
+}
 inline constexpr int kFwdPoly8 = 6;
 inline constexpr int kFwdN144 = 7;
 inline constexpr int kFwdSpeculate = 8;
 inline constexpr int kWideKeys = 144;  // keys per tile of n144
 constexpr int default_fwd_variant(int head_dim, bool packed) {
-  return !packed && (head_dim == 64 || head_dim == 128) ? kFwdSpeculate : kFwdDefault;
+  return !packed && (head_dim == 64 || head_dim == 128 || head_dim == 256) ? kFwdSpeculate : kFwdDefault;
 }
 
 // The head dims the tf32 forward (fp32 storage) takes: padded to at most 128 (64, 96, 128), where

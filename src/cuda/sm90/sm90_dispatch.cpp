@@ -37,6 +37,13 @@ namespace fmha::cuda::sm90 {
 namespace {
 
 static_assert(kFwdVariants == FMHA_CUDA_SM90_FWD_VARIANTS, "cmake/cuda.cmake instantiates every forward variant");
+static_assert(kFwdSpeculate == kFwdVariants - 1, "cmake/cuda.cmake compiles the last variant as spec");
+
+// True where `spec` is compiled outside the tuned head dims (FMHA_SM90_SPEC_HEAD_DIMS: the head
+// dims where it is the dense calls' default, default_fwd_variant).
+constexpr bool has_spec(int head_dim) {
+  return in_head_dims(head_dim, {FMHA_CUDA_SM90_SPEC_HEAD_DIMS(FMHA_CUDA_LIST_ITEM)});
+}
 
 constexpr const char* kFwdVariable = "FMHA_SM90_FWD_CONFIG";
 constexpr int kMinHeadDim = 64;  // smaller head dims run on the sm80 tier
@@ -192,16 +199,28 @@ Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
   int requested = requested_variant_index<Backend::cuda_sm90, Direction::forward>(p, kFwdVariable, kFwdVariantNames,
                                                                                  kFwdVariants);
   if (requested == kDefaultVariant) requested = shape_default_variant(HD, p);
-  auto fits = [&](auto v) { return forward_shared_bytes_of<HD, decltype(v)::value>(p) <= props.max_shared_per_block; };
+  // Variants whose kernel does not compile at HD (fwd_variant_compiles: c3 above 192) never fit,
+  // and a request naming one is refused.
+  auto fits = [&](auto v) {
+    if constexpr (!fwd_variant_compiles(HD, decltype(v)::value)) return false;
+    else return forward_shared_bytes_of<HD, decltype(v)::value>(p) <= props.max_shared_per_block;
+  };
+  auto run = [&](auto v) -> Status {
+    if constexpr (!fwd_variant_compiles(HD, decltype(v)::value))
+      return unsupported(std::string(kFwdVariable) + "=" + kFwdVariantNames[decltype(v)::value] +
+                         ": that configuration's kernel does not compile at head dim " + std::to_string(HD) +
+                         " (its output tile takes every register a thread has)");
+    else return f(v);
+  };
   if (p.q.dtype == DType::fp32) {
     if (requested != kDefaultVariant && requested != kFwdDefault && requested >= 0)
       return unsupported(std::string(kFwdVariable) + ": the sm90 " + (split_tf32(p) ? "split-tf32" : "tf32") +
                          " forward (fp32 storage) compiles only the " +
                          kFwdVariantNames[kFwdDefault] + " configuration, not " + kFwdVariantNames[requested]);
-    return with_requested_variant<kFwdVariants, kFwdDefault, false>(requested, kFwdVariable, kFwdVariantNames, fits, f);
+    return with_requested_variant<kFwdVariants, kFwdDefault, false>(requested, kFwdVariable, kFwdVariantNames, fits, run);
   }
-  return with_requested_variant<kFwdVariants, kFwdDefault, is_tuned_head_dim(HD)>(requested, kFwdVariable,
-                                                                                  kFwdVariantNames, fits, f);
+  return with_requested_variant<kFwdVariants, kFwdDefault, is_tuned_head_dim(HD), has_spec(HD) ? kFwdSpeculate : -1>(
+      requested, kFwdVariable, kFwdVariantNames, fits, run);
 }
 
 Status check_call(const Params& p, Direction direction, DeviceProps& props) {
