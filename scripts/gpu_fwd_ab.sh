@@ -7,10 +7,15 @@
 #             oracle (FMHA_TEST_FWD_VARIANTS=$VARIANTS), the sm90 forward sweep, schedule, few-key
 #             and varlen tests                                                        -> tests.log
 #   bench     `fmha bench --backend sm90 --mode fwd --dtype bf16` at 16k tokens a call, hidden 2048,
-#             head dims 64 and 128, lengths $LENGTHS, causal none and bottom-right: the base's
-#             default, this tree's default and each of $VARIANTS, $ROUNDS interleaved rounds
-#                                                                               -> fwd_ab.txt
+#             head dims $DIMS (default 64 and 128), lengths $LENGTHS, causal none and
+#             bottom-right: the base's default, this tree's default and each of $VARIANTS,
+#             $ROUNDS interleaved rounds                                        -> fwd_ab.txt
+#   packed    `fmha bench --backend sm90 --mode fwd --sweep varlen` (64 packed sequences, D128
+#             causal, bf16 and fp16, beside the dense batch at their mean length) in this tree,
+#             under FMHA_SM90_FWD_CONFIG=each of $PACKED_VARIANTS (default pingpong spec),
+#             $ROUNDS interleaved rounds                                        -> packed_ab.txt
 # STEPS (default "build tests bench") picks the parts; TREE_TARGETS the tree's build targets.
+# Head dims other than 64 and 128: AB_HEAD_DIMS and AB_TUNED_HEAD_DIMS (sm90_configure), DIMS.
 # Where the GPU machine gets a copy of the working tree without its git history, the base's
 # sources go along as a folder: in the repository, `bash scripts/gpu_fwd_ab.sh prepare <commit>`
 # writes them into .base-src (ignored through .git/info/exclude); copy it with the tree.
@@ -40,12 +45,20 @@ if want tests; then
   } > "$OUT/tests.log" 2>&1
   grep -E "tests? from .* ran|PASSED|FAILED" "$OUT/tests.log" | head -20
 fi
+if want packed; then
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for v in ${PACKED_VARIANTS:-pingpong spec}; do
+      FMHA_SM90_FWD_CONFIG=$v timeout 120 "$B/fmha" bench --backend sm90 --mode fwd --sweep varlen --iters 20 \
+        --no-progress 2>&1 | grep -E "^fwd" | awk -v v=$v -v r=$r '{print v, r, $0}'
+    done
+  done | tee "$OUT/packed_ab.txt"
+fi
 want bench || exit 0
 bench() {  # label, cli, variant (empty: the default), head dim, round -> label round d length causal TFLOP/s
   sm90_bench fwd "$1" "$2" "$3" "$4" "$5" "$LENGTHS" 30 | awk '{print $1, $2, $3, $4, $5, $(NF-1)}'
 }
 for r in $(seq 1 "${ROUNDS:-2}"); do
-  for d in 64 128; do
+  for d in ${DIMS:-64 128}; do
     bench base "$BB/fmha" "" $d $r
     bench tree "$B/fmha" "" $d $r
     for v in $VARIANTS; do bench "$v" "$B/fmha" "$v" $d $r; done
