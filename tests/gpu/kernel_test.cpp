@@ -355,17 +355,7 @@ TEST(Sm90Variants, EveryForwardVariantMatchesTheOracle) {
     detail::CandidateScope scope(Backend::cuda_sm90, Direction::forward, name);
     for (int d : compiled_head_dims()) {
       if (!takes_head_dim(Backend::cuda_sm90, d)) continue;
-      if (!cuda::sm90::fwd_variant_compiles(d, v)) {
-        // Not compiled at d (c3 above 192): refused where every variant is (the tuned head
-        // dims), the default run at the others, where a request names only what is compiled.
-        Case c;
-        c.backend = Backend::cuda_sm90, c.dtype = DType::bf16, c.head_dim = c.head_dim_v = d;
-        c.batch = 1, c.heads = 2, c.kv_heads = 1, c.seqlen_q = 200, c.seqlen_k = 1100;
-        const std::string msg = check_forward(c, test_seed());
-        EXPECT_TRUE(msg.empty() || msg.find("does not compile at head dim " + std::to_string(d)) != std::string::npos)
-            << name << " " << c.name() << "\n" << msg;
-        continue;
-      }
+      if (!cuda::sm90::fwd_variant_compiles(d, v)) continue;  // Sm90Variants.DefaultsByHeadDim
       for (DType dtype : {DType::bf16, DType::fp16})
         for (Causal causal : {Causal::none, Causal::bottom_right})
           for (double ramp : {0.0, 800.0}) {
@@ -636,6 +626,45 @@ TEST(Sm90Tf32, OnlyTheDefaultConfigurationIsCompiled) {
       } else {
         EXPECT_EQ(s.code, Code::unsupported) << name << ": " << s.message;
         EXPECT_TRUE(mentions(s, "FMHA_SM90_FWD_CONFIG")) << s.message;
+      }
+    }
+  }
+}
+
+// The 16-bit forward's default at each head dim (default_fwd_variant: spec for dense calls at
+// 64, 128 and 256, compiled there in every build; pingpong at the others), and a variant whose
+// kernel does not compile at a head dim (c3 above 192): refused when named where every variant is
+// compiled (the tuned head dims), ignored elsewhere, as any variant not compiled there is.
+TEST(Sm90Variants, DefaultsByHeadDim) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
+  using namespace cuda::sm90;
+  for (int d : compiled_head_dims()) {
+    if (!takes_head_dim(Backend::cuda_sm90, d)) continue;
+    Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, d, 32);
+    const std::string shape_default = kFwdVariantNames[default_fwd_variant(d, false)];
+    VariantChoice choice;
+    ASSERT_TRUE(selected_variant(r.params, Direction::forward, &choice).ok()) << d;
+    EXPECT_EQ(choice.variant, shape_default) << d;
+    // Every variant is compiled at d where naming one that is no default there runs it.
+    bool tuned = false;
+    {
+      detail::CandidateScope scope(Backend::cuda_sm90, Direction::forward, "overlap");
+      ASSERT_TRUE(selected_variant(r.params, Direction::forward, &choice).ok()) << d;
+      tuned = choice.variant == "overlap";
+      if (!tuned) EXPECT_EQ(choice.variant, shape_default) << d;
+    }
+    for (int v = 0; v < kFwdVariants; ++v) {
+      if (fwd_variant_compiles(d, v)) continue;
+      detail::CandidateScope scope(Backend::cuda_sm90, Direction::forward, kFwdVariantNames[v]);
+      const Status s = supports(r.params, Direction::forward);
+      if (tuned) {
+        EXPECT_EQ(s.code, Code::unsupported) << kFwdVariantNames[v] << " at " << d << ": " << s.message;
+        EXPECT_TRUE(mentions(s, "does not compile at head dim " + std::to_string(d))) << s.message;
+      } else {
+        EXPECT_TRUE(s.ok()) << kFwdVariantNames[v] << " at " << d << ": " << s.message;
+        ASSERT_TRUE(selected_variant(r.params, Direction::forward, &choice).ok()) << d;
+        EXPECT_EQ(choice.variant, shape_default) << kFwdVariantNames[v] << " at " << d;
       }
     }
   }

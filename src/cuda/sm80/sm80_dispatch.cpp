@@ -111,7 +111,7 @@ bool takes_decode(const Params& p, Direction direction) {
 
 // f(std::integral_constant<int, HD>{}) for the decode kernel's compiled bucket HD.
 template <class F>
-Status with_decode_head_dim(int bucket, F&& f) {
+Status with_decode_head_dim(int bucket, [[maybe_unused]] F&& f) {  // unused where no bucket is compiled
   switch (bucket) {
 #define FMHA_CUDA_DECODE_CASE(hd) \
   case hd: return f(std::integral_constant<int, hd>{});

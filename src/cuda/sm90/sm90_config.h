@@ -148,8 +148,8 @@ inline constexpr int kFwdDefault = 0;
 // spills: +5.9-14.5 % from 2k keys, causal +1.8-9.4 %, level at 512: run 98); pingpong for packed
 // calls (spec's packed kernel has no local memory at 64 and 128 since 2026-12-07, spills 108 bytes
 // at 256, -Xptxas -v; its speed on packed calls is not measured yet) and at 96 and 192 (not
-// measured). spec is compiled at these three head dims in
-// every build (cmake/cuda.cmake, FMHA_SM90_SPEC_HEAD_DIMS), every variant at the tuned ones.
+// measured). spec is compiled at these three head dims in every build (cmake/cuda.cmake,
+// FMHA_SM90_SPEC_HEAD_DIMS), every variant at the tuned ones.
 inline constexpr int kFwdC3 = 3;
 // c3 up to head dim 192 only: a consumer thread's share of its 64 × 256 output tile alone is 128
 // fp32 registers, all that __launch_bounds__(512, 1) lets ptxas give it (setmaxnreg raises the
