@@ -12,12 +12,16 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "fmha/fmha.h"
+#include "tune/cache.h"
 
 namespace fmha::test {
 
@@ -129,5 +133,29 @@ struct VarlenCase {
 // is (its own masked rows exact), the errors combined over the packed tensor. Empty on success.
 std::string check_varlen_forward(const VarlenCase& c, uint64_t seed);
 std::string check_varlen_backward(const VarlenCase& c, uint64_t seed);
+
+// A tuning cache file of the test's own (`name`, in the temporary directory) for the scope, so
+// that no cache on the machine picks the variant a test expects; the process forgets it, and the
+// file goes, at the scope's end (an ASSERT's early return included).
+class ScopedTuneCache {
+ public:
+  explicit ScopedTuneCache(const std::string& name)
+      : path_(std::filesystem::temp_directory_path().string() + "/" + name + "_" + std::to_string(getpid()) +
+              ".json") {
+    setenv(fmha::detail::kCacheVariable, path_.c_str(), 1);
+    fmha::detail::reload_tune_cache();
+  }
+  ~ScopedTuneCache() {
+    std::filesystem::remove(path_);
+    std::filesystem::remove(path_ + ".lock");
+    unsetenv(fmha::detail::kCacheVariable);
+    fmha::detail::reload_tune_cache();
+  }
+  ScopedTuneCache(const ScopedTuneCache&) = delete;
+  ScopedTuneCache& operator=(const ScopedTuneCache&) = delete;
+
+ private:
+  std::string path_;
+};
 
 }  // namespace fmha::test

@@ -638,7 +638,9 @@ TEST(Sm90Tf32, OnlyTheDefaultConfigurationIsCompiled) {
 TEST(Sm90Variants, DefaultsByHeadDim) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
+  if (std::getenv("FMHA_SM90_FWD_CONFIG")) GTEST_SKIP() << "FMHA_SM90_FWD_CONFIG names the variant";
   using namespace cuda::sm90;
+  const ScopedTuneCache no_cache("sm90_defaults_by_head_dim");  // no cached winner picks for the call
   for (int d : compiled_head_dims()) {
     if (!takes_head_dim(Backend::cuda_sm90, d)) continue;
     Refusal r = tiny_call(Backend::cuda_sm90, DType::bf16, d, 32);

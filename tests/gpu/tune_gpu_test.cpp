@@ -2,12 +2,9 @@
 // agrees with the default, the fastest is cached, and dispatch then runs it. Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,9 +12,12 @@
 #include "fmha/fmha.h"
 #include "common/decode.h"
 #include "fmha/tune.h"
+#include "gpu_test_util.h"
 #include "tune/cache.h"
 
 namespace {
+
+using fmha::test::ScopedTuneCache;
 
 bool have_device() {
   int count = 0;
@@ -27,29 +27,6 @@ bool have_device() {
   }
   return count > 0;
 }
-
-// A tuning cache file of the test's own (`name`, in the temporary directory) for the scope; the
-// process forgets it, and the file goes, at the scope's end (an ASSERT's early return included).
-class ScopedTuneCache {
- public:
-  explicit ScopedTuneCache(const std::string& name)
-      : path_(std::filesystem::temp_directory_path().string() + "/" + name + "_" + std::to_string(getpid()) +
-              ".json") {
-    setenv(fmha::detail::kCacheVariable, path_.c_str(), 1);
-    fmha::detail::reload_tune_cache();
-  }
-  ~ScopedTuneCache() {
-    std::filesystem::remove(path_);
-    std::filesystem::remove(path_ + ".lock");
-    unsetenv(fmha::detail::kCacheVariable);
-    fmha::detail::reload_tune_cache();
-  }
-  ScopedTuneCache(const ScopedTuneCache&) = delete;
-  ScopedTuneCache& operator=(const ScopedTuneCache&) = delete;
-
- private:
-  std::string path_;
-};
 
 struct TuneCase {
   const char* name;
