@@ -8,7 +8,7 @@ set(FMHA_CUDA_ARCHS "80;90" CACHE STRING
 set(FMHA_HEAD_DIMS "32;64;96;128;192;256" CACHE STRING
     "Head-dim buckets to compile GPU kernels for (subset of 32;64;96;128;192;256)")
 set(FMHA_TUNED_HEAD_DIMS "64;128" CACHE STRING
-    "Head-dim buckets compiled in every kernel variant (FMHA_SIMT_CONFIG, FMHA_SIMT_BWD_CONFIG, FMHA_SM80_FWD_CONFIG, FMHA_SM80_BWD_CONFIG); the others get each tier's default only")
+    "Head-dim buckets compiled in every kernel variant (FMHA_SIMT_CONFIG, FMHA_SIMT_BWD_CONFIG, FMHA_SM80_FWD_CONFIG, FMHA_SM80_BWD_CONFIG, FMHA_SM90_FWD_CONFIG; of 64, 128, 256); the others get each tier's default only")
 set(FMHA_DECODE_HEAD_DIMS "64;128;256" CACHE STRING
     "Head-dim buckets the sm80 decode kernel (KV cache, seqlen_q <= 16; fp16 and bf16) is compiled for, of those in FMHA_HEAD_DIMS")
 option(FMHA_PTXAS_VERBOSE "Print registers and spills of every kernel (-Xptxas -v)" OFF)
@@ -17,6 +17,17 @@ set(_fmha_all_head_dims 32 64 96 128 192 256)
 foreach(hd IN LISTS FMHA_HEAD_DIMS)
   if(NOT hd IN_LIST _fmha_all_head_dims)
     message(FATAL_ERROR "FMHA_HEAD_DIMS: ${hd} is not one of ${_fmha_all_head_dims}")
+  endif()
+endforeach()
+# Every kernel variant of every tier compiles at these head dims (sm90's c3 but at 256, where it
+# is left out); at 32, 96 and 192 some do not (the simt forward's micro tiles need multiples of 64,
+# the sm80 backward's 8-warp variants split dQ's columns unevenly there), so a build tuned there
+# would fail in its compile steps: refused here instead.
+set(_fmha_tunable_head_dims 64 128 256)
+foreach(hd IN LISTS FMHA_TUNED_HEAD_DIMS)
+  if(NOT hd IN_LIST _fmha_tunable_head_dims)
+    message(FATAL_ERROR "FMHA_TUNED_HEAD_DIMS: ${hd} cannot be tuned: not every kernel variant compiles at it "
+                        "(the head dims that can: ${_fmha_tunable_head_dims})")
   endif()
 endforeach()
 
@@ -75,9 +86,11 @@ endif()
 # need more than those GPUs offer and the compact shapes fit.
 set(FMHA_SIMT_COMPACT_HEAD_DIMS 32 96 192)
 set(FMHA_SM80_COMPACT_HEAD_DIMS 96 192 256)
-# The sm90 forward's `spec` variant (the dense calls' default at these head dims:
-# sm90_config.h, default_fwd_variant) is compiled at them outside FMHA_TUNED_HEAD_DIMS too.
-set(FMHA_SM90_SPEC_HEAD_DIMS 64 128 256)
+# The sm90 forward's `spec` variant is compiled at these head dims outside FMHA_TUNED_HEAD_DIMS too
+# (FMHA_SM90_FWD_CONFIG=spec picks it there): at least those where it is the dense calls' default
+# (sm90_config.h, default_fwd_variant: 64, 128 and 256; left out, the call runs pingpong).
+set(FMHA_SM90_SPEC_HEAD_DIMS "64;128;256" CACHE STRING
+    "Head dims where the sm90 forward's spec variant is compiled outside FMHA_TUNED_HEAD_DIMS (its dense default at 64, 128, 256)")
 math(EXPR FMHA_SM90_FWD_SPEC "${FMHA_SM90_FWD_VARIANTS} - 1")
 math(EXPR FMHA_SIMT_FWD_COMPACT "${FMHA_SIMT_FWD_VARIANTS} - 1")
 math(EXPR FMHA_SIMT_BWD_COMPACT "${FMHA_SIMT_BWD_VARIANTS} - 1")

@@ -3,10 +3,11 @@
 # tree beside the base, and the benchmark step.
 
 # cmake configure of source dir $1 into build dir $2: arch 90, head dims $AB_HEAD_DIMS (default 64
-# and 128), every forward variant compiled at $AB_TUNED_HEAD_DIMS (default 64 and 128).
+# and 128), every variant compiled at $AB_TUNED_HEAD_DIMS (default 64 and 128; of 64, 128, 256),
+# more cmake arguments in $AB_CMAKE_ARGS (`-DFMHA_SM90_SPEC_HEAD_DIMS=...`: spec at more head dims).
 sm90_configure() {
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS="${AB_HEAD_DIMS:-64;128}" \
-    -DFMHA_TUNED_HEAD_DIMS="${AB_TUNED_HEAD_DIMS:-64;128}" -DFMHA_DECODE_HEAD_DIMS=128
+    -DFMHA_TUNED_HEAD_DIMS="${AB_TUNED_HEAD_DIMS:-64;128}" -DFMHA_DECODE_HEAD_DIMS=128 ${AB_CMAKE_ARGS:-}
 }
 
 # The sources of commit $1 (docs/ left out) into $BASE_SRC, run in the repository: where the GPU

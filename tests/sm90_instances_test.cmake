@@ -5,18 +5,26 @@
 #   tuned       every variant (v0 ... v8) but c3 (v3), whose kernel does not compile above head
 #               dim 192 (sm90_config.h, fwd_variant_compiles)
 #   not tuned   the default and spec (v8), the dense calls' default there (FMHA_SM90_SPEC_HEAD_DIMS)
+# and that a head dim where some variant does not compile (96) is refused as a tuned one.
 cmake_minimum_required(VERSION 3.25)
 
-# The sm90 forward instances (file names) that configuring with FMHA_TUNED_HEAD_DIMS=`tuned` generates.
-function(instances_when tuned out)
-  set(build "${WORK_DIR}/tuned-${tuned}")
+# Configures the source tree at head dims `dims`, `tuned` of them tuned, into `build`: rc and log.
+function(configure build dims tuned rc_out log_out)
   file(REMOVE_RECURSE "${build}")
   execute_process(
     COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${build}" -G "${GENERATOR}" "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}"
             "-DCMAKE_CXX_COMPILER=${CXX}" "-DCMAKE_CUDA_COMPILER=${CUDA_COMPILER}" -DCMAKE_BUILD_TYPE=Release
-            -DFMHA_CUDA_ARCHS=90 -DFMHA_HEAD_DIMS=256 "-DFMHA_TUNED_HEAD_DIMS=${tuned}" -DFMHA_DECODE_HEAD_DIMS=256
+            -DFMHA_CUDA_ARCHS=90 "-DFMHA_HEAD_DIMS=${dims}" "-DFMHA_TUNED_HEAD_DIMS=${tuned}" -DFMHA_DECODE_HEAD_DIMS=256
             -DFMHA_BUILD_TESTS=OFF -DFMHA_BUILD_CLI=OFF -DFMHA_PYTHON=OFF
     OUTPUT_VARIABLE log ERROR_VARIABLE log RESULT_VARIABLE rc)
+  set(${rc_out} "${rc}" PARENT_SCOPE)
+  set(${log_out} "${log}" PARENT_SCOPE)
+endfunction()
+
+# The sm90 forward instances (file names) that configuring with FMHA_TUNED_HEAD_DIMS=`tuned` generates.
+function(instances_when tuned out)
+  set(build "${WORK_DIR}/tuned-${tuned}")
+  configure("${build}" 256 "${tuned}" rc log)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "sm90_instances_test: configuring with FMHA_TUNED_HEAD_DIMS=${tuned} failed:\n${log}")
   endif()
@@ -41,3 +49,10 @@ endfunction()
 
 expect_instances(256 v0 v1 v2 v4 v5 v6 v7 v8)
 expect_instances("" default v8)
+
+configure("${WORK_DIR}/tuned-96" "96;256" 96 rc log)
+file(REMOVE_RECURSE "${WORK_DIR}/tuned-96")
+if(rc EQUAL 0 OR NOT log MATCHES "FMHA_TUNED_HEAD_DIMS: 96 cannot be tuned")
+  message(FATAL_ERROR "sm90_instances_test: FMHA_TUNED_HEAD_DIMS=96 was not refused (rc ${rc}):\n${log}")
+endif()
+message(STATUS "sm90_instances_test: FMHA_TUNED_HEAD_DIMS=96 refused")
