@@ -225,6 +225,13 @@ TEST(Sm90Config, DefaultVariantByShape) {
   EXPECT_FALSE(fwd_variant_compiles(256, kFwdC3));
   for (int v = 0; v < kFwdVariants; ++v)
     if (v != kFwdC3) EXPECT_TRUE(fwd_variant_compiles(256, v)) << kFwdVariantNames[v];
+  // What a build compiles at a head dim: every variant where it is tuned; else the default, and
+  // spec where FMHA_SM90_SPEC_HEAD_DIMS names it (a request for another is ignored there).
+  for (int v = 0; v < kFwdVariants; ++v) {
+    EXPECT_TRUE(fwd_variant_built(v, true, false)) << kFwdVariantNames[v];
+    EXPECT_EQ(fwd_variant_built(v, false, false), v == kFwdDefault) << kFwdVariantNames[v];
+    EXPECT_EQ(fwd_variant_built(v, false, true), v == kFwdDefault || v == kFwdSpeculate) << kFwdVariantNames[v];
+  }
   EXPECT_FALSE(fwd_config(128, kFwdDefault).speculate);
   for (int v = 0; v < kFwdVariants; ++v)
     EXPECT_TRUE(fwd_config(64, v).pingpong == (std::string(kFwdVariantNames[v]) != "overlap" &&

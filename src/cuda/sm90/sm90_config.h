@@ -166,6 +166,12 @@ inline constexpr int kWideKeys = 144;  // keys per tile of n144
 constexpr int default_fwd_variant(int head_dim, bool packed) {
   return !packed && (head_dim == 64 || head_dim == 128 || head_dim == 256) ? kFwdSpeculate : kFwdDefault;
 }
+// Whether a build compiles `variant` (fp16, bf16) at a head dim: every variant where the head dim
+// is tuned (FMHA_TUNED_HEAD_DIMS; fwd_variant_compiles aside), else the default, and spec where
+// `spec_built` (FMHA_SM90_SPEC_HEAD_DIMS). A request for one it does not compile is ignored there.
+constexpr bool fwd_variant_built(int variant, bool tuned, bool spec_built) {
+  return tuned || variant == kFwdDefault || (spec_built && variant == kFwdSpeculate);
+}
 
 // The head dims the tf32 forward (fp32 storage) takes: padded to at most 128 (64, 96, 128), where
 // a query tile, two K and two Vᵀ stages and the V landing buffer of fp32 fit shared memory.

@@ -219,11 +219,10 @@ Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
                          kFwdVariantNames[kFwdDefault] + " configuration, not " + kFwdVariantNames[requested]);
     return with_requested_variant<kFwdVariants, kFwdDefault, false>(requested, kFwdVariable, kFwdVariantNames, fits, run);
   }
-  // Outside the tuned head dims a request for a variant not compiled here is ignored: the call
-  // runs what it runs with none (the shape's default, spec where it is compiled).
-  const bool compiled_here = is_tuned_head_dim(HD) || requested == kFwdDefault ||
-                             (has_spec(HD) && requested == kFwdSpeculate);
-  if (requested >= 0 && !compiled_here) requested = shape_default_variant(HD, p);
+  // A request for a variant this build does not compile at HD is ignored: the call runs what it
+  // runs with none (the shape's default, spec where it is compiled).
+  if (requested >= 0 && !fwd_variant_built(requested, is_tuned_head_dim(HD), has_spec(HD)))
+    requested = shape_default_variant(HD, p);
   return with_requested_variant<kFwdVariants, kFwdDefault, is_tuned_head_dim(HD), has_spec(HD) ? kFwdSpeculate : -1>(
       requested, kFwdVariable, kFwdVariantNames, fits, run);
 }
