@@ -10,7 +10,8 @@
 # Environment: OUT (output dir, default ./out), ARCHS (default 90), JOBS (default nproc),
 # FMHA_TEST_SEED (repeat a failing run's inputs), STEPS (default "build tests cli sanitize bench"),
 # SIMT_BWD_VARIANTS (the non-default simt backward variants to test, default "micro"; empty: none),
-# SHARDS (test processes run at once, default 8), TEST_TIMEOUT (seconds per shard, default 300).
+# SHARDS (test processes run at once, default one per core), TEST_TIMEOUT (seconds per shard,
+# default 420; a shard cut by it ends without gtest's summary and is reported as exit 124).
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}
 ARCHS=${ARCHS:-90}
@@ -18,8 +19,8 @@ JOBS=${JOBS:-$(nproc)}
 BUILD=${BUILD:-$PWD/build-gpu-check}
 STEPS=${STEPS:-"build tests cli sanitize bench"}
 SIMT_BWD_VARIANTS=${SIMT_BWD_VARIANTS-"micro"}
-SHARDS=${SHARDS:-8}
-TEST_TIMEOUT=${TEST_TIMEOUT:-300}
+SHARDS=${SHARDS:-$(nproc)}
+TEST_TIMEOUT=${TEST_TIMEOUT:-420}
 SIMT_BWD_FILTER='*Kernel.Backward/*_simt_*:*Deterministic*'
 mkdir -p "$OUT"
 status=0
@@ -51,7 +52,9 @@ if want tests; then
     pids+=($!)
   done
   for ((i = 0; i < SHARDS; ++i)); do
-    wait "${pids[$i]}" || { status=1; echo "   shard $i: exit $?"; }
+    wait "${pids[$i]}"
+    rc=$?
+    (( rc == 0 )) || { status=1; echo "   shard $i: exit $rc$( ((rc == 124)) && echo ' (cut by TEST_TIMEOUT)')"; }
     cat "$OUT/gpu_tests.shard$i" >> "$OUT/gpu_tests.log"
     rm -f "$OUT/gpu_tests.shard$i"
   done
