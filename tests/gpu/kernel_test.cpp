@@ -317,10 +317,9 @@ TEST(Sm90Schedule, DynamicAndStaticAgreeBitwise) {
 // Short work tiles, several per block (dense: 512 of one or two key tiles at head dim 64, about
 // four per block of a 132-SM grid), dense and packed, causal and not, against the oracle: each
 // block takes its query buffers (two at 16-bit head dims 64 and 128, sm90_fwd_mainloop.cuh's
-// fwd_query_buffers) in both barrier phases and every work-tile slot. Where a work tile's last
-// P·V goes out with the next tile's first Q·Kᵀ (the dense kernel's consume_carried), the second
-// shape puts tiles without keys (rows 0-449 of 600 see none of the 150 keys under the
-// bottom-right mask) between tiles with one or two key tiles, in every order the scheduler gives.
+// fwd_query_buffers) in both barrier phases and every work-tile slot. The second shape puts tiles
+// without keys (rows 0-449 of 600 see none of the 150 keys under the bottom-right mask) among
+// tiles with one or two key tiles, in the order the scheduler gives them to each block.
 TEST(Sm90Schedule, ManyShortWorkTilesPerBlockMatchTheOracle) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";

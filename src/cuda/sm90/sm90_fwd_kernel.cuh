@@ -7,9 +7,8 @@
 // then the epilogue. The producer hands each work tile's index and (query tile, head, batch) to
 // the consumers with its query tile (an index past the last tile ends the kernel); both then
 // walk the same ring positions, so they agree on every buffer and phase without talking beyond
-// the mbarriers. Where two query buffers fit (16-bit, head dims 64 and 128: fwd_query_buffers),
-// the next work tile's queries land while this one's last key tiles run, and the dense `spec`
-// kernel issues each work tile's last P·V with the next tile's first Q·Kᵀ (consume_carried).
+// the mbarriers. Where two query buffers fit (16-bit, head dim 64: fwd_query_buffers), the next
+// work tile's queries land while this one's last key tiles run.
 //
 // fp32 storage (tf32): V lands in a buffer of its own and the producer warpgroup's warps 1-3,
 // idle at 16 bits, transpose each V tile into the Vᵀ ring the consumers read (tf32 wgmma takes
@@ -55,13 +54,9 @@ struct FwdKernel {
   // The output gets a staging buffer of its own wherever it fits next to Q and the K/V ring.
   static constexpr bool kSeparateO =
       sizeof(FwdShared<T, HD, BM, BN, STAGES, true>) + wg::kSwizzleAtomBytes <= kSharedLimit;
-  // A work tile's last P·V issued with the next one's first Q·Kᵀ (consume_carried): dense calls
-  // under the speculative schedule, where the next tile's queries have a buffer of their own.
-  static constexpr bool kCarry =
-      kConfig.speculate && !PACKED && FwdShared<T, HD, BM, BN, STAGES, kSeparateO>::kQBuffers > 1;
   using Mainloop =
       FwdMainloop<T, HD, BM, BN, STAGES, kConfig.overlap, kConfig.pingpong, kConfig.fold_scale, kConfig.lazy_rescale,
-                  kSeparateO, kConfig.chain_turns, kConfig.poly_every, kConfig.speculate, kCarry>;
+                  kSeparateO, kConfig.chain_turns, kConfig.poly_every, kConfig.speculate>;
   using Epilogue = FwdEpilogue<Mainloop>;
   using Shared = typename Mainloop::Shared;
   using Tiles = typename Mainloop::Tiles;
@@ -286,10 +281,6 @@ struct FwdKernel {
   }
 
   __device__ static void consume(const FwdParams& params, Shared& shared, int warpgroup, int thread) {
-    if constexpr (kCarry) {
-      consume_carried(params, shared, warpgroup, thread);
-      return;
-    }
     Mainloop mainloop{shared, params.args, warpgroup, thread};
     tile::PipelineState<STAGES> pipe;
     mainloop.begin_block();
@@ -318,69 +309,6 @@ struct FwdKernel {
       Epilogue::template run<PACKED>(params, shared, warpgroup, thread, plan_t.work,
                                      slot_start(shared, plan_t, slot),
                                      my_rows.empty() ? Range{my_row0, my_row0} : my_rows, o, softmax);
-    }
-    mainloop.end_block();
-    if (thread == 0) tile::tma::store_wait();
-  }
-
-  // kCarry: the consumers' loop with each work tile's last P·V issued together with the next
-  // tile's first Q·Kᵀ, so that the tensor cores have that Q·Kᵀ while the warpgroup finishes the
-  // previous tile (short sequences: at 512 keys a work tile has four key tiles, and its start
-  // and end were each a GEMM turn of half the usual work). Each turn of the loop, for work tile
-  // n: its first key tile (with tile n − 1's pending P·V), then tile n − 1's epilogue, then its
-  // other key tiles, leaving its last P·V pending. The block's end, or a tile without keys, takes
-  // the pending P·V alone. Every part is in the kernel once.
-  __device__ static void consume_carried(const FwdParams& params, Shared& shared, int warpgroup, int thread) {
-    Mainloop mainloop{shared, params.args, warpgroup, thread};
-    const Mask& mask = params.args.mask;  // dense calls only
-    tile::PipelineState<STAGES> pipe;
-    tile::PipelineState<STAGES> previous;  // the stage of the key tile whose P·V is pending
-    mainloop.begin_block();
-    typename Tiles::Output o;  // [64, HDP] fp32, tile n − 1's until its epilogue
-    typename Tiles::Softmax softmax;       // tile n − 1's, then tile n's
-    typename Tiles::Softmax next_softmax;  // tile n's from its first key tile to tile n − 1's epilogue
-    bool pending_pv = false;        // tile n − 1's last P·V is still to be issued
-    bool pending_epilogue = false;  // tile n − 1 is still to be stored
-    auto my_rows = [&](const Plan& plan_t) {
-      const int64_t row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
-      return Range{row0, row0 + kConsumerRows};
-    };
-    for (;; ++mainloop.work_count) {
-      const unsigned n = mainloop.work_count;
-      const int slot = Shared::slot(n);
-      shared.q_full[Shared::query_buffer(n)].wait(Shared::query_phase(n));
-      const bool end = shared.work_tile[slot] >= params.scheduler.total;
-      int key_tiles = 0;
-      if (!end) {
-        const Plan plan_t = slot_plan(params, shared, slot);
-        key_tiles = plan_t.key_tiles;
-        const Range rows = my_rows(plan_t);
-        if (key_tiles > 0 && pending_pv)
-          mainloop.template first_step<true>(pipe, previous, rows, plan_t.keys, key_tiles, mask, o, next_softmax);
-        else if (key_tiles > 0)
-          mainloop.template first_step<false>(pipe, previous, rows, plan_t.keys, key_tiles, mask, o, next_softmax);
-      }
-      if (key_tiles == 0 && pending_pv) mainloop.last_pv(previous, o);
-      if (pending_epilogue) {  // tile n − 1's slot is not rewritten before tile n + 1 releases its queries
-        const Plan plan_p = slot_plan(params, shared, Shared::slot(n - 1));
-        const Range rows = my_rows(plan_p);
-        const Range stored{rows.begin, rows.end < plan_p.rows.end ? rows.end : plan_p.rows.end};
-        Epilogue::template run<PACKED>(params, shared, warpgroup, thread, plan_p.work,
-                                       slot_start(shared, plan_p, Shared::slot(n - 1)),
-                                       stored.empty() ? Range{rows.begin, rows.begin} : stored, o, softmax);
-      }
-      if (end) break;
-      o.fill(0.f);
-      if (key_tiles > 0) {
-        softmax = next_softmax;
-        const Plan plan_t = slot_plan(params, shared, slot);
-        mainloop.rest(pipe, previous, my_rows(plan_t), plan_t.keys, key_tiles, mask, o, softmax);
-      } else {
-        softmax.init();
-        mainloop.release_queries();
-      }
-      pending_pv = key_tiles > 0;
-      pending_epilogue = true;
     }
     mainloop.end_block();
     if (thread == 0) tile::tma::store_wait();

@@ -187,7 +187,7 @@ struct ConsumerTiles {
 };
 
 template <class T, int HD, int BM, int BN, int STAGES, bool OVERLAP, bool PINGPONG, bool FOLD_SCALE, bool LAZY,
-          bool SEPARATE_O, bool CHAIN = false, int POLY = 0, bool SPECULATE = false, bool CARRY = false>
+          bool SEPARATE_O, bool CHAIN = false, int POLY = 0, bool SPECULATE = false>
 struct FwdMainloop {
   using Element = T;
   static constexpr bool kSeparateO = SEPARATE_O;
@@ -215,10 +215,6 @@ struct FwdMainloop {
   static_assert(!LAZY || FOLD_SCALE, "lazy rescaling is an option of the folded-scale update");
   static_assert(!SPECULATE || (LAZY && OVERLAP && POLY == 0), "speculative exponentials are a form of the lazy overlapped update");
   static_assert(!kSplit || !SPECULATE, "split tf32 runs the default schedule");
-  // CARRY: a work tile's last P·V goes out with the next work tile's first Q·Kᵀ (run, finish).
-  // The next tile's queries must have landed by then: a second query buffer, O staged apart.
-  static_assert(!CARRY || (SPECULATE && CHAIN && Shared::kQBuffers > 1),
-                "carrying into the next work tile needs the speculative schedule, carried turns and two query buffers");
 
   Shared& shared;
   const AttentionArgs& args;
@@ -228,28 +224,20 @@ struct FwdMainloop {
   struct NoPart {};
   [[no_unique_address]] std::conditional_t<kSplit, typename Tiles::Output, NoPart> o_part;
   unsigned work_count = 0;  // the block's work tiles before this one (its query buffer and slot)
-  // Kept from one key tile to the next, and with CARRY from a work tile into the next: [64, BN]
-  // P as register-A fragments (SPECULATE: `next` is the other buffer, the two alternate by key
-  // tile) and the factors of the output rows' pending rescale.
-  typename Tiles::PFragments p;
-  typename Tiles::PFragments next;
-  float rescale[Tiles::Scores::kRows];
 
   __device__ __forceinline__ int query_buffer() const { return Shared::query_buffer(work_count); }
   __device__ __forceinline__ T* queries() { return shared.q[query_buffer()]; }
 
-  // S = Q·Kᵀ for this warpgroup's rows of the query tile `q` (by default this work tile's) and
-  // the key tile in stage `stage`; issued, not waited.
+  // S = Q·Kᵀ for this warpgroup's rows and the key tile in stage `stage`; issued, not waited.
   // Split tf32: Q_lo·K + Q·K_lo + Q·K (the tiles hold the high parts), the small products first.
-  __device__ __forceinline__ void issue_scores(typename Tiles::Scores& s, int stage, const T* q = nullptr) {
-    if (q == nullptr) q = queries();
+  __device__ __forceinline__ void issue_scores(typename Tiles::Scores& s, int stage) {
     wg::fence();
     if constexpr (kSplit) {
       issue_scores_from(s, shared.residual.q, shared.k[stage], false);
-      issue_scores_from(s, q, shared.residual.k[stage], true);
-      issue_scores_from(s, q, shared.k[stage], true);
+      issue_scores_from(s, queries(), shared.residual.k[stage], true);
+      issue_scores_from(s, queries(), shared.k[stage], true);
     } else {
-      issue_scores_from(s, q, shared.k[stage], false);
+      issue_scores_from(s, queries(), shared.k[stage], false);
     }
     wg::commit();
   }
@@ -400,13 +388,12 @@ struct FwdMainloop {
   // After the work tile's last Q·Kᵀ has completed: the query tile is free for the next work tile
   // (when O is staged over Q, the epilogue releases it instead).
   // Every lane's reads of the work tile's slot come before the warp's arrival.
-  __device__ __forceinline__ void release_queries(int buffer) {
+  __device__ __forceinline__ void release_queries() {
     if constexpr (SEPARATE_O) {
       __syncwarp();
-      release(shared.q_empty[buffer]);
+      release(shared.q_empty[query_buffer()]);
     }
   }
-  __device__ __forceinline__ void release_queries() { release_queries(query_buffer()); }
 
   // The key tiles j in [begin, end) of a work tile that every row of the warpgroup sees whole:
   // they skip the mask. Found once per work tile (the mask's visible keys are bands, so these
@@ -479,41 +466,6 @@ struct FwdMainloop {
       for (int j = 0; j < Tiles::Output::kCols; ++j) o(i, j) *= rescale[i];
   }
 
-  // Key tile j > 0 of a work tile (OVERLAP): S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) in flight
-  // together, then tile j's softmax under the P·V. P(j-1) is in `cur`; with SPECULATE the softmax
-  // forms P(j) in `nxt` (else in s, converted at the next step). `pipe` is tile j's stage,
-  // `previous` tile j-1's; both advance.
-  __device__ __forceinline__ void key_step(int j, typename Tiles::PFragments& cur, typename Tiles::PFragments& nxt,
-                                           Pipeline& pipe, Pipeline& previous, typename Tiles::Scores& s,
-                                           typename Tiles::Output& o, typename Tiles::Softmax& softmax,
-                                           const Mask& mask, Range rows, Range keys, const FullTiles& full) {
-    // P(j-1) is converted here and O rescaled just before the P·V that adds to it, not after
-    // the previous iteration's final wait: nothing then touches the registers that P·V reads or
-    // writes until the iteration ends, so ptxas keeps that wait below the softmax, which runs
-    // while P·V is in flight (with the conversion after the wait, the SASS showed the wait
-    // hoisted above the whole softmax).
-    if constexpr (!SPECULATE) wg::a_from_acc<T>(cur, s);
-    wait_keys(pipe);
-    take_turn();
-    issue_scores(s, pipe.index);
-    apply_rescale(o, rescale);  // to tile j-1's row max, while S(j) runs
-    shared.v_full[previous.index].wait(previous.phase);
-    wg::fence_operand(o.d);
-    issue_pv(o, cur, previous.index);
-    pass_turn(false);
-    wg::wait<1>();  // S(j) is done; P·V may still run
-    wg::fence_operand(s.d);
-    release(shared.k_empty[pipe.index]);
-    softmax_step(s, softmax, rescale, mask, rows, keys.begin + int64_t(j) * BN, full.need_mask(j), nxt, true);
-    wg::wait<0>();
-    wg::fence_operand(o.d);
-    wg::fence_operand(cur);
-    add_part(o);
-    release(shared.v_empty[previous.index]);
-    previous = pipe;
-    pipe.advance();
-  }
-
   // The key tiles [keys.begin + j·BN) for j < num_tiles, for this warpgroup's query rows `rows`
   // under `mask` (rows and keys counted from the sequence's first; rows past seqlen_q compute on
   // zero-filled queries, or a packed call's next sequence, and are never stored). The mask is the
@@ -521,6 +473,9 @@ struct FwdMainloop {
   __device__ void run(Pipeline& pipe, Range rows, Range keys, int num_tiles, const Mask& mask,
                       typename Tiles::Output& o, typename Tiles::Softmax& softmax) {
     typename Tiles::Scores s;  // [64, BN] scores of the tile in flight
+    typename Tiles::PFragments p;  // [64, BN] P of the previous tile, register-A fragments
+    typename Tiles::PFragments next;  // SPECULATE: P's other buffer (the two alternate by key tile)
+    float rescale[Tiles::Scores::kRows];
     if (num_tiles == 0) {
       release_queries();
       return;
@@ -554,6 +509,35 @@ struct FwdMainloop {
       softmax_step(s, softmax, rescale, mask, rows, keys.begin, full.need_mask(0), p, false);
       Pipeline previous = pipe;
       pipe.advance();
+      // Key tile j > 0: P(j-1) in `cur`; with SPECULATE the softmax forms P(j) in `nxt`.
+      auto step = [&](int j, typename Tiles::PFragments& cur, typename Tiles::PFragments& nxt) {
+        // P(j-1) is converted here and O rescaled just before the P·V that adds to it, not after
+        // the previous iteration's final wait: nothing then touches the registers that P·V reads or
+        // writes until the iteration ends, so ptxas keeps that wait below the softmax, which runs
+        // while P·V is in flight (with the conversion after the wait, the SASS showed the wait
+        // hoisted above the whole softmax).
+        if constexpr (!SPECULATE) wg::a_from_acc<T>(cur, s);
+        // S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) in flight together.
+        wait_keys(pipe);
+        take_turn();
+        issue_scores(s, pipe.index);
+        apply_rescale(o, rescale);  // to tile j-1's row max, while S(j) runs
+        shared.v_full[previous.index].wait(previous.phase);
+        wg::fence_operand(o.d);
+        issue_pv(o, cur, previous.index);
+        pass_turn(false);
+        wg::wait<1>();  // S(j) is done; P·V may still run
+        wg::fence_operand(s.d);
+        release(shared.k_empty[pipe.index]);
+        softmax_step(s, softmax, rescale, mask, rows, keys.begin + int64_t(j) * BN, full.need_mask(j), nxt, true);
+        wg::wait<0>();
+        wg::fence_operand(o.d);
+        wg::fence_operand(cur);
+        add_part(o);
+        release(shared.v_empty[previous.index]);
+        previous = pipe;
+        pipe.advance();
+      };
       auto last_pv = [&](typename Tiles::PFragments& last) {
         if (num_tiles > 1) release_queries();  // the last Q·Kᵀ completed in the loop
         if constexpr (!SPECULATE) wg::a_from_acc<T>(last, s);
@@ -568,89 +552,19 @@ struct FwdMainloop {
         // Each buffer's step is written once (an odd last tile leaves the loop between them): a
         // third copy of the step, for that tile, was 1,416 of the same kernel's instructions.
         for (int j = 1; j < num_tiles; j += 2) {
-          key_step(j, p, next, pipe, previous, s, o, softmax, mask, rows, keys, full);
+          step(j, p, next);
           if (j + 1 == num_tiles) {
             last_pv(next);
             return;
           }
-          key_step(j + 1, next, p, pipe, previous, s, o, softmax, mask, rows, keys, full);
+          step(j + 1, next, p);
         }
         last_pv(p);
       } else {
-        for (int j = 1; j < num_tiles; ++j) key_step(j, p, p, pipe, previous, s, o, softmax, mask, rows, keys, full);
+        for (int j = 1; j < num_tiles; ++j) step(j, p, p);
         last_pv(p);
       }
     }
-  }
-
-  // CARRY: a work tile in three parts, so that its last P·V goes out with the next work tile's
-  // first Q·Kᵀ (the kernel's consume_carried strings them together). `previous` is the stage of
-  // the key tile whose P·V is pending; `p` holds a tile's first P, `next` a finished tile's last.
-  // The first key tile of the work tile (num_tiles > 0): S = Q·K(0)ᵀ and its softmax, from the
-  // initial state, into p; WITH_PV, the previous work tile's last O += P·V in flight with the
-  // Q·Kᵀ (o still that tile's output, rescale its factors). WITH_PV is a template parameter,
-  // though it doubles the step in the kernel: with a runtime flag around the P·V, ptxas
-  // serialised every wgmma of the kernel (C7515, -Xptxas -v). O is rescaled before the Q·Kᵀ is
-  // issued, not between the two products as in key_step: there, ptxas injected a wait for the
-  // Q·Kᵀ before the rescale (C7517).
-  template <bool WITH_PV>
-  __device__ void first_step(Pipeline& pipe, Pipeline& previous, Range rows, Range keys, int num_tiles,
-                             const Mask& mask, typename Tiles::Output& o, typename Tiles::Softmax& softmax) {
-    static_assert(CARRY, "the parts of a carried work tile");
-    typename Tiles::Scores s;  // [64, BN]
-    const FullTiles full(mask, rows, keys, num_tiles);
-    if constexpr (WITH_PV) apply_rescale(o, rescale);
-    wait_keys(pipe);
-    take_turn();
-    issue_scores(s, pipe.index);
-    if constexpr (WITH_PV) {
-      shared.v_full[previous.index].wait(previous.phase);
-      wg::fence_operand(o.d);
-      issue_pv(o, next, previous.index);
-    }
-    pass_turn(false);
-    wg::wait<WITH_PV ? 1 : 0>();  // S is done; P·V may still run
-    wg::fence_operand(s.d);
-    release(shared.k_empty[pipe.index]);
-    if (num_tiles == 1) release_queries();
-    softmax.init();
-    softmax_step(s, softmax, rescale, mask, rows, keys.begin, full.need_mask(0), p, false);
-    if constexpr (WITH_PV) {
-      wg::wait<0>();
-      wg::fence_operand(o.d);
-      wg::fence_operand(next);
-      release(shared.v_empty[previous.index]);
-    }
-    previous = pipe;
-    pipe.advance();
-  }
-  // Key tiles 1 .. num_tiles − 1 (after first_step); the last P·V stays pending, its P in `next`.
-  __device__ void rest(Pipeline& pipe, Pipeline& previous, Range rows, Range keys, int num_tiles, const Mask& mask,
-                       typename Tiles::Output& o, typename Tiles::Softmax& softmax) {
-    static_assert(CARRY, "the parts of a carried work tile");
-    typename Tiles::Scores s;  // [64, BN]
-    const FullTiles full(mask, rows, keys, num_tiles);
-    bool last_in_next = false;
-    for (int j = 1; j < num_tiles; j += 2) {
-      key_step(j, p, next, pipe, previous, s, o, softmax, mask, rows, keys, full);
-      if (j + 1 == num_tiles) {
-        last_in_next = true;
-        break;
-      }
-      key_step(j + 1, next, p, pipe, previous, s, o, softmax, mask, rows, keys, full);
-    }
-    if (!last_in_next) {  // nothing is in flight: the copy cannot meet a wgmma reading either
-#pragma unroll
-      for (int i = 0; i < int(sizeof(p) / sizeof(uint32_t)); ++i)
-        reinterpret_cast<uint32_t*>(next)[i] = reinterpret_cast<const uint32_t*>(p)[i];
-    }
-    if (num_tiles > 1) release_queries();  // the last Q·Kᵀ completed in the loop
-  }
-  // The pending P·V alone (the block's last work tile, or one before a tile without keys).
-  __device__ void last_pv(Pipeline& previous, typename Tiles::Output& o) {
-    static_assert(CARRY, "the parts of a carried work tile");
-    apply_rescale(o, rescale);
-    pv_step(o, next, previous, true);
   }
 };
 
