@@ -289,7 +289,12 @@ struct FwdKernel {
     for (;; ++mainloop.work_count) {
       const int slot = Shared::slot(mainloop.work_count);
       shared.q_full[mainloop.query_buffer()].wait(Shared::query_phase(mainloop.work_count));
-      if (PACKED ? shared.work_tile[slot] == kNoWork : shared.work_tile[slot] >= params.scheduler.total) break;
+      // The slot's index, read by lane 0 and given to the warp (as warp_flag does): the producer
+      // rewrites the slot once every warp's lane 0 has released a later query tile, after the
+      // warp's __syncwarp, and racecheck does not follow that ordering for the other lanes'
+      // reads (it reported the end marker's write against them, 2026-12-07, docs/PERF.md run 101).
+      const int index = __shfl_sync(0xffffffffu, thread % 32 == 0 ? shared.work_tile[slot] : 0, 0);
+      if (PACKED ? index == kNoWork : index >= params.scheduler.total) break;
       mainloop.split_queries();  // split tf32: this warpgroup's query rows (nothing otherwise)
       typename Tiles::Output o;  // [64, HDP] fp32
       o.fill(0.f);
