@@ -12,6 +12,8 @@ recorded as n/a.
 
 Timing: CUDA events around each call, --warmup calls first, the median of --repeats, rotating
 over --input-sets input sets (each larger than the L2 cache) so no call finds its inputs cached.
+With --min-time S, a point's short calls repeat until about S seconds of them are timed (at most
+--max-repeats), so that a call of 0.2 ms is the median of hundreds of samples, not of five.
 Backward times the backward alone (the forward's results are computed beforehand).
 FLOPs: forward 4·B·H·Sq·Sk·D, halved when causal; backward 2.5× the forward.
 
@@ -79,13 +81,38 @@ def sweep_points(name):
 
 
 class Timer:
-    def __init__(self, device):
+    def __init__(self, device, min_time=0.0, max_repeats=1000):
         self.cuda = device.type == "cuda"
+        self.min_time = min_time
+        self.max_repeats = max_repeats
+
+    def once(self, fn, inputs):
+        """Seconds of one fn(inputs), timed alone."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(inputs)
+            stop.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(stop) / 1e3
+        start = time.perf_counter()
+        fn(inputs)
+        return time.perf_counter() - start
+
+    def repeats_for(self, seconds_per_call, repeats):
+        """repeats, raised (up to max_repeats) until the timed calls take about min_time seconds."""
+        if self.min_time <= 0 or seconds_per_call <= 0:
+            return repeats
+        wanted = int(self.min_time / seconds_per_call + 0.5)
+        return max(repeats, min(self.max_repeats, wanted))
 
     def time(self, fn, input_sets, warmup, repeats):
         """Median seconds of fn(inputs), rotating over the input sets."""
         for i in range(warmup):
             fn(input_sets[i % len(input_sets)])
+        if self.min_time > 0:
+            repeats = self.repeats_for(self.once(fn, input_sets[0]), repeats)
         samples = []
         if self.cuda:
             torch.cuda.synchronize()
@@ -332,6 +359,10 @@ def main():
     parser.add_argument("--directions", default="fwd,bwd", help="comma-separated: fwd, bwd or both")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--min-time", type=float, default=0.0,
+                        help="seconds of timed calls per point and direction: short calls repeat more "
+                             "than --repeats to fill them (default 0: --repeats alone)")
+    parser.add_argument("--max-repeats", type=int, default=1000, help="the most repeats --min-time may ask for")
     parser.add_argument("--input-sets", type=int, default=3)
     parser.add_argument("--math-limit-gb", type=float, default=24.0)
     parser.add_argument("--out", default="out/compare_torch")
@@ -355,7 +386,9 @@ def main():
     print("fmha %s, backends %s; torch %s; device %s" % (
         fmha.__version__, ",".join(fmha.info()["backends"]), torch.__version__, args.device_name))
 
-    timer = Timer(device)
+    if args.min_time < 0 or args.max_repeats < 1 or args.repeats < 1:
+        raise SystemExit("--min-time must be >= 0, --repeats and --max-repeats >= 1")
+    timer = Timer(device, args.min_time, args.max_repeats)
     args.rows = []
     csv_path = os.path.join(args.out, "compare_torch.csv")
     csv_file = open(csv_path, "w", newline="")

@@ -3,7 +3,8 @@
 # GPU call, from the repository root (results under $OUT):
 #   pip install . (arch 90, head dims 64, 128 and 256)                         -> pip.log
 #   bench/compare_torch.py --sweep fa, $DTYPES (default bf16,fp16), forward and backward, beside
-#     FlashAttention-2 and cuDNN, 5 repeats                                    -> fa.log, fa/
+#     FlashAttention-2 and cuDNN, at least 5 repeats and about 50 ms of timed calls a point
+#     (--min-time 0.05: a 0.2 ms call is the median of ~250 samples)            -> fa.log, fa/
 #   bench/compare_torch.py --sweep seed beside cuDNN and the memory-efficient backend, 10 repeats
 #                                                                              -> seed.log, seed/
 #   bench/compare_decode.py beside FlashAttention-2 and cuDNN, with the paged cache -> decode.log, decode/
@@ -31,7 +32,7 @@ run() {  # name, time limit, command...
   echo "$name rc=$? $(( $(date +%s) - t0 )) s"
 }
 want fa && run fa 400 python3 "$ROOT/bench/compare_torch.py" --sweep fa --dtypes "${DTYPES:-bf16,fp16}" \
-  --providers fmha,flash,cudnn --directions fwd,bwd --repeats 5 --out "$OUT/fa"
+  --providers fmha,flash,cudnn --directions fwd,bwd --repeats 5 --min-time 0.05 --out "$OUT/fa"
 want seed && run seed 120 python3 "$ROOT/bench/compare_torch.py" --sweep seed --providers fmha,cudnn,efficient \
   --repeats 10 --out "$OUT/seed"
 want decode && run decode 120 python3 "$ROOT/bench/compare_decode.py" --providers fmha,fmha-paged,flash,cudnn \
