@@ -19,6 +19,12 @@
 # Where the GPU machine gets a copy of the working tree without its git history, the base's
 # sources go along as a folder: in the repository, `bash scripts/gpu_fwd_ab.sh prepare <commit>`
 # writes them into .base-src (ignored through .git/info/exclude); copy it with the tree.
+# To spend no GPU time on building, `bash scripts/gpu_fwd_ab.sh prebuild <commit>` on any machine
+# with nvcc prepares the base, builds both (as the build step would, $(nproc) jobs) and copies the
+# binaries into build-bin/tree and build-bin/base (ignored; about 40 MB at head dims 64 and 128,
+# AB_TUNED_HEAD_DIMS= to leave out the other variants); then on the GPU machine, with build-bin
+# copied along: `BUILD=$PWD/build-bin/tree BASE_BUILD=$PWD/build-bin/base STEPS="tests bench" bash
+# scripts/gpu_fwd_ab.sh`.
 set -u
 source "$(dirname "$0")/sm90_ab.sh"
 BASE_SRC=${BASE_SRC:-$PWD/.base-src}
@@ -29,6 +35,18 @@ STEPS=${STEPS:-"build tests bench"}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 B=${BUILD:-$PWD/build-sm90}
 BB=${BASE_BUILD:-/tmp/fmha-base}
+if [[ "${1:-}" == prebuild ]]; then
+  sm90_prepare_base "${2:?usage: gpu_fwd_ab.sh prebuild <commit>}" || exit 1
+  BUILD_TIMEOUT=${BUILD_TIMEOUT:-7200} BASE_BUILD_TIMEOUT=${BASE_BUILD_TIMEOUT:-7200} \
+    sm90_build_tree_and_base "${TREE_TARGETS:-fmha_cli fmha_gpu_tests fmha_tile_tests}" || exit 1
+  rm -rf build-bin/tree build-bin/base && mkdir -p build-bin/tree/tests/gpu build-bin/base
+  cp "$B/fmha" build-bin/tree/ && cp "$BB/fmha" build-bin/base/ || exit 1
+  for t in fmha_gpu_tests fmha_tile_tests; do
+    [[ -x "$B/tests/gpu/$t" ]] && cp "$B/tests/gpu/$t" build-bin/tree/tests/gpu/
+  done
+  echo "binaries in build-bin/ ($(du -sh build-bin | cut -f1)): carry build-bin to the GPU machine"
+  exit 0
+fi
 VARIANTS=${VARIANTS-spec}
 LENGTHS=${LENGTHS:-512 1024 2048 16384}
 if want build; then sm90_build_tree_and_base "${TREE_TARGETS:-fmha_cli fmha_gpu_tests fmha_tile_tests}" || exit 1; fi

@@ -32,13 +32,14 @@ sm90_build() {
 
 # This tree's targets $1 into $B and the CLI of $BASE_SRC into $BB (log: $OUT/build.log); the
 # base at head dims $BASE_HEAD_DIMS where set (those it is benchmarked at), else the tree's.
+# BUILD_TIMEOUT and BASE_BUILD_TIMEOUT (seconds, default 400 and 300) bound the two builds.
 sm90_build_tree_and_base() {
   local t0=$(date +%s)
   [[ -f "$BASE_SRC/CMakeLists.txt" ]] || { echo "no base sources in $BASE_SRC (<script> prepare <commit>)"; return 1; }
   { sm90_configure . "$B" && AB_HEAD_DIMS="${BASE_HEAD_DIMS:-${AB_HEAD_DIMS:-}}" sm90_configure "$BASE_SRC" "$BB"; } \
     > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; return 1; }
-  timeout 400 ninja -C "$B" -j"$(nproc)" $1 >> "$OUT/build.log" 2>&1 &&
-    timeout 300 ninja -C "$BB" -j"$(nproc)" fmha_cli >> "$OUT/build.log" 2>&1 ||
+  timeout "${BUILD_TIMEOUT:-400}" ninja -C "$B" -j"$(nproc)" $1 >> "$OUT/build.log" 2>&1 &&
+    timeout "${BASE_BUILD_TIMEOUT:-300}" ninja -C "$BB" -j"$(nproc)" fmha_cli >> "$OUT/build.log" 2>&1 ||
     { grep -E "error|FAILED" "$OUT/build.log" | head -20; return 1; }
   echo "built the tree and base $(cat "$BASE_SRC/.commit" 2>/dev/null) in $(( $(date +%s) - t0 )) s"
 }
