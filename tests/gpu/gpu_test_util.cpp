@@ -451,7 +451,8 @@ HostProblem make_problem(const Case& c, uint64_t seed) {
   hp.o.assign(bytes_of(L.o, c.dtype), 0);
   hp.lse.assign(size_t(c.batch * c.heads * c.seqlen_q) * sizeof(float), 0);
   // O and LSE as a forward would have stored them: the oracle's, rounded to the storage formats.
-  const reference::ForwardResult ref = reference::forward(hp.params());
+  hp.ref = reference::forward(hp.params());
+  const reference::ForwardResult& ref = hp.ref;
   for (int64_t b = 0; b < c.batch; ++b)
     for (int64_t s = 0; s < c.seqlen_q; ++s)
       for (int64_t h = 0; h < c.heads; ++h)
@@ -470,7 +471,7 @@ std::string check_forward(const Case& c, uint64_t seed) {
   d.lse.poison();
   if (std::string err = run_and_sync(d.params, Direction::forward); !err.empty()) return err;
 
-  const reference::ForwardResult ref = reference::forward(hp.params());
+  const reference::ForwardResult& ref = hp.ref;
   const NaiveForward naive = naive_forward(hp);
   const Problem s = Problem::of(hp.params());
   auto masked_row = [&](int64_t, int64_t row, int64_t) { return s.mask.keys(row).empty(); };
@@ -596,8 +597,7 @@ OutputErrors output_errors(const Case& c, uint64_t seed, bool with_backward) {
   fwd.dout = fwd.dq = fwd.dk = fwd.dv = Tensor{};
   fwd.workspace = nullptr, fwd.workspace_bytes = 0;
   if (out.error.empty() && (out.error = run_and_sync(fwd, Direction::forward)).empty()) {
-    const reference::ForwardResult ref = reference::forward(hp.params());
-    worst(d.o, L.o, ref.o, &out.o, &out.o_max);
+    worst(d.o, L.o, hp.ref.o, &out.o, &out.o_max);
   }
   return out;
 }
@@ -819,7 +819,7 @@ std::string check_varlen_forward(const VarlenCase& vc, uint64_t seed) {
   for (size_t b = 0; b < pp.seqs.size(); ++b) {
     const HostProblem& hp = pp.seqs[b];
     const int64_t len = hp.c.seqlen_q, begin = pp.cu_q[b];
-    const reference::ForwardResult ref = reference::forward(hp.params());
+    const reference::ForwardResult& ref = hp.ref;
     const NaiveForward naive = naive_forward(hp);
     const Problem s = Problem::of(hp.params());
     auto masked_row = [&](int64_t, int64_t row, int64_t) { return s.mask.keys(row).empty(); };

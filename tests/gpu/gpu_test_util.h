@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/reference.h"
 #include "fmha/fmha.h"
 #include "tune/cache.h"
 
@@ -78,6 +79,9 @@ struct Case {
 struct HostProblem {
   Case c;
   std::vector<uint8_t> q, k, v, o, lse, dout;
+  // The oracle's forward in fp64 (o and lse above are it rounded to the storage formats):
+  // make_problem computes it once, and the forward checks compare with it.
+  reference::ForwardResult ref;
   Params params() const;  // CPU views (for the oracle)
 };
 
