@@ -204,19 +204,24 @@ Errors compare4(const std::vector<uint8_t>& gpu, DType dtype, const Layout& l, c
           const size_t idx = size_t(((b * l.shape[1] + s) * l.shape[2] + h) * l.shape[3] + d);
           const double x = at(gpu, dtype, l, b, s, h, d);
           const double r = ref[idx];
-          std::ostringstream where;
-          where << name << "[" << b << "," << s << "," << h << "," << d << "] = " << x << " (fp64 " << r << ")";
+          // The element's description, formatted only where a message takes it (formatting it for
+          // every element was most of a large test's host time).
+          auto where = [&] {
+            std::ostringstream w;
+            w << name << "[" << b << "," << s << "," << h << "," << d << "] = " << x << " (fp64 " << r << ")";
+            return w.str();
+          };
           if (std::isnan(x)) {
-            if (e.nan++ == 0 && e.first_bad.empty()) e.first_bad = "NaN or unwritten at " + where.str();
+            if (e.nan++ == 0 && e.first_bad.empty()) e.first_bad = "NaN or unwritten at " + where();
             continue;
           }
           if (exact_zero(b, s, h) && x != 0.0) {
-            if (e.not_exact++ == 0 && e.first_bad.empty()) e.first_bad = "expected exactly 0 at " + where.str();
+            if (e.not_exact++ == 0 && e.first_bad.empty()) e.first_bad = "expected exactly 0 at " + where();
           }
           const double err = std::abs(x - r);
           if (err > e.kernel) {
             e.kernel = err;
-            if (e.first_bad.empty() || e.first_bad.rfind("worst", 0) == 0) e.first_bad = "worst " + where.str();
+            if (e.first_bad.empty() || e.first_bad.rfind("worst", 0) == 0) e.first_bad = "worst " + where();
           }
           e.naive = std::max(e.naive, std::abs(double(naive[idx]) - r));
           e.ref_max = std::max(e.ref_max, std::abs(r));
