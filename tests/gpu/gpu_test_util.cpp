@@ -93,6 +93,20 @@ float at(const std::vector<uint8_t>& data, DType dtype, const Layout& l, int64_t
   return load_element(data.data(), dtype, b * l.stride[0] + s * l.stride[1] + h * l.stride[2] + d);
 }
 
+// A stored tensor as float, contiguous [B, S, H, D], each element passed through `round` (the
+// operand rounding a tier applies): the naive computations read their operands from these, not
+// through `at` in their innermost loops.
+template <class Round>
+std::vector<float> as_float(const std::vector<uint8_t>& data, DType dtype, const Layout& l, Round&& round) {
+  std::vector<float> out(size_t(l.shape[0] * l.shape[1] * l.shape[2] * l.shape[3]));
+  size_t i = 0;
+  for (int64_t b = 0; b < l.shape[0]; ++b)
+    for (int64_t s = 0; s < l.shape[1]; ++s)
+      for (int64_t h = 0; h < l.shape[2]; ++h)
+        for (int64_t d = 0; d < l.shape[3]; ++d) out[i++] = round(at(data, dtype, l, b, s, h, d));
+  return out;
+}
+
 struct NaiveForward {
   std::vector<float> o, lse;  // [B, Sq, H, Dv] rounded to dtype; [B, H, Sq]
 };
@@ -106,8 +120,13 @@ NaiveForward naive_forward(const HostProblem& hp) {
   r.lse.assign(size_t(c.batch * c.heads * c.seqlen_q), -std::numeric_limits<float>::infinity());
   const bool tf32 = c.precision == Precision::tf32;
   auto in = [&](float x) { return tf32 ? round_to_tf32(x) : x; };
-  // Q and K as the tier's Q·Kᵀ sees them.
+  // Q and K as the tier's Q·Kᵀ sees them, V as its P·V does; [B, S, H, D] rows of D.
   auto in_qk = [&](float x) { return truncates_scores(c) ? truncate_to_tf32(x) : in(x); };
+  const std::vector<float> qf = as_float(hp.q, c.dtype, L.q, in_qk), kf = as_float(hp.k, c.dtype, L.k, in_qk),
+                           vf = as_float(hp.v, c.dtype, L.v, in);
+  auto q_row = [&](int64_t b, int64_t i, int64_t h) { return &qf[size_t(((b * c.seqlen_q + i) * c.heads + h) * c.head_dim)]; };
+  auto k_row = [&](int64_t b, int64_t j, int64_t h) { return &kf[size_t(((b * c.seqlen_k + j) * c.kv_heads + h) * c.head_dim)]; };
+  auto v_row = [&](int64_t b, int64_t j, int64_t h) { return &vf[size_t(((b * c.seqlen_k + j) * c.kv_heads + h) * c.head_dim_v)]; };
   std::vector<float> scores, acc(size_t(c.head_dim_v));
   for (int64_t b = 0; b < c.batch; ++b)
     for (int64_t h = 0; h < c.heads; ++h)
@@ -115,12 +134,13 @@ NaiveForward naive_forward(const HostProblem& hp) {
         const Range keys = s.mask.keys(i);
         if (keys.empty()) continue;
         const int64_t kvh = h / s.group;
+        const float* q = q_row(b, i, h);
         scores.assign(size_t(keys.size()), 0.f);
         float m = -std::numeric_limits<float>::infinity();
         for (int64_t j = keys.begin; j < keys.end; ++j) {
+          const float* k = k_row(b, j, kvh);
           float dot = 0.f;
-          for (int64_t d = 0; d < c.head_dim; ++d)
-            dot = std::fma(in_qk(at(hp.q, c.dtype, L.q, b, i, h, d)), in_qk(at(hp.k, c.dtype, L.k, b, j, kvh, d)), dot);
+          for (int64_t d = 0; d < c.head_dim; ++d) dot = std::fma(q[d], k[d], dot);
           scores[size_t(j - keys.begin)] = dot * s.scale;
           m = std::max(m, dot * s.scale);
         }
@@ -130,7 +150,8 @@ NaiveForward naive_forward(const HostProblem& hp) {
           const float p = std::exp(scores[size_t(j - keys.begin)] - m);
           l += p;
           const float pr = round_matmul(c, p);
-          for (int64_t d = 0; d < c.head_dim_v; ++d) acc[size_t(d)] = std::fma(pr, in(at(hp.v, c.dtype, L.v, b, j, kvh, d)), acc[size_t(d)]);
+          const float* v = v_row(b, j, kvh);
+          for (int64_t d = 0; d < c.head_dim_v; ++d) acc[size_t(d)] = std::fma(pr, v[d], acc[size_t(d)]);
         }
         for (int64_t d = 0; d < c.head_dim_v; ++d)
           r.o[size_t(((b * c.seqlen_q + i) * c.heads + h) * c.head_dim_v + d)] = round_to(c.dtype, acc[size_t(d)] / l);
@@ -149,8 +170,20 @@ NaiveBackward naive_backward(const HostProblem& hp) {
   const Problem s = Problem::of(hp.params());
   const bool tf32 = c.precision == Precision::tf32;
   auto in = [&](float x) { return tf32 ? round_to_tf32(x) : x; };
-  // Q and K as the tier's scores see them (dK and dQ take them rounded).
+  // Q and K as the tier's scores see them (dK and dQ take them rounded); V, dO and O as the
+  // other products do; [B, S, H, D] rows of D.
   auto in_qk = [&](float x) { return truncates_scores(c) ? truncate_to_tf32(x) : in(x); };
+  auto as_is = [](float x) { return x; };
+  const std::vector<float> q_s = as_float(hp.q, c.dtype, L.q, in_qk), k_s = as_float(hp.k, c.dtype, L.k, in_qk),
+                           q_in = as_float(hp.q, c.dtype, L.q, in), k_in = as_float(hp.k, c.dtype, L.k, in),
+                           v_in = as_float(hp.v, c.dtype, L.v, in), dout_in = as_float(hp.dout, c.dtype, L.o, in),
+                           o_f = as_float(hp.o, c.dtype, L.o, as_is);
+  auto q_row = [&](const std::vector<float>& t, int64_t b, int64_t i, int64_t h) {
+    return &t[size_t(((b * c.seqlen_q + i) * c.heads + h) * c.head_dim)];
+  };
+  auto k_row = [&](const std::vector<float>& t, int64_t b, int64_t j, int64_t h) {
+    return &t[size_t(((b * c.seqlen_k + j) * c.kv_heads + h) * c.head_dim)];
+  };
   std::vector<float> dq(size_t(c.batch * c.seqlen_q * c.heads * c.head_dim), 0.f);
   std::vector<float> dk(size_t(c.batch * c.seqlen_k * c.kv_heads * c.head_dim), 0.f);
   std::vector<float> dv(size_t(c.batch * c.seqlen_k * c.kv_heads * c.head_dim_v), 0.f);
@@ -159,30 +192,30 @@ NaiveBackward naive_backward(const HostProblem& hp) {
       for (int64_t i = 0; i < c.seqlen_q; ++i) {
         const Range keys = s.mask.keys(i);
         const int64_t kvh = h / s.group;
+        const size_t o_at = size_t(((b * c.seqlen_q + i) * c.heads + h) * c.head_dim_v);
+        const float *o = &o_f[o_at], *dout = &dout_in[o_at];
+        const float *qs = q_row(q_s, b, i, h), *qi = q_row(q_in, b, i, h);
         // Δ = rowsum(O ∘ dO) with dO as dP's product sees it: the tf32 tiers form Δ from dO
         // rounded to tf32, so that dP − Δ cancels where a row sees one key and O is V.
         float delta = 0.f;
-        for (int64_t d = 0; d < c.head_dim_v; ++d)
-          delta += at(hp.o, c.dtype, L.o, b, i, h, d) * in(at(hp.dout, c.dtype, L.o, b, i, h, d));
+        for (int64_t d = 0; d < c.head_dim_v; ++d) delta += o[d] * dout[d];
         const float lse = reinterpret_cast<const float*>(hp.lse.data())[(b * c.heads + h) * c.seqlen_q + i];
         for (int64_t j = keys.begin; j < keys.end; ++j) {
+          const float *ks = k_row(k_s, b, j, kvh), *ki = k_row(k_in, b, j, kvh);
+          const float* v = &v_in[size_t(((b * c.seqlen_k + j) * c.kv_heads + kvh) * c.head_dim_v)];
           float dot = 0.f, dp = 0.f;
-          for (int64_t d = 0; d < c.head_dim; ++d)
-            dot = std::fma(in_qk(at(hp.q, c.dtype, L.q, b, i, h, d)), in_qk(at(hp.k, c.dtype, L.k, b, j, kvh, d)),
-                           dot);
-          for (int64_t d = 0; d < c.head_dim_v; ++d)
-            dp = std::fma(in(at(hp.dout, c.dtype, L.o, b, i, h, d)), in(at(hp.v, c.dtype, L.v, b, j, kvh, d)), dp);
+          for (int64_t d = 0; d < c.head_dim; ++d) dot = std::fma(qs[d], ks[d], dot);
+          for (int64_t d = 0; d < c.head_dim_v; ++d) dp = std::fma(dout[d], v[d], dp);
           const float p = std::exp(dot * s.scale - lse);
           const float ds = round_matmul(c, p * (dp - delta));
           const float pr = round_matmul(c, p);
-          for (int64_t d = 0; d < c.head_dim_v; ++d)
-            dv[size_t(((b * c.seqlen_k + j) * c.kv_heads + kvh) * c.head_dim_v + d)] +=
-                pr * in(at(hp.dout, c.dtype, L.o, b, i, h, d));
+          float* dv_row = &dv[size_t(((b * c.seqlen_k + j) * c.kv_heads + kvh) * c.head_dim_v)];
+          for (int64_t d = 0; d < c.head_dim_v; ++d) dv_row[d] += pr * dout[d];
+          float* dk_row = &dk[size_t(((b * c.seqlen_k + j) * c.kv_heads + kvh) * c.head_dim)];
+          float* dq_row = &dq[size_t(((b * c.seqlen_q + i) * c.heads + h) * c.head_dim)];
           for (int64_t d = 0; d < c.head_dim; ++d) {
-            dk[size_t(((b * c.seqlen_k + j) * c.kv_heads + kvh) * c.head_dim + d)] +=
-                ds * in(at(hp.q, c.dtype, L.q, b, i, h, d)) * s.scale;
-            dq[size_t(((b * c.seqlen_q + i) * c.heads + h) * c.head_dim + d)] +=
-                ds * in(at(hp.k, c.dtype, L.k, b, j, kvh, d)) * s.scale;
+            dk_row[d] += ds * qi[d] * s.scale;
+            dq_row[d] += ds * ki[d] * s.scale;
           }
         }
       }
