@@ -216,13 +216,15 @@ struct FwdKernel {
   // transposing V_j they split K_j if they have not yet (a wait: the producer issued K_j before
   // V_j). The producer ends the K walk with a flag on the next K stage (`k_done`), as it ends the
   // V walk.
-  // An end flag of the producer's, read by lane 0 alone and given to the warp. Lane 0 makes the
-  // warp's arrivals, so its read is ordered before the arrival that lets the producer rewrite the
-  // flag by its own program order; a read by every lane is ordered so too (through __syncwarp),
-  // but compute-sanitizer's racecheck does not follow that and reports the producer's last write.
-  __device__ __forceinline__ static bool warp_flag(const int& flag, int lane) {
-    return __shfl_sync(0xffffffffu, lane == 0 ? flag : 0, 0) != 0;
+  // A value the producer publishes in shared memory (an end flag, a work tile's index), read by
+  // lane 0 alone and given to the warp. Lane 0 makes the warp's arrivals, so its read is ordered
+  // before the arrival that lets the producer rewrite the value by its own program order; a read
+  // by every lane is ordered so too (through __syncwarp), but compute-sanitizer's racecheck does
+  // not follow that and reports the producer's next write (docs/PERF.md runs 100-102).
+  __device__ __forceinline__ static int warp_read(const int& value, int lane) {
+    return __shfl_sync(0xffffffffu, lane == 0 ? value : 0, 0);
   }
+  __device__ __forceinline__ static bool warp_flag(const int& flag, int lane) { return warp_read(flag, lane) != 0; }
   __device__ static void transpose_values(Shared& shared, int warp, int lane) {
     tile::PipelineState<STAGES> pipe;
     tile::PipelineState<kLandingStages> landing;
@@ -289,11 +291,8 @@ struct FwdKernel {
     for (;; ++mainloop.work_count) {
       const int slot = Shared::slot(mainloop.work_count);
       shared.q_full[mainloop.query_buffer()].wait(Shared::query_phase(mainloop.work_count));
-      // The slot's index, read by lane 0 and given to the warp (as warp_flag does): the producer
-      // rewrites the slot once every warp's lane 0 has released a later query tile, after the
-      // warp's __syncwarp, and racecheck does not follow that ordering for the other lanes'
-      // reads (it reported the end marker's write against them, 2026-12-07, docs/PERF.md run 101).
-      const int index = __shfl_sync(0xffffffffu, thread % 32 == 0 ? shared.work_tile[slot] : 0, 0);
+      // The producer rewrites the slot once every warp's lane 0 has released a later query tile.
+      const int index = warp_read(shared.work_tile[slot], thread % 32);
       if (PACKED ? index == kNoWork : index >= params.scheduler.total) break;
       mainloop.split_queries();  // split tf32: this warpgroup's query rows (nothing otherwise)
       typename Tiles::Output o;  // [64, HDP] fp32
