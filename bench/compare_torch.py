@@ -368,6 +368,8 @@ def main():
     parser.add_argument("--out", default="out/compare_torch")
     parser.add_argument("--plot-only", metavar="CSV", help="draw the plots of an earlier run's CSV into --out")
     args = parser.parse_args()
+    if args.min_time < 0 or args.max_repeats < 1 or args.repeats < 1:
+        parser.error("--min-time must be >= 0, --repeats and --max-repeats >= 1")
     if args.plot_only:
         os.makedirs(args.out, exist_ok=True)
         for path in plot(read_rows(args.plot_only), args.out):
@@ -386,8 +388,6 @@ def main():
     print("fmha %s, backends %s; torch %s; device %s" % (
         fmha.__version__, ",".join(fmha.info()["backends"]), torch.__version__, args.device_name))
 
-    if args.min_time < 0 or args.max_repeats < 1 or args.repeats < 1:
-        raise SystemExit("--min-time must be >= 0, --repeats and --max-repeats >= 1")
     timer = Timer(device, args.min_time, args.max_repeats)
     args.rows = []
     csv_path = os.path.join(args.out, "compare_torch.csv")
