@@ -19,10 +19,10 @@ foreach(hd IN LISTS FMHA_HEAD_DIMS)
     message(FATAL_ERROR "FMHA_HEAD_DIMS: ${hd} is not one of ${_fmha_all_head_dims}")
   endif()
 endforeach()
-# Every kernel variant of every tier compiles at these head dims (sm90's c3 but at 256, where it
-# is left out); at 32, 96 and 192 some do not (the simt forward's micro tiles need multiples of 64,
-# the sm80 backward's 8-warp variants split dQ's columns unevenly there), so a build tuned there
-# would fail in its compile steps: refused here instead.
+# Every kernel variant of every tier compiles at these head dims; at 32, 96 and 192 some do not
+# (the simt forward's micro tiles need multiples of 64, the sm80 backward's 8-warp variants split
+# dQ's columns unevenly there), so a build tuned there would fail in its compile steps: refused
+# here instead.
 set(_fmha_tunable_head_dims 64 128 256)
 foreach(hd IN LISTS FMHA_TUNED_HEAD_DIMS)
   if(NOT hd IN_LIST _fmha_tunable_head_dims)
@@ -69,7 +69,7 @@ set(FMHA_SIMT_FWD_VARIANTS 5)
 set(FMHA_SIMT_BWD_VARIANTS 3)
 set(FMHA_SM80_FWD_VARIANTS 5)
 set(FMHA_SM80_BWD_VARIANTS 4)
-set(FMHA_SM90_FWD_VARIANTS 9)
+set(FMHA_SM90_FWD_VARIANTS 7)
 # The sm90 tier's head dims: the compiled buckets from 64 up (smaller ones run on sm80).
 set(FMHA_SM90_HEAD_DIMS_X "")
 set(FMHA_CUDA_SM90 0)
@@ -254,10 +254,6 @@ if(_fmha_sm90)
     set(sm90_variants "default:fmha::cuda::sm90::kFwdDefault")
     if(hd IN_LIST FMHA_TUNED_HEAD_DIMS)
       _fmha_all_variants(sm90_variants ${FMHA_SM90_FWD_VARIANTS})
-      # c3 (variant 3) does not compile above head dim 192 (sm90_config.h, fwd_variant_compiles).
-      if(hd GREATER 192)
-        list(REMOVE_ITEM sm90_variants "v3:3")
-      endif()
     elseif(hd IN_LIST FMHA_SM90_SPEC_HEAD_DIMS)
       list(APPEND sm90_variants "v${FMHA_SM90_FWD_SPEC}:${FMHA_SM90_FWD_SPEC}")
     endif()

@@ -11,8 +11,8 @@ STEPS=${STEPS:-"build tests bench"}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 B=${BUILD:-/tmp/fmha-variants}
-V128=${V128:-pingpong eager c3}
-V64=${V64:-c3 pingpong eager}
+V128=${V128:-pingpong eager spec}
+V64=${V64:-spec pingpong eager}
 if want build; then
 t0=$(date +%s)
 sm90_configure . "$B" > "$OUT/build.log" 2>&1

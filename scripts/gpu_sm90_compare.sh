@@ -3,7 +3,7 @@
 #   build + SASS (scripts/gpu_sm90.sh, HEAD_DIMS default "64;96;128;256")
 #   tile tests, then the sm90 kernel suite in SHARDS processes at once      -> $OUT/sm90_tests.log
 #   memcheck and racecheck on the small sm90 cases (forward and backward)   -> $OUT/sanitize.log
-#   head dim 64 forward: the c3 and pingpong variants side by side          -> $OUT/variants_d64.txt
+#   head dim 64 forward: the spec and pingpong variants side by side        -> $OUT/variants_d64.txt
 #   pip install . and bench/compare_torch.py --sweep fa, bf16, fmha / FA2 / cuDNN, forward and
 #   backward                                                                -> $OUT/compare/
 set -u -o pipefail
@@ -35,10 +35,10 @@ for tool in memcheck racecheck; do
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran" "$OUT/sanitize.log" | tail -2
 done
 
-step "head dim 64 forward: c3 vs pingpong -> $OUT/variants_d64.txt"
+step "head dim 64 forward: spec vs pingpong -> $OUT/variants_d64.txt"
 for causal in none bottom-right; do
   for s in 512 2048 8192 16384; do
-    for v in c3 pingpong; do
+    for v in spec pingpong; do
       printf '%-8s %-12s %6d ' "$v" "$causal" "$s" >> "$OUT/variants_d64.txt"
       FMHA_SM90_FWD_CONFIG=$v "$BUILD/fmha" bench --backend sm90 --dtype bf16 --head-dim 64 --heads 32 \
         --batch $((16384 / s)) --seqlen-q "$s" --causal "$causal" --iters 10 --no-progress 2>/dev/null | tail -1 \

@@ -220,11 +220,18 @@ TEST(Sm90Config, DefaultVariantByShape) {
   for (int head_dim : {96, 192})
     for (bool packed : {false, true}) EXPECT_EQ(default_fwd_variant(head_dim, packed), kFwdDefault);
   EXPECT_TRUE(fwd_config(128, kFwdSpeculate).speculate && fwd_config(128, kFwdSpeculate).lazy_rescale);
-  // c3's output tile takes every register above 192; the other variants compile everywhere.
-  EXPECT_TRUE(fwd_variant_compiles(192, kFwdC3));
-  EXPECT_FALSE(fwd_variant_compiles(256, kFwdC3));
-  for (int v = 0; v < kFwdVariants; ++v)
-    if (v != kFwdC3) EXPECT_TRUE(fwd_variant_compiles(256, v)) << kFwdVariantNames[v];
+  // The variants' schedules: pingpong with lazy rescaling and carried turns but where a variant
+  // takes one of them away.
+  for (int v = 0; v < kFwdVariants; ++v) {
+    const FwdConfig c = fwd_config(128, v);
+    EXPECT_EQ(c.consumers, 2) << kFwdVariantNames[v];
+    EXPECT_EQ(c.pingpong, v != kFwdOverlap && v != kFwdSerial) << kFwdVariantNames[v];
+    EXPECT_EQ(c.overlap, v != kFwdSerial) << kFwdVariantNames[v];
+    EXPECT_EQ(c.lazy_rescale, v == kFwdDefault || v == kFwdPoly8 || v == kFwdN144 || v == kFwdSpeculate)
+        << kFwdVariantNames[v];
+    EXPECT_EQ(c.tile_n, v == kFwdN144 ? kWideKeys : 128) << kFwdVariantNames[v];
+  }
+  EXPECT_EQ(fwd_config(128, kFwdPoly8).poly_every, 8);
   // What a build compiles at a head dim: every variant where it is tuned; else the default, and
   // spec where FMHA_SM90_SPEC_HEAD_DIMS names it (a request for another is ignored there).
   for (int v = 0; v < kFwdVariants; ++v) {

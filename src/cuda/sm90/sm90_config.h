@@ -89,13 +89,8 @@ inline constexpr size_t kSharedLimit = 227 * 1024;
 //             O += P·V, so the softmax of one tile runs under the other's matrix work
 //   serial    each tile's S, softmax, then P·V, one after the other (the baseline the overlap is
 //             measured against)
-//   c3        pingpong over three consumer warpgroups (192-row query tiles, 160 registers each):
-//             more rows share each K/V tile; 128 keys at head dim 64, 64 above (the score tile
-//             must fit)
 //   eager     pingpong rescaling the output rows on every key tile (the baseline lazy rescaling
 //             is measured against)
-//   restart   pingpong whose turns restart at every work tile (the baseline the carried turns
-//             of the default are measured against)
 //   poly8     pingpong with one exponential in 8 on the FMA pipe (tile::exp2_poly), the rest on
 //             the MUFU unit
 //   n144      pingpong on 144-key tiles (head dims up to 128): an eighth more keys share each
@@ -136,38 +131,37 @@ struct FwdConfig {
   constexpr int threads() const { return (consumers + 1) * kWarpgroupThreads; }
 };
 
-inline constexpr int kFwdVariants = 9;
-inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "c3",  "eager",
-                                                               "restart",  "poly8",   "n144",   "spec"};
+inline constexpr int kFwdVariants = 7;
+inline constexpr const char* kFwdVariantNames[kFwdVariants] = {"pingpong", "overlap", "serial", "eager",
+                                                               "poly8",    "n144",    "spec"};
 inline constexpr int kFwdDefault = 0;
 
 // The variant a call runs when FMHA_SM90_FWD_CONFIG names none: spec for dense calls at head dims
 // 64, 128 and 256, at every length and mask (on an H200 against pingpong: +5-8 % at 128 from 4k
-// keys, -2 % at 1k causal; +4-15 % at 64, where it also passed c3 and poly8, the earlier defaults
+// keys, -2 % at 1k causal; +4-15 % at 64, where it also passed c3 (retired) and poly8, the earlier defaults
 // there: docs/PERF.md, run 25; at 256 on an H100, once the vote on the row sum left it without
 // spills: +5.9-14.5 % from 2k keys, causal +1.8-9.4 %, level at 512: run 98); pingpong for packed
 // calls (spec's packed kernel has no local memory at 64 and 128 since 2026-12-07, spills 108 bytes
 // at 256, -Xptxas -v; its speed on packed calls is not measured yet) and at 96 and 192 (not
 // measured). spec is compiled at these three head dims in every build (cmake/cuda.cmake,
 // FMHA_SM90_SPEC_HEAD_DIMS), every variant at the tuned ones.
-inline constexpr int kFwdC3 = 3;
-// c3 up to head dim 192 only: a consumer thread's share of its 64 × 256 output tile alone is 128
-// fp32 registers, all that __launch_bounds__(512, 1) lets ptxas give it (setmaxnreg raises the
-// budget only at run time), so ptxas refuses the kernel (C7602). cmake/cuda.cmake leaves it out of
-// the tuned instances there; the dispatch refuses a request for it.
-inline constexpr int kC3MaxHeadDim = 192;
-constexpr bool fwd_variant_compiles(int head_dim, int variant) {
-  return variant != kFwdC3 || padded_head_dim(head_dim) <= kC3MaxHeadDim;
-}
-inline constexpr int kFwdPoly8 = 6;
-inline constexpr int kFwdN144 = 7;
-inline constexpr int kFwdSpeculate = 8;
+// Two variants measured here were retired (docs/PERF.md, "sm90 forward: c3 and restart retired"):
+// c3, pingpong over three consumer warpgroups (192-row query tiles), which lost to spec and poly8
+// at 64 (run 25), spilled at 64 and 128 and could not compile above 192; and restart, pingpong
+// whose turns restart at every work tile, the baseline the carried turns were measured against
+// (+3-7 % at 128 from 2k keys).
+inline constexpr int kFwdOverlap = 1;
+inline constexpr int kFwdSerial = 2;
+inline constexpr int kFwdEager = 3;
+inline constexpr int kFwdPoly8 = 4;
+inline constexpr int kFwdN144 = 5;
+inline constexpr int kFwdSpeculate = 6;
 inline constexpr int kWideKeys = 144;  // keys per tile of n144
 constexpr int default_fwd_variant(int head_dim, bool packed) {
   return !packed && (head_dim == 64 || head_dim == 128 || head_dim == 256) ? kFwdSpeculate : kFwdDefault;
 }
 // Whether a build compiles `variant` (fp16, bf16) at a head dim: every variant where the head dim
-// is tuned (FMHA_TUNED_HEAD_DIMS; fwd_variant_compiles aside), else the default, and spec where
+// is tuned (FMHA_TUNED_HEAD_DIMS), else the default, and spec where
 // `spec_built` (FMHA_SM90_SPEC_HEAD_DIMS). A request for one it does not compile is ignored there.
 constexpr bool fwd_variant_built(int variant, bool tuned, bool spec_built) {
   return tuned || variant == kFwdDefault || (spec_built && variant == kFwdSpeculate);
@@ -226,22 +220,18 @@ constexpr int fwd_work_slot(unsigned n, int buffers) { return int(n % unsigned(2
 constexpr FwdConfig fwd_config(int head_dim, int variant, int element_bytes = 2) {
   if (element_bytes == 4) return tf32_fwd_config(head_dim);
   const int d = padded_head_dim(head_dim);
-  const bool lazy = variant == kFwdDefault || variant >= 5;
-  FwdConfig c{2, 128, 2, true, true, true, lazy,
-              variant == kFwdDefault || variant == kFwdPoly8 || variant == kFwdN144 || variant == kFwdSpeculate};
+  // Lazy rescaling and turns carried across work tiles: the default and the variants built on it.
+  const bool on_default = variant == kFwdDefault || variant == kFwdPoly8 || variant == kFwdN144 ||
+                          variant == kFwdSpeculate;
+  FwdConfig c{2, 128, 2, true, true, true, on_default, on_default};
   if (variant == kFwdPoly8) c.poly_every = 8;
   if (variant == kFwdSpeculate) c.speculate = true;
   if (variant == kFwdN144 && d <= 128) c.tile_n = kWideKeys;
   if (d <= 64) c.stages = 3;
   if (d == 192) c.tile_n = 96;
   if (d == 256) c.tile_n = 64;
-  if (variant == 1) c.pingpong = false;
-  if (variant == 2) c.overlap = c.pingpong = false;
-  if (variant == 3) {
-    c.consumers = 3;
-    c.tile_n = d <= 64 ? 128 : 64;
-    c.stages = d <= 128 ? 2 : 1;
-  }
+  if (variant == kFwdOverlap) c.pingpong = false;
+  if (variant == kFwdSerial) c.overlap = c.pingpong = false;
   return c;
 }
 

@@ -199,32 +199,20 @@ Status with_config_variant(const Params& p, const DeviceProps& props, F&& f) {
   int requested = requested_variant_index<Backend::cuda_sm90, Direction::forward>(p, kFwdVariable, kFwdVariantNames,
                                                                                  kFwdVariants);
   if (requested == kDefaultVariant) requested = shape_default_variant(HD, p);
-  // Variants whose kernel does not compile at HD (fwd_variant_compiles: c3 above 192) never fit,
-  // and a request naming one is refused.
-  auto fits = [&](auto v) {
-    if constexpr (!fwd_variant_compiles(HD, decltype(v)::value)) return false;
-    else return forward_shared_bytes_of<HD, decltype(v)::value>(p) <= props.max_shared_per_block;
-  };
-  auto run = [&](auto v) -> Status {
-    if constexpr (!fwd_variant_compiles(HD, decltype(v)::value))
-      return unsupported(std::string(kFwdVariable) + "=" + kFwdVariantNames[decltype(v)::value] +
-                         ": that configuration's kernel does not compile at head dim " + std::to_string(HD) +
-                         " (its output tile takes every register a thread has)");
-    else return f(v);
-  };
+  auto fits = [&](auto v) { return forward_shared_bytes_of<HD, decltype(v)::value>(p) <= props.max_shared_per_block; };
   if (p.q.dtype == DType::fp32) {
     if (requested != kDefaultVariant && requested != kFwdDefault && requested >= 0)
       return unsupported(std::string(kFwdVariable) + ": the sm90 " + (split_tf32(p) ? "split-tf32" : "tf32") +
                          " forward (fp32 storage) compiles only the " +
                          kFwdVariantNames[kFwdDefault] + " configuration, not " + kFwdVariantNames[requested]);
-    return with_requested_variant<kFwdVariants, kFwdDefault, false>(requested, kFwdVariable, kFwdVariantNames, fits, run);
+    return with_requested_variant<kFwdVariants, kFwdDefault, false>(requested, kFwdVariable, kFwdVariantNames, fits, f);
   }
   // A request for a variant this build does not compile at HD is ignored: the call runs what it
   // runs with none (the shape's default, spec where it is compiled).
   if (requested >= 0 && !fwd_variant_built(requested, is_tuned_head_dim(HD), has_spec(HD)))
     requested = shape_default_variant(HD, p);
   return with_requested_variant<kFwdVariants, kFwdDefault, is_tuned_head_dim(HD), has_spec(HD) ? kFwdSpeculate : -1>(
-      requested, kFwdVariable, kFwdVariantNames, fits, run);
+      requested, kFwdVariable, kFwdVariantNames, fits, f);
 }
 
 Status check_call(const Params& p, Direction direction, DeviceProps& props) {
