@@ -182,14 +182,19 @@ struct BwdSplitTiles {
 // with the elements that the mask hides set to -inf (where `scale` is given, to -inf once
 // multiplied by it: tile::masked_before_scale), where the tile is cut by the mask or by the
 // sequences' ends. (The split backward's main and statistics kernels mask with it, so that both
-// hide the same scores.)
-template <int N>
+// hide the same scores.) With COL_OFFSETS, the thread's columns are taken as its first column plus
+// the offsets that the fragment layout fixes (Scores::col(j, t) = Scores::col(0, t) +
+// Scores::col(j, 0)): each key's visible rows are made relative to that first column once, and
+// every element is compared against a constant, where otherwise the thread's column indices are
+// formed once, kept in registers (one per column) for both of its keys.
+template <bool COL_OFFSETS = false, int N>
 __device__ __forceinline__ void mask_transposed_scores(wg::Accumulator<N>& s, const Mask& mask, int64_t key0,
                                                        int64_t q0, int thread, const float* scale = nullptr) {
   using Scores = wg::Accumulator<N>;
   const Range rows{q0, q0 + N < mask.seqlen_q ? q0 + N : mask.seqlen_q};
   const Range keys{key0, key0 + kConsumerRows};
   if (keys.end <= mask.seqlen_k && mask.tile_is_full(rows, keys)) return;
+  const int64_t col0 = COL_OFFSETS ? q0 + Scores::col(0, thread) : q0;
   // Rows are keys here, columns query rows: key i is seen by the queries mask.queries(key).
   tile::thread::mask_outside(
       s,
@@ -197,7 +202,8 @@ __device__ __forceinline__ void mask_transposed_scores(wg::Accumulator<N>& s, co
         const int64_t key = key0 + Scores::row(i, thread);
         return key < mask.seqlen_k ? mask.queries(key) : Range{0, 0};
       },
-      q0, [&](int j) { return Scores::col(j, thread); }, scale ? tile::masked_before_scale(*scale) : tile::kNegInf);
+      col0, [&](int j) { return COL_OFFSETS ? Scores::col(j, 0) : Scores::col(j, thread); },
+      scale ? tile::masked_before_scale(*scale) : tile::kNegInf);
 }
 
 // Split tf32: acc = A·Bᵀ over HD columns as three tf32 products, A the 64 rows from a_row0 of a
@@ -378,9 +384,17 @@ struct BwdMainloop {
             s, [&](int i) { return Range{visible_begin[i], visible_end[i]}; }, q0,
             [&](int j) { return Scores::col(j, thread); });
     } else {
-      mask_transposed_scores(s, mask(), key0, q0, thread, scale);
+      mask_transposed_scores<kMaskColOffsets>(s, mask(), key0, q0, thread, scale);
     }
   }
+  // The dense deterministic kernel at 128 rows a step masks its 32 columns a thread as constant
+  // offsets from its first (mask_transposed_scores): with the 32 column indices kept in
+  // registers, its mask path spilled the end of one key's visible rows (-Xptxas -v, head dim 64,
+  // fp16 and bf16: 16 bytes of spill stores → 0; SASS 5,056 → 4,920 instructions). The default
+  // kernel spills nothing either way; there this form shortened the SASS (3,296 → 3,256) but
+  // rescheduled the whole kernel, which no run has timed, so it keeps the indices, as do the
+  // kernels of 64 rows a step (16 columns a thread, no spills).
+  static constexpr bool kMaskColOffsets = ORDERED_DQ && !PACKED && kRows > kBwdRows;
 
   // Sᵀ (keys as rows from key0, query rows as columns from q0) becomes Pᵀ = 2^(Sᵀ·scale − LSE),
   // the LSEs of the stage's rows from column lse_col0, masked where the tile is cut. Masked scores
