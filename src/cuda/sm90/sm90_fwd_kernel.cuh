@@ -102,8 +102,11 @@ struct FwdKernel {
     if constexpr (PACKED) return shared.sequence[slot].start;
     else return {plan_t.work.batch, plan_t.work.batch};
   }
-  __device__ __forceinline__ static Plan slot_plan(const FwdParams& params, const Shared& shared, int slot) {
-    return plan(shared.work[slot], slot_mask(params, shared, slot));
+  // Read by lane 0 and shared with the warp (warp_read below), as the slot's index is.
+  __device__ __forceinline__ static Plan slot_plan(const FwdParams& params, const Shared& shared, int slot, int lane) {
+    const WorkTile& w = shared.work[slot];
+    const WorkTile work{warp_read(w.m_block, lane), warp_read(w.head, lane), warp_read(w.batch, lane)};
+    return plan(work, slot_mask(params, shared, slot));
   }
 
   __device__ static void produce(const FwdParams& params, Shared& shared) {
@@ -204,6 +207,17 @@ struct FwdKernel {
     }
   }
 
+  // A value the producer publishes in shared memory (an end flag, a work tile's index, query tile,
+  // head and batch), read by lane 0 alone and given to the warp. Lane 0 makes the warp's
+  // arrivals, so its read is ordered before the arrival that lets the producer rewrite the value
+  // by its own program order; a read by every lane is ordered so too (through __syncwarp), but
+  // compute-sanitizer's racecheck does not follow that and reports the producer's next write
+  // (docs/PERF.md runs 100-102). Packed calls' sequence (its mask, read all through the
+  // mainloop) is still read by every lane: racecheck reports it on many work tiles a block.
+  __device__ __forceinline__ static int warp_read(const int& value, int lane) {
+    return __shfl_sync(0xffffffffu, lane == 0 ? value : 0, 0);
+  }
+  __device__ __forceinline__ static bool warp_flag(const int& flag, int lane) { return warp_read(flag, lane) != 0; }
   // fp32: warps 1..3 of the producer warpgroup, `warp` 0..2 among them. Each V tile that lands
   // is transposed into the next Vᵀ stage once the consumers have released it; the landing slot
   // is released, and the Vᵀ stage published, by one arrival per warp after its stores are made
@@ -216,15 +230,6 @@ struct FwdKernel {
   // transposing V_j they split K_j if they have not yet (a wait: the producer issued K_j before
   // V_j). The producer ends the K walk with a flag on the next K stage (`k_done`), as it ends the
   // V walk.
-  // A value the producer publishes in shared memory (an end flag, a work tile's index), read by
-  // lane 0 alone and given to the warp. Lane 0 makes the warp's arrivals, so its read is ordered
-  // before the arrival that lets the producer rewrite the value by its own program order; a read
-  // by every lane is ordered so too (through __syncwarp), but compute-sanitizer's racecheck does
-  // not follow that and reports the producer's next write (docs/PERF.md runs 100-102).
-  __device__ __forceinline__ static int warp_read(const int& value, int lane) {
-    return __shfl_sync(0xffffffffu, lane == 0 ? value : 0, 0);
-  }
-  __device__ __forceinline__ static bool warp_flag(const int& flag, int lane) { return warp_read(flag, lane) != 0; }
   __device__ static void transpose_values(Shared& shared, int warp, int lane) {
     tile::PipelineState<STAGES> pipe;
     tile::PipelineState<kLandingStages> landing;
@@ -300,13 +305,13 @@ struct FwdKernel {
       typename Tiles::Softmax softmax;
       softmax.init();
       {
-        const Plan plan_t = slot_plan(params, shared, slot);
+        const Plan plan_t = slot_plan(params, shared, slot, thread % 32);
         const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
         mainloop.run(pipe, Range{my_row0, my_row0 + kConsumerRows}, plan_t.keys, plan_t.key_tiles,
                      slot_mask(params, shared, slot), o, softmax);
       }
       // The plan again, from the slot (not kept in registers through the mainloop).
-      const Plan plan_t = slot_plan(params, shared, slot);
+      const Plan plan_t = slot_plan(params, shared, slot, thread % 32);
       const int64_t my_row0 = plan_t.rows.begin + int64_t(warpgroup) * kConsumerRows;
       const int64_t my_end = my_row0 + kConsumerRows < plan_t.rows.end ? my_row0 + kConsumerRows : plan_t.rows.end;
       const Range my_rows{my_row0, my_end};
