@@ -166,8 +166,8 @@ TEST(Sm90Config, EveryVariantFitsSharedMemoryAndTheRegisterFile) {
       EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers) + c.consumers * consumer_registers(c.consumers)),
                 register_pool(c.threads()));
       for (bool packed : {false, true})
-        EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers, packed, head_dim) +
-                                       c.consumers * consumer_registers(c.consumers, packed, head_dim)),
+        EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers, packed) +
+                                       c.consumers * consumer_registers(c.consumers, packed)),
                   register_pool(c.threads()))
             << "head_dim " << head_dim << (packed ? " packed" : "");
     }
@@ -198,12 +198,12 @@ TEST(Sm90Config, Tf32ForwardFitsAndTakesWholeKeyChunks) {
     EXPECT_EQ(c.tile_n % 8, 0) << "P·V runs k8 steps over the keys";
     EXPECT_TRUE(c.pingpong && c.lazy_rescale && c.chain_turns) << "the tf32 forward runs the default schedule";
     for (bool packed : {false, true})
-      EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers, packed, head_dim, true) +
-                                     c.consumers * consumer_registers(c.consumers, packed, head_dim, true)),
+      EXPECT_LE(kWarpgroupThreads * (producer_registers(c.consumers, packed, true) +
+                                     c.consumers * consumer_registers(c.consumers, packed, true)),
                 register_pool(c.threads()))
           << "head_dim " << head_dim << (packed ? " packed" : "");
   }
-  EXPECT_EQ(producer_registers(2, false, 64, true), 40) << "the transposing warps' budget";
+  EXPECT_EQ(producer_registers(2, false, true), 40) << "the transposing warps' budget";
   EXPECT_FALSE(tf32_head_dim(32));
   EXPECT_FALSE(tf32_head_dim(192));
   EXPECT_FALSE(tf32_head_dim(256));

@@ -50,28 +50,27 @@ constexpr int padded_head_dim(int head_dim) { return (head_dim + kChunkCols - 1)
 // 128 · 24 + 256 · 240 = 64,512 = 168 · 384 with two consumer warpgroups,
 // 128 · 32 + 384 · 160 = 65,536 = 128 · 512 with three.
 // A packed (variable-length) call's producer also walks the sequence table and publishes each
-// work tile's sequence: at head dims up to 128 it gets 40 registers and the consumers 232
-// (64,512) or 152 (63,488), where neither side then spills (-Xptxas -v, pingpong at 64 and 128);
-// above, the consumers' larger output tiles need the 240, and the producer spills a little
-// instead (a few local accesses per work tile, off the consumers' path).
+// work tile's sequence: it gets 40 registers and the consumers 232 (64,512) or 152 (63,488), at
+// every head dim, where neither side then spills (-Xptxas -v, every variant at 64 and 128, and
+// pingpong and spec at 192 and 256). At 24 the producer spilled its work tile's sequence and plan
+// (25 local-memory instructions at 192, 42 at 256; spec's consumers at 240 spilled 8 more); at 232
+// the consumers of 192 and 256 then spilled 48 bytes (2026-12-04), which they no longer do.
 // fp32 storage (tf32 and split tf32): the producer's other three warps also transpose V, and in
 // split tf32 split every K tile and write two Vᵀ tiles a V tile (sm90_fwd_kernel.cuh). With 24
 // registers the splitting warps spilled 12 bytes (-Xptxas -v, dense), and the tf32 kernel's
 // producer thread 4 (a value kept across its work tiles); with 40 neither spills, nor do the
 // consumers at 232 (head dims 64, 96, 128). `transposing`: the kernel stores fp32.
-constexpr bool producer_raised(bool packed, int head_dim, bool transposing = false) {
-  return transposing || (packed && padded_head_dim(head_dim) <= 128);
-}
-constexpr int producer_registers(int consumers, bool packed = false, int head_dim = 0, bool transposing = false) {
-  if (producer_raised(packed, head_dim, transposing)) return 40;
+constexpr bool producer_raised(bool packed, bool transposing = false) { return transposing || packed; }
+constexpr int producer_registers(int consumers, bool packed = false, bool transposing = false) {
+  if (producer_raised(packed, transposing)) return 40;
   return consumers == 2 ? 24 : 32;
 }
 // The registers a block of `threads` threads holds under __launch_bounds__(threads, 1): its
 // per-thread cap (the 64K-register file over the threads, rounded down to a multiple of 8) for
 // every thread. The producer's and consumers' setmaxnreg budgets must fit it.
 constexpr int register_pool(int threads) { return 65536 / threads / 8 * 8 * threads; }
-constexpr int consumer_registers(int consumers, bool packed = false, int head_dim = 0, bool transposing = false) {
-  if (!producer_raised(packed, head_dim, transposing)) return consumers == 2 ? 240 : 160;
+constexpr int consumer_registers(int consumers, bool packed = false, bool transposing = false) {
+  if (!producer_raised(packed, transposing)) return consumers == 2 ? 240 : 160;
   return consumers == 2 ? 232 : 152;
 }
 inline constexpr size_t kSharedLimit = 227 * 1024;
@@ -141,9 +140,8 @@ inline constexpr int kFwdDefault = 0;
 // keys, -2 % at 1k causal; +4-15 % at 64, where it also passed c3 (retired) and poly8, the earlier defaults
 // there: docs/PERF.md, run 25; at 256 on an H100, once the vote on the row sum left it without
 // spills: +5.9-14.5 % from 2k keys, causal +1.8-9.4 %, level at 512: run 98); pingpong for packed
-// calls (spec's packed kernel has no local memory at 64 and 128 since 2026-12-07, spills 108 bytes
-// at 256, -Xptxas -v; its speed on packed calls is not measured yet) and at 96 and 192 (not
-// measured). spec is compiled at these three head dims in every build (cmake/cuda.cmake,
+// calls (spec's packed kernel has no local memory at 64, 128 and 256 since 2026-12-07, -Xptxas -v;
+// its speed on packed calls is not measured yet) and at 96 and 192 (not measured). spec is compiled at these three head dims in every build (cmake/cuda.cmake,
 // FMHA_SM90_SPEC_HEAD_DIMS), every variant at the tuned ones.
 // Two variants measured here were retired (docs/PERF.md, "sm90 forward: c3 and restart retired"):
 // c3, pingpong over three consumer warpgroups (192-row query tiles), which lost to spec and poly8

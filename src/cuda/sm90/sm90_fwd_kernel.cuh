@@ -46,8 +46,8 @@ struct FwdKernel {
   static constexpr int BM = kConfig.tile_m(), BN = kConfig.tile_n, STAGES = kConfig.stages;
   static constexpr int kConsumers = kConfig.consumers;
   static constexpr int kThreads = kConfig.threads();
-  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, HD, kTransposeV);
-  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED, HD, kTransposeV);
+  static constexpr int kProducerRegisters = producer_registers(kConsumers, PACKED, kTransposeV);
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, PACKED, kTransposeV);
   static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kConsumers * kWarpgroupThreads <=
                     register_pool(kThreads),
                 "the register split exceeds the block's pool: setmaxnreg.inc would wait forever");
@@ -300,6 +300,14 @@ struct FwdKernel {
       const int index = warp_read(shared.work_tile[slot], thread % 32);
       if (PACKED ? index == kNoWork : index >= params.scheduler.total) break;
       mainloop.split_queries();  // split tf32: this warpgroup's query rows (nothing otherwise)
+      // Packed n144: the thread's index, the consumer's and the mainloop's copy, made opaque to
+      // the compiler at each work tile (tile::opaque), so that what the mainloop and the epilogue
+      // derive from it (the epilogue's swizzled staging addresses among them) is computed again
+      // in each work tile rather than kept in registers across it: at 232 registers, with
+      // 144-key score tiles, those and the index itself spilled (-Xptxas -v, head dim 128: 16
+      // local-memory instructions; none this way). The other packed kernels have none without
+      // it, and it only lengthened them (8 to 88 SASS instructions).
+      if constexpr (PACKED && BN == kWideKeys) tile::opaque(thread, mainloop.thread);
       typename Tiles::Output o;  // [64, HDP] fp32
       o.fill(0.f);
       typename Tiles::Softmax softmax;
