@@ -102,9 +102,12 @@ struct FwdKernel {
     if constexpr (PACKED) return shared.sequence[slot].start;
     else return {plan_t.work.batch, plan_t.work.batch};
   }
-  // Read by lane 0 and shared with the warp (warp_read below), as the slot's index is.
+  // Dense: read by lane 0 and shared with the warp (warp_read below), as the slot's index is.
+  // Packed calls' every lane reads it, as it reads the slot's mask (the shuffles put 2 local-memory
+  // instructions into the packed kernels at head dims 96 and 128, cuobjdump -sass).
   __device__ __forceinline__ static Plan slot_plan(const FwdParams& params, const Shared& shared, int slot, int lane) {
     const WorkTile& w = shared.work[slot];
+    if constexpr (PACKED) return plan(w, slot_mask(params, shared, slot));
     const WorkTile work{warp_read(w.m_block, lane), warp_read(w.head, lane), warp_read(w.batch, lane)};
     return plan(work, slot_mask(params, shared, slot));
   }
