@@ -137,12 +137,13 @@ inline constexpr int kFwdDefault = 0;
 
 // The variant a call runs when FMHA_SM90_FWD_CONFIG names none: spec for dense calls at head dims
 // 64, 128 and 256, at every length and mask (on an H200 against pingpong: +5-8 % at 128 from 4k
-// keys, -2 % at 1k causal; +4-15 % at 64, where it also passed c3 (retired) and poly8, the earlier defaults
-// there: docs/PERF.md, run 25; at 256 on an H100, once the vote on the row sum left it without
-// spills: +5.9-14.5 % from 2k keys, causal +1.8-9.4 %, level at 512: run 98); pingpong for packed
-// calls (spec's packed kernel has no local memory at 64, 128 and 256 since 2026-12-07, -Xptxas -v;
-// its speed on packed calls is not measured yet) and at 96 and 192 (not measured). spec is compiled at these three head dims in every build (cmake/cuda.cmake,
-// FMHA_SM90_SPEC_HEAD_DIMS), every variant at the tuned ones.
+// keys, -2 % at 1k causal; +4-15 % at 64, where it also passed c3 (retired) and poly8, the earlier
+// defaults there: docs/PERF.md, run 25; at 256 on an H100, once the vote on the row sum left it
+// without spills: +5.9-14.5 % from 2k keys, causal +1.8-9.4 %, level at 512: run 98); pingpong for
+// packed calls (spec's packed kernel has no local memory at 64, 128 and 256 since 2026-12-07,
+// -Xptxas -v; its speed on packed calls is not measured yet) and at 96 and 192 (not measured). spec
+// is compiled at these three head dims in every build (cmake/cuda.cmake, FMHA_SM90_SPEC_HEAD_DIMS),
+// every variant at the tuned ones.
 // Two variants measured here were retired (docs/PERF.md, "sm90 forward: c3 and restart retired"):
 // c3, pingpong over three consumer warpgroups (192-row query tiles), which lost to spec and poly8
 // at 64 (run 25), spilled at 64 and 128 and could not compile above 192; and restart, pingpong
