@@ -11,7 +11,7 @@
 # Environment: BENCH_BACKENDS (default "sm90 sm80"), BENCH_VARIANTS (sm90 forward variants benched
 # besides the default, default none), OUT (default ./out), BUILD (default ./build-sm90), HEAD_DIMS (default all),
 # STEPS (default "build sass tests variants sanitize bench"), JOBS (default nproc), VARIANTS (the
-# non-default forward variants the variants step runs, default "overlap serial spec").
+# non-default forward variants the variants step runs, default "overlap serial poly8").
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}
 BUILD=${BUILD:-$PWD/build-sm90}
@@ -53,7 +53,7 @@ if want tests; then
 fi
 
 if want variants; then
-  for v in ${VARIANTS:-overlap serial spec}; do
+  for v in ${VARIANTS:-overlap serial poly8}; do
     step "sm90 kernel tests under FMHA_SM90_FWD_CONFIG=$v"
     echo "---- FMHA_SM90_FWD_CONFIG=$v" >> "$OUT/sm90_tests.log"
     FMHA_SM90_FWD_CONFIG=$v timeout 300 "$TESTS" --gtest_color=no --gtest_filter='*Kernel.Forward/*sm90*' \
