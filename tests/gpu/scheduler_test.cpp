@@ -204,6 +204,12 @@ TEST(Sm90Config, Tf32ForwardFitsAndTakesWholeKeyChunks) {
           << "head_dim " << head_dim << (packed ? " packed" : "");
   }
   EXPECT_EQ(producer_registers(2, false, true), 40) << "the transposing warps' budget";
+  // The 16-bit forward's split: 24 / 240 for dense calls, 40 / 232 for packed ones at every head
+  // dim (their producer walks the sequence table; at 24 it spilled at head dims 192 and 256).
+  EXPECT_EQ(producer_registers(2, false), 24);
+  EXPECT_EQ(consumer_registers(2, false), 240);
+  EXPECT_EQ(producer_registers(2, true), 40);
+  EXPECT_EQ(consumer_registers(2, true), 232);
   EXPECT_FALSE(tf32_head_dim(32));
   EXPECT_FALSE(tf32_head_dim(192));
   EXPECT_FALSE(tf32_head_dim(256));
