@@ -27,7 +27,7 @@ want() { [[ " $STEPS " == *" $1 "* ]]; }
 B=${BUILD:-$PWD/build-sm90}
 if want build; then sm90_build "fmha_cli fmha_gpu_tests" || exit 1; fi
 if want tests; then
-  filter='Sweep/Kernel.Forward/*sm90*:Tiers/VarlenKernel.Forward/*sm90*:Sm90Schedule.*:LargeOffsets.*:Edge.*'
+  filter='Sweep/Kernel.Forward/*sm90*:Tiers/VarlenKernel.Forward/*sm90*:*Sm90Schedule*:LargeOffsets.*:Edge.*'
   FMHA_SM90_FWD_ORDER=heads sm90_sharded_tests "$B/tests/gpu/fmha_gpu_tests" "$filter" 4 200 tests.log
 fi
 if want bench; then

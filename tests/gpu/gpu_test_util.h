@@ -89,6 +89,9 @@ HostProblem make_problem(const Case& c, uint64_t seed);
 
 struct Errors {
   double kernel = 0, naive = 0, ref_max = 0;
+  // What the kernel's matmuls may add beyond the naive computation's rounding (tensor cores'
+  // accumulation; 0 where the kernel rounds as the naive one does). Part of the bound.
+  double accumulation = 0;
   int64_t nan = 0, not_exact = 0;  // NaN/unwritten elements; masked elements that are not exact
   std::string first_bad;
 };

@@ -298,19 +298,27 @@ INSTANTIATE_TEST_SUITE_P(Tiers, Deterministic, ::testing::ValuesIn(kFlavors),
 
 // ---- The sm90 forward's schedules: dynamic (counter in the workspace) and static agree ----------
 
-TEST(Sm90Schedule, DynamicAndStaticAgreeBitwise) {
-  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
-  if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
-  for (int d : compiled_head_dims()) {
-    if (!takes_head_dim(Backend::cuda_sm90, d)) continue;
-    for (Causal causal : {Causal::none, Causal::bottom_right}) {
-      Case c;
-      c.backend = Backend::cuda_sm90, c.dtype = DType::bf16, c.head_dim = c.head_dim_v = d;
-      // More work tiles than an H200 has SMs, of uneven length under the causal mask.
-      c.batch = 3, c.heads = 16, c.kv_heads = 4, c.seqlen_q = 700, c.seqlen_k = 900, c.causal = causal;
-      const std::string msg = check_schedules_agree(c, test_seed());
-      EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
-    }
+// The sm90 schedule and forward-variant tests, one test per head dim (and variant), so that the
+// suite's shards share them: each takes seconds to a minute or more of host time (the fp64 oracle
+// and the naive computations, on the one core of its shard).
+class Sm90ScheduleByHeadDim : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+    if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
+    if (!takes_head_dim(Backend::cuda_sm90, GetParam())) GTEST_SKIP() << "the sm90 tier does not take this head dim";
+  }
+};
+
+TEST_P(Sm90ScheduleByHeadDim, DynamicAndStaticAgreeBitwise) {
+  const int d = GetParam();
+  for (Causal causal : {Causal::none, Causal::bottom_right}) {
+    Case c;
+    c.backend = Backend::cuda_sm90, c.dtype = DType::bf16, c.head_dim = c.head_dim_v = d;
+    // More work tiles than an H200 has SMs, of uneven length under the causal mask.
+    c.batch = 3, c.heads = 16, c.kv_heads = 4, c.seqlen_q = 700, c.seqlen_k = 900, c.causal = causal;
+    const std::string msg = check_schedules_agree(c, test_seed());
+    EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
   }
 }
 
@@ -320,70 +328,77 @@ TEST(Sm90Schedule, DynamicAndStaticAgreeBitwise) {
 // fwd_query_buffers) in both barrier phases and every work-tile slot. The second shape puts tiles
 // without keys (rows 0-449 of 600 see none of the 150 keys under the bottom-right mask) among
 // tiles with one or two key tiles, in the order the scheduler gives them to each block.
-TEST(Sm90Schedule, ManyShortWorkTilesPerBlockMatchTheOracle) {
-  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
-  if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
-  for (int d : compiled_head_dims()) {
-    if (!takes_head_dim(Backend::cuda_sm90, d)) continue;
-    for (DType dtype : {DType::bf16, DType::fp16})
-      for (Causal causal : {Causal::none, Causal::bottom_right})
-        for (int seqlen_q : {200, 600}) {
-          Case c;
-          c.backend = Backend::cuda_sm90, c.dtype = dtype, c.head_dim = c.head_dim_v = d;
-          c.batch = 32, c.heads = 8, c.kv_heads = 4, c.seqlen_q = seqlen_q, c.seqlen_k = 150, c.causal = causal;
-          const std::string msg = check_forward(c, test_seed());
-          EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
-        }
-    VarlenCase vc;
-    vc.base.backend = Backend::cuda_sm90, vc.base.dtype = DType::bf16;
-    vc.base.head_dim = vc.base.head_dim_v = d, vc.base.heads = vc.base.kv_heads = 4;
-    for (int i = 0; i < 96; ++i) vc.seqlens_q.push_back(40 + (i * 37) % 260);
-    vc.seqlens_k = vc.seqlens_q;
-    const std::string msg = check_varlen_forward(vc, test_seed());
-    EXPECT_TRUE(msg.empty()) << "packed, head dim " << d << " (seed " << test_seed() << ")\n" << msg;
-  }
+TEST_P(Sm90ScheduleByHeadDim, ManyShortWorkTilesPerBlockMatchTheOracle) {
+  const int d = GetParam();
+  for (DType dtype : {DType::bf16, DType::fp16})
+    for (Causal causal : {Causal::none, Causal::bottom_right})
+      for (int seqlen_q : {200, 600}) {
+        Case c;
+        c.backend = Backend::cuda_sm90, c.dtype = dtype, c.head_dim = c.head_dim_v = d;
+        c.batch = 32, c.heads = 8, c.kv_heads = 4, c.seqlen_q = seqlen_q, c.seqlen_k = 150, c.causal = causal;
+        const std::string msg = check_forward(c, test_seed());
+        EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
+      }
+  VarlenCase vc;
+  vc.base.backend = Backend::cuda_sm90, vc.base.dtype = DType::bf16;
+  vc.base.head_dim = vc.base.head_dim_v = d, vc.base.heads = vc.base.kv_heads = 4;
+  for (int i = 0; i < 96; ++i) vc.seqlens_q.push_back(40 + (i * 37) % 260);
+  vc.seqlens_k = vc.seqlens_q;
+  const std::string msg = check_varlen_forward(vc, test_seed());
+  EXPECT_TRUE(msg.empty()) << "packed, head dim " << d << " (seed " << test_seed() << ")\n" << msg;
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, Sm90ScheduleByHeadDim, ::testing::ValuesIn(compiled_head_dims()),
+                         [](const ::testing::TestParamInfo<int>& info) { return "d" + std::to_string(info.param); });
 
 // Every forward variant of the sm90 tier (each a different pipeline, tile or rescaling scheme)
 // against the oracle, on random scores and on scores that grow along the keys, so that rows
 // rescale on some key tiles and keep their exponent base on others (the lazy variants' two paths).
 // FMHA_TEST_FWD_VARIANTS=a,b limits it to those variants (all by default).
-TEST(Sm90Variants, EveryForwardVariantMatchesTheOracle) {
+class Sm90VariantByHeadDim : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(Sm90VariantByHeadDim, MatchesTheOracle) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
+  const auto [v, d] = GetParam();
+  if (!takes_head_dim(Backend::cuda_sm90, d)) GTEST_SKIP() << "the sm90 tier does not take this head dim";
+  const char* name = cuda::sm90::kFwdVariantNames[v];
   const char* only = std::getenv("FMHA_TEST_FWD_VARIANTS");
-  for (int v = 0; v < cuda::sm90::kFwdVariants; ++v) {
-    const char* name = cuda::sm90::kFwdVariantNames[v];
-    if (only && ("," + std::string(only) + ",").find("," + std::string(name) + ",") == std::string::npos) continue;
-    detail::CandidateScope scope(Backend::cuda_sm90, Direction::forward, name);
-    for (int d : compiled_head_dims()) {
-      if (!takes_head_dim(Backend::cuda_sm90, d)) continue;
-      for (DType dtype : {DType::bf16, DType::fp16})
-        for (Causal causal : {Causal::none, Causal::bottom_right})
-          for (double ramp : {0.0, 800.0}) {
-            Case c;
-            c.backend = Backend::cuda_sm90, c.dtype = dtype, c.head_dim = c.head_dim_v = d;
-            c.batch = 1, c.heads = 2, c.kv_heads = 1, c.seqlen_q = 200, c.seqlen_k = 1100, c.causal = causal;
-            c.key_ramp = ramp;
-            const std::string msg = check_forward(c, test_seed());
-            EXPECT_TRUE(msg.empty()) << name << " " << c.name() << " (seed " << test_seed()
-                                     << ", FMHA_TEST_SEED to repeat)\n" << msg;
-          }
-      // Several work tiles per block (176, above an H200's 132 SMs), so that a block goes from
-      // one tile to the next (the carried turns run on across them): tiles of uneven length under
-      // the causal mask, and with more queries than keys under the bottom-right mask, tiles whose
-      // rows see no key before tiles that do.
-      for (Causal causal : {Causal::none, Causal::bottom_right}) {
+  if (only && ("," + std::string(only) + ",").find("," + std::string(name) + ",") == std::string::npos)
+    GTEST_SKIP() << "not among FMHA_TEST_FWD_VARIANTS";
+  detail::CandidateScope scope(Backend::cuda_sm90, Direction::forward, name);
+  for (DType dtype : {DType::bf16, DType::fp16})
+    for (Causal causal : {Causal::none, Causal::bottom_right})
+      for (double ramp : {0.0, 800.0}) {
         Case c;
-        c.backend = Backend::cuda_sm90, c.dtype = DType::bf16, c.head_dim = c.head_dim_v = d;
-        c.batch = 1, c.heads = 16, c.kv_heads = 4, c.seqlen_q = 1300, c.seqlen_k = 300, c.causal = causal;
+        c.backend = Backend::cuda_sm90, c.dtype = dtype, c.head_dim = c.head_dim_v = d;
+        c.batch = 1, c.heads = 2, c.kv_heads = 1, c.seqlen_q = 200, c.seqlen_k = 1100, c.causal = causal;
+        c.key_ramp = ramp;
         const std::string msg = check_forward(c, test_seed());
         EXPECT_TRUE(msg.empty()) << name << " " << c.name() << " (seed " << test_seed()
                                  << ", FMHA_TEST_SEED to repeat)\n" << msg;
       }
-    }
+  // Several work tiles per block (176, above an H200's 132 SMs), so that a block goes from one
+  // tile to the next (the carried turns run on across them): tiles of uneven length under the
+  // causal mask, and with more queries than keys under the bottom-right mask, tiles whose rows
+  // see no key before tiles that do.
+  for (Causal causal : {Causal::none, Causal::bottom_right}) {
+    Case c;
+    c.backend = Backend::cuda_sm90, c.dtype = DType::bf16, c.head_dim = c.head_dim_v = d;
+    c.batch = 1, c.heads = 16, c.kv_heads = 4, c.seqlen_q = 1300, c.seqlen_k = 300, c.causal = causal;
+    const std::string msg = check_forward(c, test_seed());
+    EXPECT_TRUE(msg.empty()) << name << " " << c.name() << " (seed " << test_seed()
+                             << ", FMHA_TEST_SEED to repeat)\n" << msg;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Variants, Sm90VariantByHeadDim,
+                         ::testing::Combine(::testing::Range(0, cuda::sm90::kFwdVariants),
+                                            ::testing::ValuesIn(compiled_head_dims())),
+                         [](const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
+                           return std::string(cuda::sm90::kFwdVariantNames[std::get<0>(info.param)]) + "_d" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
 
 // The sm90 tf32 forward (fp32 storage): schedules agree bitwise, rows rescale lazily on growing
 // scores, and longer sequences (many key tiles through the Vᵀ ring, several work tiles per
