@@ -323,9 +323,9 @@ TEST_P(Sm90ScheduleByHeadDim, DynamicAndStaticAgreeBitwise) {
 }
 
 // Short work tiles, several per block (dense: 512 of one or two key tiles at head dim 64, about
-// four per block of a 132-SM grid), dense and packed, causal and not, against the oracle: each
-// block takes its query buffers (two at 16-bit head dims 64 and 128, sm90_fwd_mainloop.cuh's
-// fwd_query_buffers) in both barrier phases and every work-tile slot. The second shape puts tiles
+// four per block of a 132-SM grid), causal and not, against the oracle: each block takes its
+// query buffers (two at 16-bit head dims 64 and 128, sm90_fwd_mainloop.cuh's fwd_query_buffers)
+// in both barrier phases and every work-tile slot. The second shape (640 work tiles) puts tiles
 // without keys (rows 0-449 of 600 see none of the 150 keys under the bottom-right mask) among
 // tiles with one or two key tiles, in the order the scheduler gives them to each block.
 TEST_P(Sm90ScheduleByHeadDim, ManyShortWorkTilesPerBlockMatchTheOracle) {
@@ -335,10 +335,16 @@ TEST_P(Sm90ScheduleByHeadDim, ManyShortWorkTilesPerBlockMatchTheOracle) {
       for (int seqlen_q : {200, 600}) {
         Case c;
         c.backend = Backend::cuda_sm90, c.dtype = dtype, c.head_dim = c.head_dim_v = d;
-        c.batch = 32, c.heads = 8, c.kv_heads = 4, c.seqlen_q = seqlen_q, c.seqlen_k = 150, c.causal = causal;
+        c.batch = seqlen_q == 200 ? 32 : 16, c.heads = 8, c.kv_heads = 4, c.seqlen_q = seqlen_q, c.seqlen_k = 150;
+        c.causal = causal;
         const std::string msg = check_forward(c, test_seed());
         EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
       }
+}
+
+// The same for a packed call: 96 sequences of 40 to 299 rows, one to three query tiles each.
+TEST_P(Sm90ScheduleByHeadDim, ManyShortPackedWorkTilesPerBlockMatchTheOracle) {
+  const int d = GetParam();
   VarlenCase vc;
   vc.base.backend = Backend::cuda_sm90, vc.base.dtype = DType::bf16;
   vc.base.head_dim = vc.base.head_dim_v = d, vc.base.heads = vc.base.kv_heads = 4;
