@@ -107,12 +107,35 @@ std::vector<float> as_float(const std::vector<uint8_t>& data, DType dtype, const
   return out;
 }
 
+// The naive computations below are most of a GPU test's host time. On an x86-64 CPU with FMA
+// they run as a clone built for it (std::fma inline rather than a call into libm; the file is
+// compiled without floating-point contraction, so both clones give the same bits).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FMHA_TEST_FMA_CLONES __attribute__((target_clones("fma", "default")))
+#else
+#define FMHA_TEST_FMA_CLONES
+#endif
+
+// Row `a` against the rows b[0..kKeyBlock) (a block's unused entries may repeat a row): each
+// product summed by fma in order d = 0, 1, ..., len - 1, as one key alone would be (bitwise the
+// same), the keys' chains interleaved so that they overlap rather than wait on each other.
+constexpr int kKeyBlock = 8;
+inline __attribute__((always_inline)) void dots_in_order(const float* a, const float* const (&b)[kKeyBlock],
+                                                         int64_t len, float (&out)[kKeyBlock]) {
+  float acc[kKeyBlock] = {};
+  for (int64_t d = 0; d < len; ++d)
+    for (int t = 0; t < kKeyBlock; ++t) acc[t] = std::fma(a[d], b[t][d], acc[t]);
+  for (int t = 0; t < kKeyBlock; ++t) out[t] = acc[t];
+}
+
 struct NaiveForward {
   std::vector<float> o, lse;  // [B, Sq, H, Dv] rounded to dtype; [B, H, Sq]
-  double abs_score_max = 0;   // max over rows and keys of scale · sum_d |q_d k_d|
+  // At least scale · sum_d |q_d k_d| for every row and key: per batch and KV head,
+  // max over keys of sum_d max_rows|q_d| · |k_d|.
+  double abs_score_max = 0;
 };
 
-NaiveForward naive_forward(const HostProblem& hp) {
+FMHA_TEST_FMA_CLONES NaiveForward naive_forward(const HostProblem& hp) {
   const Case& c = hp.c;
   const Layouts L = layouts(c);
   const Problem s = Problem::of(hp.params());
@@ -138,16 +161,16 @@ NaiveForward naive_forward(const HostProblem& hp) {
         const float* q = q_row(b, i, h);
         scores.assign(size_t(keys.size()), 0.f);
         float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = keys.begin; j < keys.end; ++j) {
-          const float* k = k_row(b, j, kvh);
-          float dot = 0.f, abs_dot = 0.f;
-          for (int64_t d = 0; d < c.head_dim; ++d) {
-            dot = std::fma(q[d], k[d], dot);
-            abs_dot += std::abs(q[d] * k[d]);
+        for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kKeyBlock) {
+          const int n = int(std::min<int64_t>(kKeyBlock, keys.end - j0));
+          const float* k[kKeyBlock];
+          for (int t = 0; t < kKeyBlock; ++t) k[t] = k_row(b, j0 + std::min(t, n - 1), kvh);
+          float dot[kKeyBlock];
+          dots_in_order(q, k, c.head_dim, dot);
+          for (int t = 0; t < n; ++t) {
+            scores[size_t(j0 + t - keys.begin)] = dot[t] * s.scale;
+            m = std::max(m, dot[t] * s.scale);
           }
-          r.abs_score_max = std::max(r.abs_score_max, double(abs_dot) * std::abs(s.scale));
-          scores[size_t(j - keys.begin)] = dot * s.scale;
-          m = std::max(m, dot * s.scale);
         }
         float l = 0.f;
         std::fill(acc.begin(), acc.end(), 0.f);
@@ -162,6 +185,19 @@ NaiveForward naive_forward(const HostProblem& hp) {
           r.o[size_t(((b * c.seqlen_q + i) * c.heads + h) * c.head_dim_v + d)] = round_to(c.dtype, acc[size_t(d)] / l);
         r.lse[size_t((b * c.heads + h) * c.seqlen_q + i)] = m + std::log(l);
       }
+  std::vector<float> q_max(size_t(c.head_dim));
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t kvh = 0; kvh < c.kv_heads; ++kvh) {
+      std::fill(q_max.begin(), q_max.end(), 0.f);
+      for (int64_t h = kvh * s.group; h < (kvh + 1) * s.group; ++h)
+        for (int64_t i = 0; i < c.seqlen_q; ++i)
+          for (int64_t d = 0; d < c.head_dim; ++d) q_max[size_t(d)] = std::max(q_max[size_t(d)], std::abs(q_row(b, i, h)[d]));
+      for (int64_t j = 0; j < c.seqlen_k; ++j) {
+        double sum = 0;
+        for (int64_t d = 0; d < c.head_dim; ++d) sum += double(q_max[size_t(d)]) * std::abs(k_row(b, j, kvh)[d]);
+        r.abs_score_max = std::max(r.abs_score_max, sum * std::abs(double(s.scale)));
+      }
+    }
   return r;
 }
 
@@ -169,7 +205,7 @@ struct NaiveBackward {
   std::vector<float> dq, dk, dv;  // contiguous [B, S, H, D], rounded to dtype
 };
 
-NaiveBackward naive_backward(const HostProblem& hp) {
+FMHA_TEST_FMA_CLONES NaiveBackward naive_backward(const HostProblem& hp) {
   const Case& c = hp.c;
   const Layouts L = layouts(c);
   const Problem s = Problem::of(hp.params());
@@ -205,12 +241,22 @@ NaiveBackward naive_backward(const HostProblem& hp) {
         float delta = 0.f;
         for (int64_t d = 0; d < c.head_dim_v; ++d) delta += o[d] * dout[d];
         const float lse = reinterpret_cast<const float*>(hp.lse.data())[(b * c.heads + h) * c.seqlen_q + i];
+        float dots[kKeyBlock], dps[kKeyBlock];  // the block's Q·Kᵀ and dO·Vᵀ
         for (int64_t j = keys.begin; j < keys.end; ++j) {
-          const float *ks = k_row(k_s, b, j, kvh), *ki = k_row(k_in, b, j, kvh);
-          const float* v = &v_in[size_t(((b * c.seqlen_k + j) * c.kv_heads + kvh) * c.head_dim_v)];
-          float dot = 0.f, dp = 0.f;
-          for (int64_t d = 0; d < c.head_dim; ++d) dot = std::fma(qs[d], ks[d], dot);
-          for (int64_t d = 0; d < c.head_dim_v; ++d) dp = std::fma(dout[d], v[d], dp);
+          const int t = int((j - keys.begin) % kKeyBlock);
+          if (t == 0) {
+            const int n = int(std::min<int64_t>(kKeyBlock, keys.end - j));
+            const float *ks_block[kKeyBlock], *v_block[kKeyBlock];
+            for (int u = 0; u < kKeyBlock; ++u) {
+              const int64_t key = j + std::min(u, n - 1);
+              ks_block[u] = k_row(k_s, b, key, kvh);
+              v_block[u] = &v_in[size_t(((b * c.seqlen_k + key) * c.kv_heads + kvh) * c.head_dim_v)];
+            }
+            dots_in_order(qs, ks_block, c.head_dim, dots);
+            dots_in_order(dout, v_block, c.head_dim_v, dps);
+          }
+          const float *ki = k_row(k_in, b, j, kvh);
+          const float dot = dots[t], dp = dps[t];
           const float p = std::exp(dot * s.scale - lse);
           const float ds = round_matmul(c, p * (dp - delta));
           const float pr = round_matmul(c, p);
