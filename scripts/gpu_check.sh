@@ -12,7 +12,23 @@
 # SIMT_BWD_VARIANTS (the non-default simt backward variants to test, default "micro"; empty: none),
 # SHARDS (test processes run at once, default one per core), TEST_TIMEOUT (seconds per shard,
 # default 420; a shard cut by it ends without gtest's summary and is reported as exit 124).
+# PREBUILT: a folder of binaries built on another machine (fmha_gpu_tests and fmha, each maybe
+# .xz-compressed, and fmha_tile_tests), put into $BUILD before the steps, so that a GPU machine
+# spends no time building (STEPS="tests cli"). `bash scripts/gpu_check.sh pack <build dir>
+# [folder]` makes one (default build-bin/carry): the binaries stripped and compressed, about
+# 20 MB each for the suite and the CLI from a build of every kernel for sm_80 and sm_90a.
 set -u -o pipefail
+if [[ "${1:-}" == pack ]]; then
+  src=${2:?usage: gpu_check.sh pack <build dir> [folder]}
+  dst=${3:-build-bin/carry}
+  mkdir -p "$dst"
+  strip -o "$dst/fmha_tile_tests" "$src/tests/gpu/fmha_tile_tests" || exit 1
+  strip -o "$dst/fmha_gpu_tests" "$src/tests/gpu/fmha_gpu_tests" || exit 1
+  xz -T0 -6 -f "$dst/fmha_gpu_tests" || exit 1
+  if [[ -f "$src/fmha" ]]; then strip -o "$dst/fmha" "$src/fmha" && xz -T0 -6 -f "$dst/fmha" || exit 1; fi
+  du -sh "$dst"
+  exit 0
+fi
 OUT=${OUT:-$PWD/out}
 ARCHS=${ARCHS:-90}
 JOBS=${JOBS:-$(nproc)}
@@ -28,6 +44,17 @@ step() { echo "== $* ($(date +%T))"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 TESTS="$BUILD/tests/gpu/fmha_gpu_tests"
 FMHA="$BUILD/fmha"
+if [[ -n "${PREBUILT:-}" ]]; then
+  mkdir -p "$BUILD/tests/gpu"
+  cp "$PREBUILT/fmha_tile_tests" "$BUILD/tests/gpu/" || exit 1
+  for pair in "fmha_gpu_tests:$TESTS" "fmha:$FMHA"; do
+    name=${pair%%:*} to=${pair#*:}
+    if [[ -f "$PREBUILT/$name.xz" ]]; then xz -dc "$PREBUILT/$name.xz" > "$to" || exit 1
+    elif [[ -f "$PREBUILT/$name" ]]; then cp "$PREBUILT/$name" "$to" || exit 1; fi
+    [[ -f "$to" ]] && chmod +x "$to"
+  done
+  chmod +x "$BUILD/tests/gpu/fmha_tile_tests"
+fi
 
 if want build; then
   step "configure + build (-j$JOBS)"
