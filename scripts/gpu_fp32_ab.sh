@@ -53,7 +53,7 @@ if want bench; then
   done | tee "$OUT/fp32_ab.txt"
 fi
 if want tests; then
-  F='*sm90_tf32*:*sm80_tf32*:Sm90Tf32*:Sm90BwdConfig.*:SplitTf32*:*GpuPeakedSoftmax*:GpuSplitTf32.Sm90*'
+  F='*sm90_tf32*:*sm80_tf32*:*Sm90Tf32*:Sm90BwdConfig.*:SplitTf32*:*GpuPeakedSoftmax*:GpuSplitTf32.Sm90*'
   F+=':Refuse.*:Edge.*:Tiers/FewKeys.*sm90*:Tiers/Deterministic.*sm90*:Fuzz/GpuNegativeScale.*'
   sm90_sharded_tests "$T" "$F" 6 "${TEST_LIMIT:-280}" tests.log
 fi

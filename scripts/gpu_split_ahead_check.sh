@@ -4,7 +4,7 @@
 # Here first: `bash scripts/gpu_fwd_ab.sh prepare <base>` (the base's sources into .base-src, which
 # must travel with the call). On the GPU:
 #   build   this tree (CLI and GPU tests) and the base's CLI, head dims $AB_HEAD_DIMS (default 64) -> build.log
-#   tests   the sm90 tf32 and split-tf32 cases, SplitTf32.*, Sm90Tf32.*          -> tests.log
+#   tests   the sm90 tf32 and split-tf32 cases, SplitTf32.*, *Sm90Tf32*          -> tests.log
 #   sanitize racecheck and synccheck on the small tf32 and split-tf32 forward cases -> sanitize.log
 #   bench   seed shape (B4 H4 S4096 D64), tf32x3 and tf32, causal and not, base and tree
 #           interleaved, ROUNDS rounds (default 2)                                -> bench.txt
@@ -16,7 +16,7 @@ B=build-sm90-64; BB=build-base-64; BASE_SRC=${BASE_SRC:-$PWD/.base-src}
 sm90_build_tree_and_base "fmha_cli tests/gpu/fmha_gpu_tests" || exit 1
 T=$B/tests/gpu/fmha_gpu_tests
 echo "== tests $(date +%T)"
-timeout 300 $T --gtest_color=no --gtest_brief=1 --gtest_filter='*sm90*tf32*:SplitTf32*:Sm90Tf32*:Sm90Tile.Split*' \
+timeout 300 $T --gtest_color=no --gtest_brief=1 --gtest_filter='*sm90*tf32*:SplitTf32*:*Sm90Tf32*:Sm90Tile.Split*' \
   > $OUT/tests.log 2>&1; echo "tests rc=$?"
 grep -E "tests? from .* ran|PASSED|FAILED|SKIPPED \]" $OUT/tests.log | head -12
 echo "== sanitize $(date +%T)"

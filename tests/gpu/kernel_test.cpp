@@ -408,31 +408,35 @@ INSTANTIATE_TEST_SUITE_P(Variants, Sm90VariantByHeadDim,
 
 // The sm90 tf32 forward (fp32 storage): schedules agree bitwise, rows rescale lazily on growing
 // scores, and longer sequences (many key tiles through the Vᵀ ring, several work tiles per
-// block) match the oracle, at every head dim it takes.
-TEST(Sm90Tf32, ForwardSchedulesRampsAndLongSequences) {
+// block) match the oracle, at every head dim it takes (one test each, so that shards share them).
+class Sm90Tf32ByHeadDim : public ::testing::TestWithParam<int> {};
+
+TEST_P(Sm90Tf32ByHeadDim, ForwardSchedulesRampsAndLongSequences) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   if (!tier_available(Backend::cuda_sm90)) GTEST_SKIP() << "tier not available";
-  for (int d : compiled_head_dims()) {
-    if (!takes_head_dim(Backend::cuda_sm90, d, DType::fp32)) continue;
-    for (Causal causal : {Causal::none, Causal::bottom_right}) {
-      Case c;
-      c.backend = Backend::cuda_sm90, c.dtype = DType::fp32, c.precision = Precision::tf32;
-      c.head_dim = c.head_dim_v = d;
-      c.batch = 3, c.heads = 16, c.kv_heads = 4, c.seqlen_q = 700, c.seqlen_k = 900, c.causal = causal;
-      std::string msg = check_schedules_agree(c, test_seed());
-      EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
-      for (double ramp : {0.0, 800.0}) {
-        c.batch = 1, c.heads = 2, c.kv_heads = 1, c.seqlen_q = 200, c.seqlen_k = 1100, c.key_ramp = ramp;
-        msg = check_forward(c, test_seed());
-        EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ", FMHA_TEST_SEED to repeat)\n" << msg;
-      }
-      c.key_ramp = 0.0;
-      c.batch = 2, c.heads = 2, c.kv_heads = 2, c.seqlen_q = 1500, c.seqlen_k = 2100;
+  const int d = GetParam();
+  if (!takes_head_dim(Backend::cuda_sm90, d, DType::fp32)) GTEST_SKIP() << "the sm90 tf32 forward does not take this head dim";
+  for (Causal causal : {Causal::none, Causal::bottom_right}) {
+    Case c;
+    c.backend = Backend::cuda_sm90, c.dtype = DType::fp32, c.precision = Precision::tf32;
+    c.head_dim = c.head_dim_v = d;
+    c.batch = 3, c.heads = 16, c.kv_heads = 4, c.seqlen_q = 700, c.seqlen_k = 900, c.causal = causal;
+    std::string msg = check_schedules_agree(c, test_seed());
+    EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ")\n" << msg;
+    for (double ramp : {0.0, 800.0}) {
+      c.batch = 1, c.heads = 2, c.kv_heads = 1, c.seqlen_q = 200, c.seqlen_k = 1100, c.key_ramp = ramp;
       msg = check_forward(c, test_seed());
       EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ", FMHA_TEST_SEED to repeat)\n" << msg;
     }
+    c.key_ramp = 0.0;
+    c.batch = 2, c.heads = 2, c.kv_heads = 2, c.seqlen_q = 1500, c.seqlen_k = 2100;
+    msg = check_forward(c, test_seed());
+    EXPECT_TRUE(msg.empty()) << c.name() << " (seed " << test_seed() << ", FMHA_TEST_SEED to repeat)\n" << msg;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, Sm90Tf32ByHeadDim, ::testing::ValuesIn(compiled_head_dims()),
+                         [](const ::testing::TestParamInfo<int>& info) { return "d" + std::to_string(info.param); });
 
 // ---- Rows that see one key, and rows that see two ------------------------------------------------
 // One key: P = 1 and dS = 0 exactly, so dQ and dK must cancel to fp32 rounding (the tf32 backward
