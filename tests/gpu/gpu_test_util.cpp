@@ -432,6 +432,43 @@ std::string run_and_sync(const Params& p, Direction dir) {
 
 }  // namespace
 
+namespace {
+// One key at a time, as the naive computations summed before their key blocks (and as the one
+// key alone is defined to be summed): fma in order d = 0, 1, ...
+float dot_one_key(const float* a, const float* b, int64_t len) {
+  float acc = 0.f;
+  for (int64_t d = 0; d < len; ++d) acc = std::fma(a[d], b[d], acc);
+  return acc;
+}
+}  // namespace
+
+FMHA_TEST_FMA_CLONES std::string check_naive_dots(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-4.f, 4.f);
+  for (int64_t len : {1, 7, 64, 96, 128, 256, 257}) {
+    std::vector<float> a(static_cast<size_t>(len)), rows(static_cast<size_t>(len * kKeyBlock));
+    for (float& x : a) x = dist(rng);
+    for (float& x : rows) x = dist(rng);
+    for (int n = 1; n <= kKeyBlock; ++n) {
+      const float* b[kKeyBlock];
+      for (int t = 0; t < kKeyBlock; ++t) b[t] = &rows[size_t(std::min(t, n - 1) * len)];
+      float out[kKeyBlock];
+      dots_in_order(a.data(), b, len, out);
+      for (int t = 0; t < n; ++t) {
+        const float one = dot_one_key(a.data(), b[t], len);
+        if (std::memcmp(&one, &out[t], sizeof(float)) != 0) {
+          std::ostringstream msg;
+          msg.precision(9);
+          msg << "length " << len << ", block of " << n << ", key " << t << ": " << out[t] << " in the block, " << one
+              << " alone\n";
+          return msg.str();
+        }
+      }
+    }
+  }
+  return "";
+}
+
 int device_arch() {
   int ordinal = 0, major = 0, minor = 0;
   cudaGetDevice(&ordinal);

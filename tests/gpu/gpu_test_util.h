@@ -123,6 +123,10 @@ std::string check_deterministic(const Case& c, uint64_t seed);
 // (static); empty when O and LSE are bitwise identical: a work tile's result does not depend on
 // which block computes it.
 std::string check_schedules_agree(const Case& c, uint64_t seed);
+// The naive computations' dot products, formed 8 keys at a time (gpu_test_util.cpp): whether each
+// has the bits of its key alone, summed by fma in order, on random rows of several lengths (the
+// clone for this CPU); empty when all agree, else the first difference. Needs no GPU.
+std::string check_naive_dots(uint64_t seed);
 
 // A variable-length (packed) call: `base` gives the tier, dtype, heads, head dims and options
 // (its batch, seqlens, layout and offset are ignored); sequence b has seqlens_q[b] queries and

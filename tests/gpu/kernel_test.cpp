@@ -438,6 +438,13 @@ TEST_P(Sm90Tf32ByHeadDim, ForwardSchedulesRampsAndLongSequences) {
 INSTANTIATE_TEST_SUITE_P(HeadDims, Sm90Tf32ByHeadDim, ::testing::ValuesIn(compiled_head_dims()),
                          [](const ::testing::TestParamInfo<int>& info) { return "d" + std::to_string(info.param); });
 
+// The yardstick of every check above: the naive computations' key blocks give each key's dot
+// product the bits it has alone (host only: runs without a GPU).
+TEST(NaiveComputation, KeyBlocksGiveEachKeyItsOwnBits) {
+  const std::string msg = check_naive_dots(test_seed());
+  EXPECT_TRUE(msg.empty()) << msg << " (seed " << test_seed() << ")";
+}
+
 // ---- Rows that see one key, and rows that see two ------------------------------------------------
 // One key: P = 1 and dS = 0 exactly, so dQ and dK must cancel to fp32 rounding (the tf32 backward
 // used to leave residues of ~50 tf32 units: Δ was formed from dO unrounded, dP from dO in tf32).
