@@ -7,8 +7,11 @@
 // tier's precision (fp32 arithmetic, inputs as stored, P and dS rounded to the tier's matmul
 // format before their products, output rounded to the storage dtype), and u is the unit
 // roundoff of the storage dtype (2^-24 fp32, 2^-11 fp16, 2^-8 bf16): the kernel may be at most
-// twice as wrong as the naive method plus the rounding of storing the result. Rows that see no
-// key must be exact: O = 0, LSE = -inf, dQ = 0; keys no query sees get dK = dV = 0 exactly.
+// twice as wrong as the naive method plus the rounding of storing the result. The LSE of a
+// tensor-core tier adds one term to its bound: ceil(D / 8) · 2 · 2^-24 · max scale·sum_d|q_d k_d|,
+// what the tensor cores' truncating accumulation may add to a score beyond the naive fp32 FMAs
+// (accumulation_bound in gpu_test_util.cpp). Rows that see no key must be exact: O = 0,
+// LSE = -inf, dQ = 0; keys no query sees get dK = dV = 0 exactly.
 #pragma once
 
 #include <cuda_runtime.h>
