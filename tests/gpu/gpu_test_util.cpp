@@ -442,6 +442,10 @@ float dot_one_key(const float* a, const float* b, int64_t len) {
 }
 }  // namespace
 
+double lse_accumulation_bound(const Case& c, uint64_t seed) {
+  return accumulation_bound(c, naive_forward(make_problem(c, seed)));
+}
+
 FMHA_TEST_FMA_CLONES std::string check_naive_dots(uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> dist(-4.f, 4.f);

@@ -130,6 +130,8 @@ std::string check_schedules_agree(const Case& c, uint64_t seed);
 // has the bits of its key alone, summed by fma in order, on random rows of several lengths (the
 // clone for this CPU); empty when all agree, else the first difference. Needs no GPU.
 std::string check_naive_dots(uint64_t seed);
+// The LSE bound's accumulation term (THE RULE above) for the case's inputs from `seed`. Needs no GPU.
+double lse_accumulation_bound(const Case& c, uint64_t seed);
 
 // A variable-length (packed) call: `base` gives the tier, dtype, heads, head dims and options
 // (its batch, seqlens, layout and offset are ignored); sequence b has seqlens_q[b] queries and

@@ -445,6 +445,25 @@ TEST(NaiveComputation, KeyBlocksGiveEachKeyItsOwnBits) {
   EXPECT_TRUE(msg.empty()) << msg << " (seed " << test_seed() << ")";
 }
 
+// The LSE bound's accumulation term: none for the exact fp32 tier; at D256 with scores near 52
+// (the ramp) large enough to cover what run 103 measured (3.19e-5 against 2.76e-5 without it, so
+// at least 4.3e-6), about 2.2e-4 by its formula and no looser; at D64 on random inputs small
+// beside the bound it joins (host only: runs without a GPU).
+TEST(NaiveComputation, LseAccumulationTermCoversTheTensorCoresAndNoMore) {
+  Case c;
+  c.backend = Backend::cuda_sm90, c.dtype = DType::bf16, c.head_dim = c.head_dim_v = 256;
+  c.batch = 1, c.heads = 2, c.kv_heads = 1, c.seqlen_q = 200, c.seqlen_k = 1100, c.key_ramp = 800.0;
+  const double ramp = lse_accumulation_bound(c, test_seed());
+  EXPECT_GT(ramp, 1.5e-4) << "seed " << test_seed();
+  EXPECT_LT(ramp, 3e-4) << "seed " << test_seed();
+  c.key_ramp = 0.0, c.head_dim = c.head_dim_v = 64;
+  const double plain = lse_accumulation_bound(c, test_seed());
+  EXPECT_GT(plain, 0.0) << "seed " << test_seed();
+  EXPECT_LT(plain, 1e-5) << "seed " << test_seed();
+  c.backend = Backend::cuda_simt, c.dtype = DType::fp32;
+  EXPECT_EQ(lse_accumulation_bound(c, test_seed()), 0.0);
+}
+
 // ---- Rows that see one key, and rows that see two ------------------------------------------------
 // One key: P = 1 and dS = 0 exactly, so dQ and dK must cancel to fp32 rounding (the tf32 backward
 // used to leave residues of ~50 tf32 units: Δ was formed from dO unrounded, dP from dO in tf32).

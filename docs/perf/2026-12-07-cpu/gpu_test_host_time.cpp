@@ -3,8 +3,10 @@
 // today's functions and carries the earlier ones (compare4 as of commit 3c71ae0, the naive forward
 // and backward as of 99b0bc0) under old_ names: first it checks that the naive computations give
 // bitwise the same results on 12 shapes, then it times each pair on B8 H8 (4 KV heads), 600 x 150,
-// D128, bf16, bottom-right causal. Built and run from a CUDA build directory (libfmha.a):
-//   c++ -O3 -DNDEBUG -std=gnu++20 -DFMHA_WITH_CUDA=1 -DFMHA_TEST_HEAD_DIMS=\"64,128\" \
+// D128, bf16, bottom-right causal. Built and run from a CUDA build directory (libfmha.a), with
+// -ffp-contract=off as the tests' build has it for gpu_test_util.cpp since its FMA clone (without
+// it that clone may contract a multiply and an add, and one shape's check reports DIFFERENT):
+//   c++ -O3 -DNDEBUG -std=gnu++20 -ffp-contract=off -DFMHA_WITH_CUDA=1 -DFMHA_TEST_HEAD_DIMS=\"64,128\" \
 //     -DFMHA_TEST_DECODE_HEAD_DIMS=\"128\" -I<src>/src -I<src>/include -I<src>/tests \
 //     -isystem /usr/local/cuda/include <src>/docs/perf/2026-12-07-cpu/gpu_test_host_time.cpp \
 //     libfmha.a /usr/local/cuda/lib/libcudart.so /usr/lib/x86_64-linux-gnu/libgtest.a \
