@@ -3,6 +3,7 @@
 // text and the values it takes only for unknown text.
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <string>
 
 #include "common/env_switch.h"
@@ -58,6 +59,23 @@ TEST(EnvSwitch, EachSwitchIsOnForItsDocumentedValueAlone) {
     EXPECT_FALSE(switch_on(e.s, "on", &warning)) << "unknown text gives the default";
     EXPECT_NE(warning.find(e.variable), std::string::npos) << warning;
   }
+}
+
+// FMHA_DECODE_SHAPE: each shape's name picks its index in the order the launcher's switch takes
+// them; unset, empty or unknown text the default (unknown text with the list).
+TEST(EnvSwitch, DecodeShapeNamesPickTheirShape) {
+  const char* names[] = {"default", "s2", "s4", "k128s2", "k128s3", "l2"};
+  ASSERT_EQ(std::size(names), kDecodeShapes.size());
+  for (int i = 0; i < int(kDecodeShapes.size()); ++i) {
+    const SwitchChoice c = choose_decode_shape(names[i]);
+    EXPECT_EQ(c.index, i) << names[i];
+    EXPECT_TRUE(c.warning.empty()) << c.warning;
+  }
+  for (const char* unset : {static_cast<const char*>(nullptr), ""}) EXPECT_EQ(choose_decode_shape(unset).index, 0);
+  const SwitchChoice unknown = choose_decode_shape("k256");
+  EXPECT_EQ(unknown.index, 0);
+  EXPECT_EQ(unknown.warning,
+            "FMHA_DECODE_SHAPE=k256 is not one of default, s2, s4, k128s2, k128s3, l2; using default");
 }
 
 }  // namespace

@@ -7,10 +7,12 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 
 namespace fmha {
@@ -20,8 +22,10 @@ struct SwitchChoice {
   std::string warning;  // empty unless the text names none of the values
 };
 
-// The value that `text` (the variable's, null when unset) picks among `values` (the first the default).
-inline SwitchChoice choose_switch(const char* name, const char* text, std::initializer_list<const char*> values) {
+// The value that `text` (the variable's, null when unset) picks among `values` (the first the
+// default): any range of C strings.
+template <class Values>
+SwitchChoice choose_switch_in(const char* name, const char* text, const Values& values) {
   SwitchChoice c;
   if (text == nullptr || *text == '\0') return c;
   int i = 0;
@@ -33,8 +37,11 @@ inline SwitchChoice choose_switch(const char* name, const char* text, std::initi
     }
     list += std::string(i++ ? ", " : "") + v;
   }
-  c.warning = std::string(name) + "=" + text + " is not one of " + list + "; using " + *values.begin();
+  c.warning = std::string(name) + "=" + text + " is not one of " + list + "; using " + *std::begin(values);
   return c;
+}
+inline SwitchChoice choose_switch(const char* name, const char* text, std::initializer_list<const char*> values) {
+  return choose_switch_in(name, text, values);
 }
 
 // A switch's warning (empty: none) on stderr; every switch, named or numeric, reports through it.
@@ -63,6 +70,19 @@ inline constexpr NamedSwitch kSm90PairsAlone{"FMHA_SM90_BWD_ORDER", {"sections",
 // FMHA_DEPENDENT_LAUNCH=0: the split decode's merge is launched after the decode kernel ends, not
 // as its programmatic dependent.
 inline constexpr NamedSwitch kNoDependentLaunch{"FMHA_DEPENDENT_LAUNCH", {"1", "0"}};
+
+// FMHA_DECODE_SHAPE=<shape>, at head dim 128 (other head dims run the default): the sm80 decode
+// kernel's keys a stage, stages and copies (sm80_decode_launch.cuh). default: 64 keys, 3 stages
+// (two CTAs an SM on sm_90); s2: 64 keys, 2 stages; s4: 64 keys, 4 stages (one CTA an SM);
+// k128s2, k128s3: 128 keys a stage, 2 or 3 stages (one CTA an SM); l2: the default whose copies
+// carry the 256-byte L2 prefetch hint. `scripts/gpu_decode_shapes.sh` measures them.
+inline constexpr const char* kDecodeShapeVariable = "FMHA_DECODE_SHAPE";
+enum class DecodeShapeName : int { default_shape, s2, s4, k128s2, k128s3, l2, count };
+inline constexpr std::array<const char*, size_t(DecodeShapeName::count)> kDecodeShapes{"default", "s2",     "s4",
+                                                                                       "k128s2",  "k128s3", "l2"};
+inline SwitchChoice choose_decode_shape(const char* text) {
+  return choose_switch_in(kDecodeShapeVariable, text, kDecodeShapes);
+}
 
 // Whether `text` (the variable's, null when unset) turns switch `s` on (names values[1]); its
 // warning, if any, into `warning`.

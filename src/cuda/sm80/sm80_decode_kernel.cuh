@@ -19,18 +19,32 @@
 
 namespace fmha::cuda::sm80 {
 
-template <class T, int HD>
+// ~100 KB of K/V in flight per CTA at every head dim (two CTAs per SM on sm_90).
+constexpr int decode_default_stages(int head_dim) { return head_dim <= 64 ? 4 : (head_dim <= 128 ? 3 : 2); }
+
+// A decode kernel's shape: keys per stage, stages, and whether the K/V copies ask the L2 to fetch
+// the 256-byte block around each (cp.async's prefetch-size qualifier).
+template <int KEYS, int STAGES, bool L2_PREFETCH = false>
+struct DecodeShape {
+  static constexpr int kKeys = KEYS;
+  static constexpr int kStages = STAGES;
+  static constexpr bool kL2Prefetch = L2_PREFETCH;
+};
+template <int HD>
+using DecodeDefaultShape = DecodeShape<decode::kTileKeys, decode_default_stages(HD)>;
+
+template <class T, int HD, class Shape = DecodeDefaultShape<HD>>
 struct DecodeTiles {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = decode::kTileRows;           // packed query rows: one m16 block
-  static constexpr int kKeys = decode::kTileKeys;           // keys per stage
-  static constexpr int kWarpKeys = kKeys / kWarps;          // keys per warp and stage: one k16 step of P·V
+  static constexpr int kKeys = Shape::kKeys;                // keys per stage
+  static constexpr int kWarpKeys = kKeys / kWarps;          // keys per warp and stage: whole k16 steps of P·V
   static constexpr int kVec = 16 / int(sizeof(T));          // elements per 16-byte cp.async
   static constexpr int kChunksPerRow = HD / kVec;
-  // ~100 KB of K/V in flight per CTA at every head dim (two CTAs per SM on sm_90).
-  static constexpr int kStages = HD <= 64 ? 4 : (HD <= 128 ? 3 : 2);
-  static_assert(kWarpKeys == tile::warp::MmaOp<T>::kK, "one P·V k-step per warp and tile");
+  static constexpr int kStages = Shape::kStages;
+  static constexpr bool kL2Prefetch = Shape::kL2Prefetch;
+  static_assert(kWarpKeys % tile::warp::MmaOp<T>::kK == 0, "whole P·V k-steps per warp and tile");
   static_assert(kThreads % kChunksPerRow == 0, "each thread copies one column chunk of fixed rows");
   static constexpr int kPartPad = 4;  // fp32 words: rows of the merge buffer on distinct banks
 
@@ -53,10 +67,24 @@ struct DecodeTiles {
       Combine combine;    // the warps' merge, after the last tile
     };
   };
-  using Scores = Acc16<kWarpKeys>;  // [16, 16] a warp's scores, then P, fp32
+  using Scores = Acc16<kWarpKeys>;  // [16, kWarpKeys] a warp's scores, then P, fp32
   using Output = Acc16<HD>;         // [16, HD] a warp's unnormalised output, fp32
   using Softmax = tile::OnlineSoftmax<2, 4>;  // rows g and g + 8, each on a quad
 };
+
+// One 16-byte cp.async (`zero`: fill the destination with zeros, reading nothing), with the L2
+// prefetch-size hint where `L2_PREFETCH`.
+template <bool L2_PREFETCH>
+__device__ __forceinline__ void copy16(void* to, const void* from, bool zero) {
+  if constexpr (L2_PREFETCH) {
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(to));
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from),
+                 "r"(zero ? 0 : 16)
+                 : "memory");
+  } else {
+    __pipeline_memcpy_async(to, from, 16, zero ? 16 : 0);
+  }
+}
 
 // Rows [0, valid) of a [kKeys, HD] K and V tile from keys col0 ... of sequence b, KV head h:
 // each thread copies one 16-byte column chunk of every kRowStep-th row. Rows past `valid` are zero.
@@ -74,7 +102,6 @@ __device__ __forceinline__ void gather_kv(const DecodeArgs& args, typename Tiles
                                           int64_t b, int kv_head, int64_t col0, int valid) {
   constexpr int kRowStep = Tiles::kThreads / Tiles::kChunksPerRow;
   static_assert(kRowStep <= kMinPageSize, "a thread's next row is at most one page on");
-  constexpr size_t kBytes = 16;
   const int c = (int(threadIdx.x) % Tiles::kChunksPerRow) * Tiles::kVec;
   const T* k_base = static_cast<const T*>(args.k) + kv_head * args.k_head_stride + c;
   const T* v_base = static_cast<const T*>(args.v) + kv_head * args.v_head_stride + c;
@@ -98,8 +125,8 @@ __device__ __forceinline__ void gather_kv(const DecodeArgs& args, typename Tiles
       v_from = v_base + entry * args.v_page_stride + at.within * args.v_row_stride;
     }
     // A zero-filled chunk reads nothing; its source is only a harmless address inside the cache.
-    __pipeline_memcpy_async(&k(r, c), row && k_col ? k_from : k_base, kBytes, row && k_col ? 0 : kBytes);
-    __pipeline_memcpy_async(&v(r, c), row && v_col ? v_from : v_base, kBytes, row && v_col ? 0 : kBytes);
+    copy16<Tiles::kL2Prefetch>(&k(r, c), row && k_col ? k_from : k_base, !(row && k_col));
+    copy16<Tiles::kL2Prefetch>(&v(r, c), row && v_col ? v_from : v_base, !(row && v_col));
     // The next row: kRowStep rows on in this page, or (entering the next) found again above.
     at.advance(kRowStep, page_size);
     k_from += k_step;
@@ -107,9 +134,9 @@ __device__ __forceinline__ void gather_kv(const DecodeArgs& args, typename Tiles
   }
 }
 
-template <class T, int HD>
-__global__ void __launch_bounds__(DecodeTiles<T, HD>::kThreads) decode_kernel(const DecodeArgs args) {
-  using Tiles = DecodeTiles<T, HD>;
+template <class T, int HD, class Shape>
+__global__ void __launch_bounds__(DecodeTiles<T, HD, Shape>::kThreads) decode_kernel(const DecodeArgs args) {
+  using Tiles = DecodeTiles<T, HD, Shape>;
   constexpr int kThreads = Tiles::kThreads, kRows = Tiles::kRows, kKeys = Tiles::kKeys;
   constexpr int kStages = Tiles::kStages, kWarpKeys = Tiles::kWarpKeys, kK = tile::warp::MmaOp<T>::kK;
   extern __shared__ float4 shared_raw[];
@@ -182,15 +209,19 @@ __global__ void __launch_bounds__(DecodeTiles<T, HD>::kThreads) decode_kernel(co
     const int64_t col0 = key0 + int64_t(tile_index) * kKeys + warp * kWarpKeys;  // this warp's first key
     const Range cols{col0, col0 + kWarpKeys < key_end ? col0 + kWarpKeys : key_end};
 
-    typename Tiles::Scores s;  // [16, 16] S = Q·K^T of this warp's keys
+    typename Tiles::Scores s;  // [16, kWarpKeys] S = Q·K^T of this warp's keys
     s.fill(0.f);
 #pragma unroll
     for (int k0 = 0; k0 < HD; k0 += kK) {
-      uint32_t a[4], bk[2][2];
+      uint32_t a[4];
       load_a<T>(a, q, 0, k0);
-      load_b_nk<T>(bk, k, warp * kWarpKeys, k0);
-      tile::warp::mma<T>(s.c[0], a, bk[0]);
-      tile::warp::mma<T>(s.c[1], a, bk[1]);
+#pragma unroll
+      for (int n0 = 0; n0 < kWarpKeys; n0 += 16) {
+        uint32_t bk[2][2];
+        load_b_nk<T>(bk, k, warp * kWarpKeys + n0, k0);
+        tile::warp::mma<T>(s.c[n0 / 8], a, bk[0]);
+        tile::warp::mma<T>(s.c[n0 / 8 + 1], a, bk[1]);
+      }
     }
     tile::thread::scale(s, args.scale_log2);
     if (!(cols.size() == kWarpKeys && mask.tile_is_full(query_rows, cols)))
@@ -205,14 +236,17 @@ __global__ void __launch_bounds__(DecodeTiles<T, HD>::kThreads) decode_kernel(co
 #pragma unroll
       for (int j = 0; j < Tiles::Output::kCols; ++j) acc(i, j) *= rescale[i];
 
-    uint32_t p[4];  // [16, 16] P as the A fragment of the one k-step of P·V
-    a_from_acc<T>(p, s, 0);
 #pragma unroll
-    for (int n0 = 0; n0 < HD; n0 += 16) {
-      uint32_t bv[2][2];
-      load_b_kn<T>(bv, v, warp * kWarpKeys, n0);
-      tile::warp::mma<T>(acc.c[n0 / 8], p, bv[0]);
-      tile::warp::mma<T>(acc.c[n0 / 8 + 1], p, bv[1]);
+    for (int kb = 0; kb < kWarpKeys / kK; ++kb) {
+      uint32_t p[4];  // [16, 16] P's keys kb·16 ... as the A fragment of one k-step of P·V
+      a_from_acc<T>(p, s, kb);
+#pragma unroll
+      for (int n0 = 0; n0 < HD; n0 += 16) {
+        uint32_t bv[2][2];
+        load_b_kn<T>(bv, v, warp * kWarpKeys + kb * kK, n0);
+        tile::warp::mma<T>(acc.c[n0 / 8], p, bv[0]);
+        tile::warp::mma<T>(acc.c[n0 / 8 + 1], p, bv[1]);
+      }
     }
     __syncthreads();  // this stage is refilled kStages - 1 iterations from now
   }
