@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The decode kernel's shapes (FMHA_DECODE_SHAPE: keys a stage, stages, the L2 prefetch hint) side
+# The decode kernel's shapes (FMHA_DECODE_SHAPE: keys a stage, stages, how K and V are copied) side
 # by side in one GPU call, from the repository root, with the CLI and GPU tests of $BUILD (default
 # ./build-sm90; PREBUILT: a folder of `gpu_check.sh pack`, unpacked into it first):
 #   the decode, paged and merge GPU tests under every shape               -> decode_tests_<shape>.log
@@ -14,7 +14,7 @@ if [[ -n "${PREBUILT:-}" ]]; then
   xz -dc "$PREBUILT/fmha_gpu_tests.xz" > "$B/tests/gpu/fmha_gpu_tests" && xz -dc "$PREBUILT/fmha.xz" > "$B/fmha" || exit 1
   chmod +x "$B/tests/gpu/fmha_gpu_tests" "$B/fmha"
 fi
-SHAPES=${SHAPES:-default s2 s4 k128s2 k128s3 l2}
+SHAPES=${SHAPES:-default s2 s4 k128s2 k128s3 l2 bulk k128bulk}
 if [[ -n "${TESTS-1}" ]]; then
   for s in $SHAPES; do
     FMHA_DECODE_SHAPE=$s timeout 120 "$B/tests/gpu/fmha_gpu_tests" --gtest_color=no --gtest_brief=1 \

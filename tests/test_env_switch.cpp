@@ -64,7 +64,7 @@ TEST(EnvSwitch, EachSwitchIsOnForItsDocumentedValueAlone) {
 // FMHA_DECODE_SHAPE: each shape's name picks its index in the order the launcher's switch takes
 // them; unset, empty or unknown text the default (unknown text with the list).
 TEST(EnvSwitch, DecodeShapeNamesPickTheirShape) {
-  const char* names[] = {"default", "s2", "s4", "k128s2", "k128s3", "l2"};
+  const char* names[] = {"default", "s2", "s4", "k128s2", "k128s3", "l2", "bulk", "k128bulk"};
   ASSERT_EQ(std::size(names), kDecodeShapes.size());
   for (int i = 0; i < int(kDecodeShapes.size()); ++i) {
     const SwitchChoice c = choose_decode_shape(names[i]);
@@ -75,7 +75,7 @@ TEST(EnvSwitch, DecodeShapeNamesPickTheirShape) {
   const SwitchChoice unknown = choose_decode_shape("k256");
   EXPECT_EQ(unknown.index, 0);
   EXPECT_EQ(unknown.warning,
-            "FMHA_DECODE_SHAPE=k256 is not one of default, s2, s4, k128s2, k128s3, l2; using default");
+            "FMHA_DECODE_SHAPE=k256 is not one of default, s2, s4, k128s2, k128s3, l2, bulk, k128bulk; using default");
 }
 
 }  // namespace

@@ -75,11 +75,13 @@ inline constexpr NamedSwitch kNoDependentLaunch{"FMHA_DEPENDENT_LAUNCH", {"1", "
 // kernel's keys a stage, stages and copies (sm80_decode_launch.cuh). default: 64 keys, 3 stages
 // (two CTAs an SM on sm_90); s2: 64 keys, 2 stages; s4: 64 keys, 4 stages (one CTA an SM);
 // k128s2, k128s3: 128 keys a stage, 2 or 3 stages (one CTA an SM); l2: the default whose copies
-// carry the 256-byte L2 prefetch hint. `scripts/gpu_decode_shapes.sh` measures them.
+// carry the 256-byte L2 prefetch hint; bulk: the default's tiles, each K and V row one bulk copy
+// (cp.async.bulk, sm_90) issued by one warp and completing on a stage's mbarrier; k128bulk: the
+// same at 128 keys a stage, 2 stages. `scripts/gpu_decode_shapes.sh` measures them.
 inline constexpr const char* kDecodeShapeVariable = "FMHA_DECODE_SHAPE";
-enum class DecodeShapeName : int { default_shape, s2, s4, k128s2, k128s3, l2, count };
-inline constexpr std::array<const char*, size_t(DecodeShapeName::count)> kDecodeShapes{"default", "s2",     "s4",
-                                                                                       "k128s2",  "k128s3", "l2"};
+enum class DecodeShapeName : int { default_shape, s2, s4, k128s2, k128s3, l2, bulk, k128bulk, count };
+inline constexpr std::array<const char*, size_t(DecodeShapeName::count)> kDecodeShapes{
+    "default", "s2", "s4", "k128s2", "k128s3", "l2", "bulk", "k128bulk"};
 inline SwitchChoice choose_decode_shape(const char* text) {
   return choose_switch_in(kDecodeShapeVariable, text, kDecodeShapes);
 }

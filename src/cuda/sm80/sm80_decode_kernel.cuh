@@ -12,23 +12,31 @@
 //     writes an fp32 partial (O, LSE) that merge_splits (src/cuda/merge.cu) combines.
 #pragma once
 
+#include <type_traits>
+
 #include "common/decode.h"
 #include "common/merge.h"
 #include "cuda/common/args.h"
 #include "cuda/sm80/sm80_fwd_mainloop.cuh"
+#include "cuda/tile/tma.cuh"
 
 namespace fmha::cuda::sm80 {
 
 // ~100 KB of K/V in flight per CTA at every head dim (two CTAs per SM on sm_90).
 constexpr int decode_default_stages(int head_dim) { return head_dim <= 64 ? 4 : (head_dim <= 128 ? 3 : 2); }
 
-// A decode kernel's shape: keys per stage, stages, and whether the K/V copies ask the L2 to fetch
-// the 256-byte block around each (cp.async's prefetch-size qualifier).
-template <int KEYS, int STAGES, bool L2_PREFETCH = false>
+// How a decode kernel copies K and V rows into shared memory: 16-byte cp.async chunks by every
+// thread (as they are, or with the L2 prefetch-size hint asking the L2 for the 256-byte block
+// around each), or (sm_90; cp.async elsewhere) whole rows as bulk copies (cp.async.bulk) that
+// one warp issues and that complete on one mbarrier a stage.
+enum class DecodeCopy { chunks, chunks_l2_prefetch, bulk_rows };
+
+// A decode kernel's shape: keys per stage, stages, and its K/V copies.
+template <int KEYS, int STAGES, DecodeCopy COPY = DecodeCopy::chunks>
 struct DecodeShape {
   static constexpr int kKeys = KEYS;
   static constexpr int kStages = STAGES;
-  static constexpr bool kL2Prefetch = L2_PREFETCH;
+  static constexpr DecodeCopy kCopy = COPY;
 };
 template <int HD>
 using DecodeDefaultShape = DecodeShape<decode::kTileKeys, decode_default_stages(HD)>;
@@ -42,8 +50,14 @@ struct DecodeTiles {
   static constexpr int kWarpKeys = kKeys / kWarps;          // keys per warp and stage: whole k16 steps of P·V
   static constexpr int kVec = 16 / int(sizeof(T));          // elements per 16-byte cp.async
   static constexpr int kChunksPerRow = HD / kVec;
+  static constexpr int kHeadDim = HD;
   static constexpr int kStages = Shape::kStages;
-  static constexpr bool kL2Prefetch = Shape::kL2Prefetch;
+  static constexpr bool kL2Prefetch = Shape::kCopy == DecodeCopy::chunks_l2_prefetch;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static constexpr bool kBulk = false;  // bulk copies are sm_90's: cp.async chunks here
+#else
+  static constexpr bool kBulk = Shape::kCopy == DecodeCopy::bulk_rows;
+#endif
   static_assert(kWarpKeys % tile::warp::MmaOp<T>::kK == 0, "whole P·V k-steps per warp and tile");
   static_assert(kThreads % kChunksPerRow == 0, "each thread copies one column chunk of fixed rows");
   static constexpr int kPartPad = 4;  // fp32 words: rows of the merge buffer on distinct banks
@@ -60,12 +74,17 @@ struct DecodeTiles {
     tile::SmemArray<PartTile> o[kWarps];
     float lse[kWarps][kRows];
   };
+  struct NoBarriers {};
+  struct StageBarriers {
+    tile::MBarrier full[kStages];  // stage s's K and V rows landed (bulk copies)
+  };
   struct SharedStorage {
     tile::SmemArray<QTile> q;
     union {
       Pipeline pipe;      // the mainloop
       Combine combine;    // the warps' merge, after the last tile
     };
+    std::conditional_t<kBulk, StageBarriers, NoBarriers> bars;
   };
   using Scores = Acc16<kWarpKeys>;  // [16, kWarpKeys] a warp's scores, then P, fp32
   using Output = Acc16<HD>;         // [16, HD] a warp's unnormalised output, fp32
@@ -134,6 +153,44 @@ __device__ __forceinline__ void gather_kv(const DecodeArgs& args, typename Tiles
   }
 }
 
+// The bulk-copy form of gather_kv (Tiles::kBulk, sm_90), by one warp: each lane takes rows lane,
+// lane + 32, ... of the tile, finds the row's page (one division and a table read a row) and
+// issues one bulk copy for its K row and one for its V row (head_dim and head_dim_v elements,
+// whole 16-byte chunks, as the chunked copies read them), all completing on `full`, whose expected
+// bytes lane 0 announces first; rows past `valid` are zeroed with plain stores (ordered before
+// the tile's readers by the __syncthreads between this call and their use). Columns past the
+// head dim are zeroed once per kernel (zero_tail_columns) and never written by the copies.
+template <class T, class Tiles>
+__device__ __forceinline__ void gather_kv_bulk(const DecodeArgs& args, typename Tiles::KTile k, typename Tiles::VTile v,
+                                               tile::MBarrier& full, int64_t b, int kv_head, int64_t col0, int valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kVec = Tiles::kVec;
+  const int lane = lane_id();
+  const uint32_t k_bytes = uint32_t((args.head_dim + kVec - 1) / kVec * 16);
+  const uint32_t v_bytes = uint32_t((args.head_dim_v + kVec - 1) / kVec * 16);
+  if (lane == 0) full.arrive_expect_tx(uint32_t(valid) * (k_bytes + v_bytes));
+  __syncwarp();
+  const T* k_head = static_cast<const T*>(args.k) + kv_head * args.k_head_stride;
+  const T* v_head = static_cast<const T*>(args.v) + kv_head * args.v_head_stride;
+  const int page_size = int(args.cache.page_size);
+  for (int r = lane; r < Tiles::kKeys; r += 32) {
+    if (r < valid) {
+      const RowWalk at(int(col0) + r, page_size);
+      const int64_t entry = args.cache.page(b, at.page);
+      tile::tma::load_bytes(&k(r, 0), k_head + entry * args.k_page_stride + at.within * args.k_row_stride, k_bytes,
+                            full);
+      tile::tma::load_bytes(&v(r, 0), v_head + entry * args.v_page_stride + at.within * args.v_row_stride, v_bytes,
+                            full);
+    } else {
+      for (int c = 0; c < Tiles::kHeadDim; c += kVec) {
+        *reinterpret_cast<float4*>(&k(r, c)) = make_float4(0.f, 0.f, 0.f, 0.f);
+        *reinterpret_cast<float4*>(&v(r, c)) = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+  }
+#endif
+}
+
 template <class T, int HD, class Shape>
 __global__ void __launch_bounds__(DecodeTiles<T, HD, Shape>::kThreads) decode_kernel(const DecodeArgs args) {
   using Tiles = DecodeTiles<T, HD, Shape>;
@@ -182,14 +239,40 @@ __global__ void __launch_bounds__(DecodeTiles<T, HD, Shape>::kThreads) decode_ke
     tile::block::commit();
   }
 
+  if constexpr (Tiles::kBulk) {
+    // The stages' barriers (one arrival: the expected bytes), and the columns past the head dims,
+    // which the bulk copies never write, zeroed once in every stage.
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < kStages; ++i) shared.bars.full[i].init(1);
+      tile::fence_barrier_init();
+    }
+    const int k_cols = (args.head_dim + Tiles::kVec - 1) / Tiles::kVec * Tiles::kVec;
+    const int v_cols = (args.head_dim_v + Tiles::kVec - 1) / Tiles::kVec * Tiles::kVec;
+    if (k_cols < HD || v_cols < HD)
+      for (int chunk = threadIdx.x; chunk < kStages * kKeys * Tiles::kChunksPerRow; chunk += kThreads) {
+        const int stage = chunk / (kKeys * Tiles::kChunksPerRow), rest = chunk % (kKeys * Tiles::kChunksPerRow);
+        const int r = rest / Tiles::kChunksPerRow, c = (rest % Tiles::kChunksPerRow) * Tiles::kVec;
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (c >= k_cols) *reinterpret_cast<float4*>(&shared.pipe.k[stage].tile()(r, c)) = zero;
+        if (c >= v_cols) *reinterpret_cast<float4*>(&shared.pipe.v[stage].tile()(r, c)) = zero;
+      }
+    __syncthreads();
+  }
+
   auto issue = [&](int tile_index) {
     if (tile_index < num_tiles) {
       const int64_t col0 = key0 + int64_t(tile_index) * kKeys;
       const int valid = int(key_end - col0 < kKeys ? key_end - col0 : kKeys);
-      gather_kv<T, Tiles>(args, shared.pipe.k[tile_index % kStages].tile(), shared.pipe.v[tile_index % kStages].tile(),
-                          b, kv_head, col0, valid);
+      const int stage = tile_index % kStages;
+      if constexpr (Tiles::kBulk) {
+        if (warp == 0)
+          gather_kv_bulk<T, Tiles>(args, shared.pipe.k[stage].tile(), shared.pipe.v[stage].tile(),
+                                   shared.bars.full[stage], b, kv_head, col0, valid);
+      } else {
+        gather_kv<T, Tiles>(args, shared.pipe.k[stage].tile(), shared.pipe.v[stage].tile(), b, kv_head, col0, valid);
+      }
     }
-    tile::block::commit();
+    if constexpr (!Tiles::kBulk) tile::block::commit();
   };
 
   typename Tiles::Output acc;  // [16, HD] this warp's unnormalised output over its keys, fp32
@@ -200,9 +283,14 @@ __global__ void __launch_bounds__(DecodeTiles<T, HD, Shape>::kThreads) decode_ke
   for (int i = 0; i < kStages - 1; ++i) issue(i);
   for (int tile_index = 0; tile_index < num_tiles; ++tile_index) {
     issue(tile_index + kStages - 1);
-    tile::block::wait<kStages - 1>();
-    __syncthreads();
     const int stage = tile_index % kStages;
+    if constexpr (Tiles::kBulk) {
+      if (tile_index == 0) tile::block::wait<0>();  // the query tile's cp.async copies
+      shared.bars.full[stage].wait(uint32_t(tile_index / kStages) & 1u);
+    } else {
+      tile::block::wait<kStages - 1>();
+    }
+    __syncthreads();
     const auto q = shared.q.tile();
     const auto k = shared.pipe.k[stage].tile();
     const auto v = shared.pipe.v[stage].tile();

@@ -31,7 +31,11 @@ auto with_decode_shape(F&& f) {
       case DecodeShapeName::s4: return f(DecodeShape<decode::kTileKeys, 4>{});
       case DecodeShapeName::k128s2: return f(DecodeShape<kWide, 2>{});
       case DecodeShapeName::k128s3: return f(DecodeShape<kWide, 3>{});
-      case DecodeShapeName::l2: return f(DecodeShape<decode::kTileKeys, decode_default_stages(HD), true>{});
+      case DecodeShapeName::l2:
+        return f(DecodeShape<decode::kTileKeys, decode_default_stages(HD), DecodeCopy::chunks_l2_prefetch>{});
+      case DecodeShapeName::bulk:
+        return f(DecodeShape<decode::kTileKeys, decode_default_stages(HD), DecodeCopy::bulk_rows>{});
+      case DecodeShapeName::k128bulk: return f(DecodeShape<kWide, 2, DecodeCopy::bulk_rows>{});
       default: break;
     }
   }
